@@ -1,0 +1,234 @@
+"""Broker and topic settings, by their Kafka names.
+
+Owns: the table of every accepted setting, its default (as in Kafka), its validation, the mapping from broker
+(server.properties) names to topic-level names, and :class:`LogConfig`, the typed, immutable effective
+configuration of one partition log. Never touches the disk.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Mapping
+
+from .errors import InvalidConfigError
+
+LONG_MAX = (1 << 63) - 1
+INT_MAX = (1 << 31) - 1
+
+
+def _long(lo: int | None = None, hi: int = LONG_MAX) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text.strip())
+        except ValueError:
+            raise InvalidConfigError(f"expected an integer, got {text!r}") from None
+        if (lo is not None and value < lo) or value > hi:
+            raise InvalidConfigError(f"value {value} is out of range [{lo}, {hi}]")
+        return value
+
+    return parse
+
+
+def _ratio(text: str) -> float:
+    try:
+        value = float(text.strip())
+    except ValueError:
+        raise InvalidConfigError(f"expected a number, got {text!r}") from None
+    if not 0.0 <= value <= 1.0:
+        raise InvalidConfigError(f"value {value} is out of range [0, 1]")
+    return value
+
+
+def _policy(text: str) -> str:
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    if not parts or any(p not in ("delete", "compact") for p in parts):
+        raise InvalidConfigError(f"cleanup.policy must be delete, compact or both, got {text!r}")
+    return ",".join(sorted(set(parts), key=("compact", "delete").index))
+
+
+def _text(text: str) -> str:
+    if "\n" in text or text == "":
+        raise InvalidConfigError("value must be non-empty and may not contain a newline")
+    return text
+
+
+def _bool(text: str) -> bool:
+    if text.strip().lower() not in ("true", "false"):
+        raise InvalidConfigError(f"expected true or false, got {text!r}")
+    return text.strip().lower() == "true"
+
+
+@dataclasses.dataclass(frozen=True)
+class Setting:
+    name: str
+    parse: Callable[[str], object]
+    default: str | None
+
+
+# Topic-level settings: name -> (parser, Kafka default, broker key that supplies the default).
+TOPIC_SETTINGS: dict[str, tuple[Setting, str | None]] = {
+    s.name: (s, broker)
+    for s, broker in [
+        (Setting("cleanup.policy", _policy, "delete"), "log.cleanup.policy"),
+        (Setting("retention.ms", _long(-1), "604800000"), "log.retention.ms"),
+        (Setting("retention.bytes", _long(), "-1"), "log.retention.bytes"),
+        (Setting("segment.bytes", _long(14, INT_MAX), "1073741824"), "log.segment.bytes"),
+        (Setting("segment.ms", _long(1), "604800000"), "log.roll.ms"),
+        (Setting("segment.jitter.ms", _long(0), "0"), "log.roll.jitter.ms"),
+        (Setting("segment.index.bytes", _long(12, INT_MAX), "10485760"), "log.index.size.max.bytes"),
+        (Setting("index.interval.bytes", _long(0, INT_MAX), "4096"), "log.index.interval.bytes"),
+        (Setting("file.delete.delay.ms", _long(0), "60000"), "log.segment.delete.delay.ms"),
+        (Setting("delete.retention.ms", _long(0), "86400000"), "log.cleaner.delete.retention.ms"),
+        (Setting("min.cleanable.dirty.ratio", _ratio, "0.5"), "log.cleaner.min.cleanable.ratio"),
+        (Setting("min.compaction.lag.ms", _long(0), "0"), "log.cleaner.min.compaction.lag.ms"),
+        (Setting("max.compaction.lag.ms", _long(1), str(LONG_MAX)), "log.cleaner.max.compaction.lag.ms"),
+        (Setting("max.message.bytes", _long(0, INT_MAX), "1048588"), "message.max.bytes"),
+        (Setting("flush.messages", _long(1), str(LONG_MAX)), "log.flush.interval.messages"),
+        (Setting("flush.ms", _long(0), str(LONG_MAX)), "log.flush.interval.ms"),
+        (Setting("logfs.key.separator", _text, None), "logfs.key.separator"),
+        (Setting("logfs.null.marker", _text, None), "logfs.null.marker"),
+    ]
+}
+
+# Broker-only settings (no topic-level counterpart).
+BROKER_ONLY: dict[str, Setting] = {
+    s.name: s
+    for s in [
+        Setting("num.partitions", _long(1, INT_MAX), "1"),
+        Setting("log.retention.check.interval.ms", _long(1), "300000"),
+        Setting("log.flush.offset.checkpoint.interval.ms", _long(0), "60000"),
+        Setting("log.flush.start.offset.checkpoint.interval.ms", _long(0), "60000"),
+        Setting("log.flush.scheduler.interval.ms", _long(0), str(LONG_MAX)),
+        Setting("log.cleaner.backoff.ms", _long(0), "15000"),
+        Setting("log.cleaner.dedupe.buffer.size", _long(0), "134217728"),
+        Setting("log.cleaner.io.buffer.size", _long(0), "524288"),
+        Setting("log.cleaner.io.buffer.load.factor", _ratio, "0.9"),
+        Setting("log.cleaner.io.max.bytes.per.second", lambda t: float(t), "1.7976931348623157E308"),
+        Setting("log.cleaner.threads", _long(0), "1"),
+        Setting("log.cleaner.enable", _bool, "true"),
+        Setting("log.initial.task.delay.ms", _long(0), "30000"),
+        Setting("num.recovery.threads.per.data.dir", _long(1), "2"),
+    ]
+}
+
+# Broker aliases that are converted to the canonical millisecond key (Kafka: ms > minutes > hours).
+_UNIT_ALIASES = {
+    "log.retention.minutes": ("log.retention.ms", 60_000),
+    "log.retention.hours": ("log.retention.ms", 3_600_000),
+    "log.roll.hours": ("log.roll.ms", 3_600_000),
+    "log.roll.jitter.hours": ("log.roll.jitter.ms", 3_600_000),
+}
+
+_BROKER_TO_TOPIC = {broker: name for name, (_, broker) in TOPIC_SETTINGS.items()}
+
+
+def broker_keys() -> set[str]:
+    return set(_BROKER_TO_TOPIC) | set(BROKER_ONLY) | set(_UNIT_ALIASES)
+
+
+@dataclasses.dataclass(frozen=True)
+class BrokerConfig:
+    """Validated broker settings: the topic defaults (by topic-level name) plus the broker-only values."""
+
+    topic_defaults: Mapping[str, str | None]
+    broker: Mapping[str, object]
+
+    @classmethod
+    def from_properties(cls, props: Mapping[str, str]) -> "BrokerConfig":
+        """Validate server.properties-style settings; unknown keys raise :class:`InvalidConfigError`."""
+        resolved: dict[str, str] = {}
+        # Lower-precedence unit aliases first, so the explicit ms key wins.
+        ordered = sorted(props.items(), key=lambda kv: 0 if kv[0] in _UNIT_ALIASES else 1)
+        for key, value in ordered:
+            if key in _UNIT_ALIASES:
+                target, factor = _UNIT_ALIASES[key]
+                if target in props:
+                    continue
+                try:
+                    resolved[target] = str(int(value.strip()) * factor)
+                except ValueError:
+                    raise InvalidConfigError(f"{key}: expected an integer, got {value!r}") from None
+            elif key in _BROKER_TO_TOPIC or key in BROKER_ONLY:
+                resolved[key] = value
+            else:
+                raise InvalidConfigError(f"unknown setting {key!r}")
+        defaults: dict[str, str | None] = {}
+        for name, (setting, broker_key) in TOPIC_SETTINGS.items():
+            raw = resolved.get(broker_key) if broker_key else None
+            if raw is not None:
+                try:
+                    setting.parse(raw)
+                except InvalidConfigError as exc:
+                    raise InvalidConfigError(f"{broker_key}: {exc}") from None
+            defaults[name] = raw if raw is not None else setting.default
+        broker: dict[str, object] = {}
+        for name, setting in BROKER_ONLY.items():
+            raw = resolved.get(name, setting.default)
+            try:
+                broker[name] = setting.parse(raw)
+            except (InvalidConfigError, ValueError) as exc:
+                raise InvalidConfigError(f"{name}: {exc}") from None
+        return cls(defaults, broker)
+
+    def get(self, name: str):
+        return self.broker[name]
+
+
+def validate_topic_setting(name: str, value: str) -> str:
+    """Check one topic-level override; returns the normalised text value."""
+    if name not in TOPIC_SETTINGS:
+        raise InvalidConfigError(f"unknown topic setting {name!r}")
+    setting, _ = TOPIC_SETTINGS[name]
+    parsed = setting.parse(value)
+    return parsed if isinstance(parsed, str) else value.strip()
+
+
+@dataclasses.dataclass(frozen=True)
+class LogConfig:
+    """The effective, typed configuration of one partition log (topic overrides over broker defaults)."""
+
+    cleanup_policy: str = "delete"
+    retention_ms: int = 604800000
+    retention_bytes: int = -1
+    segment_bytes: int = 1073741824
+    segment_ms: int = 604800000
+    segment_jitter_ms: int = 0
+    segment_index_bytes: int = 10485760
+    index_interval_bytes: int = 4096
+    file_delete_delay_ms: int = 60000
+    delete_retention_ms: int = 86400000
+    min_cleanable_dirty_ratio: float = 0.5
+    min_compaction_lag_ms: int = 0
+    max_compaction_lag_ms: int = LONG_MAX
+    max_message_bytes: int = 1048588
+    flush_messages: int = LONG_MAX
+    flush_ms: int = LONG_MAX
+    key_separator: bytes | None = None
+    null_marker: bytes | None = None
+
+    @property
+    def compact(self) -> bool:
+        return "compact" in self.cleanup_policy
+
+    @property
+    def delete(self) -> bool:
+        return "delete" in self.cleanup_policy
+
+    @classmethod
+    def build(cls, defaults: Mapping[str, str | None], overrides: Mapping[str, str]) -> "LogConfig":
+        values = {}
+        for name, (setting, _) in TOPIC_SETTINGS.items():
+            raw = overrides.get(name, defaults.get(name, setting.default))
+            field = name.removeprefix("logfs.").replace(".", "_")
+            if raw is None:
+                values[field] = None
+                continue
+            parsed = setting.parse(raw)
+            if field in ("key_separator", "null_marker"):
+                parsed = raw.encode()
+            values[field] = parsed
+        return cls(**values)
+
+    @classmethod
+    def for_tests(cls, **kw) -> "LogConfig":
+        return dataclasses.replace(cls(), **kw)

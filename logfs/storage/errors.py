@@ -1,0 +1,69 @@
+"""The engine's exception tree.
+
+Every error the storage engine raises derives from :class:`LogfsError`. The FUSE layer maps these classes to
+errno values in exactly one place (``logfs.fuse.errors``); nothing in the engine knows about errno.
+"""
+
+
+class LogfsError(Exception):
+    """Base class of every error the engine raises on purpose."""
+
+
+class InvalidConfigError(LogfsError):
+    """A setting name is unknown or its value is invalid."""
+
+
+class InvalidTopicError(LogfsError):
+    """A topic name breaks Kafka's naming rules."""
+
+
+class TopicExistsError(LogfsError):
+    """The topic already exists."""
+
+
+class NoSuchTopicError(LogfsError):
+    """The topic or partition does not exist."""
+
+
+class TopicNotEmptyError(LogfsError):
+    """A topic still has partitions and cannot be deleted."""
+
+
+class InvalidPartitionError(LogfsError):
+    """A partition number is not the next one, or is malformed."""
+
+
+class OffsetOutOfRangeError(LogfsError):
+    """The requested offset is below the log start offset or past the log end offset."""
+
+    def __init__(self, offset: int, log_start_offset: int, log_end_offset: int):
+        super().__init__(
+            f"offset {offset} is out of range [{log_start_offset}, {log_end_offset}]"
+        )
+        self.offset = offset
+        self.log_start_offset = log_start_offset
+        self.log_end_offset = log_end_offset
+
+
+class RecordTooLargeError(LogfsError):
+    """A record is larger than ``max.message.bytes`` or than a whole segment."""
+
+
+class CorruptRecordError(LogfsError):
+    """A batch failed its CRC or structural checks."""
+
+
+class NotAppendOnlyError(LogfsError):
+    """A write that is not an append (middle of the file, truncation)."""
+
+
+class LockedError(LogfsError):
+    """Another process holds the data directory's ``.lock``."""
+
+
+class StorageIOError(LogfsError):
+    """An OS-level I/O failure while reading or writing the store; ``errno`` is kept."""
+
+    def __init__(self, message: str, errno: int):
+        super().__init__(message)
+        self.errno = errno

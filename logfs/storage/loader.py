@@ -1,0 +1,169 @@
+"""Opening one partition directory, with recovery, in LogLoader's order.
+
+1. Delete ``.deleted`` files and stray ``.cleaned`` files; complete interrupted swaps: a ``.swap`` segment
+   replaces the live segments inside its offset range, then is renamed live (its ``.cleaned``/``.swap``
+   siblings were written completely before the first rename, so completing is always safe).
+2. Remove orphan indexes (an index without its ``.log``).
+3. Open segments in offset order. After a clean shutdown, state comes from the indexes (reading at most the
+   tail after the last index entry). After an unclean shutdown, every segment from the one holding the
+   recovery point is recovered: CRCs validated, the first invalid byte truncated away with all later
+   segments, indexes rebuilt. A segment with a missing or inconsistent index is recovered either way.
+4. The log start offset is the larger of its checkpoint and the first segment's base offset.
+
+Recovery is the one place allowed to read whole segments, and only the unflushed tail (or a segment whose
+indexes are missing, such as one written by another Kafka writer).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Callable
+
+from .clock import SYSTEM_CLOCK, Clock
+from .config import LogConfig
+from .errors import CorruptRecordError
+from .log import Log
+from .segment import (
+    CLEANED_SUFFIX, DELETED_SUFFIX, INDEX_SUFFIX, INDEX_SUFFIXES, LOG_SUFFIX, SWAP_SUFFIX,
+    TIME_INDEX_SUFFIX, LogSegment, filename_prefix,
+)
+
+log = logging.getLogger(__name__)
+
+
+def _base_of(name: str) -> int | None:
+    stem = name.split(".", 1)[0]
+    return int(stem) if len(stem) == 20 and stem.isdigit() else None
+
+
+def _remove(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def load_log(
+    directory: str,
+    topic: str,
+    partition: int,
+    config: LogConfig,
+    *,
+    recovery_point: int = 0,
+    log_start_offset: int = 0,
+    had_clean_shutdown: bool = False,
+    clock: Clock = SYSTEM_CLOCK,
+    progress: Callable[[int, int], None] | None = None,
+) -> Log:
+    os.makedirs(directory, exist_ok=True)
+    names = os.listdir(directory)
+
+    # 1. Leftovers of deletion and compaction.
+    for name in names:
+        if name.endswith(DELETED_SUFFIX) or name.endswith(CLEANED_SUFFIX):
+            _remove(os.path.join(directory, name))
+    names = os.listdir(directory)
+    swaps = sorted(n for n in names if n.endswith(LOG_SUFFIX + SWAP_SUFFIX))
+    for swap_name in swaps:
+        _complete_swap(directory, swap_name, config)
+    for name in os.listdir(directory):  # swap indexes without a log (their log already went live)
+        if name.endswith(SWAP_SUFFIX):
+            live = os.path.join(directory, name[: -len(SWAP_SUFFIX)])
+            os.replace(os.path.join(directory, name), live)
+
+    # 2. Orphan indexes.
+    names = os.listdir(directory)
+    bases_with_log = {_base_of(n) for n in names if n.endswith(LOG_SUFFIX)}
+    for name in names:
+        if name.endswith(INDEX_SUFFIXES) and _base_of(name) not in bases_with_log:
+            _remove(os.path.join(directory, name))
+
+    # 3. Segments.
+    bases = sorted(b for b in bases_with_log if b is not None)
+    segments: list[LogSegment] = []
+    recover_from = None
+    if not had_clean_shutdown and bases:
+        floor = [b for b in bases if b <= recovery_point]
+        recover_from = floor[-1] if floor else bases[0]
+    truncated_at = None
+    for i, base in enumerate(bases):
+        if progress is not None:
+            progress(i, len(bases))
+        if truncated_at is not None:  # everything after an invalid byte goes
+            for suffix in (LOG_SUFFIX,) + INDEX_SUFFIXES:
+                _remove(os.path.join(directory, filename_prefix(base) + suffix))
+            continue
+        stem = os.path.join(directory, filename_prefix(base))
+        indexes_present = all(os.path.exists(stem + s) for s in (INDEX_SUFFIX, TIME_INDEX_SUFFIX))
+        segment = LogSegment(
+            directory, base, index_interval_bytes=config.index_interval_bytes,
+            max_index_size=config.segment_index_bytes, created_ms=clock.time_ms(),
+            active=(i == len(bases) - 1),
+        )
+        needs_recovery = recover_from is not None and base >= recover_from
+        if not needs_recovery and not indexes_present and segment.size > 0:
+            log.info("rebuilding missing indexes of %s", segment.log_path)
+            needs_recovery = True
+        if not needs_recovery:
+            try:
+                segment.load_state()
+            except CorruptRecordError as exc:
+                log.warning("%s; rebuilding indexes of %s", exc, segment.log_path)
+                needs_recovery = True
+        if needs_recovery:
+            truncated = segment.recover()
+            if truncated:
+                log.warning("truncated %d invalid bytes at the end of %s", truncated, segment.log_path)
+                truncated_at = base
+            if not segment.active:
+                segment.on_become_inactive()
+            segment.flush()
+        segments.append(segment)
+    if truncated_at is not None and segments and not segments[-1].active:
+        segments[-1].become_active(config.segment_index_bytes)
+    if progress is not None:
+        progress(len(bases), len(bases))
+
+    if not segments:
+        segments.append(LogSegment(
+            directory, log_start_offset, index_interval_bytes=config.index_interval_bytes,
+            max_index_size=config.segment_index_bytes, created_ms=clock.time_ms(),
+        ))
+    log_end = segments[-1].next_offset
+    start = min(max(log_start_offset, segments[0].base_offset), log_end)
+    if had_clean_shutdown:
+        recovery_point = log_end
+    elif recover_from is not None:
+        recovery_point = log_end  # everything from the recovery point was validated and fsynced above
+    recovery_point = min(max(recovery_point, start), log_end)
+    return Log(directory, topic, partition, config, segments,
+               log_start_offset=start, recovery_point=recovery_point, clock=clock)
+
+
+def _complete_swap(directory: str, swap_name: str, config: LogConfig) -> None:
+    """Finish a compaction swap interrupted by a crash: delete the live segments the swap replaces, then
+    rename the swap files live."""
+    base = _base_of(swap_name)
+    if base is None:
+        _remove(os.path.join(directory, swap_name))
+        return
+    swap = LogSegment(directory, base, index_interval_bytes=config.index_interval_bytes,
+                      max_index_size=config.segment_index_bytes, suffix=SWAP_SUFFIX, active=False)
+    try:
+        swap.recover()
+        next_offset = swap.next_offset
+    finally:
+        swap.on_become_inactive()
+        swap.close()
+    for name in os.listdir(directory):
+        if not name.endswith(LOG_SUFFIX):
+            continue
+        other = _base_of(name)
+        if other is not None and base <= other < next_offset:
+            for suffix in (LOG_SUFFIX,) + INDEX_SUFFIXES:
+                _remove(os.path.join(directory, filename_prefix(other) + suffix))
+    stem = os.path.join(directory, filename_prefix(base))
+    for suffix in (LOG_SUFFIX,) + INDEX_SUFFIXES:
+        if os.path.exists(stem + suffix + SWAP_SUFFIX):
+            os.replace(stem + suffix + SWAP_SUFFIX, stem + suffix)

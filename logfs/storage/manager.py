@@ -1,0 +1,280 @@
+"""All partitions of one data directory: topics, partitions, their configs, checkpoints and the lock.
+
+Owns the Kafka log-directory layout (``<topic>-<partition>/``), the ``.lock`` file, the clean-shutdown
+marker, the per-directory checkpoint files, topic registration and per-topic config overrides (persisted in
+``logfs-topics.json``, a file Kafka ignores), and asynchronous deletion of partitions (directories renamed
+``<topic>-<partition>.<id>-delete``, removed later by :meth:`LogManager.purge_deleted_dirs`).
+
+Thread safety: topic/partition creation and deletion and config changes are serialised by ``lock``; each
+log has its own writer lock.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import re
+import shutil
+import threading
+import uuid
+from typing import Callable
+
+from . import checkpoints as ckpt
+from .clock import SYSTEM_CLOCK, Clock
+from .config import TOPIC_SETTINGS, BrokerConfig, LogConfig, validate_topic_setting
+from .errors import (
+    InvalidConfigError, InvalidPartitionError, InvalidTopicError, LockedError, NoSuchTopicError, TopicExistsError,
+    TopicNotEmptyError,
+)
+from .loader import load_log
+from .log import Log, parse_partition_dir, partition_dir_name
+
+log = logging.getLogger(__name__)
+
+TOPICS_FILE = "logfs-topics.json"
+LOCK_FILE = ".lock"
+DELETE_DIR_SUFFIX = "-delete"
+_TOPIC_RE = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
+
+
+def validate_topic_name(name: str) -> None:
+    if name in (".", "..") or not _TOPIC_RE.match(name):
+        raise InvalidTopicError(
+            f"invalid topic name {name!r}: 1-249 characters of [a-zA-Z0-9._-], not '.' or '..'"
+        )
+
+
+class LogManager:
+    def __init__(self, data_dir: str, broker: BrokerConfig | None = None, *, clock: Clock = SYSTEM_CLOCK,
+                 progress: Callable[[int, int], None] | None = None):
+        self.data_dir = os.path.abspath(data_dir)
+        self.broker = broker or BrokerConfig.from_properties({})
+        self.clock = clock
+        self.lock = threading.RLock()
+        self.logs: dict[tuple[str, int], Log] = {}
+        self.topics: dict[str, dict[str, str]] = {}  # topic -> overrides
+        self._deleted_dirs: list[tuple[int, str]] = []
+        os.makedirs(self.data_dir, exist_ok=True)
+        self._lock_fd = self._acquire_lock()
+        try:
+            self._load(progress)
+        except BaseException:
+            os.close(self._lock_fd)
+            raise
+        self.closed = False
+
+    # -- startup -----------------------------------------------------------------------------------
+    def _acquire_lock(self) -> int:
+        fd = os.open(os.path.join(self.data_dir, LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise LockedError(f"{self.data_dir} is in use by another logfs or Kafka process (.lock is held)")
+        return fd
+
+    def _load(self, progress) -> None:
+        marker = os.path.join(self.data_dir, ckpt.CLEAN_SHUTDOWN)
+        clean = os.path.exists(marker)
+        self.had_clean_shutdown = clean
+        self._load_topics()
+        recovery = ckpt.read_checkpoint(os.path.join(self.data_dir, ckpt.RECOVERY_POINT))
+        starts = ckpt.read_checkpoint(os.path.join(self.data_dir, ckpt.LOG_START_OFFSET))
+        entries = []
+        for name in sorted(os.listdir(self.data_dir)):
+            path = os.path.join(self.data_dir, name)
+            if not os.path.isdir(path):
+                continue
+            if name.endswith(DELETE_DIR_SUFFIX):
+                shutil.rmtree(path, ignore_errors=True)  # deletion already decided before the restart
+                continue
+            parsed = parse_partition_dir(name)
+            if parsed is None:
+                continue
+            entries.append((parsed, path))
+        total_done = [0]
+        for (topic, partition), path in entries:
+            if topic not in self.topics:
+                self.topics[topic] = {}
+            self.logs[(topic, partition)] = load_log(
+                path, topic, partition, self.topic_config(topic),
+                recovery_point=recovery.get((topic, partition), 0),
+                log_start_offset=starts.get((topic, partition), 0),
+                had_clean_shutdown=clean, clock=self.clock,
+            )
+            total_done[0] += 1
+            if progress is not None:
+                progress(total_done[0], len(entries))
+        if clean:
+            os.unlink(marker)
+        self._save_topics()
+
+    def _load_topics(self) -> None:
+        path = os.path.join(self.data_dir, TOPICS_FILE)
+        try:
+            with open(path, encoding="utf-8") as f:
+                data = json.load(f)
+            self.topics = {t: dict(v.get("config", {})) for t, v in data.get("topics", {}).items()}
+        except FileNotFoundError:
+            self.topics = {}
+        except (ValueError, AttributeError):
+            log.warning("%s is corrupt; topic overrides reset to broker defaults", path)
+            self.topics = {}
+        for topic, overrides in self.topics.items():  # drop overrides that no longer validate
+            for key in list(overrides):
+                try:
+                    validate_topic_setting(key, overrides[key])
+                except Exception:
+                    log.warning("dropping invalid override %s=%r of topic %s", key, overrides[key], topic)
+                    del overrides[key]
+
+    def _save_topics(self) -> None:
+        data = {"version": 1, "topics": {t: {"config": c} for t, c in sorted(self.topics.items())}}
+        ckpt.atomic_write(os.path.join(self.data_dir, TOPICS_FILE),
+                          (json.dumps(data, indent=1, sort_keys=True) + "\n").encode())
+
+    # -- topics ------------------------------------------------------------------------------------
+    def topic_config(self, topic: str) -> LogConfig:
+        return LogConfig.build(self.broker.topic_defaults, self.topics.get(topic, {}))
+
+    def list_topics(self) -> list[str]:
+        with self.lock:
+            return sorted(self.topics)
+
+    def partitions(self, topic: str) -> list[int]:
+        with self.lock:
+            if topic not in self.topics:
+                raise NoSuchTopicError(f"no topic {topic!r}")
+            return sorted(p for t, p in self.logs if t == topic)
+
+    def create_topic(self, topic: str, partitions: int | None = None) -> None:
+        validate_topic_name(topic)
+        with self.lock:
+            if topic in self.topics:
+                raise TopicExistsError(f"topic {topic!r} exists")
+            self.topics[topic] = {}
+            self._save_topics()
+            count = self.broker.get("num.partitions") if partitions is None else partitions
+            for p in range(count):
+                self._create_partition(topic, p)
+
+    def create_partition(self, topic: str, partition: int) -> Log:
+        with self.lock:
+            existing = self.partitions(topic)
+            expected = (max(existing) + 1) if existing else 0
+            if partition != expected:
+                raise InvalidPartitionError(
+                    f"partition {partition} of {topic!r} is not the next partition ({expected})")
+            return self._create_partition(topic, partition)
+
+    def _create_partition(self, topic: str, partition: int) -> Log:
+        path = os.path.join(self.data_dir, partition_dir_name(topic, partition))
+        created = load_log(path, topic, partition, self.topic_config(topic), had_clean_shutdown=True,
+                           clock=self.clock)
+        ckpt.fsync_dir(self.data_dir)
+        self.logs[(topic, partition)] = created
+        return created
+
+    def get_log(self, topic: str, partition: int) -> Log:
+        try:
+            return self.logs[(topic, partition)]
+        except KeyError:
+            raise NoSuchTopicError(f"no partition {topic}/{partition}") from None
+
+    def delete_partition(self, topic: str, partition: int) -> None:
+        """Remove a partition now; its directory is renamed ``...-delete`` and removed after
+        ``file.delete.delay.ms`` (or at the next startup)."""
+        with self.lock:
+            victim = self.get_log(topic, partition)
+            del self.logs[(topic, partition)]
+            with victim.lock:
+                for segment in victim.segments:
+                    segment.deleted = True
+                    if segment.refs <= 0:
+                        segment.close()
+                victim.closed = True
+            new_path = os.path.join(
+                self.data_dir, f"{partition_dir_name(topic, partition)}.{uuid.uuid4().hex}{DELETE_DIR_SUFFIX}")
+            os.rename(victim.directory, new_path)
+            ckpt.fsync_dir(self.data_dir)
+            self._deleted_dirs.append((self.clock.time_ms() + victim.config.file_delete_delay_ms, new_path))
+            self.checkpoint()
+
+    def delete_topic(self, topic: str) -> None:
+        with self.lock:
+            if self.partitions(topic):
+                raise TopicNotEmptyError(f"topic {topic!r} still has partitions")
+            del self.topics[topic]
+            self._save_topics()
+
+    def purge_deleted_dirs(self, now_ms: int | None = None) -> int:
+        now = self.clock.time_ms() if now_ms is None else now_ms
+        with self.lock:
+            due = [p for t, p in self._deleted_dirs if t <= now]
+            self._deleted_dirs = [(t, p) for t, p in self._deleted_dirs if t > now]
+        for path in due:
+            shutil.rmtree(path, ignore_errors=True)
+        return len(due)
+
+    # -- configs -----------------------------------------------------------------------------------
+    def topic_overrides(self, topic: str) -> dict[str, str]:
+        with self.lock:
+            if topic not in self.topics:
+                raise NoSuchTopicError(f"no topic {topic!r}")
+            return dict(self.topics[topic])
+
+    def set_topic_config(self, topic: str, key: str, value: str | None) -> None:
+        """Set (or, with ``value=None``, remove) a topic override; applies to the topic's logs at once."""
+        with self.lock:
+            if topic not in self.topics:
+                raise NoSuchTopicError(f"no topic {topic!r}")
+            overrides = dict(self.topics[topic])
+            if value is None:
+                if key not in TOPIC_SETTINGS:
+                    raise InvalidConfigError(f"unknown topic setting {key!r}")
+                overrides.pop(key, None)
+            else:
+                overrides[key] = validate_topic_setting(key, value)
+            new_config = LogConfig.build(self.broker.topic_defaults, overrides)
+            self.topics[topic] = overrides
+            self._save_topics()
+            for (t, _), partition_log in self.logs.items():
+                if t == topic:
+                    with partition_log.lock:
+                        partition_log.config = new_config
+
+    # -- checkpoints and shutdown ------------------------------------------------------------------
+    def checkpoint(self) -> None:
+        with self.lock:
+            logs = dict(self.logs)
+        ckpt.write_checkpoint(os.path.join(self.data_dir, ckpt.RECOVERY_POINT),
+                              {k: v.recovery_point for k, v in logs.items()})
+        ckpt.write_checkpoint(os.path.join(self.data_dir, ckpt.LOG_START_OFFSET),
+                              {k: v.log_start_offset for k, v in logs.items()})
+
+    def flush_all(self) -> None:
+        for partition_log in list(self.logs.values()):
+            partition_log.flush()
+
+    def close(self) -> None:
+        """Clean shutdown: flush and close every log, write checkpoints, leave the clean-shutdown marker."""
+        if self.closed:
+            return
+        with self.lock:
+            for partition_log in self.logs.values():
+                partition_log.close()
+            self.checkpoint()
+            self._save_topics()
+            ckpt.atomic_write(os.path.join(self.data_dir, ckpt.CLEAN_SHUTDOWN), b"")
+            self.purge_deleted_dirs(now_ms=1 << 62)
+            os.close(self._lock_fd)
+            self.closed = True
+
+    def abandon(self) -> None:
+        """Release the lock without flushing or the marker (simulates a crash in tests)."""
+        for partition_log in self.logs.values():
+            partition_log.close_without_flush()
+        os.close(self._lock_fd)
+        self.closed = True

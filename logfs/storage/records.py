@@ -1,0 +1,203 @@
+"""Kafka v2 record batches: building, header parsing, validation and decoding.
+
+Owns the byte format of ``.log`` files (magic 2, CRC-32C over attributes..end). Encoding and record decoding
+use aiokafka's compiled codec (measured in README: ~2.5M records/s encode, ~7M/s decode here, against ~0.3M/s
+for kafka-python's pure-Python reader); CRC-32C uses the ``crc32c`` package (hardware, ~20 GB/s here).
+Compressed batches (gzip, snappy, lz4, zstd) from other producers decode through the same codec (cramjam).
+
+Batch header layout (61 bytes, big-endian)::
+
+    0 baseOffset i64 | 8 batchLength i32 | 12 partitionLeaderEpoch i32 | 16 magic i8 | 17 crc u32
+    21 attributes i16 | 23 lastOffsetDelta i32 | 27 baseTimestamp i64 | 35 maxTimestamp i64
+    43 producerId i64 | 51 producerEpoch i16 | 53 baseSequence i32 | 57 recordsCount i32 | 61 records...
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import Iterator, NamedTuple, Sequence
+
+import crc32c as _crc32c
+from aiokafka.record._crecords.default_records import (  # type: ignore[import-untyped]
+    DefaultRecordBatch as _Batch,
+    DefaultRecordBatchBuilder as _Builder,
+)
+
+from .errors import CorruptRecordError
+
+HEADER_SIZE = 61
+LOG_OVERHEAD = 12  # baseOffset + batchLength: the bytes not counted in batchLength
+MAGIC = 2
+_CRC_START = 21
+_HEADER = struct.Struct(">qiibIhiqqqhii")
+_BASE = struct.Struct(">qi")
+_OFFSET_AND_EPOCH = struct.Struct(">qii")  # baseOffset, batchLength, partitionLeaderEpoch
+
+ATTR_COMPRESSION_MASK = 0x07
+ATTR_TIMESTAMP_TYPE = 0x08
+ATTR_TRANSACTIONAL = 0x10
+ATTR_CONTROL = 0x20
+ATTR_DELETE_HORIZON = 0x40
+
+COMPRESSION_NAMES = {0: "none", 1: "gzip", 2: "snappy", 3: "lz4", 4: "zstd"}
+
+Headers = Sequence[tuple[str, bytes | None]]
+
+
+class BatchHeader(NamedTuple):
+    base_offset: int
+    batch_length: int  # bytes after the batchLength field
+    partition_leader_epoch: int
+    magic: int
+    crc: int
+    attributes: int
+    last_offset_delta: int
+    base_timestamp: int
+    max_timestamp: int
+    producer_id: int
+    producer_epoch: int
+    base_sequence: int
+    records_count: int
+
+    @property
+    def size(self) -> int:
+        """Total bytes of the batch on disk."""
+        return self.batch_length + LOG_OVERHEAD
+
+    @property
+    def last_offset(self) -> int:
+        return self.base_offset + self.last_offset_delta
+
+    @property
+    def next_offset(self) -> int:
+        return self.base_offset + self.last_offset_delta + 1
+
+    @property
+    def is_control(self) -> bool:
+        return bool(self.attributes & ATTR_CONTROL)
+
+    @property
+    def compression(self) -> int:
+        return self.attributes & ATTR_COMPRESSION_MASK
+
+    @property
+    def timestamp_type(self) -> int:
+        return 1 if self.attributes & ATTR_TIMESTAMP_TYPE else 0
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """One decoded record."""
+
+    offset: int
+    timestamp: int
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes | None], ...] = ()
+    timestamp_type: int = 0
+
+
+def parse_header(buf, pos: int = 0) -> BatchHeader:
+    """Parse the 61-byte header at ``pos``; raises CorruptRecordError if it cannot be a v2 batch."""
+    if len(buf) - pos < HEADER_SIZE:
+        raise CorruptRecordError("truncated batch header")
+    header = BatchHeader._make(_HEADER.unpack_from(buf, pos))
+    if header.magic != MAGIC:
+        raise CorruptRecordError(f"unsupported magic {header.magic} at position {pos}")
+    if header.batch_length < HEADER_SIZE - LOG_OVERHEAD:
+        raise CorruptRecordError(f"batch length {header.batch_length} too small at position {pos}")
+    return header
+
+
+def peek_size(buf, pos: int = 0) -> int | None:
+    """Total size of the batch at ``pos`` from its first 12 bytes, or None if fewer than 12 bytes remain."""
+    if len(buf) - pos < LOG_OVERHEAD:
+        return None
+    return _BASE.unpack_from(buf, pos)[1] + LOG_OVERHEAD
+
+
+def crc_of(buf, pos: int, size: int) -> int:
+    return _crc32c.crc32c(memoryview(buf)[pos + _CRC_START : pos + size])
+
+
+def validate(buf, pos: int = 0) -> BatchHeader:
+    """Full validation of one batch at ``pos`` in ``buf``: header sanity and CRC-32C."""
+    header = parse_header(buf, pos)
+    if len(buf) - pos < header.size:
+        raise CorruptRecordError(f"truncated batch at position {pos}")
+    if header.last_offset_delta < 0 or header.records_count < 0:
+        raise CorruptRecordError(f"invalid batch counts at position {pos}")
+    if crc_of(buf, pos, header.size) != header.crc:
+        raise CorruptRecordError(f"CRC mismatch in batch at position {pos}")
+    return header
+
+
+def build_batch(
+    base_offset: int,
+    timestamp_ms: int,
+    values: Sequence[bytes | None],
+    keys: Sequence[bytes | None] | None = None,
+    headers: Sequence[Headers] | None = None,
+    timestamps: Sequence[int] | None = None,
+) -> bytes:
+    """Encode records with offsets ``base_offset + i`` into one uncompressed v2 batch (CreateTime)."""
+    if not values:
+        raise ValueError("a batch needs at least one record")
+    builder = _Builder(MAGIC, 0, 0, -1, -1, -1, 1 << 31)
+    append = builder.append
+    if keys is None and headers is None and timestamps is None:
+        for delta, value in enumerate(values):
+            append(delta, timestamp_ms, None, value, [])
+    else:
+        for delta, value in enumerate(values):
+            append(
+                delta,
+                timestamps[delta] if timestamps is not None else timestamp_ms,
+                keys[delta] if keys is not None else None,
+                value,
+                list(headers[delta]) if headers is not None else [],
+            )
+    batch = builder.build()
+    # The broker's job: stamp the offsets (and leader epoch 0). Neither field is covered by the CRC.
+    struct.pack_into(">q", batch, 0, base_offset)
+    struct.pack_into(">i", batch, 12, 0)
+    return bytes(batch)
+
+
+def with_base_offset(batch: bytes | bytearray, base_offset: int) -> bytes:
+    """Return a copy of ``batch`` re-stamped with a new base offset (CRC unaffected)."""
+    out = bytearray(batch)
+    struct.pack_into(">q", out, 0, base_offset)
+    return bytes(out)
+
+
+def decode(buf, pos: int = 0, size: int | None = None) -> Iterator[Record]:
+    """Records of the batch at ``pos`` (control batches yield nothing)."""
+    if size is None:
+        size = peek_size(buf, pos) or 0
+    view = memoryview(buf)[pos : pos + size]
+    header = parse_header(view)
+    if header.is_control:
+        return
+    ts_type = header.timestamp_type
+    for r in _Batch(bytes(view)):
+        yield Record(r.offset, r.timestamp, r.key, r.value, tuple(r.headers), ts_type)
+
+
+def decode_raw(buf: bytes):
+    """The codec's own record objects for one batch: the fast path for rendering (attributes .key, .value,
+    .offset, .timestamp). ``buf`` must hold exactly one batch."""
+    return _Batch(buf)
+
+
+def iter_headers(buf, start: int = 0) -> Iterator[tuple[int, BatchHeader]]:
+    """Headers of the complete batches in ``buf`` from ``start``, with their positions (no CRC check)."""
+    pos = start
+    end = len(buf)
+    while end - pos >= HEADER_SIZE:
+        header = parse_header(buf, pos)
+        if end - pos < header.size:
+            return
+        yield pos, header
+        pos += header.size

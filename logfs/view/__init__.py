@@ -1,0 +1,8 @@
+"""The text view of a partition: one line per record, and the byte position <-> offset mapping.
+
+Free of FUSE and trio, like the engine it reads. See :mod:`logfs.view.text`.
+"""
+
+from .text import LineFormat, SegmentView, live_view
+
+__all__ = ["LineFormat", "SegmentView", "live_view"]

@@ -1,0 +1,297 @@
+"""Rendering records as lines, and addressing the rendered view by byte position.
+
+A partition's view is, for every record from the log start offset to the log end offset in offset order,
+``[key + separator] + (value | null marker | "") + "\\n"``. Its length is never counted by reading records:
+each segment's ``.viewindex`` stores, at sparse batch positions, the :class:`~logfs.storage.index.LineStats`
+of the records before them, and a segment's totals; a length is a linear function of those stats for the
+current separator and marker. Locating a byte position is: bisect the segments' cumulative lengths, bisect
+the segment's view index, then render forward at most one index interval of batches.
+
+A :class:`SegmentView` is over a fixed, pinned list of segments (a file handle's snapshot), which can only
+grow at the end (segments rolled after the snapshot was taken). Not thread-safe; one per handle.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+
+from ..storage import records as rec
+from ..storage.index import ZERO_STATS, LineStats
+from ..storage.log import Log
+from ..storage.segment import LogSegment
+
+
+@dataclass(frozen=True)
+class LineFormat:
+    separator: bytes | None = None
+    null_marker: bytes | None = None
+
+    @classmethod
+    def of(cls, config) -> "LineFormat":
+        return cls(config.key_separator, config.null_marker)
+
+    def length(self, stats: LineStats) -> int:
+        n = stats.records + stats.value_bytes
+        if self.null_marker:
+            n += stats.nulls * len(self.null_marker)
+        if self.separator:
+            n += stats.key_bytes + stats.keyed * len(self.separator)
+        return n
+
+    def line(self, key: bytes | None, value: bytes | None) -> bytes:
+        body = value if value is not None else (self.null_marker or b"")
+        if self.separator and key is not None:
+            return key + self.separator + body + b"\n"
+        return body + b"\n"
+
+    def render(self, buf: bytes, at: int, size: int) -> tuple[bytes, list | None]:
+        """Lines of one batch, and (when ``with_records``) nothing else: the fast path joins values."""
+        raw = bytes(buf[at : at + size]) if (at or size != len(buf)) else buf
+        header_attrs = int.from_bytes(raw[21:23], "big")
+        if header_attrs & rec.ATTR_CONTROL:
+            return b"", None
+        batch = rec.decode_raw(raw)
+        if self.separator is None:
+            marker = self.null_marker or b""
+            values = [r.value for r in batch]
+            try:
+                return b"\n".join(values) + b"\n", None
+            except TypeError:  # a tombstone in the batch
+                return b"\n".join(v if v is not None else marker for v in values) + b"\n", None
+        line = self.line
+        return b"".join([line(r.key, r.value) for r in batch]), None
+
+    def records_with_lines(self, buf: bytes, at: int, size: int):
+        """(offset, line length) of each record of one batch."""
+        raw = bytes(buf[at : at + size])
+        if int.from_bytes(raw[21:23], "big") & rec.ATTR_CONTROL:
+            return []
+        out = []
+        sep_len = len(self.separator) if self.separator else 0
+        marker_len = len(self.null_marker) if self.null_marker else 0
+        for r in rec.decode_raw(raw):
+            n = 1 + (len(r.value) if r.value is not None else marker_len)
+            if sep_len and r.key is not None:
+                n += len(r.key) + sep_len
+            out.append((r.offset, n))
+        return out
+
+
+class SegmentView:
+    """The view over pinned ``segments`` starting at ``start_offset``, in format ``fmt``."""
+
+    def __init__(self, segments: list[LogSegment], start_offset: int, fmt: LineFormat):
+        self.pinned = list(segments)
+        # Segments wholly below the start offset are not part of the view (but stay pinned until release).
+        kept = [s for s in segments if s.next_offset > start_offset]
+        self.segments = kept if kept else list(segments[-1:])
+        self.start_offset = start_offset
+        self.fmt = fmt
+        self._starts: list[int] = [0]  # view start of segments[0..k]; extended lazily
+        self._prefix = self._prefix_length(self.segments[0], start_offset) if self.segments else 0
+        self._cursor: tuple[int, int, int, bytes] | None = None  # (view pos, seg idx, next batch pos, carry)
+
+    # -- layout ------------------------------------------------------------------------------------
+    def _prefix_length(self, segment: LogSegment, offset: int) -> int:
+        """View bytes of the segment's records with offset < ``offset`` (log start inside the segment)."""
+        if offset <= segment.base_offset:
+            return 0
+        entry = segment.view_index.floor_by_offset(offset)
+        position, stats = (entry.position, entry.stats) if entry else (0, ZERO_STATS)
+        length = self.fmt.length(stats)
+        for _, header, buf, at in segment.batches_from(position):
+            if header.base_offset >= offset:
+                break
+            for rec_offset, n in self.fmt.records_with_lines(buf, at, header.size):
+                if rec_offset >= offset:
+                    return length
+                length += n
+        return length
+
+    def _segment_length(self, i: int) -> int:
+        segment = self.segments[i]
+        n = self.fmt.length(segment.stats)
+        return n - self._prefix if i == 0 else n
+
+    def _start(self, i: int) -> int:
+        while len(self._starts) <= i:
+            k = len(self._starts) - 1
+            self._starts.append(self._starts[k] + self._segment_length(k))
+        return self._starts[i]
+
+    def length(self) -> int:
+        if not self.segments:
+            return 0
+        last = len(self.segments) - 1
+        return self._start(last) + self._segment_length(last)
+
+    def extend(self, log: Log) -> bool:
+        """Pin segments rolled since this view was made (appends continue into them). Returns whether any."""
+        with log.lock:
+            if log.closed:
+                return False
+            last_base = self.segments[-1].base_offset if self.segments else -1
+            newer = [s for s in log.segments.as_list() if s.base_offset > last_base]
+            for s in newer:
+                s.refs += 1
+        self.segments.extend(newer)
+        self.pinned.extend(newer)
+        return bool(newer)
+
+    def _locate(self, pos: int) -> tuple[int, int]:
+        """(segment index, position within that segment's own view) for a view position < length()."""
+        self._start(len(self.segments) - 1)
+        i = bisect.bisect_right(self._starts, pos) - 1
+        while i + 1 < len(self.segments) and pos >= self._start(i) + self._segment_length(i):
+            i += 1  # skip empty segments
+        local = pos - self._start(i)
+        return i, local + (self._prefix if i == 0 else 0)
+
+    # -- reading -----------------------------------------------------------------------------------
+    def read(self, pos: int, size: int) -> bytes:
+        total = self.length()
+        if pos >= total or size <= 0:
+            return b""
+        size = min(size, total - pos)
+        out: list[bytes] = []
+        got = 0
+        cursor = self._cursor
+        if cursor is not None and cursor[0] == pos:
+            _, i, file_pos, carry = cursor
+            if carry:
+                piece = carry[:size]
+                out.append(piece)
+                got = len(piece)
+                carry = carry[len(piece):]
+                if carry:
+                    self._cursor = (pos + got, i, file_pos, carry)
+                    return piece
+        else:
+            i, local = self._locate(pos)
+            segment = self.segments[i]
+            entry = segment.view_index.floor_by_view(local, self.fmt.length)
+            file_pos, cum = (entry.position, self.fmt.length(entry.stats)) if entry else (0, 0)
+            # Skip whole batches before the target, then take the tail of the batch holding it.
+            skip = local - cum
+            while skip > 0:
+                found = None
+                for bpos, header, buf, at in segment.batches_from(file_pos):
+                    lines, _ = self.fmt.render(buf, at, header.size)
+                    file_pos = bpos + header.size
+                    if len(lines) > skip:
+                        found = lines[skip:]
+                        break
+                    skip -= len(lines)
+                if found is None:
+                    break
+                piece = found[: size]
+                out.append(piece)
+                got = len(piece)
+                if len(found) > len(piece):
+                    self._cursor = (pos + got, i, file_pos, found[len(piece):])
+                    return piece
+                skip = 0
+        # Whole batches from (i, file_pos) on.
+        while got < size and i < len(self.segments):
+            segment = self.segments[i]
+            limit = segment.size
+            stop = False
+            for bpos, header, buf, at in segment.batches_from(file_pos, limit, chunk=max(64 * 1024, size)):
+                lines, _ = self.fmt.render(buf, at, header.size)
+                file_pos = bpos + header.size
+                need = size - got
+                if len(lines) > need:
+                    out.append(lines[:need])
+                    got += need
+                    self._cursor = (pos + got, i, file_pos, lines[need:])
+                    stop = True
+                    break
+                out.append(lines)
+                got += len(lines)
+                if got >= size:
+                    self._cursor = (pos + got, i, file_pos, b"")
+                    stop = True
+                    break
+            if stop:
+                break
+            if file_pos >= segment.size and i + 1 < len(self.segments):
+                i, file_pos = i + 1, 0
+            else:
+                self._cursor = (pos + got, i, file_pos, b"")
+                break
+        return b"".join(out)
+
+    def offset_at(self, pos: int) -> int | None:
+        """Offset of the record whose line holds byte ``pos``, or None if out of range."""
+        if pos < 0 or pos >= self.length():
+            return None
+        i, local = self._locate(pos)
+        segment = self.segments[i]
+        entry = segment.view_index.floor_by_view(local, self.fmt.length)
+        file_pos, cum = (entry.position, self.fmt.length(entry.stats)) if entry else (0, 0)
+        for _, header, buf, at in segment.batches_from(file_pos):
+            for offset, n in self.fmt.records_with_lines(buf, at, header.size):
+                if cum + n > local:
+                    return offset
+                cum += n
+        return None
+
+    def position_of(self, offset: int) -> int | None:
+        """View position where record ``offset`` (or the first retained one after it) starts; the view
+        length for the log end offset; None below the start offset or past the end."""
+        if not self.segments or offset < self.start_offset:
+            return None
+        end_offset = self.segments[-1].next_offset
+        if offset > end_offset:
+            return None
+        if offset == end_offset:
+            return self.length()
+        bases = [s.base_offset for s in self.segments]
+        i = max(0, bisect.bisect_right(bases, offset) - 1)
+        while i < len(self.segments):
+            segment = self.segments[i]
+            if offset < segment.next_offset:
+                entry = segment.view_index.floor_by_offset(offset)
+                file_pos, cum = (entry.position, self.fmt.length(entry.stats)) if entry else (0, 0)
+                for _, header, buf, at in segment.batches_from(file_pos):
+                    if header.last_offset < offset:
+                        cum += sum(n for _, n in self.fmt.records_with_lines(buf, at, header.size))
+                        continue
+                    for rec_offset, n in self.fmt.records_with_lines(buf, at, header.size):
+                        if rec_offset >= offset:
+                            return self._start(i) + cum - (self._prefix if i == 0 else 0)
+                        cum += n
+            i += 1
+            offset = max(offset, self.segments[i].base_offset) if i < len(self.segments) else offset
+        return self.length()
+
+    def release(self, log: Log | None) -> None:
+        if log is not None:
+            with log.lock:
+                for s in self.pinned:
+                    log._unpin(s)
+        self.segments = []
+        self.pinned = []
+
+
+_LIVE_CACHE_ATTR = "_live_view_cache"
+
+
+def live_view(log: Log) -> SegmentView:
+    """The view as a new open would see it now (cached until the segment list, start or format changes).
+    Its segments are not pinned: use it on the thread that owns the log, and not across awaits."""
+    fmt = LineFormat.of(log.config)
+    key = (log.version, log.log_start_offset, fmt)
+    cached = getattr(log, _LIVE_CACHE_ATTR, None)
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    view = SegmentView(log.segments.as_list(), log.log_start_offset, fmt)
+    setattr(log, _LIVE_CACHE_ATTR, (key, view))
+    return view
+
+
+def open_view(log: Log) -> SegmentView:
+    """A pinned view for a file handle: consistent under retention and compaction until released."""
+    snapshot = log.snapshot()
+    return SegmentView(snapshot.segments, snapshot.log_start_offset, LineFormat.of(log.config))

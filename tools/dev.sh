@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# One-command set-up for a fresh Debian machine, then: `demo` mounts a demo store, `test` runs the suite.
+#   bash tools/dev.sh demo     |     bash tools/dev.sh test [pytest args...]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+action=${1:-test}; shift || true
+
+need_apt=()
+for pair in fusermount3:fuse3 pkg-config:pkg-config getfattr:attr java:openjdk-17-jdk-headless gcc:gcc; do
+  command -v "${pair%%:*}" >/dev/null 2>&1 || need_apt+=("${pair#*:}")
+done
+[ -e /usr/include/fuse3/fuse_lowlevel.h ] || need_apt+=(libfuse3-dev)
+python3 -c 'import venv, ensurepip' 2>/dev/null || need_apt+=(python3-venv)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_apt[@]}" python3-dev >/dev/null
+fi
+[ -e /dev/fuse ] || { echo "error: /dev/fuse is missing (load the fuse module)" >&2; exit 1; }
+
+if [ ! -x .venv/bin/python ]; then
+  python3 -m venv .venv
+fi
+.venv/bin/pip install -q --upgrade pip >/dev/null
+.venv/bin/pip install -q -e '.[test]'
+
+case "$action" in
+  test)
+    exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"
+    ;;
+  demo)
+    exec .venv/bin/python tools/demo.py "$@"
+    ;;
+  *)
+    echo "usage: $0 demo|test" >&2; exit 2
+    ;;
+esac
