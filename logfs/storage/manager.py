@@ -109,6 +109,7 @@ class LogManager:
                 progress(total_done[0], len(entries))
         if clean:
             os.unlink(marker)
+        self.recovered = bool(entries) and not clean
         self._save_topics()
 
     def _load_topics(self) -> None:

@@ -1,0 +1,220 @@
+"""The ``logfs`` command: ``logfs DATA_DIR MOUNTPOINT [-f] [-o OPTS] [--config FILE]``.
+
+Owns argument and ``-o`` parsing (FUSE options, ignored mount(8) options, Kafka broker settings), logging
+set-up, daemonizing (the parent exits 0 only once the mount answers), signals, and sd_notify. A user error is
+one clear line on stderr and a non-zero exit, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+
+from .storage import BrokerConfig, InvalidConfigError, LockedError, LogManager
+from .storage.config import broker_keys
+from .service.notify import notify
+
+log = logging.getLogger("logfs")
+
+# Passed to libfuse as they are.
+FUSE_FLAGS = {
+    "allow_other", "allow_root", "default_permissions", "ro", "rw", "auto_unmount", "nosuid", "suid", "nodev",
+    "dev", "noexec", "exec", "noatime", "atime", "sync", "async", "dirsync",
+}
+FUSE_KEYED = {"fsname", "subtype", "max_read"}
+# mount(8)/fstab options that mean nothing to FUSE.
+IGNORED = {
+    "defaults", "_netdev", "nofail", "auto", "noauto", "user", "users", "nouser", "owner", "group",
+    "relatime", "norelatime", "strictatime", "nodiratime", "diratime", "lazytime", "nolazytime", "silent",
+    "loud", "nofail", "nosymfollow", "symfollow", "iversion", "noiversion", "mand", "nomand",
+}
+IGNORED_PREFIXES = ("x-", "comment=", "context=", "fscontext=", "defcontext=", "rootcontext=", "helper=")
+
+
+class UsageError(Exception):
+    pass
+
+
+def parse_properties(text: str, source: str) -> dict[str, str]:
+    props: dict[str, str] = {}
+    for number, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip()
+        if not line or line[0] in "#!":
+            continue
+        for sep in ("=", ":"):
+            if sep in line:
+                key, _, value = line.partition(sep)
+                break
+        else:
+            raise UsageError(f"{source}:{number}: expected key=value, got {raw!r}")
+        props[key.strip()] = value.strip()
+    return props
+
+
+def split_options(option_strings: list[str]) -> tuple[list[str], dict[str, str], bool, bool]:
+    """-o values -> (FUSE options, broker settings, debug, read_only)."""
+    fuse_opts: list[str] = []
+    props: dict[str, str] = {}
+    debug = read_only = False
+    known = broker_keys()
+    for group in option_strings:
+        for opt in filter(None, (o.strip() for o in group.split(","))):
+            key, has_value, value = opt.partition("=")
+            if opt in IGNORED or opt.startswith(IGNORED_PREFIXES):
+                continue
+            if opt == "debug":
+                debug = True
+            elif opt in FUSE_FLAGS:
+                if opt == "ro":
+                    read_only = True
+                if opt != "rw":
+                    fuse_opts.append(opt)
+            elif has_value and key in FUSE_KEYED:
+                fuse_opts.append(opt)
+            elif has_value and key in known:
+                props[key] = value
+            elif key in known:
+                raise UsageError(f"setting {key!r} needs a value ({key}=...)")
+            else:
+                raise UsageError(f"unknown option {opt!r}")
+    return fuse_opts, props, debug, read_only
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="logfs", description="Mount a Kafka-format log store as a filesystem.")
+    p.add_argument("data_dir", help="Kafka log directory (created if missing)")
+    p.add_argument("mountpoint")
+    p.add_argument("-f", "--foreground", action="store_true", help="stay in the foreground")
+    p.add_argument("-o", dest="options", action="append", default=[], metavar="OPTS",
+                   help="FUSE options and Kafka broker settings, comma-separated")
+    p.add_argument("--config", metavar="FILE", help="server.properties-style file of broker settings")
+    return p
+
+
+class _JournalFormatter(logging.Formatter):
+    PRIORITY = {logging.DEBUG: 7, logging.INFO: 6, logging.WARNING: 4, logging.ERROR: 3, logging.CRITICAL: 2}
+
+    def format(self, record):
+        return f"<{self.PRIORITY.get(record.levelno, 6)}>" + super().format(record)
+
+
+def setup_logging(debug: bool) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    if os.environ.get("JOURNAL_STREAM") or os.environ.get("INVOCATION_ID"):
+        handler.setFormatter(_JournalFormatter("%(name)s: %(message)s"))
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(logging.DEBUG if debug else logging.INFO)
+    if not debug:
+        logging.getLogger("pyfuse3").setLevel(logging.WARNING)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        fuse_opts, props, debug, read_only = split_options(args.options)
+        if args.config:
+            try:
+                with open(args.config, encoding="utf-8") as f:
+                    file_props = parse_properties(f.read(), args.config)
+            except OSError as exc:
+                raise UsageError(f"cannot read {args.config}: {exc.strerror}") from None
+            unknown = set(file_props) - broker_keys()
+            if unknown:
+                raise UsageError(f"{args.config}: unknown setting {sorted(unknown)[0]!r}")
+            props = {**file_props, **props}
+        broker = BrokerConfig.from_properties(props)
+    except (UsageError, InvalidConfigError) as exc:
+        print(f"logfs: error: {exc}", file=sys.stderr)
+        return 2
+    mountpoint = os.path.abspath(args.mountpoint)
+    if not os.path.isdir(mountpoint):
+        print(f"logfs: error: mount point {args.mountpoint} is not a directory", file=sys.stderr)
+        return 2
+    setup_logging(debug)
+    if not any(o.startswith("fsname=") for o in fuse_opts):
+        fuse_opts.append(f"fsname={os.path.abspath(args.data_dir)}")
+    if not any(o.startswith("subtype=") for o in fuse_opts):
+        fuse_opts.append("subtype=logfs")
+    if args.foreground:
+        return run(args.data_dir, mountpoint, broker, fuse_opts, read_only, ready=None)
+    return daemonize(args.data_dir, mountpoint, broker, fuse_opts, read_only)
+
+
+def daemonize(data_dir, mountpoint, broker, fuse_opts, read_only) -> int:
+    """Fork; the child mounts and serves, the parent waits until the mount answers (or failed)."""
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid > 0:
+        os.close(write_fd)
+        message = b""
+        while True:
+            chunk = os.read(read_fd, 4096)
+            if not chunk:
+                break
+            message += chunk
+        if message.startswith(b"OK"):
+            return 0
+        text = message.decode(errors="replace").strip() or "the daemon exited before the mount was ready"
+        print(f"logfs: error: {text.removeprefix('ERR ')}", file=sys.stderr)
+        _, status = os.waitpid(pid, 0)
+        return 1
+    os.close(read_fd)
+    os.setsid()
+    devnull = os.open(os.devnull, os.O_RDWR)
+    os.dup2(devnull, 0)
+
+    def ready(error: str | None = None):
+        try:
+            os.write(write_fd, b"OK\n" if error is None else f"ERR {error}\n".encode())
+            os.close(write_fd)
+        except OSError:
+            pass
+        if error is None:  # detach from the terminal's output once the mount is up
+            if not (os.environ.get("JOURNAL_STREAM") or os.environ.get("INVOCATION_ID")):
+                os.dup2(devnull, 1)
+                os.dup2(devnull, 2)
+
+    code = run(data_dir, mountpoint, broker, fuse_opts, read_only, ready=ready)
+    os._exit(code)
+
+
+def run(data_dir, mountpoint, broker, fuse_opts, read_only, ready) -> int:
+    import trio
+
+    from .service.daemon import serve
+
+    def progress(done: int, total: int) -> None:
+        notify(f"STATUS=loading partitions: {done}/{total}")
+        if total and (done == total or done % 50 == 0):
+            log.info("loaded %d/%d partitions", done, total)
+
+    notify("STATUS=recovering logs")
+    try:
+        manager = LogManager(data_dir, broker, progress=progress)
+    except LockedError as exc:
+        log.error("%s", exc)
+        if ready:
+            ready(str(exc))
+        return 1
+    except OSError as exc:
+        message = f"cannot open {data_dir}: {exc.strerror}"
+        log.error("%s", message)
+        if ready:
+            ready(message)
+        return 1
+    if manager.recovered:
+        log.info("recovered after an unclean shutdown")
+    try:
+        return trio.run(serve, manager, mountpoint, fuse_opts, read_only, ready)
+    except KeyboardInterrupt:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

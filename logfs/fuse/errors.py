@@ -1,0 +1,74 @@
+"""Engine exceptions -> errno, in exactly one place.
+
+Every Operations handler is wrapped by :func:`translate`; handlers raise engine errors (or ``FUSEError``
+directly for purely FUSE-level refusals) and never pick an errno for an engine condition themselves.
+"""
+
+from __future__ import annotations
+
+import errno
+import functools
+import logging
+
+import pyfuse3
+
+from ..storage import errors as e
+
+log = logging.getLogger(__name__)
+
+ERRNO_OF: list[tuple[type[BaseException], int]] = [
+    (e.InvalidTopicError, errno.EINVAL),
+    (e.InvalidPartitionError, errno.EINVAL),
+    (e.InvalidConfigError, errno.EINVAL),
+    (e.TopicExistsError, errno.EEXIST),
+    (e.NoSuchTopicError, errno.ENOENT),
+    (e.TopicNotEmptyError, errno.ENOTEMPTY),
+    (e.OffsetOutOfRangeError, errno.ENODATA),
+    (e.RecordTooLargeError, errno.EFBIG),
+    (e.NotAppendOnlyError, errno.EPERM),
+    (e.CorruptRecordError, errno.EIO),
+    (e.LockedError, errno.EBUSY),
+]
+
+
+def errno_for(exc: BaseException) -> int:
+    if isinstance(exc, e.StorageIOError):
+        return exc.errno or errno.EIO
+    for cls, code in ERRNO_OF:
+        if isinstance(exc, cls):
+            return code
+    if isinstance(exc, OSError) and exc.errno:
+        return exc.errno
+    return errno.EIO
+
+
+def translate(fn):
+    """Wrap an async handler: FUSEError passes through, engine errors map to their errno, anything else is
+    logged with its traceback (a bug, not a user error) and becomes EIO."""
+
+    @functools.wraps(fn)
+    async def wrapper(*args, **kwargs):
+        try:
+            return await fn(*args, **kwargs)
+        except pyfuse3.FUSEError:
+            raise
+        except e.LogfsError as exc:
+            code = errno_for(exc)
+            if code in (errno.EIO, errno.ENOSPC):
+                log.error("%s: %s", fn.__name__, exc)
+            else:
+                log.debug("%s: %s -> %s", fn.__name__, exc, errno.errorcode.get(code))
+            raise pyfuse3.FUSEError(code) from None
+        except OSError as exc:
+            log.error("%s: %s", fn.__name__, exc)
+            raise pyfuse3.FUSEError(errno_for(exc)) from None
+        except Exception:
+            log.exception("internal error in %s", fn.__name__)
+            raise pyfuse3.FUSEError(errno.EIO) from None
+
+    return wrapper
+
+
+def fail(code: int):
+    """Raise a FUSE-level refusal (rename, links, non-appends detected by the FUSE layer)."""
+    raise pyfuse3.FUSEError(code)

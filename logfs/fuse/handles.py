@@ -1,0 +1,90 @@
+"""Open partition files: each handle's consistent view and its line buffer.
+
+A handle reads through its own pinned :class:`~logfs.view.text.SegmentView`: the view as it was at ``open()``
+plus everything appended since, unaffected by retention or compaction. Writes are split into lines; complete
+lines are appended as records at once (one ``Log.append`` per ``write()``, so lines of concurrent writers never
+interleave), and a trailing partial line waits in the handle until its newline arrives or the handle is
+flushed/closed.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+
+from ..storage.log import Log
+from ..view.text import SegmentView, open_view
+from .errors import fail
+
+
+class PartitionHandle:
+    __slots__ = ("log", "view", "append_mode", "writable", "pending", "inode")
+
+    def __init__(self, log: Log, inode: int, flags: int):
+        self.log = log
+        self.inode = inode
+        self.view: SegmentView = open_view(log)
+        self.append_mode = bool(flags & os.O_APPEND)
+        self.writable = (flags & os.O_ACCMODE) in (os.O_WRONLY, os.O_RDWR)
+        self.pending = b""
+
+    def length(self) -> int:
+        """This handle's view length, picking up segments rolled since open."""
+        view = self.view
+        if view.segments and view.segments[-1].next_offset < self.log.log_end_offset:
+            view.extend(self.log)
+        return view.length()
+
+    def read(self, offset: int, size: int) -> bytes:
+        if offset >= self.view.length():
+            self.length()
+        return self.view.read(offset, size)
+
+    def write(self, offset: int, data: bytes) -> int:
+        if not self.append_mode and offset != self.length() + len(self.pending):
+            fail(errno.EPERM)  # only appends: a write must land at the end of the file
+        buf = self.pending + data if self.pending else data
+        cut = buf.rfind(b"\n")
+        limit = self.log.config.max_message_bytes
+        if cut < 0:
+            if len(buf) > limit:
+                fail(errno.EFBIG)
+            self.pending = buf
+            return len(data)
+        lines = buf[:cut].split(b"\n")
+        rest = buf[cut + 1 :]
+        if len(rest) > limit or any(len(line) > limit for line in lines):
+            fail(errno.EFBIG)  # nothing of this write is appended; the pending part stays as it was
+        self._append(lines)
+        self.pending = rest
+        return len(data)
+
+    def commit_pending(self) -> None:
+        if self.pending:
+            line, self.pending = self.pending, b""
+            self._append([line])
+
+    def _append(self, lines: list[bytes]) -> None:
+        config = self.log.config
+        sep, marker = config.key_separator, config.null_marker
+        if sep is None and marker is None:
+            self.log.append(lines)
+            return
+        keys: list[bytes | None] | None = None
+        values: list[bytes | None] = lines  # type: ignore[assignment]
+        if sep is not None:
+            keys, values = [], []
+            for line in lines:
+                key, found, value = line.partition(sep)
+                if found:
+                    keys.append(key)
+                    values.append(value)
+                else:
+                    keys.append(None)
+                    values.append(line)
+        if marker is not None:
+            values = [None if v == marker else v for v in values]
+        self.log.append(values, keys)
+
+    def release(self) -> None:
+        self.view.release(self.log)

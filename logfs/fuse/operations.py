@@ -1,0 +1,403 @@
+"""pyfuse3 Operations: topics as directories, partitions as append-only files.
+
+Inodes: 1 is the mount root; topics and partitions get numbers on first sight, never reused while mounted.
+Partition files are opened with ``direct_io``: every read and write reaches logfs (no page cache), so each
+handle sees its own consistent view, a ``write()`` that returned is visible to every reader, and ``st_size``
+(attr timeout 0) is always the exact current view length.
+
+Everything here runs on the trio thread; only fsync-class work goes to worker threads (``to_thread``).
+"""
+
+from __future__ import annotations
+
+import errno
+import itertools
+import logging
+import os
+import stat
+import time
+from typing import Callable
+
+import pyfuse3
+import trio
+
+from ..storage.manager import LogManager
+from ..view.text import live_view
+from . import xattrs
+from .errors import fail, translate
+from .handles import PartitionHandle
+
+log = logging.getLogger(__name__)
+
+ROOT = pyfuse3.ROOT_INODE
+FILE_ATTR_TIMEOUT = 0.0
+DIR_ATTR_TIMEOUT = 1.0
+ENTRY_TIMEOUT = 1.0
+
+
+def _decode(name: bytes) -> str:
+    try:
+        return name.decode("utf-8")
+    except UnicodeDecodeError:
+        fail(errno.EINVAL)
+
+
+def _partition_number(name: str) -> int | None:
+    if name.isdigit() and name.isascii() and (name == "0" or not name.startswith("0")):
+        return int(name)
+    return None
+
+
+class Operations(pyfuse3.Operations):
+    supports_dot_lookup = False
+    enable_writeback_cache = False
+    enable_acl = False
+
+    def __init__(self, manager: LogManager, *, read_only: bool = False,
+                 run_blocking: Callable | None = None):
+        super().__init__()
+        self.manager = manager
+        self.read_only = read_only
+        self.run_blocking = run_blocking or (lambda fn, *a: trio.to_thread.run_sync(fn, *a))
+        self._next_inode = itertools.count(ROOT + 1)
+        self._topic_ino: dict[str, int] = {}
+        self._partition_ino: dict[tuple[str, int], int] = {}
+        self._inode_of: dict[int, tuple[str, int | None]] = {}
+        self._handles: dict[int, PartitionHandle] = {}
+        self._next_fh = itertools.count(1)
+        self._modes: dict[int, tuple[int, int, int]] = {}  # inode -> (mode bits, uid, gid) after chmod/chown
+        self._started_ns = time.time_ns()
+        self._uid, self._gid = os.getuid(), os.getgid()
+        for topic in manager.list_topics():
+            self._topic_inode(topic)
+
+    # -- inode bookkeeping ---------------------------------------------------------------------------
+    def _topic_inode(self, topic: str) -> int:
+        ino = self._topic_ino.get(topic)
+        if ino is None:
+            ino = self._topic_ino[topic] = next(self._next_inode)
+            self._inode_of[ino] = (topic, None)
+        return ino
+
+    def _partition_inode(self, topic: str, partition: int) -> int:
+        key = (topic, partition)
+        ino = self._partition_ino.get(key)
+        if ino is None:
+            ino = self._partition_ino[key] = next(self._next_inode)
+            self._inode_of[ino] = key
+        return ino
+
+    def _resolve(self, inode: int) -> tuple[str, int | None]:
+        try:
+            topic, partition = self._inode_of[inode]
+        except KeyError:
+            fail(errno.ENOENT)
+        if topic not in self.manager.topics:
+            fail(errno.ENOENT)
+        if partition is not None and (topic, partition) not in self.manager.logs:
+            fail(errno.ENOENT)
+        return topic, partition
+
+    def _forget_topic(self, topic: str) -> None:
+        ino = self._topic_ino.pop(topic, None)
+        self._inode_of.pop(ino, None)
+
+    def _forget_partition(self, topic: str, partition: int) -> None:
+        ino = self._partition_ino.pop((topic, partition), None)
+        self._inode_of.pop(ino, None)
+
+    # -- attributes ------------------------------------------------------------------------------------
+    def _attrs(self, inode: int) -> pyfuse3.EntryAttributes:
+        entry = pyfuse3.EntryAttributes()
+        entry.st_ino = inode
+        entry.generation = 0
+        entry.entry_timeout = ENTRY_TIMEOUT
+        entry.st_uid, entry.st_gid = self._uid, self._gid
+        entry.st_blksize = 128 * 1024
+        if inode == ROOT:
+            entry.st_mode = stat.S_IFDIR | 0o755
+            entry.st_nlink = 2 + len(self.manager.topics)
+            entry.attr_timeout = DIR_ATTR_TIMEOUT
+            mtime_ns = self._started_ns
+            entry.st_size = 0
+        else:
+            topic, partition = self._resolve(inode)
+            if partition is None:
+                entry.st_mode = stat.S_IFDIR | 0o755
+                entry.st_nlink = 2
+                entry.attr_timeout = DIR_ATTR_TIMEOUT
+                entry.st_size = 0
+                mtime_ns = self._started_ns
+            else:
+                plog = self.manager.logs[(topic, partition)]
+                entry.st_mode = stat.S_IFREG | (0o444 if self.read_only else 0o644)
+                entry.st_nlink = 1
+                entry.attr_timeout = FILE_ATTR_TIMEOUT
+                entry.st_size = live_view(plog).length()
+                mtime_ns = plog.last_append_ms * 1_000_000
+        if inode in self._modes:
+            bits, entry.st_uid, entry.st_gid = self._modes[inode]
+            entry.st_mode = stat.S_IFMT(entry.st_mode) | bits
+        entry.st_blocks = (entry.st_size + 511) // 512
+        entry.st_atime_ns = entry.st_mtime_ns = entry.st_ctime_ns = mtime_ns
+        return entry
+
+    @translate
+    async def getattr(self, inode, ctx=None):
+        return self._attrs(inode)
+
+    @translate
+    async def lookup(self, parent_inode, name, ctx=None):
+        text = _decode(name)
+        if parent_inode == ROOT:
+            if text in self.manager.topics:
+                return self._attrs(self._topic_inode(text))
+            fail(errno.ENOENT)
+        topic, partition = self._resolve(parent_inode)
+        if partition is not None:
+            fail(errno.ENOTDIR)
+        number = _partition_number(text)
+        if number is not None and (topic, number) in self.manager.logs:
+            return self._attrs(self._partition_inode(topic, number))
+        fail(errno.ENOENT)
+
+    @translate
+    async def setattr(self, inode, attr, fields, fh, ctx):
+        if fields.update_size:
+            size = live_view(self.manager.logs[self._resolve_partition(inode)]).length()
+            if attr.st_size != size:
+                fail(errno.EPERM)  # truncation (or extension with zeros) is not an append
+        if fields.update_mode or fields.update_uid or fields.update_gid:
+            current = self._attrs(inode)
+            bits = stat.S_IMODE(attr.st_mode) if fields.update_mode else stat.S_IMODE(current.st_mode)
+            uid = attr.st_uid if fields.update_uid else current.st_uid
+            gid = attr.st_gid if fields.update_gid else current.st_gid
+            self._modes[inode] = (bits, uid, gid)
+        return self._attrs(inode)  # atime/mtime updates (touch) are accepted and ignored
+
+    def _resolve_partition(self, inode: int) -> tuple[str, int]:
+        topic, partition = self._resolve(inode)
+        if partition is None:
+            fail(errno.EISDIR)
+        return topic, partition
+
+    @translate
+    async def statfs(self, ctx):
+        st = os.statvfs(self.manager.data_dir)
+        out = pyfuse3.StatvfsData()
+        for field in ("f_bsize", "f_frsize", "f_blocks", "f_bfree", "f_bavail", "f_files", "f_ffree",
+                      "f_favail"):
+            setattr(out, field, getattr(st, field))
+        out.f_namemax = 255
+        return out
+
+    # -- directories -----------------------------------------------------------------------------------
+    @translate
+    async def opendir(self, inode, ctx):
+        if inode != ROOT:
+            _, partition = self._resolve(inode)
+            if partition is not None:
+                fail(errno.ENOTDIR)
+        return inode
+
+    @translate
+    async def readdir(self, fh, start_id, token):
+        # Cookies are stable under concurrent changes: a topic's inode number, a partition's number + 1.
+        if fh == ROOT:
+            entries = sorted((self._topic_inode(t), t) for t in self.manager.list_topics())
+            for ino, topic in entries:
+                if ino <= start_id:
+                    continue
+                if not pyfuse3.readdir_reply(token, topic.encode(), self._attrs(ino), ino):
+                    return
+            return
+        topic, _ = self._resolve(fh)
+        for partition in self.manager.partitions(topic):
+            if partition + 1 <= start_id:
+                continue
+            ino = self._partition_inode(topic, partition)
+            if not pyfuse3.readdir_reply(token, str(partition).encode(), self._attrs(ino), partition + 1):
+                return
+
+    async def releasedir(self, fh):
+        return None
+
+    @translate
+    async def mkdir(self, parent_inode, name, mode, ctx):
+        if self.read_only:
+            fail(errno.EROFS)
+        text = _decode(name)
+        if parent_inode != ROOT:
+            self._resolve(parent_inode)
+            fail(errno.EINVAL)  # topics hold only partition files
+        await self.run_blocking(self.manager.create_topic, text)
+        return self._attrs(self._topic_inode(text))
+
+    @translate
+    async def rmdir(self, parent_inode, name, ctx):
+        text = _decode(name)
+        if parent_inode != ROOT:
+            fail(errno.ENOTDIR)
+        if text not in self.manager.topics:
+            fail(errno.ENOENT)
+        await self.run_blocking(self.manager.delete_topic, text)
+        self._forget_topic(text)
+
+    # -- partition files -------------------------------------------------------------------------------
+    @translate
+    async def create(self, parent_inode, name, mode, flags, ctx):
+        if self.read_only:
+            fail(errno.EROFS)
+        text = _decode(name)
+        if parent_inode == ROOT:
+            fail(errno.EPERM)  # the root holds only topic directories
+        topic, partition = self._resolve(parent_inode)
+        if partition is not None:
+            fail(errno.ENOTDIR)
+        number = _partition_number(text)
+        if number is None:
+            fail(errno.EINVAL)
+        await self.run_blocking(self.manager.create_partition, topic, number)
+        inode = self._partition_inode(topic, number)
+        info = self._open_handle(inode, topic, number, flags & ~os.O_TRUNC)
+        return info, self._attrs(inode)
+
+    @translate
+    async def open(self, inode, flags, ctx):
+        topic, partition = self._resolve_partition(inode)
+        writable = (flags & os.O_ACCMODE) in (os.O_WRONLY, os.O_RDWR)
+        if writable and self.read_only:
+            fail(errno.EROFS)
+        if flags & os.O_TRUNC and live_view(self.manager.logs[(topic, partition)]).length() > 0:
+            fail(errno.EPERM)
+        return self._open_handle(inode, topic, partition, flags)
+
+    def _open_handle(self, inode: int, topic: str, partition: int, flags: int) -> pyfuse3.FileInfo:
+        handle = PartitionHandle(self.manager.logs[(topic, partition)], inode, flags)
+        fh = next(self._next_fh)
+        self._handles[fh] = handle
+        return pyfuse3.FileInfo(fh=fh, direct_io=True, keep_cache=False, nonseekable=False)
+
+    def _handle(self, fh: int) -> PartitionHandle:
+        try:
+            return self._handles[fh]
+        except KeyError:
+            fail(errno.EBADF)
+
+    @translate
+    async def read(self, fh, off, size):
+        return self._handle(fh).read(off, size)
+
+    @translate
+    async def write(self, fh, off, buf):
+        handle = self._handle(fh)
+        if handle.log.closed:
+            fail(errno.ENOENT)  # the partition was deleted while open
+        return handle.write(off, buf)
+
+    @translate
+    async def flush(self, fh):
+        handle = self._handle(fh)
+        if handle.pending and not handle.log.closed:
+            handle.commit_pending()
+
+    @translate
+    async def release(self, fh):
+        handle = self._handles.pop(fh, None)
+        if handle is None:
+            return
+        try:
+            if handle.pending and not handle.log.closed:
+                handle.commit_pending()
+        finally:
+            handle.release()
+
+    @translate
+    async def fsync(self, fh, datasync):
+        handle = self._handle(fh)
+        if handle.log.closed:
+            return
+        handle.commit_pending()
+        await self.run_blocking(handle.log.flush)
+
+    @translate
+    async def unlink(self, parent_inode, name, ctx):
+        if self.read_only:
+            fail(errno.EROFS)
+        text = _decode(name)
+        if parent_inode == ROOT:
+            fail(errno.EISDIR if text in self.manager.topics else errno.ENOENT)
+        topic, partition = self._resolve(parent_inode)
+        number = _partition_number(text)
+        if number is None or (topic, number) not in self.manager.logs:
+            fail(errno.ENOENT)
+        await self.run_blocking(self.manager.delete_partition, topic, number)
+        self._forget_partition(topic, number)
+
+    # -- refused operations ----------------------------------------------------------------------------
+    @translate
+    async def rename(self, parent_inode_old, name_old, parent_inode_new, name_new, flags, ctx):
+        fail(errno.EPERM)
+
+    @translate
+    async def link(self, inode, new_parent_inode, new_name, ctx):
+        fail(errno.EPERM)
+
+    @translate
+    async def symlink(self, parent_inode, name, target, ctx):
+        fail(errno.EPERM)
+
+    @translate
+    async def mknod(self, parent_inode, name, mode, rdev, ctx):
+        fail(errno.EPERM)
+
+    # -- extended attributes ---------------------------------------------------------------------------
+    @translate
+    async def getxattr(self, inode, name, ctx):
+        text = name.decode("utf-8", "replace")
+        if inode == ROOT or not text.startswith(xattrs.PREFIX):
+            fail(errno.ENODATA)
+        topic, partition = self._resolve(inode)
+        if partition is None:
+            return xattrs.topic_get(self.manager, topic, text)
+        return xattrs.partition_get(self.manager.logs[(topic, partition)], text)
+
+    @translate
+    async def listxattr(self, inode, ctx):
+        if inode == ROOT:
+            return []
+        _, partition = self._resolve(inode)
+        return xattrs.topic_list() if partition is None else xattrs.partition_list()
+
+    @translate
+    async def setxattr(self, inode, name, value, ctx):
+        text = name.decode("utf-8", "replace")
+        if inode == ROOT:
+            fail(errno.ENOTSUP)
+        topic, partition = self._resolve(inode)
+        if partition is not None:
+            fail(errno.EPERM if text.startswith(xattrs.PREFIX) else errno.ENOTSUP)
+        if self.read_only:
+            fail(errno.EROFS)
+        await self.run_blocking(xattrs.topic_set, self.manager, topic, text, value)
+
+    @translate
+    async def removexattr(self, inode, name, ctx):
+        text = name.decode("utf-8", "replace")
+        if inode == ROOT:
+            fail(errno.ENODATA)
+        topic, partition = self._resolve(inode)
+        if partition is not None:
+            fail(errno.EPERM if text.startswith(xattrs.PREFIX) else errno.ENODATA)
+        await self.run_blocking(xattrs.topic_set, self.manager, topic, text, None)
+
+    # -- shutdown --------------------------------------------------------------------------------------
+    def release_all(self) -> None:
+        """Commit pending partial lines of every handle still open (clean shutdown)."""
+        for fh, handle in list(self._handles.items()):
+            try:
+                if handle.pending and not handle.log.closed:
+                    handle.commit_pending()
+            finally:
+                handle.release()
+            del self._handles[fh]

@@ -1,0 +1,96 @@
+"""Extended attributes of partitions and topics (CONTRACT section 4).
+
+Parametrised names (``position.<offset>``, ``offset.<position>``, ``time.<epoch_ms>``) answer through the
+sparse indexes in O(log n) plus one bounded scan. Unknown names answer ENODATA at once: the kernel asks for
+``security.capability`` before every write.
+"""
+
+from __future__ import annotations
+
+import errno
+
+from ..storage import TOPIC_SETTINGS
+from ..storage.log import Log
+from ..storage.manager import LogManager
+from ..view.text import live_view
+from .errors import fail
+
+PREFIX = "user.logfs."
+PARTITION_FIXED = ["log_start_offset", "log_end_offset", "recovery_point", "segment_count", "size_bytes"]
+CONFIG_PREFIX = "config."
+
+
+def _number(text: str) -> int:
+    if not text.isdigit() or len(text) > 19:
+        fail(errno.ENODATA)
+    return int(text)
+
+
+def partition_get(log: Log, name: str) -> bytes:
+    if not name.startswith(PREFIX):
+        fail(errno.ENODATA)
+    key = name[len(PREFIX):]
+    if key == "log_start_offset":
+        value = log.log_start_offset
+    elif key == "log_end_offset":
+        value = log.log_end_offset
+    elif key == "recovery_point":
+        value = log.recovery_point
+    elif key == "segment_count":
+        value = len(log.segments)
+    elif key == "size_bytes":
+        value = log.size_bytes
+    elif key.startswith("position."):
+        value = live_view(log).position_of(_number(key[9:]))
+    elif key.startswith("offset."):
+        value = live_view(log).offset_at(_number(key[7:]))
+    elif key.startswith("time."):
+        ts = _number(key[5:])
+        found = log.offset_for_timestamp(ts)
+        value = log.log_end_offset if found is None else found
+    else:
+        value = None
+    if value is None:
+        fail(errno.ENODATA)
+    return str(value).encode()
+
+
+def partition_list() -> list[bytes]:
+    return [(PREFIX + k).encode() for k in PARTITION_FIXED]
+
+
+def topic_get(manager: LogManager, topic: str, name: str) -> bytes:
+    if not name.startswith(PREFIX):
+        fail(errno.ENODATA)
+    key = name[len(PREFIX):]
+    if key == "partitions":
+        return str(len(manager.partitions(topic))).encode()
+    if key.startswith(CONFIG_PREFIX) and key[len(CONFIG_PREFIX):] in TOPIC_SETTINGS:
+        setting = key[len(CONFIG_PREFIX):]
+        overrides = manager.topic_overrides(topic)
+        value = overrides.get(setting, manager.broker.topic_defaults.get(setting))
+        return b"" if value is None else str(value).encode()  # unset logfs.* settings read as empty
+    fail(errno.ENODATA)
+
+
+def topic_set(manager: LogManager, topic: str, name: str, value: bytes | None) -> None:
+    """Set (``value``) or remove (None) a config override. Unknown config keys and bad values are EINVAL;
+    other names are not writable."""
+    if not name.startswith(PREFIX + CONFIG_PREFIX):
+        if value is None:
+            fail(errno.ENODATA)
+        fail(errno.ENOTSUP if not name.startswith(PREFIX) else errno.EPERM)
+    setting = name[len(PREFIX + CONFIG_PREFIX):]
+    if value is None:
+        manager.set_topic_config(topic, setting, None)
+        return
+    try:
+        text = value.decode("ascii")
+    except UnicodeDecodeError:
+        fail(errno.EINVAL)
+    manager.set_topic_config(topic, setting, text)
+
+
+def topic_list() -> list[bytes]:
+    names = [PREFIX + "partitions"] + [PREFIX + CONFIG_PREFIX + k for k in TOPIC_SETTINGS]
+    return [n.encode() for n in names]
