@@ -15,6 +15,9 @@ import trio
 
 from ..storage.log import Log
 from ..storage.manager import LogManager
+from ..storage.cleaner import OffsetMap, clean, grab_filthiest
+from ..storage.errors import LogfsError
+from ..storage.retention import delete_old_segments
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +31,7 @@ class LogService:
         self.clock = manager.clock
         self._roll_flush: set[tuple[str, int]] = set()
         self._last_checkpoint_ms = self.clock.time_ms()
+        self._last_retention_ms = self.clock.time_ms()
         self._wakeup = trio.Event()
 
     def _on_roll(self, key):
@@ -46,12 +50,45 @@ class LogService:
             tick = min(tick, c.segment_ms // 4 if c.segment_ms < 4 * MAX_TICK_MS else MAX_TICK_MS)
             if c.flush_ms < 4 * MAX_TICK_MS:
                 tick = min(tick, c.flush_ms // 4)
-        interval = self.manager.broker.get("log.flush.offset.checkpoint.interval.ms")
-        tick = min(tick, max(interval // 4, MIN_TICK_MS))
+        for key in ("log.flush.offset.checkpoint.interval.ms", "log.retention.check.interval.ms"):
+            tick = min(tick, max(self.manager.broker.get(key) // 4, MIN_TICK_MS))
         return max(MIN_TICK_MS, tick)
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        task_status.started()
+        async with trio.open_nursery() as nursery:
+            if self.manager.broker.get("log.cleaner.enable") and self.manager.broker.get("log.cleaner.threads"):
+                nursery.start_soon(self.cleaner_loop)
+            task_status.started()
+            await self._housekeeping_loop()
+
+    async def cleaner_loop(self) -> None:
+        """Clean the filthiest compacted log; back off ``log.cleaner.backoff.ms`` when none needs it.
+        Cleaning runs in a worker thread; the log lock is taken only for each segment swap."""
+        backoff = self.manager.broker.get("log.cleaner.backoff.ms") / 1000
+        while True:
+            cleaned = await trio.to_thread.run_sync(self.clean_once, self.clock.time_ms())
+            if not cleaned:
+                await trio.sleep(backoff)
+
+    def clean_once(self, now_ms: int) -> bool:
+        target = grab_filthiest(list(self.manager.logs.values()), dict(self.manager.cleaner_checkpoints), now_ms)
+        if target is None:
+            return False
+        plog = target.log
+        buffer = self.manager.broker.get("log.cleaner.dedupe.buffer.size")
+        threads = max(1, self.manager.broker.get("log.cleaner.threads"))
+        offset_map = OffsetMap.for_buffer(buffer // threads, self.manager.broker.get("log.cleaner.io.buffer.load.factor"))
+        try:
+            result = clean(plog, target, offset_map, now_ms)
+        except LogfsError as exc:
+            log.info("cleaning %s-%d skipped: %s", plog.topic, plog.partition, exc)
+            return False
+        self.manager.update_cleaner_checkpoint(plog.topic, plog.partition, result.end_offset)
+        log.info("cleaned %s-%d up to offset %d: %d -> %d bytes, %d records removed", plog.topic, plog.partition,
+                 result.end_offset, result.bytes_before, result.bytes_after, result.records_removed)
+        return True
+
+    async def _housekeeping_loop(self) -> None:
         while True:
             await self.housekeeping()
             with trio.move_on_after(self._tick_ms() / 1000):
@@ -73,8 +110,26 @@ class LogService:
                 await trio.to_thread.run_sync(plog.flush, upto)
             if plog.deleted_segments:
                 await trio.to_thread.run_sync(plog.purge_deleted, now)
+        if now - self._last_retention_ms >= self.manager.broker.get("log.retention.check.interval.ms"):
+            self._last_retention_ms = now
+            deleted = await trio.to_thread.run_sync(self.retention, now)
+            if deleted:
+                self._last_checkpoint_ms = -1 << 62  # persist the new log start offsets now
         interval = self.manager.broker.get("log.flush.offset.checkpoint.interval.ms")
         if now - self._last_checkpoint_ms >= interval:
             self._last_checkpoint_ms = now
             await trio.to_thread.run_sync(self.manager.checkpoint)
         await trio.to_thread.run_sync(self.manager.purge_deleted_dirs, now)
+
+    def retention(self, now_ms: int) -> int:
+        """One retention pass over every log (worker thread). Returns the number of segments deleted."""
+        total = 0
+        for plog in list(self.manager.logs.values()):
+            if plog.closed:
+                continue
+            count = delete_old_segments(plog, now_ms)
+            if count:
+                log.info("retention deleted %d segment(s) of %s-%d; log start offset now %d",
+                         count, plog.topic, plog.partition, plog.log_start_offset)
+            total += count
+        return total

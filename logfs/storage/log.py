@@ -294,7 +294,7 @@ class Log:
 
     def _unpin(self, segment: LogSegment) -> None:
         segment.refs -= 1
-        if segment.refs <= 0 and segment.deleted and segment.fd >= 0:
+        if segment.refs <= 0 and segment.purged and segment.fd >= 0:
             segment.close()
 
     def read(self, offset: int, max_bytes: int = 1 << 20, max_records: int | None = None) -> list[rec.Record]:
@@ -374,12 +374,12 @@ class Log:
             self.version += 1
 
     def _retire(self, segment: LogSegment, delay_ms: int) -> None:
+        # The fd stays open until the files are unlinked (and no handle pins it), so a reader that looked
+        # the segment up just before it was retired never reads a closed or reused descriptor.
         segment.change_suffix(DELETED_SUFFIX)
         segment.deleted = True
-        if segment.refs <= 0:
-            segment.close()
         if delay_ms <= 0:
-            segment.delete_files()
+            self._purge(segment)
         else:
             self.deleted_segments.append((self.clock.time_ms() + delay_ms, segment))
 
@@ -390,8 +390,15 @@ class Log:
             due = [s for t, s in self.deleted_segments if t <= now]
             self.deleted_segments = [(t, s) for t, s in self.deleted_segments if t > now]
         for segment in due:
-            segment.delete_files()
+            with self.lock:
+                self._purge(segment)
         return len(due)
+
+    def _purge(self, segment: LogSegment) -> None:
+        segment.delete_files()
+        segment.purged = True
+        if segment.refs <= 0 and segment.fd >= 0:
+            segment.close()
 
     def increment_log_start_offset(self, offset: int) -> None:
         with self.lock:

@@ -80,6 +80,7 @@ class LogManager:
         clean = os.path.exists(marker)
         self.had_clean_shutdown = clean
         self._load_topics()
+        self.cleaner_checkpoints = ckpt.read_checkpoint(os.path.join(self.data_dir, ckpt.CLEANER_OFFSET))
         recovery = ckpt.read_checkpoint(os.path.join(self.data_dir, ckpt.RECOVERY_POINT))
         starts = ckpt.read_checkpoint(os.path.join(self.data_dir, ckpt.LOG_START_OFFSET))
         entries = []
@@ -192,7 +193,7 @@ class LogManager:
             del self.logs[(topic, partition)]
             with victim.lock:
                 for segment in victim.segments:
-                    segment.deleted = True
+                    segment.deleted = segment.purged = True
                     if segment.refs <= 0:
                         segment.close()
                 victim.closed = True
@@ -254,6 +255,13 @@ class LogManager:
                               {k: v.recovery_point for k, v in logs.items()})
         ckpt.write_checkpoint(os.path.join(self.data_dir, ckpt.LOG_START_OFFSET),
                               {k: v.log_start_offset for k, v in logs.items()})
+
+    def update_cleaner_checkpoint(self, topic: str, partition: int, offset: int) -> None:
+        """Record the end of the cleaned section of a log in ``cleaner-offset-checkpoint``."""
+        with self.lock:
+            self.cleaner_checkpoints[(topic, partition)] = offset
+            live = {k: v for k, v in self.cleaner_checkpoints.items() if k in self.logs}
+        ckpt.write_checkpoint(os.path.join(self.data_dir, ckpt.CLEANER_OFFSET), live)
 
     def flush_all(self) -> None:
         for partition_log in list(self.logs.values()):

@@ -89,7 +89,8 @@ class LogSegment:
         self.stats = ZERO_STATS
         self.next_offset = base_offset
         self.refs = 0  # open file handles pinning this segment's fds after it leaves the log
-        self.deleted = False
+        self.deleted = False  # retired from its log (renamed .deleted)
+        self.purged = False  # its files are unlinked
 
     # -- loading ---------------------------------------------------------------------------------
     def load_state(self) -> None:
@@ -177,6 +178,11 @@ class LogSegment:
         self.active = False
 
     def become_active(self, max_index_size: int) -> None:
+        # The end entry written when the segment became inactive is only for sealed segments: the next
+        # indexed append lands at that very position.
+        end = self.view_index.last()
+        if end is not None and end.position >= self.size:
+            self.view_index._truncate_entries(self.view_index.entries - 1)
         self.offset_index.resize(max_index_size)
         self.time_index.resize(max_index_size)
         self.active = True

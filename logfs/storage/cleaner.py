@@ -1,0 +1,307 @@
+"""The log cleaner (compaction): policy (which log, which range) apart from mechanism (how to clean).
+
+Policy, as LogCleanerManager: for each log whose ``cleanup.policy`` contains ``compact``, the dirty section runs
+from its cleaner checkpoint (reset to the log start offset when out of range) to the first uncleanable offset:
+the active segment's base, or earlier the first segment younger than ``min.compaction.lag.ms``. The filthiest
+log whose dirty ratio exceeds ``min.cleanable.dirty.ratio`` is cleaned, or any log whose oldest dirty record is
+older than ``max.compaction.lag.ms``.
+
+Mechanism, as Cleaner: build a key -> latest offset map over the dirty section, bounded to ``capacity`` keys
+(a pass that fills it stops at a batch boundary and still makes progress); then rewrite every segment from the
+log start to the end of the mapped range, grouped into segments of at most ``segment.bytes``, keeping a record
+only if it is the latest for its key (keyless records are dropped, as Kafka does). A tombstone batch gets a
+delete horizon (now + ``delete.retention.ms``) the first time it is cleaned, stored in the batch header as
+Kafka v2 does (attribute bit 0x40, baseTimestamp = horizon); a later pass past the horizon drops it.
+
+Swap protocol (crash-safe; the loader finishes or rolls back each step):
+  1. write ``<base>.log.cleaned`` and its indexes, fsync;
+  2. rename the new segment's files ``.cleaned`` -> ``.swap`` (the ``.log.swap`` is the commit point), fsync
+     the directory;
+  3. rename the replaced segments ``.deleted``, in descending offset order (unlinked after file.delete.delay.ms);
+  4. rename the new segment's files ``.swap`` -> live, fsync the directory.
+A crash before 2 leaves ``.cleaned`` files, deleted on load; after 2 the loader completes the swap: it removes
+live segments inside the swap's offset range, then renames the swap live. Swap index files without a
+``.log.swap`` are deleted (the log rebuilds its indexes).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import struct
+from dataclasses import dataclass
+
+from . import records as rec
+from .checkpoints import fsync_dir
+from .errors import LogfsError
+from .log import Log
+from .segment import CLEANED_SUFFIX, SWAP_SUFFIX, LogSegment, batch_stats
+
+log = logging.getLogger(__name__)
+ENTRY_BYTES = 24  # MD5 digest + offset, as Kafka's SkimpyOffsetMap
+
+
+# -- policy ---------------------------------------------------------------------------------------------
+@dataclass
+class CleanableLog:
+    log: Log
+    first_dirty: int
+    first_uncleanable: int
+    clean_bytes: int
+    dirty_bytes: int
+    forced: bool
+
+    @property
+    def ratio(self) -> float:
+        total = self.clean_bytes + self.dirty_bytes
+        return self.dirty_bytes / total if total else 0.0
+
+
+def cleanable_range(plog: Log, checkpoint: int | None, now_ms: int) -> CleanableLog:
+    with plog.lock:
+        segments = plog.segments.as_list()
+        start, end = plog.log_start_offset, plog.log_end_offset
+        config = plog.config
+    first_dirty = checkpoint if checkpoint is not None and start <= checkpoint <= end else start
+    uncleanable = segments[-1].base_offset
+    dirty_sealed = [s for s in segments[:-1] if s.next_offset > first_dirty]
+    if config.min_compaction_lag_ms > 0:
+        for s in dirty_sealed:
+            if s.largest_timestamp > now_ms - config.min_compaction_lag_ms:
+                uncleanable = min(uncleanable, s.base_offset)
+                break
+    first_dirty = min(first_dirty, uncleanable)
+    clean = sum(s.size for s in segments[:-1] if s.next_offset <= first_dirty)
+    dirty = sum(s.size for s in dirty_sealed if s.base_offset < uncleanable)
+    forced = False
+    if config.max_compaction_lag_ms < (1 << 62) and dirty_sealed and dirty:
+        first = dirty_sealed[0]
+        earliest = first.rolling_based_timestamp if first.rolling_based_timestamp is not None else first.largest_timestamp
+        forced = now_ms - earliest > config.max_compaction_lag_ms
+    return CleanableLog(plog, first_dirty, uncleanable, clean, dirty, forced)
+
+
+def grab_filthiest(logs: list[Log], checkpoints: dict[tuple[str, int], int], now_ms: int,
+                   busy: set | None = None) -> CleanableLog | None:
+    """The compacted log most in need of cleaning, or None."""
+    candidates = []
+    for plog in logs:
+        if plog.closed or not plog.config.compact or (busy and (plog.topic, plog.partition) in busy):
+            continue
+        c = cleanable_range(plog, checkpoints.get((plog.topic, plog.partition)), now_ms)
+        if c.dirty_bytes > 0 and (c.forced or c.ratio > plog.config.min_cleanable_dirty_ratio):
+            candidates.append(c)
+    if not candidates:
+        return None
+    return max(candidates, key=lambda c: (c.forced, c.ratio))
+
+
+# -- mechanism ------------------------------------------------------------------------------------------
+class OffsetMap:
+    """key digest -> latest offset, bounded to ``capacity`` entries (Kafka: buffer / 24 bytes * load factor)."""
+
+    def __init__(self, capacity: int):
+        self.capacity = max(1, capacity)
+        self._map: dict[bytes, int] = {}
+        self.latest_offset = -1
+
+    @classmethod
+    def for_buffer(cls, buffer_bytes: int, load_factor: float = 0.9) -> "OffsetMap":
+        return cls(int(buffer_bytes // ENTRY_BYTES * load_factor))
+
+    @staticmethod
+    def digest(key: bytes) -> bytes:
+        return hashlib.md5(key).digest()
+
+    def __len__(self) -> int:
+        return len(self._map)
+
+    def put(self, key: bytes, offset: int) -> None:
+        self._map[self.digest(key)] = offset
+        self.latest_offset = offset
+
+    def get(self, key: bytes) -> int:
+        return self._map.get(self.digest(key), -1)
+
+
+def build_offset_map(plog: Log, start: int, end: int, offset_map: OffsetMap) -> int:
+    """Map keys of records in [start, end); stops early at a batch boundary once the map would overflow.
+    Returns the offset just past the last mapped batch (always > start if any batch was there)."""
+    mapped_end = start
+    for segment in [s for s in plog.segments.as_list() if s.next_offset > start and s.base_offset < end]:
+        for _, header, buf, at in segment.batches_from(0):
+            if header.next_offset <= start:
+                continue
+            if header.base_offset >= end:
+                return mapped_end
+            if len(offset_map) + header.records_count > offset_map.capacity and mapped_end > start:
+                return mapped_end
+            for r in rec.decode(buf, at, header.size):
+                if r.key is not None and start <= r.offset < end:
+                    offset_map.put(r.key, r.offset)
+            mapped_end = min(header.next_offset, end)
+    return mapped_end
+
+
+def group_segments(segments: list[LogSegment], max_bytes: int, max_index_bytes: int) -> list[list[LogSegment]]:
+    groups: list[list[LogSegment]] = []
+    i = 0
+    while i < len(segments):
+        group = [segments[i]]
+        size = segments[i].size
+        index_size = segments[i].offset_index.entries * 8
+        i += 1
+        while i < len(segments):
+            s = segments[i]
+            if (size + s.size > max_bytes or index_size + s.offset_index.entries * 8 > max_index_bytes
+                    or s.next_offset - 1 - group[0].base_offset > 0x7FFFFFFF):
+                break
+            group.append(s)
+            size += s.size
+            index_size += s.offset_index.entries * 8
+            i += 1
+        groups.append(group)
+    return groups
+
+
+def _varint(value: int, out: bytearray) -> None:
+    v = (value << 1) ^ (value >> 63)
+    while v >= 0x80:
+        out.append((v & 0x7F) | 0x80)
+        v >>= 7
+    out.append(v)
+
+
+def encode_batch(header: rec.BatchHeader, records: list[rec.Record], delete_horizon: int | None) -> bytes:
+    """Re-encode kept records of a batch, keeping its base offset and last offset delta (as Kafka's cleaner
+    does), uncompressed; with ``delete_horizon`` the header carries it as Kafka v2 does."""
+    base_ts = delete_horizon if delete_horizon is not None else records[0].timestamp
+    body = bytearray()
+    for r in records:
+        rec_bytes = bytearray(b"\x00")
+        _varint(r.timestamp - base_ts, rec_bytes)
+        _varint(r.offset - header.base_offset, rec_bytes)
+        for field in (r.key, r.value):
+            if field is None:
+                _varint(-1, rec_bytes)
+            else:
+                _varint(len(field), rec_bytes)
+                rec_bytes += field
+        _varint(len(r.headers), rec_bytes)
+        for hkey, hvalue in r.headers:
+            encoded = hkey.encode()
+            _varint(len(encoded), rec_bytes)
+            rec_bytes += encoded
+            if hvalue is None:
+                _varint(-1, rec_bytes)
+            else:
+                _varint(len(hvalue), rec_bytes)
+                rec_bytes += hvalue
+        _varint(len(rec_bytes), body)
+        body += rec_bytes
+    attributes = header.attributes & ~rec.ATTR_COMPRESSION_MASK & ~rec.ATTR_DELETE_HORIZON
+    if delete_horizon is not None:
+        attributes |= rec.ATTR_DELETE_HORIZON
+    after_crc = struct.pack(">hiqqqhii", attributes, header.last_offset_delta, base_ts,
+                            max(r.timestamp for r in records), header.producer_id, header.producer_epoch,
+                            header.base_sequence, len(records)) + bytes(body)
+    import crc32c
+
+    crc = crc32c.crc32c(after_crc)
+    length = 4 + 1 + 4 + len(after_crc)
+    return struct.pack(">qiibI", header.base_offset, length, header.partition_leader_epoch, rec.MAGIC, crc) + after_crc
+
+
+@dataclass
+class CleanResult:
+    end_offset: int
+    segments_replaced: int
+    bytes_before: int
+    bytes_after: int
+    records_removed: int
+
+
+def clean(plog: Log, target: CleanableLog, offset_map: OffsetMap, now_ms: int) -> CleanResult:
+    """One cleaning pass. Reads and writes files without the log lock; takes it only for the swap."""
+    end = build_offset_map(plog, target.first_dirty, target.first_uncleanable, offset_map)
+    config = plog.config
+    with plog.lock:
+        segments = [s for s in plog.segments.as_list()[:-1] if s.base_offset < end]
+    # Segments up to the end of the mapped range (a segment partly mapped is cleaned only up to ``end``: its
+    # unmapped records are all kept, since no later key offset is known for them).
+    groups = group_segments(segments, config.segment_bytes, config.segment_index_bytes)
+    before = after = removed = 0
+    for group in groups:
+        cleaned, kept_bytes, dropped = _clean_group(plog, group, offset_map, end, now_ms)
+        before += sum(s.size for s in group)
+        after += kept_bytes
+        removed += dropped
+        _swap(plog, group, cleaned)
+    return CleanResult(end, sum(len(g) for g in groups), before, after, removed)
+
+
+def _clean_group(plog: Log, group: list[LogSegment], offset_map: OffsetMap, end: int, now_ms: int):
+    config = plog.config
+    base = group[0].base_offset
+    cleaned = LogSegment(plog.directory, base, index_interval_bytes=config.index_interval_bytes,
+                         max_index_size=config.segment_index_bytes, suffix=CLEANED_SUFFIX, active=True,
+                         created_ms=now_ms)
+    cleaned.view_index.reset()
+    dropped = 0
+    try:
+        for segment in group:
+            for _, header, buf, at in segment.batches_from(0):
+                records = list(rec.decode(buf, at, header.size))
+                if header.is_control:
+                    continue
+                horizon = header.base_timestamp if header.attributes & rec.ATTR_DELETE_HORIZON else None
+                kept = []
+                for r in records:
+                    if r.offset >= end:
+                        kept.append(r)
+                        continue
+                    if r.key is None:
+                        dropped += 1
+                        continue
+                    latest = offset_map.get(r.key)
+                    if latest >= 0 and r.offset < latest:
+                        dropped += 1
+                        continue
+                    if r.value is None and horizon is not None and now_ms >= horizon:
+                        dropped += 1
+                        continue
+                    kept.append(r)
+                if not kept:
+                    continue
+                if horizon is None and any(r.value is None for r in kept):
+                    horizon = now_ms + config.delete_retention_ms
+                batch = encode_batch(header, kept, horizon)
+                cleaned.append(batch, rec.parse_header(batch), batch_stats(batch))
+        cleaned.on_become_inactive()
+        cleaned.flush()
+    except BaseException:
+        cleaned.deleted = True
+        cleaned.close()
+        cleaned.delete_files()
+        raise
+    return cleaned, cleaned.size, dropped
+
+
+def _swap(plog: Log, old: list[LogSegment], new: LogSegment) -> None:
+    with plog.lock:
+        current = {id(s) for s in plog.segments.as_list()}
+        if plog.closed or any(id(s) not in current for s in old):
+            # Retention or a truncation changed the log meanwhile: abandon this group.
+            new.deleted = True
+            new.close()
+            new.delete_files()
+            raise LogfsError("log changed during cleaning; group skipped")
+        new.change_suffix(SWAP_SUFFIX)
+        fsync_dir(plog.directory)
+        for segment in sorted(old, key=lambda s: s.base_offset, reverse=True):
+            plog.segments.remove(segment)
+            plog._retire(segment, plog.config.file_delete_delay_ms)
+        new.change_suffix("")
+        plog.segments.add(new)
+        fsync_dir(plog.directory)
+        plog.version += 1
