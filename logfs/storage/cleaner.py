@@ -20,8 +20,9 @@ Swap protocol (crash-safe; the loader finishes or rolls back each step):
   3. rename the replaced segments ``.deleted``, in descending offset order (unlinked after file.delete.delay.ms);
   4. rename the new segment's files ``.swap`` -> live, fsync the directory.
 A crash before 2 leaves ``.cleaned`` files, deleted on load; after 2 the loader completes the swap: it removes
-live segments inside the swap's offset range, then renames the swap live. Swap index files without a
-``.log.swap`` are deleted (the log rebuilds its indexes).
+live segments inside the swap's offset range, then renames the swap live. Each rename sequence moves the
+``.log`` first, so a swap index left without its ``.log.swap`` belongs to a log that already went live and is
+renamed live too.
 """
 
 from __future__ import annotations

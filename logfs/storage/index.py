@@ -52,7 +52,8 @@ class _MappedIndex:
             length -= length % self.entry_size
         self.entries = self._count_entries(length) if exists else 0
         if active:
-            self._remap(self.max_index_size)
+            # Never below the entries already there (segment.index.bytes may have been lowered since).
+            self._remap(max(self.max_index_size, self.entries * self.entry_size))
         else:
             self._remap(max(length, self.entries * self.entry_size))
 

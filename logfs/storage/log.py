@@ -405,6 +405,7 @@ class Log:
             if offset > self.log_end_offset:
                 raise OffsetOutOfRangeError(offset, self.log_start_offset, self.log_end_offset)
             self.log_start_offset = max(self.log_start_offset, offset)
+            self.recovery_point = max(self.recovery_point, self.log_start_offset)  # as Kafka, and as loaded
             self.version += 1
 
     def close(self) -> None:

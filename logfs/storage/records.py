@@ -140,19 +140,21 @@ def build_batch(
     keys: Sequence[bytes | None] | None = None,
     headers: Sequence[Headers] | None = None,
     timestamps: Sequence[int] | None = None,
+    offset_deltas: Sequence[int] | None = None,
 ) -> bytes:
-    """Encode records with offsets ``base_offset + i`` into one uncompressed v2 batch (CreateTime)."""
+    """Encode records with offsets ``base_offset + i`` (or ``base_offset + offset_deltas[i]``, increasing, for
+    a batch with gaps such as a compacted one) into one uncompressed v2 batch (CreateTime)."""
     if not values:
         raise ValueError("a batch needs at least one record")
     builder = _Builder(MAGIC, 0, 0, -1, -1, -1, 1 << 31)
     append = builder.append
-    if keys is None and headers is None and timestamps is None:
+    if keys is None and headers is None and timestamps is None and offset_deltas is None:
         for delta, value in enumerate(values):
             append(delta, timestamp_ms, None, value, [])
     else:
         for delta, value in enumerate(values):
             append(
-                delta,
+                offset_deltas[delta] if offset_deltas is not None else delta,
                 timestamps[delta] if timestamps is not None else timestamp_ms,
                 keys[delta] if keys is not None else None,
                 value,

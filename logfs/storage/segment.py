@@ -336,12 +336,11 @@ class LogSegment:
         last_index = self.offset_index.last_entry()
         self.bytes_since_last_index_entry = self.size - (last_index.position if self.offset_index.entries else 0)
         if kept:
+            # Original offsets are kept: a compacted batch has gaps between its records' offsets.
             batch = rec.build_batch(
-                kept[0].offset, 0, [r.value for r in kept], [r.key for r in kept], [r.headers for r in kept],
-                [r.timestamp for r in kept],
+                header.base_offset, 0, [r.value for r in kept], [r.key for r in kept], [r.headers for r in kept],
+                [r.timestamp for r in kept], [r.offset - header.base_offset for r in kept],
             )
-            # Preserve original offsets (they are contiguous from the batch base, so base stamping suffices).
-            batch = rec.with_base_offset(batch, header.base_offset)
             stats = batch_stats(batch)
             self.append(batch, rec.parse_header(batch), stats)
         return old_size - self.size

@@ -1,0 +1,356 @@
+"""OffsetIndex / TimeIndex / ViewIndex, after Kafka's OffsetIndexTest and TimeIndexTest."""
+
+import os
+import random
+
+import pytest
+
+from logfs.storage.errors import CorruptRecordError
+from logfs.storage.index import LineStats, OffsetIndex, OffsetPosition, TimeIndex, TimestampOffset, ViewIndex
+
+BASE = 45
+
+
+def offset_index(tmp_path, max_entries=30, base=BASE, name="00000000000000000045.index", active=True):
+    return OffsetIndex(str(tmp_path / name), base, max_entries * 8, active=active)
+
+
+def time_index(tmp_path, max_entries=30, base=BASE, name="00000000000000000045.timeindex", active=True):
+    return TimeIndex(str(tmp_path / name), base, max_entries * 12, active=active)
+
+
+def all_entries(index):
+    return [index.entry(i) for i in range(index.entries)]
+
+
+# -- OffsetIndex ---------------------------------------------------------------------------------------
+
+def test_offset_index_random_lookup(tmp_path):
+    rng = random.Random(1)
+    idx = offset_index(tmp_path, max_entries=64)
+    offsets = sorted(rng.sample(range(BASE + 1, BASE + 10_000), 50))
+    positions = sorted(rng.sample(range(1, 1_000_000), 50))
+    for o, p in zip(offsets, positions):
+        idx.append(o, p)
+    assert idx.entries == 50
+    model = list(zip(offsets, positions))
+    for target in [BASE - 3, BASE, *offsets, *(o - 1 for o in offsets), *(o + 1 for o in offsets),
+                   *rng.sample(range(BASE, BASE + 11_000), 200)]:
+        below = [e for e in model if e[0] <= target]
+        expected = OffsetPosition(*below[-1]) if below else OffsetPosition(BASE, 0)
+        assert idx.lookup(target) == expected, target
+    idx.close()
+
+
+def test_offset_index_lookup_before_first_entry_returns_base(tmp_path):
+    idx = offset_index(tmp_path)
+    assert idx.lookup(BASE + 5) == (BASE, 0)  # empty index
+    idx.append(BASE + 10, 400)
+    assert idx.lookup(BASE + 9) == (BASE, 0)
+    assert idx.lookup(0) == (BASE, 0)
+    assert idx.lookup(BASE + 10) == (BASE + 10, 400)
+    assert idx.lookup(BASE + 1_000) == (BASE + 10, 400)
+    assert idx.last_entry() == (BASE + 10, 400)
+    idx.close()
+
+
+def test_offset_index_append_on_full_raises(tmp_path):
+    idx = offset_index(tmp_path, max_entries=5)
+    assert idx.max_entries == 5
+    for i in range(5):
+        assert not idx.is_full
+        idx.append(BASE + 1 + i, 10 * (i + 1))
+    assert idx.is_full
+    with pytest.raises(CorruptRecordError):
+        idx.append(BASE + 100, 1000)
+    assert idx.entries == 5
+    idx.close()
+
+
+@pytest.mark.parametrize("offset,position", [(BASE + 10, 200), (BASE + 9, 300), (BASE + 11, 199)])
+def test_offset_index_rejects_non_increasing_appends(tmp_path, offset, position):
+    idx = offset_index(tmp_path)
+    idx.append(BASE + 10, 200)
+    with pytest.raises(CorruptRecordError):
+        idx.append(offset, position)
+    assert all_entries(idx) == [(10, 200)]
+    idx.close()
+
+
+def test_offset_index_rejects_offsets_outside_the_segment(tmp_path):
+    idx = offset_index(tmp_path)
+    with pytest.raises(CorruptRecordError):
+        idx.append(BASE - 1, 10)
+    with pytest.raises(CorruptRecordError):
+        idx.append(BASE + 2**31, 10)
+    idx.append(BASE + 2**31 - 1, 10)  # the largest relative offset fits
+    assert idx.lookup(BASE + 2**31 + 5) == (BASE + 2**31 - 1, 10)
+    idx.close()
+
+
+def test_offset_index_truncate_to(tmp_path):
+    # Kafka's truncateTest: entries at every offset 0..9, truncate at various points.
+    idx = OffsetIndex(str(tmp_path / "00000000000000000000.index"), 0, 10 * 8)
+    for i in range(10):
+        idx.append(i, i * 10 + 1)  # first entry (0, 1) is never an all-zero slot
+    idx.truncate_to(12)
+    assert idx.entries == 10
+    idx.truncate_to(10)
+    assert idx.entries == 10
+    assert idx.lookup(10) == (9, 91)
+    idx.truncate_to(9)
+    assert idx.entries == 9
+    assert idx.lookup(10) == (8, 81)
+    idx.truncate_to(5)
+    assert idx.entries == 5
+    assert idx.lookup(10) == (4, 41)
+    assert idx.last_entry() == (4, 41)
+    idx.truncate_to(0)
+    assert idx.entries == 0
+    assert idx.lookup(10) == (0, 0)
+    # The truncated index is usable again, from scratch.
+    idx.append(3, 7)
+    assert idx.lookup(3) == (3, 7)
+    idx.close()
+
+
+def test_offset_index_truncate_zeroes_removed_slots_so_reopen_counts_correctly(tmp_path):
+    path = tmp_path / "00000000000000000045.index"
+    idx = offset_index(tmp_path, max_entries=20)
+    for i in range(10):
+        idx.append(BASE + 1 + i, 100 * (i + 1))
+    idx.truncate_to(BASE + 5)
+    assert idx.entries == 4
+    idx.flush()
+    idx.close_handler()  # no trim: the file stays preallocated, as after a crash
+    assert os.path.getsize(path) == 20 * 8
+    again = offset_index(tmp_path, max_entries=20)
+    assert again.entries == 4
+    assert again.last_entry() == (BASE + 4, 400)
+    again.close()
+
+
+def test_trim_to_valid_size_and_preallocation(tmp_path):
+    path = tmp_path / "00000000000000000045.index"
+    idx = offset_index(tmp_path, max_entries=30)
+    assert os.path.getsize(path) == 30 * 8  # preallocated while active
+    for i in range(7):
+        idx.append(BASE + 1 + i, 10 * (i + 1))
+    idx.trim_to_valid_size()
+    assert os.path.getsize(path) == 7 * 8
+    assert idx.max_entries == 7 and idx.is_full
+    assert idx.lookup(BASE + 100) == (BASE + 7, 70)
+    idx.resize(30 * 8)  # becoming active again
+    assert os.path.getsize(path) == 30 * 8 and not idx.is_full
+    idx.append(BASE + 50, 500)
+    assert idx.entries == 8
+    idx.close()  # close trims
+    assert os.path.getsize(path) == 8 * 8
+
+
+@pytest.mark.parametrize("trim", [True, False])
+@pytest.mark.parametrize("active", [True, False])
+def test_reopen_counts_entries(tmp_path, trim, active):
+    path = tmp_path / "00000000000000000045.index"
+    idx = offset_index(tmp_path, max_entries=50)
+    expected = []
+    for i in range(17):
+        idx.append(BASE + 3 * i + 1, 40 * i + 7)
+        expected.append((3 * i + 1, 40 * i + 7))
+    idx.flush()
+    if trim:
+        idx.close()
+    else:
+        idx.close_handler()  # preallocated file with 33 zero slots at its end
+        assert os.path.getsize(path) == 50 * 8
+    again = offset_index(tmp_path, max_entries=50, active=active)
+    assert again.entries == 17
+    assert all_entries(again) == expected
+    assert again.lookup(BASE + 1000) == (BASE + 49, 647)
+    if active:
+        assert again.max_entries == 50 and os.path.getsize(path) == 50 * 8
+    again.close()
+
+
+def test_reopen_with_partial_trailing_entry(tmp_path):
+    path = tmp_path / "00000000000000000045.index"
+    idx = offset_index(tmp_path)
+    idx.append(BASE + 1, 10)
+    idx.append(BASE + 2, 20)
+    idx.close()
+    with open(path, "ab") as f:
+        f.write(b"\x01\x02\x03")  # a torn write of a third entry
+    again = offset_index(tmp_path, active=False)
+    assert again.entries == 2
+    assert again.last_entry() == (BASE + 2, 20)
+    again.close()
+    assert os.path.getsize(path) == 16
+
+
+def test_reopen_active_index_larger_than_new_max_size_keeps_entries(tmp_path):
+    # segment.index.bytes lowered between runs: the entries already there must survive and read back.
+    idx = offset_index(tmp_path, max_entries=40)
+    for i in range(30):
+        idx.append(BASE + i + 1, 10 * (i + 1))
+    idx.close()
+    again = offset_index(tmp_path, max_entries=10, active=True)
+    assert again.entries == 30
+    assert again.lookup(BASE + 30) == (BASE + 30, 300)
+    assert again.is_full
+    again.sanity_check(10_000)
+    again.close()
+
+
+def test_offset_index_sanity_check(tmp_path):
+    idx = offset_index(tmp_path)
+    idx.append(BASE + 1, 10)
+    idx.append(BASE + 2, 20)
+    idx.sanity_check(21)
+    with pytest.raises(CorruptRecordError):
+        idx.sanity_check(20)  # an entry points at or past the end of the log
+    idx.close()
+    raw = bytearray((tmp_path / "00000000000000000045.index").read_bytes())
+    raw[8:16] = (0).to_bytes(4, "big") + (30).to_bytes(4, "big")  # offset goes backwards
+    (tmp_path / "00000000000000000045.index").write_bytes(bytes(raw))
+    again = offset_index(tmp_path, active=False)
+    with pytest.raises(CorruptRecordError):
+        again.sanity_check(1000)
+    again.close()
+
+
+# -- TimeIndex -----------------------------------------------------------------------------------------
+
+def test_time_index_lookup(tmp_path):
+    idx = time_index(tmp_path)
+    assert idx.lookup(100) == TimestampOffset(-1, BASE)
+    for i in range(1, 20):
+        idx.maybe_append(100 + 10 * i, BASE + 2 * i)
+    assert idx.entries == 19
+    assert idx.lookup(99) == (-1, BASE)  # before the first entry
+    assert idx.lookup(110) == (110, BASE + 2)
+    assert idx.lookup(115) == (110, BASE + 2)
+    assert idx.lookup(119) == (110, BASE + 2)
+    assert idx.lookup(120) == (120, BASE + 4)
+    assert idx.lookup(10_000) == (290, BASE + 38)
+    assert idx.last_entry() == (290, BASE + 38)
+    idx.close()
+
+
+def test_time_index_ignores_non_increasing_timestamps_and_rejects_lower_offsets(tmp_path):
+    idx = time_index(tmp_path)
+    idx.maybe_append(1000, BASE + 10)
+    idx.maybe_append(1000, BASE + 12)  # same timestamp: nothing new
+    idx.maybe_append(900, BASE + 13)  # smaller timestamp: nothing new
+    assert all_entries(idx) == [(1000, 10)]
+    with pytest.raises(CorruptRecordError):
+        idx.maybe_append(2000, BASE + 9)  # offset below the last entry
+    idx.maybe_append(2000, BASE + 10)  # same offset, larger timestamp: replaces, no duplicate
+    assert all_entries(idx) == [(2000, 10)]
+    idx.maybe_append(3000, BASE + 11)
+    assert all_entries(idx) == [(2000, 10), (3000, 11)]
+    idx.close()
+
+
+def test_time_index_reserves_last_slot(tmp_path):
+    idx = time_index(tmp_path, max_entries=5)
+    assert idx.max_entries == 5
+    for i in range(4):
+        assert not idx.is_full
+        idx.maybe_append(100 + i, BASE + i)
+    assert idx.entries == 4
+    assert idx.is_full  # at max_entries - 1
+    with pytest.raises(CorruptRecordError):
+        idx.maybe_append(200, BASE + 10)
+    assert idx.entries == 4
+    idx.maybe_append(200, BASE + 10, skip_full_check=True)  # the roll-time entry fills the reserved slot
+    assert idx.entries == 5
+    assert idx.last_entry() == (200, BASE + 10)
+    assert idx.lookup(1000) == (200, BASE + 10)
+    idx.close()
+
+
+def test_time_index_truncate_to(tmp_path):
+    idx = time_index(tmp_path)
+    for i in range(10):
+        idx.maybe_append(1000 + i, BASE + 2 * i)  # offsets BASE, BASE+2, ..., BASE+18
+    idx.truncate_to(BASE + 19)
+    assert idx.entries == 10
+    idx.truncate_to(BASE + 18)
+    assert idx.entries == 9
+    assert idx.last_entry() == (1008, BASE + 16)
+    idx.truncate_to(BASE + 7)
+    assert idx.entries == 4
+    assert idx.last_entry() == (1003, BASE + 6)
+    assert idx.lookup(5000) == (1003, BASE + 6)
+    idx.truncate_to(BASE)
+    assert idx.entries == 0
+    assert idx.lookup(5000) == (-1, BASE)
+    idx.maybe_append(10, BASE + 1)  # usable again
+    assert idx.lookup(10) == (10, BASE + 1)
+    idx.close()
+
+
+@pytest.mark.parametrize("trim", [True, False])
+def test_time_index_reopen_and_trim(tmp_path, trim):
+    path = tmp_path / "00000000000000000045.timeindex"
+    idx = time_index(tmp_path, max_entries=40)
+    assert os.path.getsize(path) == 40 * 12
+    for i in range(12):
+        idx.maybe_append(1_700_000_000_000 + i, BASE + i)
+    idx.flush()
+    if trim:
+        idx.close()
+        assert os.path.getsize(path) == 12 * 12
+    else:
+        idx.close_handler()
+        assert os.path.getsize(path) == 40 * 12
+    again = time_index(tmp_path, max_entries=40)
+    assert again.entries == 12
+    assert again.last_entry() == (1_700_000_000_011, BASE + 11)
+    assert again.lookup(1_700_000_000_005) == (1_700_000_000_005, BASE + 5)
+    again.trim_to_valid_size()
+    assert os.path.getsize(path) == 12 * 12
+    again.close()
+
+
+def test_time_index_sanity_check(tmp_path):
+    idx = time_index(tmp_path)
+    idx.maybe_append(100, BASE + 1)
+    idx.maybe_append(200, BASE + 2)
+    idx.sanity_check(0)
+    idx.close()
+    path = tmp_path / "00000000000000000045.timeindex"
+    raw = bytearray(path.read_bytes())
+    raw[12:20] = (50).to_bytes(8, "big")  # timestamp goes backwards
+    path.write_bytes(bytes(raw))
+    again = time_index(tmp_path, active=False)
+    with pytest.raises(CorruptRecordError):
+        again.sanity_check(0)
+    again.close()
+
+
+# -- ViewIndex -----------------------------------------------------------------------------------------
+
+def test_view_index_floors_and_truncation(tmp_path):
+    idx = ViewIndex(str(tmp_path / "00000000000000000045.viewindex"), BASE, 4 * ViewIndex.ENTRY.size)
+    stats = [LineStats(10 * i, i, 0, 3 * i, 50 * i) for i in range(1, 8)]
+    for i, s in enumerate(stats):  # grows past its initial size
+        idx.append(BASE + 10 * (i + 1), 500 * (i + 1), s)
+    assert idx.entries == 7
+    length = lambda s: s.records + s.value_bytes  # noqa: E731
+    assert idx.floor_by_view(length(stats[0]) - 1, length) is None
+    assert idx.floor_by_view(length(stats[2]), length).stats == stats[2]
+    assert idx.floor_by_view(length(stats[2]) + 1, length).stats == stats[2]
+    assert idx.floor_by_offset(BASE + 9) is None
+    assert idx.floor_by_offset(BASE + 35).offset == BASE + 30
+    assert idx.floor_by_position(1499).position == 1000
+    assert idx.floor_by_position(1500).position == 1500
+    with pytest.raises(CorruptRecordError):
+        idx.append(BASE + 100, 3500, stats[-1])  # position must increase
+    idx.truncate_to_position(1500)
+    assert idx.entries == 2 and idx.last().position == 1000
+    idx.close()
+    again = ViewIndex(str(tmp_path / "00000000000000000045.viewindex"), BASE, 4 * ViewIndex.ENTRY.size,
+                      active=False)
+    assert again.entries == 2 and again.last() == (BASE + 20, 1000, stats[1])
+    again.close()
