@@ -181,7 +181,7 @@ class Log:
                     now,
                 )
                 start = end
-            self.last_append_ms = self.clock.time_ms()
+            self.last_append_ms = now  # the records' own timestamp, so st_mtime is the same after a reload
             last = self.log_end_offset - 1
         if self.unflushed_messages >= config.flush_messages:
             self.flush()
