@@ -376,7 +376,7 @@ class Operations(pyfuse3.Operations):
             fail(errno.ENOTSUP)
         topic, partition = self._resolve(inode)
         if partition is not None:
-            fail(errno.EPERM if text.startswith(xattrs.PREFIX) else errno.ENOTSUP)
+            fail(xattrs.partition_set_error(text))
         if self.read_only:
             fail(errno.EROFS)
         await self.run_blocking(xattrs.topic_set, self.manager, topic, text, value)
@@ -388,7 +388,9 @@ class Operations(pyfuse3.Operations):
             fail(errno.ENODATA)
         topic, partition = self._resolve(inode)
         if partition is not None:
-            fail(errno.EPERM if text.startswith(xattrs.PREFIX) else errno.ENODATA)
+            fail(errno.EPERM if xattrs.partition_set_error(text) == errno.EPERM else errno.ENODATA)
+        if self.read_only:
+            fail(errno.EROFS)
         await self.run_blocking(xattrs.topic_set, self.manager, topic, text, None)
 
     # -- shutdown --------------------------------------------------------------------------------------

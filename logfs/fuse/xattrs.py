@@ -55,6 +55,20 @@ def partition_get(log: Log, name: str) -> bytes:
     return str(value).encode()
 
 
+PARTITION_PARAMETRISED = ("position.", "offset.", "time.")
+
+
+def partition_set_error(name: str) -> int:
+    """errno for setting/removing ``name`` on a partition file: its own (read-only) names are EPERM, any other
+    ``user.logfs.`` name is an unknown key (EINVAL), other namespaces are not supported."""
+    if not name.startswith(PREFIX):
+        return errno.ENOTSUP
+    key = name[len(PREFIX):]
+    if key in PARTITION_FIXED or key.startswith(PARTITION_PARAMETRISED):
+        return errno.EPERM
+    return errno.EINVAL
+
+
 def partition_list() -> list[bytes]:
     return [(PREFIX + k).encode() for k in PARTITION_FIXED]
 
@@ -79,7 +93,10 @@ def topic_set(manager: LogManager, topic: str, name: str, value: bytes | None) -
     if not name.startswith(PREFIX + CONFIG_PREFIX):
         if value is None:
             fail(errno.ENODATA)
-        fail(errno.ENOTSUP if not name.startswith(PREFIX) else errno.EPERM)
+        if not name.startswith(PREFIX):
+            fail(errno.ENOTSUP)
+        # user.logfs.partitions is read-only; any other user.logfs. name is an unknown key.
+        fail(errno.EPERM if name == PREFIX + "partitions" else errno.EINVAL)
     setting = name[len(PREFIX + CONFIG_PREFIX):]
     if value is None:
         manager.set_topic_config(topic, setting, None)

@@ -1,0 +1,264 @@
+"""Helpers for the mounted end-to-end suite (imported by conftest.py and the tests).
+
+Every test mounts a real logfs in its own tmp directory the way a user would (``python -m logfs.cli DATA MNT
+[-o ...]``), drives it with real syscalls and shell tools, and always unmounts in teardown
+(``fusermount3 -u``, falling back to ``fusermount3 -uz``, then waiting for the daemon to exit).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+VENV_BIN = os.path.dirname(sys.executable)
+LOGFS_SCRIPT = os.path.join(VENV_BIN, "logfs")
+MOUNT_TIMEOUT = 30.0
+EXIT_TIMEOUT = 20.0
+
+
+def fuse_unusable_reason() -> str | None:
+    if not os.path.exists("/dev/fuse"):
+        return "/dev/fuse is missing"
+    if shutil.which("fusermount3") is None:
+        return "fusermount3 is not installed"
+    return None
+
+
+def mounted_at(path: str | os.PathLike) -> bool:
+    """Whether something is mounted exactly at ``path`` (from /proc/self/mountinfo, never a stat that
+    could hang on a dead FUSE connection)."""
+    target = os.path.abspath(path)
+    with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
+        for line in f:
+            field = line.split()[4]
+            field = field.replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n").replace("\\134", "\\")
+            if field == target:
+                return True
+    return False
+
+
+def mount_fstype(path: str | os.PathLike) -> str | None:
+    target = os.path.abspath(path)
+    with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
+        for line in f:
+            parts = line.split()
+            if parts[4] == target:
+                sep = parts.index("-")
+                return parts[sep + 1]
+    return None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def daemon_pids(data_dir: str | os.PathLike) -> list[int]:
+    """PIDs of live processes whose command line names ``data_dir`` as one argument and mentions logfs
+    (the daemon, however it was started: python -m logfs.cli, the logfs script, mount.fuse3)."""
+    target = os.fsencode(os.path.abspath(data_dir))
+    pids = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                args = f.read().split(b"\0")
+        except OSError:
+            continue
+        if b"logfs" not in b" ".join(args):
+            continue
+        if any(a == target or a.endswith(b"#" + target) for a in args) and _alive(int(name)):
+            pids.append(int(name))
+    return sorted(pids)
+
+
+def wait_for(predicate, timeout: float, interval: float = 0.02, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+class LogfsMount:
+    """One data directory + mountpoint, and the daemon serving it."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.data = root / "data"
+        self.mnt = root / "mnt"
+        self.mnt.mkdir(parents=True, exist_ok=True)
+        self.options: list[str] = []
+        self.proc: subprocess.Popen | None = None  # foreground daemon, if started with -f
+        self.stderr_path = root / "daemon.stderr"
+
+    # -- paths -------------------------------------------------------------------------------------
+    def path(self, *parts: str | int) -> str:
+        return os.path.join(self.mnt, *(str(p) for p in parts))
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+    def command(self, *options: str, foreground: bool = False) -> list[str]:
+        cmd = [sys.executable, "-m", "logfs.cli", str(self.data), str(self.mnt)]
+        if foreground:
+            cmd.append("-f")
+        if options:
+            cmd += ["-o", ",".join(options)]
+        return cmd
+
+    def mount(self, *options: str, foreground: bool = False) -> None:
+        """Mount with ``-o options``: in daemon mode (the command returns once the mount is usable) or in
+        the foreground under a Popen we own (then wait for the mount to answer)."""
+        assert not mounted_at(self.mnt), f"{self.mnt} is already mounted"
+        self.options = list(options)
+        if foreground:
+            err = open(self.stderr_path, "ab")
+            self.proc = subprocess.Popen(self.command(*options, foreground=True), stdin=subprocess.DEVNULL,
+                                         stdout=err, stderr=err)
+            err.close()
+
+            def ready():
+                if self.proc.poll() is not None:
+                    raise AssertionError(f"daemon exited with {self.proc.returncode}: {self.stderr()}")
+                return mounted_at(self.mnt) and os.stat(self.mnt).st_ino == 1
+
+            wait_for(ready, MOUNT_TIMEOUT, what="the foreground mount")
+            return
+        self.proc = None
+        result = subprocess.run(self.command(*options), stdin=subprocess.DEVNULL, capture_output=True,
+                                timeout=MOUNT_TIMEOUT)
+        assert result.returncode == 0, f"mount failed ({result.returncode}): {result.stderr.decode()}"
+        # The daemon-mode contract: once the command returned, the mount is usable.
+        assert mounted_at(self.mnt)
+        assert os.stat(self.mnt).st_ino == 1
+
+    def stderr(self) -> str:
+        try:
+            return self.stderr_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def pids(self) -> list[int]:
+        return daemon_pids(self.data)
+
+    def pid(self) -> int:
+        if self.proc is not None and self.proc.poll() is None:
+            return self.proc.pid
+        pids = self.pids()
+        assert len(pids) == 1, f"expected one daemon for {self.data}, found {pids}"
+        return pids[0]
+
+    def wait_exit(self, pids: list[int], timeout: float = EXIT_TIMEOUT) -> None:
+        if self.proc is not None:
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                pass
+        wait_for(lambda: not any(_alive(p) for p in pids), timeout, what=f"daemon {pids} to exit")
+
+    def unmount(self, lazy_fallback: bool = True) -> None:
+        """``fusermount3 -u`` (``-uz`` if busy or dead), then wait until the daemon has exited."""
+        pids = self.pids()
+        if self.proc is not None and self.proc.poll() is None:
+            pids = sorted(set(pids) | {self.proc.pid})
+        if mounted_at(self.mnt):
+            r = subprocess.run(["fusermount3", "-u", str(self.mnt)], capture_output=True, timeout=30)
+            if r.returncode != 0:
+                assert lazy_fallback, f"fusermount3 -u failed: {r.stderr.decode()}"
+                subprocess.run(["fusermount3", "-uz", str(self.mnt)], capture_output=True, timeout=30)
+        self.wait_exit(pids)
+        assert not mounted_at(self.mnt)
+
+    def remount(self, *options: str, foreground: bool = False) -> None:
+        self.unmount()
+        self.mount(*(options or self.options), foreground=foreground)
+
+    def kill9(self) -> None:
+        """SIGKILL the daemon (no clean shutdown at all), then detach the dead mount with ``-uz``."""
+        pid = self.pid()
+        os.kill(pid, signal.SIGKILL)
+        self.wait_exit([pid])
+        subprocess.run(["fusermount3", "-uz", str(self.mnt)], capture_output=True, timeout=30)
+        wait_for(lambda: not mounted_at(self.mnt), 10, what="the lazy unmount")
+
+    def cleanup(self) -> None:
+        pids = self.pids()
+        if self.proc is not None and self.proc.poll() is None:
+            pids.append(self.proc.pid)
+        if mounted_at(self.mnt):
+            r = subprocess.run(["fusermount3", "-u", str(self.mnt)], capture_output=True, timeout=30)
+            if r.returncode != 0:
+                subprocess.run(["fusermount3", "-uz", str(self.mnt)], capture_output=True, timeout=30)
+        try:
+            self.wait_exit(pids, timeout=EXIT_TIMEOUT)
+        except AssertionError:
+            for p in pids:
+                try:
+                    os.kill(p, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            if mounted_at(self.mnt):
+                subprocess.run(["fusermount3", "-uz", str(self.mnt)], capture_output=True, timeout=30)
+            raise
+        finally:
+            if self.proc is not None and self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait(5)
+
+    # -- conveniences ------------------------------------------------------------------------------
+    def getx(self, rel: str, name: str) -> str:
+        """An xattr of ``MNT/rel`` (``user.logfs.`` is prepended when missing), as text."""
+        if not name.startswith("user."):
+            name = "user.logfs." + name
+        return os.getxattr(self.path(rel), name).decode()
+
+    def read(self, rel: str) -> bytes:
+        with open(self.path(rel), "rb") as f:
+            return f.read()
+
+    def append(self, rel: str, data: bytes | str) -> None:
+        if isinstance(data, str):
+            data = data.encode()
+        fd = os.open(self.path(rel), os.O_WRONLY | os.O_APPEND)
+        try:
+            view = memoryview(data)
+            while view:
+                n = os.write(fd, view)
+                view = view[n:]
+        finally:
+            os.close(fd)
+
+
+def expect_errno(code: int, fn, *args, **kwargs):
+    """Call ``fn`` and assert it fails with OSError ``code``."""
+    with pytest.raises(OSError) as info:
+        fn(*args, **kwargs)
+    assert info.value.errno == code, (
+        f"expected {errno.errorcode[code]}, got {errno.errorcode.get(info.value.errno, info.value.errno)}: "
+        f"{info.value}")
+    return info.value
+
+
+def sh(script: str, *, check: bool = True, env: dict | None = None, timeout: float = 60,
+       input: bytes | None = None) -> subprocess.CompletedProcess:
+    """Run ``script`` with bash; with ``check``, assert exit status 0."""
+    result = subprocess.run(["bash", "-c", script], capture_output=True, timeout=timeout, env=env, input=input)
+    if check:
+        assert result.returncode == 0, (
+            f"{script!r} exited {result.returncode}: {result.stderr.decode(errors='replace')}")
+    return result

@@ -1,0 +1,356 @@
+"""CONTRACT section 1: running, mounting through mount(8), unmounting, signals, and refusing bad starts."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from logfs_e2e import (
+    LOGFS_SCRIPT, VENV_BIN, LogfsMount, daemon_pids, mount_fstype, mounted_at, sh, wait_for,
+)
+
+CLEAN = ".kafka_cleanshutdown"
+
+
+def fill(fs: LogfsMount) -> dict[str, bytes]:
+    os.mkdir(fs.path("a"))
+    os.mkdir(fs.path("b"))
+    sh(f"touch {fs.path('b', 1)}")
+    content = {
+        "a/0": b"".join(b"a0 %d\n" % i for i in range(3000)),
+        "b/0": b"b0 first\nb0 second\n",
+        "b/1": b"".join(b"b1 %d\n" % i for i in range(10)),
+    }
+    for rel, data in content.items():
+        fs.append(rel, data)
+    return content
+
+
+def test_daemon_mode_returns_once_usable(fs):
+    # The fixture's mount already asserted exit 0 and a usable mount right after the command returned.
+    assert mount_fstype(fs.mnt) == "fuse.logfs"
+    assert os.path.exists(os.path.join(fs.data, ".lock"))
+    assert not os.path.exists(os.path.join(fs.data, CLEAN)), "the clean-shutdown marker is removed while mounted"
+    assert len(fs.pids()) == 1
+    os.mkdir(fs.path("t"))
+    assert os.listdir(fs.mnt) == ["t"]
+
+
+def test_data_offsets_and_configs_survive_remount(mount_logfs):
+    fs = mount_logfs("log.segment.bytes=2000", "num.partitions=1")
+    content = fill(fs)
+    sh(f"setfattr -n user.logfs.config.retention.bytes -v 99999999 {fs.path('a')}")
+    sh(f"setfattr -n user.logfs.config.logfs.key.separator -v : {fs.path('b')}")
+    attrs = {rel: {n: fs.getx(rel, n) for n in ("log_start_offset", "log_end_offset", "segment_count",
+                                                  "size_bytes")} for rel in content}
+    positions = {rel: fs.getx(rel, "position.2") for rel in content}
+    assert int(attrs["a/0"]["segment_count"]) > 1
+    fs.unmount()
+    assert os.path.exists(os.path.join(fs.data, CLEAN))
+    assert not fs.pids()
+    fs.mount("log.segment.bytes=2000")
+    assert not os.path.exists(os.path.join(fs.data, CLEAN))
+    assert sorted(os.listdir(fs.mnt)) == ["a", "b"]
+    assert sorted(os.listdir(fs.path("b"))) == ["0", "1"]
+    for rel, data in content.items():
+        assert fs.read(rel) == data
+        assert os.stat(fs.path(rel)).st_size == len(data)
+        for name, value in attrs[rel].items():
+            assert fs.getx(rel, name) == value, (rel, name)
+        assert fs.getx(rel, "position.2") == positions[rel]
+    # recovery point after a clean shutdown covers everything
+    assert fs.getx("a/0", "recovery_point") == attrs["a/0"]["log_end_offset"]
+    assert fs.getx("a", "config.retention.bytes") == "99999999"
+    assert fs.getx("b", "config.logfs.key.separator") == ":"
+    assert fs.getx("a", "partitions") == "1" and fs.getx("b", "partitions") == "2"
+    # Appends continue at the right offsets.
+    fs.append("a/0", "after remount\n")
+    assert fs.getx("a/0", "log_end_offset") == "3001"
+    assert fs.read("a/0") == content["a/0"] + b"after remount\n"
+
+
+def test_mtime_is_the_last_append_time(fs):
+    os.mkdir(fs.path("t"))
+    before = time.time_ns() // 1_000_000 * 1_000_000
+    fs.append("t/0", b"".join(b"m %d\n" % i for i in range(5000)))
+    after = time.time_ns()
+    mtime = os.stat(fs.path("t", 0)).st_mtime_ns
+    assert before <= mtime <= after + 1_000_000
+
+
+def test_mtime_stable_across_remount(mount_logfs):
+    fs = mount_logfs("log.segment.bytes=2000")
+    os.mkdir(fs.path("t"))
+    fs.append("t/0", b"".join(b"m %d\n" % i for i in range(3000)))  # many rolls: a slow append
+    mtime = os.stat(fs.path("t", 0)).st_mtime_ns
+    fs.remount()
+    assert os.stat(fs.path("t", 0)).st_mtime_ns == mtime
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_signal_foreground_clean_shutdown(mount_logfs, sig):
+    fs = mount_logfs(foreground=True)
+    os.mkdir(fs.path("t"))
+    fs.append("t/0", "one\ntwo\n")
+    # A handle with a held partial line: a clean shutdown commits it.
+    fd = os.open(fs.path("t", 0), os.O_WRONLY | os.O_APPEND)
+    os.write(fd, b"three-partial")
+    try:
+        fs.proc.send_signal(sig)
+        assert fs.proc.wait(20) == 0, fs.stderr()
+    finally:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    assert not mounted_at(fs.mnt)
+    assert os.path.exists(os.path.join(fs.data, CLEAN))
+    fs.mount()
+    assert fs.read("t/0") == b"one\ntwo\nthree-partial\n"
+    assert fs.getx("t/0", "recovery_point") == "3"
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_signal_daemon_mode_clean_shutdown(fs, sig):
+    os.mkdir(fs.path("t"))
+    fs.append("t/0", "kept\n")
+    pid = fs.pid()
+    os.kill(pid, sig)
+    fs.wait_exit([pid])
+    assert not mounted_at(fs.mnt)
+    assert os.path.exists(os.path.join(fs.data, CLEAN))
+    fs.mount()
+    assert fs.read("t/0") == b"kept\n"
+
+
+def test_umount_is_clean_shutdown(fs):
+    os.mkdir(fs.path("t"))
+    fs.append("t/0", "x\n")
+    pid = fs.pid()
+    sh(f"umount {shlex.quote(str(fs.mnt))}")
+    fs.wait_exit([pid])
+    assert os.path.exists(os.path.join(fs.data, CLEAN))
+    assert not mounted_at(fs.mnt)
+
+
+def test_second_daemon_on_same_data_dir_fails(fs, tmp_path):
+    other = tmp_path / "other-mnt"
+    other.mkdir()
+    r = subprocess.run([sys.executable, "-m", "logfs.cli", str(fs.data), str(other)], capture_output=True,
+                       timeout=30)
+    assert r.returncode != 0
+    err = r.stderr.decode()
+    assert "logfs: error:" in err and ("in use" in err or "lock" in err), err
+    assert "Traceback" not in err
+    assert not mounted_at(other)
+    assert len(fs.pids()) == 1
+    # In the foreground too.
+    r = subprocess.run([sys.executable, "-m", "logfs.cli", str(fs.data), str(other), "-f"], capture_output=True,
+                       timeout=30)
+    assert r.returncode != 0 and ("in use" in r.stderr.decode() or "lock" in r.stderr.decode())
+    assert not mounted_at(other)
+    # The first mount is unharmed.
+    os.mkdir(fs.path("still-works"))
+    assert os.listdir(fs.mnt) == ["still-works"]
+
+
+@pytest.mark.parametrize("opts,needle", [
+    ("no.such.setting=1", "no.such.setting"),
+    ("bogus", "bogus"),
+    ("log.segment.bytes=abc", "log.segment.bytes"),
+    ("log.segment.bytes=1", "log.segment.bytes"),
+    ("num.partitions=0", "num.partitions"),
+    ("log.cleanup.policy=shred", "cleanup"),
+    ("log.retention.ms", "log.retention.ms"),
+])
+def test_bad_option_fails_and_mounts_nothing(tmp_path, opts, needle):
+    data, mnt = tmp_path / "data", tmp_path / "mnt"
+    mnt.mkdir()
+    for extra in ([], ["-f"]):
+        r = subprocess.run([sys.executable, "-m", "logfs.cli", str(data), str(mnt), "-o", opts, *extra],
+                           capture_output=True, timeout=30)
+        assert r.returncode != 0
+        err = r.stderr.decode()
+        assert needle in err, err
+        assert "Traceback" not in err
+        assert not mounted_at(mnt)
+        assert not daemon_pids(data)
+
+
+def test_bad_config_file_fails(tmp_path):
+    data, mnt = tmp_path / "data", tmp_path / "mnt"
+    mnt.mkdir()
+    cfg = tmp_path / "server.properties"
+    cfg.write_text("# comment\nlog.segment.bytes=4096\nnot.a.setting=3\n")
+    r = subprocess.run([sys.executable, "-m", "logfs.cli", str(data), str(mnt), "--config", str(cfg)],
+                       capture_output=True, timeout=30)
+    assert r.returncode != 0 and "not.a.setting" in r.stderr.decode()
+    assert not mounted_at(mnt)
+
+
+def test_config_file_settings_apply(mount_logfs, tmp_path):
+    cfg = tmp_path / "server.properties"
+    cfg.write_text("# broker\nnum.partitions=2\nlog.segment.bytes=4096\nmessage.max.bytes = 777\n")
+    fs = LogfsMount(tmp_path / "cfg")
+    try:
+        r = subprocess.run(fs.command("num.partitions=4") + ["--config", str(cfg)], capture_output=True, timeout=30)
+        assert r.returncode == 0, r.stderr.decode()
+        os.mkdir(fs.path("t"))
+        assert fs.getx("t", "partitions") == "4"  # -o wins over the file
+        assert fs.getx("t", "config.segment.bytes") == "4096"
+        assert fs.getx("t", "config.max.message.bytes") == "777"
+    finally:
+        fs.cleanup()
+
+
+def _path_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PATH"] = VENV_BIN + os.pathsep + env.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+    return env
+
+
+# /bin/sh's PATH when none is set. mount(8) is setuid and drops PATH from the environment before running
+# mount.fuse3, which runs `/bin/sh -c 'logfs DATA MNT -o OPTS'`: so through mount(8) the logfs script must be
+# found on this default PATH, whatever PATH the caller had.
+SH_DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+needs_mount_helper = pytest.mark.skipif(
+    not (os.path.exists("/sbin/mount.fuse3") or os.path.exists("/usr/sbin/mount.fuse3")) or os.geteuid() != 0
+    or not os.path.exists(LOGFS_SCRIPT),
+    reason="needs root, mount.fuse3 and the logfs console script")
+
+
+@pytest.fixture
+def logfs_on_default_path():
+    """Make `logfs` resolvable on /bin/sh's default PATH (a symlink in /usr/local/bin to this venv's script,
+    removed afterwards) unless an installed one is already there."""
+    if shutil.which("logfs", path=SH_DEFAULT_PATH):
+        yield
+        return
+    link = "/usr/local/bin/logfs"
+    os.makedirs(os.path.dirname(link), exist_ok=True)
+    os.symlink(LOGFS_SCRIPT, link)
+    try:
+        yield
+    finally:
+        if os.path.islink(link) and os.readlink(link) == LOGFS_SCRIPT:
+            os.unlink(link)
+
+
+@needs_mount_helper
+@pytest.mark.parametrize("how", ["type", "hash"])
+def test_mount_fuse3_helper_directly(tmp_path, how):
+    """mount.fuse3 itself (what mount(8) and fstab run), with the venv on PATH."""
+    fs = LogfsMount(tmp_path / "m")
+    try:
+        if how == "type":
+            cmd = ["mount.fuse3", str(fs.data), str(fs.mnt), "-t", "logfs", "-o",
+                   "rw,log.segment.bytes=100000,num.partitions=2"]
+        else:
+            cmd = ["mount.fuse3", f"logfs#{fs.data}", str(fs.mnt), "-o",
+                   "defaults,_netdev,noauto,nofail,users,x-systemd.requires=foo,log.segment.bytes=100000,"
+                   "num.partitions=2"]
+        r = subprocess.run(cmd, capture_output=True, timeout=60, env=_path_env())
+        assert r.returncode == 0, r.stderr.decode()
+        assert mounted_at(fs.mnt) and mount_fstype(fs.mnt) == "fuse.logfs"
+        os.mkdir(fs.path("t"))
+        assert fs.getx("t", "config.segment.bytes") == "100000"
+        assert fs.getx("t", "partitions") == "2"
+        fs.append("t/1", "through mount.fuse3\n")
+        assert fs.read("t/1") == b"through mount.fuse3\n"
+        fs.unmount(lazy_fallback=False)
+        assert os.path.exists(os.path.join(fs.data, CLEAN))
+    finally:
+        fs.cleanup()
+
+
+@needs_mount_helper
+def test_mount_t_fuse_logfs(tmp_path, logfs_on_default_path):
+    fs = LogfsMount(tmp_path / "m")
+    try:
+        r = subprocess.run(["mount", "-t", "fuse.logfs", str(fs.data), str(fs.mnt), "-o",
+                            "log.segment.bytes=100000,num.partitions=2"],
+                           capture_output=True, timeout=60, env=_path_env())
+        assert r.returncode == 0, r.stderr.decode()
+        assert mounted_at(fs.mnt) and mount_fstype(fs.mnt) == "fuse.logfs"
+        os.mkdir(fs.path("t"))
+        assert fs.getx("t", "config.segment.bytes") == "100000"
+        assert fs.getx("t", "partitions") == "2"
+        fs.append("t/0", "via mount(8)\n")
+        assert fs.read("t/0") == b"via mount(8)\n"
+        pid = fs.pid()
+        sh(f"umount {shlex.quote(str(fs.mnt))}")
+        fs.wait_exit([pid])
+        assert os.path.exists(os.path.join(fs.data, CLEAN))
+    finally:
+        fs.cleanup()
+
+
+@needs_mount_helper
+def test_mount_t_fuse_hash_syntax_ignores_fstab_options(tmp_path, logfs_on_default_path):
+    fs = LogfsMount(tmp_path / "m")
+    try:
+        r = subprocess.run(["mount", "-t", "fuse", f"logfs#{fs.data}", str(fs.mnt), "-o",
+                            "defaults,_netdev,noauto,nofail,x-systemd.automount,log.index.interval.bytes=1024"],
+                           capture_output=True, timeout=60, env=_path_env())
+        assert r.returncode == 0, r.stderr.decode()
+        assert mounted_at(fs.mnt)
+        os.mkdir(fs.path("t"))
+        assert fs.getx("t", "config.index.interval.bytes") == "1024"
+        fs.append("t/0", "hash syntax\n")
+        assert fs.read("t/0") == b"hash syntax\n"
+        fs.unmount(lazy_fallback=False)
+        assert os.path.exists(os.path.join(fs.data, CLEAN))
+    finally:
+        fs.cleanup()
+
+
+@needs_mount_helper
+def test_mount_t_fuse_logfs_bad_option_fails(tmp_path, logfs_on_default_path):
+    fs = LogfsMount(tmp_path / "m")
+    try:
+        r = subprocess.run(["mount", "-t", "fuse.logfs", str(fs.data), str(fs.mnt), "-o", "log.bogus=1"],
+                           capture_output=True, timeout=60, env=_path_env())
+        assert r.returncode != 0
+        assert b"log.bogus" in r.stderr
+        assert not mounted_at(fs.mnt)
+    finally:
+        fs.cleanup()
+
+
+@needs_mount_helper
+def test_fstab_line(tmp_path, logfs_on_default_path):
+    fs = LogfsMount(tmp_path / "m")
+    fstab = tmp_path / "fstab"
+    fstab.write_text(f"# test fstab\n{fs.data} {fs.mnt} fuse.logfs defaults,_netdev,noauto,nofail,"
+                     f"x-systemd.after=network-online.target,log.segment.bytes=50000 0 0\n")
+    try:
+        r = subprocess.run(["mount", "-T", str(fstab), str(fs.mnt)], capture_output=True, timeout=60)
+        assert r.returncode == 0, r.stderr.decode()
+        assert mount_fstype(fs.mnt) == "fuse.logfs"
+        os.mkdir(fs.path("t"))
+        assert fs.getx("t", "config.segment.bytes") == "50000"
+        pid = fs.pid()
+        sh(f"umount {shlex.quote(str(fs.mnt))}")
+        fs.wait_exit([pid])
+        assert os.path.exists(os.path.join(fs.data, CLEAN))
+    finally:
+        fs.cleanup()
+
+
+def test_fuse_options_pass_through(mount_logfs):
+    fs = mount_logfs("fsname=my-logs", "default_permissions", "allow_other", "noatime", "num.partitions=2")
+    with open("/proc/self/mountinfo") as f:
+        line = next(l for l in f if l.split()[4] == str(fs.mnt))
+    after = line.split(" - ", 1)[1].split()
+    assert after[0] == "fuse.logfs" and after[1] == "my-logs", line
+    assert "allow_other" in after[2] and "default_permissions" in after[2], line
+    os.mkdir(fs.path("t"))
+    assert fs.getx("t", "partitions") == "2"
