@@ -143,14 +143,18 @@ class LogSegment:
         if written != len(batch):
             os.ftruncate(self.fd, position)
             raise StorageIOError(f"short write to {self.log_path}", _errno.EIO)
+        self._account(header, stats)
+        self.size = position + len(batch)  # publish last: readers never see a half-written batch
+
+    def _account(self, header: rec.BatchHeader, stats: LineStats) -> None:
+        """In-memory bookkeeping for one batch appended (or recovered) at the end of the segment."""
         if self.rolling_based_timestamp is None:
             self.rolling_based_timestamp = header.max_timestamp
         if header.max_timestamp > self.max_timestamp:
             self.max_timestamp, self.offset_of_max_timestamp = header.max_timestamp, header.last_offset
         self.stats = self.stats + stats
         self.next_offset = header.next_offset
-        self.bytes_since_last_index_entry += len(batch)
-        self.size = position + len(batch)  # publish last: readers never see a half-written batch
+        self.bytes_since_last_index_entry += header.size
 
     def should_roll(self, batch_size: int, max_segment_bytes: int, segment_ms: int, now_ms: int,
                     last_offset: int) -> bool:
@@ -291,13 +295,7 @@ class LogSegment:
                 self.time_index.maybe_append(self.max_timestamp, self.offset_of_max_timestamp)
             self.view_index.append(header.base_offset, pos, self.stats)
             self.bytes_since_last_index_entry = 0
-        if self.rolling_based_timestamp is None:
-            self.rolling_based_timestamp = header.max_timestamp
-        if header.max_timestamp > self.max_timestamp:
-            self.max_timestamp, self.offset_of_max_timestamp = header.max_timestamp, header.last_offset
-        self.stats = self.stats + stats
-        self.next_offset = header.next_offset
-        self.bytes_since_last_index_entry += header.size
+        self._account(header, stats)
 
     def truncate_to(self, offset: int) -> int:
         """Remove records with offset >= ``offset``; a batch straddling it is rewritten with its earlier
