@@ -3,8 +3,8 @@
 A handle reads through its own pinned :class:`~logfs.view.text.SegmentView`: the view as it was at ``open()``
 plus everything appended since, unaffected by retention or compaction. Writes are split into lines; complete
 lines are appended as records at once (one ``Log.append`` per ``write()``, so lines of concurrent writers never
-interleave), and a trailing partial line waits in the handle until its newline arrives or the handle is
-flushed/closed.
+interleave), and a trailing partial line waits in the handle until its newline arrives, the handle is fsynced, or
+the handle is closed (released: the last close of the open file, not a forked child's close of its copy).
 """
 
 from __future__ import annotations

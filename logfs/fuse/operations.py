@@ -297,9 +297,10 @@ class Operations(pyfuse3.Operations):
 
     @translate
     async def flush(self, fh):
-        handle = self._handle(fh)
-        if handle.pending and not handle.log.closed:
-            handle.commit_pending()
+        # Not a commit point: the kernel sends FLUSH for every close() of any descriptor sharing this open
+        # file, including a forked child's (exit, exec of a CLOEXEC fd). The held partial line belongs to the
+        # handle and is appended when the handle itself is released (below), not when a copy is closed.
+        self._handle(fh)
 
     @translate
     async def release(self, fh):

@@ -13,7 +13,7 @@ def pytest_collection_modifyitems(config, items):
     reason = fuse_unusable_reason()
     here = Path(__file__).parent
     for item in items:
-        if here not in Path(str(item.fspath)).parents:
+        if here not in Path(item.path).parents:
             continue
         item.add_marker(pytest.mark.mount)
         if reason:

@@ -18,7 +18,11 @@ from pathlib import Path
 
 import pytest
 
+import logfs
+
 VENV_BIN = os.path.dirname(sys.executable)
+# The daemon must run the same logfs the tests import (a shared venv's editable install may point elsewhere).
+CODE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(logfs.__file__)))
 LOGFS_SCRIPT = os.path.join(VENV_BIN, "logfs")
 MOUNT_TIMEOUT = 30.0
 EXIT_TIMEOUT = 20.0
@@ -85,6 +89,13 @@ def daemon_pids(data_dir: str | os.PathLike) -> list[int]:
     return sorted(pids)
 
 
+def daemon_env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = CODE_ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env.update(extra)
+    return env
+
+
 def wait_for(predicate, timeout: float, interval: float = 0.02, what: str = "condition"):
     deadline = time.monotonic() + timeout
     while True:
@@ -129,7 +140,7 @@ class LogfsMount:
         if foreground:
             err = open(self.stderr_path, "ab")
             self.proc = subprocess.Popen(self.command(*options, foreground=True), stdin=subprocess.DEVNULL,
-                                         stdout=err, stderr=err)
+                                         stdout=err, stderr=err, env=daemon_env())
             err.close()
 
             def ready():
@@ -141,7 +152,7 @@ class LogfsMount:
             return
         self.proc = None
         result = subprocess.run(self.command(*options), stdin=subprocess.DEVNULL, capture_output=True,
-                                timeout=MOUNT_TIMEOUT)
+                                timeout=MOUNT_TIMEOUT, env=daemon_env())
         assert result.returncode == 0, f"mount failed ({result.returncode}): {result.stderr.decode()}"
         # The daemon-mode contract: once the command returned, the mount is usable.
         assert mounted_at(self.mnt)

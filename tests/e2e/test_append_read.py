@@ -123,6 +123,63 @@ def test_partial_line_held_per_handle_until_newline_or_close(topic):
     assert fs.read("t/0").endswith(b"alpha-\nno newline\n")
 
 
+def test_partial_line_survives_fork_and_child_processes(topic):
+    """A forked child or an exec'd command closing its copy of the descriptor does not close the handle: the
+    held partial line stays held (FUSE sends FLUSH for every such close, RELEASE only for the last)."""
+    fs = topic
+    p = fs.path("t", 0)
+    fd = os.open(p, os.O_WRONLY | os.O_APPEND)
+    try:
+        os.write(fd, b"start-")
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0)
+        os.waitpid(pid, 0)
+        subprocess.run(["true"], check=True)  # its CLOEXEC copy is closed at exec
+        os.write(fd, b"middle-")
+        subprocess.run(["true"], check=True, pass_fds=(fd,))  # inherited and closed at exit
+        assert fs.read("t/0") == b""
+        os.write(fd, b"end\n")
+        assert fs.read("t/0") == b"start-middle-end\n"
+        os.write(fd, b"tail")
+    finally:
+        os.close(fd)
+    assert fs.read("t/0") == b"start-middle-end\ntail\n"
+    # The shell: an external command between two builtins inherits the redirected descriptor.
+    sh(f"{{ printf 'x-'; /bin/true; printf 'y\\n'; }} >> {shlex.quote(p)}")
+    assert fs.read("t/0") == b"start-middle-end\ntail\nx-y\n"
+    assert fs.getx("t/0", "log_end_offset") == "3"
+
+
+CLOSE_THEN_READ = textwrap.dedent("""
+    import os, sys
+    path = sys.argv[1]
+    expected = b""
+    for i in range(150):
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+        os.write(fd, b"p%d" % i)  # no newline: appended when the handle is closed
+        os.close(fd)
+        expected += b"p%d\\n" % i
+        r = os.open(path, os.O_RDONLY)
+        try:
+            got, size = os.pread(r, len(expected) + 100, 0), os.fstat(r).st_size
+        finally:
+            os.close(r)
+        if got != expected or size != len(expected):
+            sys.exit("after close %d: size %d, got ...%r" % (i, size, got[-20:]))
+""")
+
+
+def test_partial_line_visible_as_soon_as_close_returns(mount_logfs):
+    fs = mount_logfs("num.partitions=6")
+    os.mkdir(fs.path("t"))
+    procs = [subprocess.Popen([sys.executable, "-c", CLOSE_THEN_READ, fs.path("t", p)], stderr=subprocess.PIPE)
+             for p in range(6)]
+    for proc in procs:
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err.decode()
+
+
 @pytest.mark.parametrize("segment_bytes", [None, 5000])
 def test_writes_split_at_arbitrary_bytes(mount_logfs, segment_bytes):
     fs = mount_logfs(*([f"log.segment.bytes={segment_bytes}"] if segment_bytes else []))

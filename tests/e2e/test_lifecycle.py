@@ -13,7 +13,7 @@ import time
 import pytest
 
 from logfs_e2e import (
-    LOGFS_SCRIPT, VENV_BIN, LogfsMount, daemon_pids, mount_fstype, mounted_at, sh, wait_for,
+    LOGFS_SCRIPT, VENV_BIN, LogfsMount, daemon_env, daemon_pids, mount_fstype, mounted_at, sh,
 )
 
 CLEAN = ".kafka_cleanshutdown"
@@ -39,8 +39,10 @@ def test_daemon_mode_returns_once_usable(fs):
     assert os.path.exists(os.path.join(fs.data, ".lock"))
     assert not os.path.exists(os.path.join(fs.data, CLEAN)), "the clean-shutdown marker is removed while mounted"
     assert len(fs.pids()) == 1
+    assert os.path.isdir(fs.data)  # created when missing
     os.mkdir(fs.path("t"))
     assert os.listdir(fs.mnt) == ["t"]
+    assert b"fuse.logfs" in sh(f"df -T {shlex.quote(str(fs.mnt))}").stdout
 
 
 def test_data_offsets_and_configs_survive_remount(mount_logfs):
@@ -74,6 +76,17 @@ def test_data_offsets_and_configs_survive_remount(mount_logfs):
     fs.append("a/0", "after remount\n")
     assert fs.getx("a/0", "log_end_offset") == "3001"
     assert fs.read("a/0") == content["a/0"] + b"after remount\n"
+
+
+def test_partial_line_closed_just_before_unmount_is_kept(fs):
+    os.mkdir(fs.path("t"))
+    for i in range(20):
+        fd = os.open(fs.path("t", 0), os.O_WRONLY | os.O_APPEND)
+        os.write(fd, b"line-%d" % i)
+        os.close(fd)
+    fs.unmount(lazy_fallback=False)
+    fs.mount()
+    assert fs.read("t/0") == b"".join(b"line-%d\n" % i for i in range(20))
 
 
 def test_mtime_is_the_last_append_time(fs):
@@ -144,7 +157,7 @@ def test_second_daemon_on_same_data_dir_fails(fs, tmp_path):
     other = tmp_path / "other-mnt"
     other.mkdir()
     r = subprocess.run([sys.executable, "-m", "logfs.cli", str(fs.data), str(other)], capture_output=True,
-                       timeout=30)
+                       timeout=30, env=daemon_env())
     assert r.returncode != 0
     err = r.stderr.decode()
     assert "logfs: error:" in err and ("in use" in err or "lock" in err), err
@@ -153,7 +166,7 @@ def test_second_daemon_on_same_data_dir_fails(fs, tmp_path):
     assert len(fs.pids()) == 1
     # In the foreground too.
     r = subprocess.run([sys.executable, "-m", "logfs.cli", str(fs.data), str(other), "-f"], capture_output=True,
-                       timeout=30)
+                       timeout=30, env=daemon_env())
     assert r.returncode != 0 and ("in use" in r.stderr.decode() or "lock" in r.stderr.decode())
     assert not mounted_at(other)
     # The first mount is unharmed.
@@ -175,7 +188,7 @@ def test_bad_option_fails_and_mounts_nothing(tmp_path, opts, needle):
     mnt.mkdir()
     for extra in ([], ["-f"]):
         r = subprocess.run([sys.executable, "-m", "logfs.cli", str(data), str(mnt), "-o", opts, *extra],
-                           capture_output=True, timeout=30)
+                           capture_output=True, timeout=30, env=daemon_env())
         assert r.returncode != 0
         err = r.stderr.decode()
         assert needle in err, err
@@ -190,7 +203,7 @@ def test_bad_config_file_fails(tmp_path):
     cfg = tmp_path / "server.properties"
     cfg.write_text("# comment\nlog.segment.bytes=4096\nnot.a.setting=3\n")
     r = subprocess.run([sys.executable, "-m", "logfs.cli", str(data), str(mnt), "--config", str(cfg)],
-                       capture_output=True, timeout=30)
+                       capture_output=True, timeout=30, env=daemon_env())
     assert r.returncode != 0 and "not.a.setting" in r.stderr.decode()
     assert not mounted_at(mnt)
 
@@ -200,7 +213,8 @@ def test_config_file_settings_apply(mount_logfs, tmp_path):
     cfg.write_text("# broker\nnum.partitions=2\nlog.segment.bytes=4096\nmessage.max.bytes = 777\n")
     fs = LogfsMount(tmp_path / "cfg")
     try:
-        r = subprocess.run(fs.command("num.partitions=4") + ["--config", str(cfg)], capture_output=True, timeout=30)
+        r = subprocess.run(fs.command("num.partitions=4") + ["--config", str(cfg)], capture_output=True, timeout=30,
+                           env=daemon_env())
         assert r.returncode == 0, r.stderr.decode()
         os.mkdir(fs.path("t"))
         assert fs.getx("t", "partitions") == "4"  # -o wins over the file
@@ -211,9 +225,7 @@ def test_config_file_settings_apply(mount_logfs, tmp_path):
 
 
 def _path_env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PATH"] = VENV_BIN + os.pathsep + env.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
-    return env
+    return daemon_env(PATH=VENV_BIN + os.pathsep + os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"))
 
 
 # /bin/sh's PATH when none is set. mount(8) is setuid and drops PATH from the environment before running
@@ -332,7 +344,8 @@ def test_fstab_line(tmp_path, logfs_on_default_path):
     fstab.write_text(f"# test fstab\n{fs.data} {fs.mnt} fuse.logfs defaults,_netdev,noauto,nofail,"
                      f"x-systemd.after=network-online.target,log.segment.bytes=50000 0 0\n")
     try:
-        r = subprocess.run(["mount", "-T", str(fstab), str(fs.mnt)], capture_output=True, timeout=60)
+        r = subprocess.run(["mount", "-T", str(fstab), str(fs.mnt)], capture_output=True, timeout=60,
+                           env=daemon_env())
         assert r.returncode == 0, r.stderr.decode()
         assert mount_fstype(fs.mnt) == "fuse.logfs"
         os.mkdir(fs.path("t"))

@@ -11,7 +11,7 @@ import time
 import pytest
 import xattr
 
-from logfs_e2e import expect_errno, sh
+from logfs_e2e import expect_errno, sh, wait_for
 
 FIXED = ["log_start_offset", "log_end_offset", "recovery_point", "segment_count", "size_bytes"]
 TOPIC_KEYS = [
@@ -93,6 +93,18 @@ def test_recovery_point_advances_after_fsync(fs):
     finally:
         os.close(fd)
     assert fs.read("t/0") == b"a\nb\nc\nd\ne\npartial\n"
+
+
+def test_flush_settings_advance_recovery_point(mount_logfs):
+    fs = mount_logfs("log.flush.interval.messages=1")
+    os.mkdir(fs.path("t"))
+    fs.append("t/0", "a\nb\nc\n")
+    assert fs.getx("t/0", "recovery_point") == "3"  # flushed as the messages arrive, no fsync needed
+    os.mkdir(fs.path("u"))
+    sh(f"setfattr -n user.logfs.config.flush.messages -v {2**63 - 1} {shlex.quote(fs.path('u'))}")
+    sh(f"setfattr -n user.logfs.config.flush.ms -v 100 {shlex.quote(fs.path('u'))}")
+    fs.append("u/0", "x\ny\n")
+    wait_for(lambda: fs.getx("u/0", "recovery_point") == "2", 5, what="the flush.ms flush")
 
 
 def test_position_and_offset_attributes(loaded):
