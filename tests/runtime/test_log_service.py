@@ -1,0 +1,114 @@
+"""The background LogService's schedules with injected time: each test moves a ManualClock and runs one
+housekeeping pass (the loop's only job is to call it every tick), so rolls, retention, flushes, checkpoints,
+purges and the cleaner are checked against their timers in milliseconds of real time."""
+
+import os
+
+import trio
+import trio.testing
+
+from logfs.storage import BrokerConfig, LogManager, ManualClock
+from logfs.storage.checkpoints import read_checkpoint
+from logfs.service.runtime import LogService
+
+
+def setup(tmp_path, **props):
+    settings = {"log.flush.offset.checkpoint.interval.ms": "1000", "log.retention.check.interval.ms": "1000"}
+    settings.update({k.replace("_", "."): str(v) for k, v in props.items()})
+    clock = ManualClock()
+    m = LogManager(str(tmp_path / "data"), BrokerConfig.from_properties(settings), clock=clock)
+    m.create_topic("t")
+    return m, m.get_log("t", 0), clock, LogService(m)
+
+
+async def advance(service, clock, seconds, step_ms=250):
+    """Move time forward in ticks, running housekeeping at each, as the service loop does."""
+    for _ in range(int(seconds * 1000 // step_ms)):
+        clock.advance(step_ms)
+        await service.housekeeping()
+
+
+async def test_idle_active_segment_rolls_on_segment_ms_and_is_flushed(tmp_path):
+    m, log, clock, service = setup(tmp_path, log_roll_ms=60_000)
+    log.append([b"a", b"b"])
+    await advance(service, clock, 30)
+    assert len(log.segments) == 1  # not yet
+    await advance(service, clock, 31)
+    assert len(log.segments) == 2 and log.active_segment.base_offset == 2
+    await advance(service, clock, 1)
+    assert log.recovery_point >= 2  # the rolled segment was flushed in a worker thread
+    m.close()
+
+
+async def test_retention_ms_deletes_and_checkpoints_then_purges(tmp_path):
+    m, log, clock, service = setup(tmp_path, log_segment_bytes=300, log_retention_ms=10_000,
+                                   log_segment_delete_delay_ms=5_000)
+    for i in range(40):
+        log.append([b"record-%03d" % i])
+    assert len(log.segments) > 3
+    await advance(service, clock, 5)
+    assert log.log_start_offset == 0
+    await advance(service, clock, 7)  # now older than retention.ms: every sealed segment goes
+    assert len(log.segments) == 1 and log.log_start_offset == log.active_segment.base_offset
+    assert [n for n in os.listdir(log.directory) if n.endswith(".deleted")]  # renamed, not yet unlinked
+    assert read_checkpoint(os.path.join(m.data_dir, "log-start-offset-checkpoint"))[("t", 0)] == log.log_start_offset
+    await advance(service, clock, 6)
+    assert not [n for n in os.listdir(log.directory) if n.endswith(".deleted")]
+    m.close()
+
+
+async def test_flush_ms_advances_the_recovery_point(tmp_path):
+    m, log, clock, service = setup(tmp_path, log_flush_interval_ms=3_000)
+    log.append([b"x"] * 10)
+    await advance(service, clock, 1)
+    assert log.recovery_point == 0
+    await advance(service, clock, 3)
+    assert log.recovery_point == 10
+    assert read_checkpoint(os.path.join(m.data_dir, "recovery-point-offset-checkpoint"))[("t", 0)] == 10
+    m.close()
+
+
+async def test_topic_override_applies_to_the_next_run(tmp_path):
+    m, log, clock, service = setup(tmp_path, log_segment_bytes=300)
+    for i in range(40):
+        log.append([b"record-%03d" % i])
+    await advance(service, clock, 3)
+    assert log.log_start_offset == 0  # default retention: a week
+    m.set_topic_config("t", "retention.bytes", "600")
+    await advance(service, clock, 2)
+    # Kafka's rule: delete oldest segments while the log exceeds retention.bytes by at least their size.
+    assert log.log_start_offset > 0
+    assert log.size_bytes - 600 < log.segments.first.size
+
+
+async def test_cleaner_compacts_a_dirty_log(tmp_path):
+    m, log, clock, service = setup(tmp_path, log_segment_bytes=400, log_cleanup_policy="compact")
+    for i in range(100):
+        log.append([b"v%d" % i], [b"k%d" % (i % 3)])
+    before = log.size_bytes
+    assert service.clean_once(clock.time_ms())
+    assert log.size_bytes < before / 2
+    assert ("t", 0) in read_checkpoint(os.path.join(m.data_dir, "cleaner-offset-checkpoint"))
+    keys = [r.key for r in log.read(0, 1 << 30) if r.offset < log.active_segment.base_offset]
+    assert len(keys) == len(set(keys))
+    assert not service.clean_once(clock.time_ms())  # nothing dirty left: the loop backs off
+    m.close()
+
+
+async def test_service_loop_runs_housekeeping_every_tick(tmp_path):
+    """The loop itself, on trio's clock: it starts, ticks, and stops with its nursery."""
+    m, log, clock, service = setup(tmp_path)
+    calls = []
+    original = service.housekeeping
+
+    async def counting():
+        calls.append(trio.current_time())
+        await original()
+
+    service.housekeeping = counting
+    async with trio.open_nursery() as nursery:
+        await nursery.start(service.run)
+        await trio.sleep(2.2)
+        nursery.cancel_scope.cancel()
+    assert len(calls) >= 3  # the tick is at most 1 s
+    m.close()
