@@ -10,12 +10,14 @@ with it every FUSE request) never waits on it.
 from __future__ import annotations
 
 import logging
+import os
 
 import trio
 
 from ..storage.log import Log
 from ..storage.manager import LogManager
 from ..storage.cleaner import OffsetMap, clean, grab_filthiest
+from ..storage.cleaner_process import clean_in_subprocess
 from ..storage.errors import LogfsError
 from ..storage.retention import delete_old_segments
 
@@ -32,6 +34,9 @@ class LogService:
         self._roll_flush: set[tuple[str, int]] = set()
         self._last_checkpoint_ms = self.clock.time_ms()
         self._last_retention_ms = self.clock.time_ms()
+        # Where compaction's CPU work runs: a child process (default; it never competes with request handling
+        # for the GIL, see docs/benchmarks.md) or a worker thread of the daemon.
+        self.cleaner_mode = os.environ.get("LOGFS_CLEANER_MODE", "process")
         self._wakeup = trio.Event()
 
     def _on_roll(self, key):
@@ -79,7 +84,10 @@ class LogService:
         threads = max(1, self.manager.broker.get("log.cleaner.threads"))
         offset_map = OffsetMap.for_buffer(buffer // threads, self.manager.broker.get("log.cleaner.io.buffer.load.factor"))
         try:
-            result = clean(plog, target, offset_map, now_ms)
+            if self.cleaner_mode == "process":
+                result = clean_in_subprocess(plog, target, offset_map.capacity, now_ms)
+            else:
+                result = clean(plog, target, offset_map, now_ms)
         except LogfsError as exc:
             log.info("cleaning %s-%d skipped: %s", plog.topic, plog.partition, exc)
             return False

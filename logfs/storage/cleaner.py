@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import struct
 from dataclasses import dataclass
 
@@ -125,11 +126,11 @@ class OffsetMap:
         return self._map.get(self.digest(key), -1)
 
 
-def build_offset_map(plog: Log, start: int, end: int, offset_map: OffsetMap) -> int:
-    """Map keys of records in [start, end); stops early at a batch boundary once the map would overflow.
-    Returns the offset just past the last mapped batch (always > start if any batch was there)."""
+def build_offset_map(segments: list[LogSegment], start: int, end: int, offset_map: OffsetMap) -> int:
+    """Map keys of records in [start, end) of ``segments``; stops early at a batch boundary once the map would
+    overflow. Returns the offset just past the last mapped batch (always > start if any batch was there)."""
     mapped_end = start
-    for segment in [s for s in plog.segments.as_list() if s.next_offset > start and s.base_offset < end]:
+    for segment in [s for s in segments if s.next_offset > start and s.base_offset < end]:
         for _, header, buf, at in segment.batches_from(0):
             if header.next_offset <= start:
                 continue
@@ -222,42 +223,63 @@ class CleanResult:
     records_removed: int
 
 
+def write_cleaned(directory: str, config, sealed: list[LogSegment], first_dirty: int, first_uncleanable: int,
+                  offset_map: OffsetMap, now_ms: int):
+    """The file work of one pass, touching no live state: map the dirty section, then write one ``.cleaned``
+    segment per group of the sealed segments below the mapped end. Returns (end offset, [(group, cleaned
+    segment, records dropped)]). Runs in a worker thread or in the cleaner process."""
+    end = build_offset_map(sealed, first_dirty, first_uncleanable, offset_map)
+    segments = [s for s in sealed if s.base_offset < end]
+    # A segment partly mapped is cleaned too: its unmapped records are kept, as no later offset is known for them.
+    out = []
+    for group in group_segments(segments, config.segment_bytes, config.segment_index_bytes):
+        cleaned, dropped = _clean_group(directory, config, group, offset_map, end, now_ms)
+        out.append((group, cleaned, dropped))
+    return end, out
+
+
 def clean(plog: Log, target: CleanableLog, offset_map: OffsetMap, now_ms: int) -> CleanResult:
-    """One cleaning pass. Reads and writes files without the log lock; takes it only for the swap."""
-    end = build_offset_map(plog, target.first_dirty, target.first_uncleanable, offset_map)
-    config = plog.config
+    """One cleaning pass in this process. Reads and writes files without the log lock (the segments read are
+    pinned); takes it only for each swap."""
     with plog.lock:
-        segments = [s for s in plog.segments.as_list()[:-1] if s.base_offset < end]
-    # Segments up to the end of the mapped range (a segment partly mapped is cleaned only up to ``end``: its
-    # unmapped records are all kept, since no later key offset is known for them).
-    groups = group_segments(segments, config.segment_bytes, config.segment_index_bytes)
-    before = after = removed = 0
-    for group in groups:
-        cleaned, kept_bytes, dropped = _clean_group(plog, group, offset_map, end, now_ms)
-        before += sum(s.size for s in group)
-        after += kept_bytes
-        removed += dropped
-        _swap(plog, group, cleaned)
-    return CleanResult(end, sum(len(g) for g in groups), before, after, removed)
+        sealed = plog.segments.as_list()[:-1]
+        for segment in sealed:
+            segment.refs += 1
+    try:
+        end, written = write_cleaned(plog.directory, plog.config, sealed, target.first_dirty,
+                                     target.first_uncleanable, offset_map, now_ms)
+        before = after = removed = 0
+        for group, cleaned, dropped in written:
+            before += sum(s.size for s in group)
+            after += cleaned.size
+            removed += dropped
+            _swap(plog, group, cleaned)
+    finally:
+        with plog.lock:
+            for segment in sealed:
+                plog._unpin(segment)
+    return CleanResult(end, sum(len(g) for g, _, _ in written), before, after, removed)
 
 
-def _clean_group(plog: Log, group: list[LogSegment], offset_map: OffsetMap, end: int, now_ms: int):
-    config = plog.config
+def _clean_group(directory: str, config, group: list[LogSegment], offset_map: OffsetMap, end: int, now_ms: int):
     base = group[0].base_offset
-    cleaned = LogSegment(plog.directory, base, index_interval_bytes=config.index_interval_bytes,
+    cleaned = LogSegment(directory, base, index_interval_bytes=config.index_interval_bytes,
                          max_index_size=config.segment_index_bytes, suffix=CLEANED_SUFFIX, active=True,
                          created_ms=now_ms)
-    cleaned.view_index.reset()
+    for index in (cleaned.offset_index, cleaned.time_index, cleaned.view_index):
+        index.reset()  # a stray .cleaned file from an abandoned pass
+    if cleaned.size:
+        os.ftruncate(cleaned.fd, 0)
+        cleaned.size = 0
     dropped = 0
     try:
         for segment in group:
             for _, header, buf, at in segment.batches_from(0):
-                records = list(rec.decode(buf, at, header.size))
                 if header.is_control:
                     continue
                 horizon = header.base_timestamp if header.attributes & rec.ATTR_DELETE_HORIZON else None
                 kept = []
-                for r in records:
+                for r in rec.decode(buf, at, header.size):
                     if r.offset >= end:
                         kept.append(r)
                         continue
@@ -285,7 +307,7 @@ def _clean_group(plog: Log, group: list[LogSegment], offset_map: OffsetMap, end:
         cleaned.close()
         cleaned.delete_files()
         raise
-    return cleaned, cleaned.size, dropped
+    return cleaned, dropped
 
 
 def _swap(plog: Log, old: list[LogSegment], new: LogSegment) -> None:

@@ -155,7 +155,7 @@ def test_partial_clean_with_tiny_map_still_progresses(open_log, clock):
     fill(log, clock, 200, key=lambda i: b"k%d" % i)  # every key distinct
     offset_map = OffsetMap(30)
     target = cleanable_range(log, None, clock.time_ms())
-    end = build_offset_map(log, target.first_dirty, target.first_uncleanable, OffsetMap(30))
+    end = build_offset_map(log.segments.as_list(), target.first_dirty, target.first_uncleanable, OffsetMap(30))
     assert target.first_dirty < end < target.first_uncleanable
     before = keyed(log)
     result = clean(log, target, offset_map, clock.time_ms())
@@ -202,9 +202,10 @@ def test_swap_crash_points_recover(tmp_path, clock, crash_point):
     all_before = keyed(log)
     target = cleanable_range(log, None, clock.time_ms())
     offset_map = OffsetMap(1000)
-    build_offset_map(log, target.first_dirty, target.first_uncleanable, offset_map)
+    build_offset_map(log.segments.as_list(), target.first_dirty, target.first_uncleanable, offset_map)
     group = log.segments.as_list()[:3]
-    cleaned, _, _ = _clean_group(log, group, offset_map, target.first_uncleanable, clock.time_ms())
+    cleaned, _ = _clean_group(log.directory, log.config, group, offset_map, target.first_uncleanable,
+                              clock.time_ms())
     steps = [
         lambda: None,                                           # 0: .cleaned written
         lambda: cleaned.change_suffix(SWAP_SUFFIX),             # 1: renamed .swap
@@ -238,3 +239,32 @@ def test_swap_crash_points_recover(tmp_path, clock, crash_point):
         reopened.close()
         cleaned.close()
         log.close_without_flush()
+
+
+def test_clean_in_subprocess_matches_in_process(tmp_path, clock):
+    from logfs.storage.cleaner_process import clean_in_subprocess
+
+    logs = []
+    for name in ("a", "b"):
+        log = load_log(str(tmp_path / f"{name}-0"), name, 0, compact_config(), clock=clock)
+        fill(log, clock, 150, key=lambda i: b"k%d" % (i % 6))
+        log.append([None], [b"k2"])
+        fill(log, clock, 30, key=lambda i: b"z%d" % (i % 3), start=150)
+        logs.append(log)
+    a, b = logs
+    handle = open_view(b)
+    before_b = handle.read(0, 1 << 20)
+    clean(a, cleanable_range(a, None, clock.time_ms()), OffsetMap(10_000), clock.time_ms())
+    result = clean_in_subprocess(b, cleanable_range(b, None, clock.time_ms()), 10_000, clock.time_ms())
+    assert result.segments_replaced > 0 and result.records_removed > 0
+    assert [(r.offset, r.key, r.value) for r in a.read(0, 1 << 30)] == [(r.offset, r.key, r.value) for r in b.read(0, 1 << 30)]
+    assert live_view(a).read(0, 1 << 20) == live_view(b).read(0, 1 << 20)
+    assert handle.read(0, 1 << 20) == before_b  # an open view is untouched by the swap
+    handle.release(b)
+    assert not [n for n in os.listdir(b.directory) if n.endswith((".cleaned", ".swap"))]
+    expected = [(r.offset, r.value) for r in a.read(0, 1 << 30)]
+    for log in logs:
+        log.close()
+    reopened = load_log(b.directory, "b", 0, compact_config(), clock=clock)
+    assert [(r.offset, r.value) for r in reopened.read(0, 1 << 30)] == expected
+    reopened.close()

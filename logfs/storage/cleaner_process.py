@@ -1,0 +1,91 @@
+"""Cleaning in a separate process, so compaction's CPU work never competes with request handling for the GIL.
+
+The cleaner process only reads sealed segments (immutable) and writes ``.cleaned`` files; it never renames or
+deletes anything. The parent then swaps each cleaned segment in under the log lock (:func:`cleaner._swap`),
+skipping a group whose segments retention removed meanwhile. Protocol: one JSON object on stdin, one on stdout.
+
+    parent: {"directory", "bases", "first_dirty", "first_uncleanable", "config", "capacity", "now_ms"}
+    child:  {"end": offset, "groups": [{"old": [base, ...], "base": base, "dropped": n}]}
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+
+from .cleaner import CleanableLog, CleanResult, OffsetMap, _swap, write_cleaned
+from .config import LogConfig
+from .errors import LogfsError
+from .log import Log
+from .segment import CLEANED_SUFFIX, LogSegment
+
+_CONFIG_FIELDS = ("segment_bytes", "segment_index_bytes", "index_interval_bytes", "delete_retention_ms")
+
+
+def clean_in_subprocess(plog: Log, target: CleanableLog, capacity: int, now_ms: int) -> CleanResult:
+    """One cleaning pass with the file work in a child process (blocks the calling thread, not the GIL)."""
+    with plog.lock:
+        sealed = plog.segments.as_list()[:-1]
+        config = plog.config
+    request = {
+        "directory": plog.directory,
+        "bases": [s.base_offset for s in sealed],
+        "first_dirty": target.first_dirty,
+        "first_uncleanable": target.first_uncleanable,
+        "config": {f: getattr(config, f) for f in _CONFIG_FIELDS},
+        "capacity": capacity,
+        "now_ms": now_ms,
+    }
+    proc = subprocess.run([sys.executable, "-m", "logfs.storage.cleaner_process"], input=json.dumps(request),
+                          capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise LogfsError(f"cleaner process failed: {proc.stderr.strip().splitlines()[-1:] or proc.returncode}")
+    reply = json.loads(proc.stdout)
+    before = after = removed = replaced = 0
+    by_base = {s.base_offset: s for s in sealed}
+    for group in reply["groups"]:
+        cleaned = LogSegment(plog.directory, group["base"], index_interval_bytes=config.index_interval_bytes,
+                             max_index_size=config.segment_index_bytes, suffix=CLEANED_SUFFIX, active=False)
+        cleaned.load_state()
+        old = [by_base[b] for b in group["old"]]
+        try:
+            _swap(plog, old, cleaned)
+        except LogfsError:
+            continue  # the log changed under this group; its .cleaned files are gone, the rest goes on
+        before += sum(s.size for s in old)
+        after += cleaned.size
+        removed += group["dropped"]
+        replaced += len(old)
+    return CleanResult(reply["end"], replaced, before, after, removed)
+
+
+def _worker(request: dict) -> dict:
+    config = dataclasses.replace(LogConfig(), **request["config"])
+    directory = request["directory"]
+    segments = []
+    try:
+        for base in request["bases"]:
+            segment = LogSegment(directory, base, index_interval_bytes=config.index_interval_bytes,
+                                 max_index_size=config.segment_index_bytes, active=False)
+            segment.load_state()
+            segments.append(segment)
+        end, written = write_cleaned(directory, config, segments, request["first_dirty"],
+                                     request["first_uncleanable"], OffsetMap(request["capacity"]),
+                                     request["now_ms"])
+        groups = []
+        for group, cleaned, dropped in written:
+            groups.append({"old": [s.base_offset for s in group], "base": cleaned.base_offset, "dropped": dropped})
+            cleaned.close()
+        return {"end": end, "groups": groups}
+    finally:
+        for segment in segments:  # read-only use: release without trimming or touching the files
+            for index in (segment.offset_index, segment.time_index, segment.view_index):
+                index.close_handler()
+            os.close(segment.fd)
+
+
+if __name__ == "__main__":
+    json.dump(_worker(json.load(sys.stdin)), sys.stdout)
