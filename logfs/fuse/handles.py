@@ -53,7 +53,7 @@ class PartitionHandle:
             return len(data)
         lines = buf[:cut].split(b"\n")
         rest = buf[cut + 1 :]
-        if len(rest) > limit or any(len(line) > limit for line in lines):
+        if len(rest) > limit or max(map(len, lines)) > limit:
             fail(errno.EFBIG)  # nothing of this write is appended; the pending part stays as it was
         self._append(lines)
         self.pending = rest

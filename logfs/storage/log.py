@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import bisect
 import os
+import operator
+from itertools import accumulate, repeat
 import threading
 from dataclasses import dataclass
 from typing import Callable, Iterator, Sequence
@@ -151,29 +153,28 @@ class Log:
         if not values:
             raise ValueError("nothing to append")
         config = self.config
-        limit = config.max_message_bytes
-        for i, value in enumerate(values):
-            size = (len(value) if value is not None else 0) + (len(keys[i] or b"") if keys else 0)
-            if size > limit:
-                raise RecordTooLargeError(f"record of {size} bytes exceeds max.message.bytes={limit}")
-            if size + rec.HEADER_SIZE + _RECORD_OVERHEAD + 10 > config.segment_bytes:
-                raise RecordTooLargeError(f"record of {size} bytes cannot fit segment.bytes={config.segment_bytes}")
+        # Record sizes (value + key bytes), computed with C-level map/accumulate: this is the bulk-append path.
+        sizes = list(map(_len_or_zero, values)) if None in values else list(map(len, values))
+        if keys:
+            sizes = [a + b for a, b in zip(sizes, map(_len_or_zero, keys))]
+        largest = max(sizes)
+        if largest > config.max_message_bytes:
+            raise RecordTooLargeError(
+                f"record of {largest} bytes exceeds max.message.bytes={config.max_message_bytes}")
+        if largest + rec.HEADER_SIZE + _RECORD_OVERHEAD + 10 > config.segment_bytes:
+            raise RecordTooLargeError(f"record of {largest} bytes cannot fit segment.bytes={config.segment_bytes}")
         with self.lock:
             now = self.clock.time_ms() if timestamp_ms is None else timestamp_ms
             first = self.log_end_offset
             target = min(TARGET_BATCH_BYTES, max(config.segment_bytes // 2, 1))
+            # Cut points from cumulative record sizes (payload + per-record overhead, summed in C): each batch
+            # takes records up to ``target`` bytes (at least one record).
+            cumulative = list(accumulate(map(operator.add, sizes, repeat(_RECORD_OVERHEAD)), initial=0))
             start = 0
             n = len(values)
             while start < n:
-                end, total = start, 0
-                while end < n:
-                    size = (len(values[end]) if values[end] is not None else 0) + _RECORD_OVERHEAD
-                    if keys and keys[end] is not None:
-                        size += len(keys[end])
-                    if end > start and total + size > target:
-                        break
-                    total += size
-                    end += 1
+                end = bisect.bisect_right(cumulative, cumulative[start] + target, start + 1) - 1
+                end = min(max(end, start + 1), n)
                 self._append_batch(
                     values[start:end],
                     keys[start:end] if keys else None,
@@ -426,19 +427,20 @@ class Log:
             self.closed = True
 
 
+def _len_or_zero(value: bytes | None) -> int:
+    return 0 if value is None else len(value)
+
+
 def _stats_of(values, keys) -> LineStats:
-    nulls = value_bytes = 0
-    for v in values:
-        if v is None:
-            nulls += 1
-        else:
-            value_bytes += len(v)
+    if None in values:
+        nulls = values.count(None)
+        value_bytes = sum(map(_len_or_zero, values))
+    else:
+        nulls, value_bytes = 0, sum(map(len, values))
     keyed = key_bytes = 0
     if keys:
-        for k in keys:
-            if k is not None:
-                keyed += 1
-                key_bytes += len(k)
+        keyed = len(keys) - keys.count(None)
+        key_bytes = sum(map(_len_or_zero, keys))
     return LineStats(len(values), keyed, nulls, key_bytes, value_bytes)
 
 

@@ -360,15 +360,15 @@ def test_recovery_point_not_advanced_before_flush_across_a_crash(managers, recov
     mgr.create_topic("t")
     log = mgr.get_log("t", 0)
     log.append(values(100))
-    first_segments = [s.base_offset for s in log.segments]
     log.flush()
     mgr.checkpoint()
     log.append(values(100, 100))
+    bases = [s.base_offset for s in log.segments]
     assert log.recovery_point == 100
     mgr.checkpoint()
     mgr.abandon()
     mgr = managers()
-    rp_floor = max(b for b in first_segments if b <= 100)
+    rp_floor = max(b for b in bases if b <= 100)
     log = mgr.get_log("t", 0)
     assert recover_calls and recover_calls[0] == rp_floor  # recovery starts at the checkpointed point
     assert all(b >= rp_floor for b in recover_calls)
