@@ -26,6 +26,11 @@ from aiokafka.record._crecords.default_records import (  # type: ignore[import-u
 
 from .errors import CorruptRecordError
 
+try:  # the C accelerator (logfs/_speedups.c); optional, with identical pure-Python fallbacks
+    from .. import _speedups
+except ImportError:  # pragma: no cover - exercised when built without a compiler
+    _speedups = None
+
 HEADER_SIZE = 61
 LOG_OVERHEAD = 12  # baseOffset + batchLength: the bytes not counted in batchLength
 MAGIC = 2
@@ -33,6 +38,8 @@ _CRC_START = 21
 _HEADER = struct.Struct(">qiibIhiqqqhii")
 _BASE = struct.Struct(">qi")
 _OFFSET_AND_EPOCH = struct.Struct(">qii")  # baseOffset, batchLength, partitionLeaderEpoch
+_PREFIX = struct.Struct(">qiibI")  # baseOffset, batchLength, partitionLeaderEpoch, magic, crc
+_AFTER_CRC = struct.Struct(">hiqqqhii")  # attributes .. recordsCount
 
 ATTR_COMPRESSION_MASK = 0x07
 ATTR_TIMESTAMP_TYPE = 0x08
@@ -146,6 +153,26 @@ def build_batch(
     a batch with gaps such as a compacted one) into one uncompressed v2 batch (CreateTime)."""
     if not values:
         raise ValueError("a batch needs at least one record")
+    if _speedups is not None and headers is None and timestamps is None and offset_deltas is None:
+        n = len(values)
+        after_crc = _AFTER_CRC.pack(0, n - 1, timestamp_ms, timestamp_ms, -1, -1, -1, n) + _speedups.encode_records(
+            values if isinstance(values, list) else list(values),
+            None if keys is None else (keys if isinstance(keys, list) else list(keys)),
+        )
+        return _PREFIX.pack(base_offset, len(after_crc) + 9, 0, MAGIC, _crc32c.crc32c(after_crc)) + after_crc
+    return build_batch_generic(base_offset, timestamp_ms, values, keys, headers, timestamps, offset_deltas)
+
+
+def build_batch_generic(
+    base_offset: int,
+    timestamp_ms: int,
+    values: Sequence[bytes | None],
+    keys: Sequence[bytes | None] | None = None,
+    headers: Sequence[Headers] | None = None,
+    timestamps: Sequence[int] | None = None,
+    offset_deltas: Sequence[int] | None = None,
+) -> bytes:
+    """:func:`build_batch` through aiokafka's builder (headers, per-record timestamps, no accelerator)."""
     builder = _Builder(MAGIC, 0, 0, -1, -1, -1, 1 << 31)
     append = builder.append
     if keys is None and headers is None and timestamps is None and offset_deltas is None:

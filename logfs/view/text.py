@@ -17,6 +17,7 @@ import bisect
 from dataclasses import dataclass
 
 from ..storage import records as rec
+from ..storage.records import _speedups
 from ..storage.index import ZERO_STATS, LineStats
 from ..storage.log import Log
 from ..storage.segment import LogSegment
@@ -51,6 +52,8 @@ class LineFormat:
         header_attrs = int.from_bytes(raw[21:23], "big")
         if header_attrs & rec.ATTR_CONTROL:
             return b"", None
+        if _speedups is not None and not header_attrs & rec.ATTR_COMPRESSION_MASK:
+            return _speedups.render_records(raw, self.separator, self.null_marker), None
         batch = rec.decode_raw(raw)
         if self.separator is None:
             marker = self.null_marker or b""

@@ -41,11 +41,14 @@ def test_append_returns_contiguous_offsets(open_log):
 
 def test_append_many_records_splits_into_batches(open_log):
     log = open_log()
-    log.append([b"x" * 1000] * 100)  # ~100 KB: several batches of about TARGET_BATCH_BYTES
+    from logfs.storage.log import TARGET_BATCH_BYTES
+
+    log.append([b"x" * 1000] * (4 * TARGET_BATCH_BYTES // 1000))  # several batches of about TARGET_BATCH_BYTES
     batches = list(log.active_segment.batches_from(0))
     assert len(batches) > 3
+    assert all(h.size <= TARGET_BATCH_BYTES + 2000 for _, h, _, _ in batches)
     assert [h.base_offset for _, h, _, _ in batches][0] == 0
-    assert batches[-1][1].last_offset == 99
+    assert batches[-1][1].last_offset == 4 * TARGET_BATCH_BYTES // 1000 - 1
 
 
 def test_read_at_every_offset(open_log):
