@@ -11,10 +11,13 @@ for pair in fusermount3:fuse3 pkg-config:pkg-config getfattr:attr java:openjdk-1
 done
 [ -e /usr/include/fuse3/fuse_lowlevel.h ] || need_apt+=(libfuse3-dev)
 python3 -c 'import venv, ensurepip' 2>/dev/null || need_apt+=(python3-venv)
+# Headers for the C accelerator (logfs/_speedups.c) and pyfuse3.
+python3 -c 'import os, sysconfig, sys; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' \
+  || need_apt+=(python3-dev)
 if [ ${#need_apt[@]} -gt 0 ]; then
   SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
   $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_apt[@]}" python3-dev >/dev/null
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_apt[@]}" >/dev/null
 fi
 [ -e /dev/fuse ] || { echo "error: /dev/fuse is missing (load the fuse module)" >&2; exit 1; }
 
