@@ -2,7 +2,8 @@
 """A do-nothing pyfuse3 filesystem: the ceiling for any Python FUSE filesystem on this machine.
 
 One file, ``f``, of ``--size`` bytes: reads are served from a constant buffer, writes are accepted and dropped.
-It answers with the same FUSE settings logfs uses for partition files (``direct_io``, attribute timeout 0), so
+It answers with the same FUSE settings logfs uses for partition files (``direct_io``, attribute timeout 0,
+``st_blksize`` 1 MiB), so
 the comparison measures logfs's own work, not a difference in kernel caching.
 
     python tools/nullfs.py MOUNTPOINT [--size BYTES]     (foreground; unmount with fusermount3 -u)
@@ -39,6 +40,7 @@ class NullOperations(pyfuse3.Operations):
             entry.st_nlink = 1
             entry.st_size = self.size
         entry.st_uid, entry.st_gid = os.getuid(), os.getgid()
+        entry.st_blksize = 1 << 20  # as logfs: the same request sizes on both sides
         return entry
 
     async def getattr(self, inode, ctx=None):

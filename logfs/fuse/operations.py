@@ -33,6 +33,9 @@ ROOT = pyfuse3.ROOT_INODE
 FILE_ATTR_TIMEOUT = 0.0
 DIR_ATTR_TIMEOUT = 1.0
 ENTRY_TIMEOUT = 1.0
+# st_blksize, the "preferred I/O size": cat, cp and Java size their buffers from it, and a 1 MiB read is one FUSE
+# request (max_pages 256) instead of eight, which amortises the per-request cost (docs/benchmarks.md).
+BLOCK_SIZE = 1 << 20
 
 
 def _decode(name: bytes) -> str:
@@ -113,7 +116,7 @@ class Operations(pyfuse3.Operations):
         entry.generation = 0
         entry.entry_timeout = ENTRY_TIMEOUT
         entry.st_uid, entry.st_gid = self._uid, self._gid
-        entry.st_blksize = 128 * 1024
+        entry.st_blksize = BLOCK_SIZE
         if inode == ROOT:
             entry.st_mode = stat.S_IFDIR | 0o755
             entry.st_nlink = 2 + len(self.manager.topics)

@@ -48,12 +48,12 @@ class LineFormat:
 
     def render(self, buf: bytes, at: int, size: int) -> tuple[bytes, list | None]:
         """Lines of one batch, and (when ``with_records``) nothing else: the fast path joins values."""
-        raw = bytes(buf[at : at + size]) if (at or size != len(buf)) else buf
-        header_attrs = int.from_bytes(raw[21:23], "big")
+        header_attrs = int.from_bytes(buf[at + 21 : at + 23], "big")
         if header_attrs & rec.ATTR_CONTROL:
             return b"", None
         if _speedups is not None and not header_attrs & rec.ATTR_COMPRESSION_MASK:
-            return _speedups.render_records(raw, self.separator, self.null_marker), None
+            return _speedups.render_records(memoryview(buf)[at : at + size], self.separator, self.null_marker), None
+        raw = bytes(buf[at : at + size]) if (at or size != len(buf)) else buf
         batch = rec.decode_raw(raw)
         if self.separator is None:
             marker = self.null_marker or b""
@@ -81,6 +81,11 @@ class LineFormat:
         return out
 
 
+# A sequential read fetches the requested size plus this much more, so the batch straddling the end of one
+# read is fetched whole once (batches are ~64 KiB: see logfs.storage.log.TARGET_BATCH_BYTES).
+_READ_AHEAD = 80 * 1024
+
+
 class SegmentView:
     """The view over pinned ``segments`` starting at ``start_offset``, in format ``fmt``."""
 
@@ -94,6 +99,7 @@ class SegmentView:
         self._starts: list[int] = [0]  # view start of segments[0..k]; extended lazily
         self._prefix = self._prefix_length(self.segments[0], start_offset) if self.segments else 0
         self._cursor: tuple[int, int, int, bytes] | None = None  # (view pos, seg idx, next batch pos, carry)
+        self._scratch = bytearray()  # reused read buffer for sequential reads
 
     # -- layout ------------------------------------------------------------------------------------
     def _prefix_length(self, segment: LogSegment, offset: int) -> int:
@@ -196,11 +202,14 @@ class SegmentView:
                     return piece
                 skip = 0
         # Whole batches from (i, file_pos) on.
+        if len(self._scratch) < size + _READ_AHEAD:
+            self._scratch = bytearray(size + _READ_AHEAD)
         while got < size and i < len(self.segments):
             segment = self.segments[i]
             limit = segment.size
             stop = False
-            for bpos, header, buf, at in segment.batches_from(file_pos, limit, chunk=max(64 * 1024, size)):
+            for bpos, header, buf, at in segment.batches_from(file_pos, limit, chunk=size + _READ_AHEAD,
+                                                                   scratch=self._scratch):
                 lines, _ = self.fmt.render(buf, at, header.size)
                 file_pos = bpos + header.size
                 need = size - got
