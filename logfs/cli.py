@@ -8,9 +8,11 @@ one clear line on stderr and a non-zero exit, never a traceback.
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import os
 import signal
+import stat
 import sys
 
 from .storage import BrokerConfig, InvalidConfigError, LockedError, LogManager
@@ -84,7 +86,7 @@ def split_options(option_strings: list[str]) -> tuple[list[str], dict[str, str],
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="logfs", description="Mount a Kafka-format log store as a filesystem.")
+    p = _ArgumentParser(prog="logfs", description="Mount a Kafka-format log store as a filesystem.")
     p.add_argument("data_dir", help="Kafka log directory (created if missing)")
     p.add_argument("mountpoint")
     p.add_argument("-f", "--foreground", action="store_true", help="stay in the foreground")
@@ -94,24 +96,74 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def journal_stderr() -> bool:
+    """Whether stderr goes to the journal (or at least to systemd), so lines get ``<N>`` priority prefixes.
+
+    ``JOURNAL_STREAM`` (``device:inode``) is set by systemd when stdout/stderr are connected to the journal;
+    it is checked against stderr itself, since a child may inherit the variable with stderr redirected. Without
+    it, ``INVOCATION_ID`` (set for every unit's processes) still means "run by systemd", e.g. a service whose
+    stderr goes to syslog or kmsg, where the prefix is understood too."""
+    stream = os.environ.get("JOURNAL_STREAM")
+    if stream:
+        try:
+            device, inode = (int(x) for x in stream.split(":"))
+            st = os.fstat(sys.stderr.fileno())
+        except (ValueError, OSError, AttributeError):
+            return False
+        return (st.st_dev, st.st_ino) == (device, inode)
+    return bool(os.environ.get("INVOCATION_ID"))
+
+
 class _JournalFormatter(logging.Formatter):
+    """``<N>logger: message``, the priority prefix on every line (journald parses it per line)."""
+
     PRIORITY = {logging.DEBUG: 7, logging.INFO: 6, logging.WARNING: 4, logging.ERROR: 3, logging.CRITICAL: 2}
 
     def format(self, record):
-        return f"<{self.PRIORITY.get(record.levelno, 6)}>" + super().format(record)
+        prefix = f"<{self.PRIORITY.get(record.levelno, 6)}>"
+        return "\n".join(prefix + line for line in super().format(record).split("\n"))
 
 
-def setup_logging(debug: bool) -> None:
+class _UserErrorFilter(logging.Filter):
+    """Drops errors marked ``extra={"user_error": True}``: in daemon mode the parent prints them."""
+
+    def filter(self, record):
+        return not getattr(record, "user_error", False)
+
+
+def user_error(message: str) -> None:
+    """One line for a user error (bad option, locked or unwritable directory, missing mountpoint), never a
+    traceback; with a journal priority prefix under systemd."""
+    prefix = "<3>" if journal_stderr() else ""
+    print(f"{prefix}logfs: error: {message}", file=sys.stderr, flush=True)
+
+
+def setup_logging(debug: bool, daemon: bool = False) -> logging.Handler:
+    """Log records to stderr: ``<N>name: message`` under systemd (journald adds the time), otherwise
+    ``time LEVEL name: message``. ``debug`` logs DEBUG from every module (the logger name says which; pyfuse3
+    included). Without ``debug``, a daemonizing ``logfs`` on a terminal shows only warnings and errors before it
+    detaches, and leaves startup errors to the parent's single ``logfs: error:`` line."""
     handler = logging.StreamHandler(sys.stderr)
-    if os.environ.get("JOURNAL_STREAM") or os.environ.get("INVOCATION_ID"):
+    if journal_stderr():
         handler.setFormatter(_JournalFormatter("%(name)s: %(message)s"))
     else:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        if daemon and not debug:
+            handler.setLevel(logging.WARNING)
+    if daemon:
+        handler.addFilter(_UserErrorFilter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(logging.DEBUG if debug else logging.INFO)
-    if not debug:
-        logging.getLogger("pyfuse3").setLevel(logging.WARNING)
+    logging.getLogger("pyfuse3").setLevel(logging.DEBUG if debug else logging.WARNING)
+    return handler
+
+
+class _ArgumentParser(argparse.ArgumentParser):
+    def error(self, message):
+        self.print_usage(sys.stderr)
+        user_error(message)
+        sys.exit(2)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -130,13 +182,28 @@ def main(argv: list[str] | None = None) -> int:
             props = {**file_props, **props}
         broker = BrokerConfig.from_properties(props)
     except (UsageError, InvalidConfigError) as exc:
-        print(f"logfs: error: {exc}", file=sys.stderr)
+        user_error(str(exc))
         return 2
     mountpoint = os.path.abspath(args.mountpoint)
-    if not os.path.isdir(mountpoint):
-        print(f"logfs: error: mount point {args.mountpoint} is not a directory", file=sys.stderr)
+    try:
+        if not stat.S_ISDIR(os.stat(mountpoint).st_mode):
+            user_error(f"mount point {args.mountpoint} is not a directory")
+            return 2
+    except FileNotFoundError:
+        user_error(f"mount point {args.mountpoint} does not exist")
         return 2
-    setup_logging(debug)
+    except OSError as exc:  # e.g. ENOTCONN: a dead FUSE mount is still attached there
+        hint = ""
+        if exc.errno == errno.ENOTCONN:
+            hint = f" (a dead mount? detach it with fusermount3 -uz {args.mountpoint})"
+        user_error(f"mount point {args.mountpoint}: {exc.strerror}{hint}")
+        return 2
+    data_dir = os.path.abspath(args.data_dir)
+    if os.path.exists(data_dir) and not os.path.isdir(data_dir):
+        user_error(f"data directory {args.data_dir} is not a directory")
+        return 2
+    setup_logging(debug, daemon=not args.foreground)
+    log.debug("broker settings %s; FUSE options %s", props, fuse_opts)
     if not any(o.startswith("fsname=") for o in fuse_opts):
         fuse_opts.append(f"fsname={os.path.abspath(args.data_dir)}")
     if not any(o.startswith("subtype=") for o in fuse_opts):
@@ -161,7 +228,7 @@ def daemonize(data_dir, mountpoint, broker, fuse_opts, read_only) -> int:
         if message.startswith(b"OK"):
             return 0
         text = message.decode(errors="replace").strip() or "the daemon exited before the mount was ready"
-        print(f"logfs: error: {text.removeprefix('ERR ')}", file=sys.stderr)
+        user_error(text.removeprefix("ERR "))
         _, status = os.waitpid(pid, 0)
         return 1
     os.close(read_fd)
@@ -176,7 +243,7 @@ def daemonize(data_dir, mountpoint, broker, fuse_opts, read_only) -> int:
         except OSError:
             pass
         if error is None:  # detach from the terminal's output once the mount is up
-            if not (os.environ.get("JOURNAL_STREAM") or os.environ.get("INVOCATION_ID")):
+            if not journal_stderr():
                 os.dup2(devnull, 1)
                 os.dup2(devnull, 2)
 
@@ -184,36 +251,122 @@ def daemonize(data_dir, mountpoint, broker, fuse_opts, read_only) -> int:
     os._exit(code)
 
 
+class _StopBeforeServing(BaseException):
+    """A stop signal arrived while the logs were still loading."""
+
+
+class StartupProgress:
+    """Loading/recovery progress, as ``STATUS=`` (with ``EXTEND_TIMEOUT_USEC=``, so systemd's start timeout
+    keeps being extended while recovery advances) and as log lines. After an unclean shutdown every segment from
+    each partition's recovery point is re-validated, so the count is "segments recovered / total"."""
+
+    STATUS_EVERY_S = 0.1
+    LOG_EVERY_S = 2.0
+    EXTEND_USEC = 60_000_000
+
+    def __init__(self, recovering: bool, partitions: int = 0, clock=None):
+        import time
+
+        self.clock = clock or time.monotonic
+        self.recovering = recovering
+        self.started = self.clock()
+        self.partitions = (0, partitions)
+        self.segments = (0, 0)
+        self._last_status = self._last_log = None
+
+    def partition_done(self, done: int, total: int) -> None:
+        self.partitions = (done, total)
+        self._report(final=done == total)
+
+    def segment_done(self, done: int, total: int) -> None:
+        if (done, total) == self.segments:
+            return
+        self.segments = (done, total)
+        self._report(final=False)
+
+    def describe(self) -> str:
+        verb = "recovering after an unclean shutdown" if self.recovering else "loading"
+        (s_done, s_total), (p_done, p_total) = self.segments, self.partitions
+        return f"{verb}: {s_done}/{s_total} segments, {p_done}/{p_total} partitions"
+
+    def _report(self, final: bool) -> None:
+        now = self.clock()
+        if final or self._last_status is None or now - self._last_status >= self.STATUS_EVERY_S:
+            self._last_status = now
+            notify(f"STATUS={self.describe()}\nEXTEND_TIMEOUT_USEC={self.EXTEND_USEC}")
+        if final or self._last_log is None or now - self._last_log >= self.LOG_EVERY_S:
+            self._last_log = now
+            if final:
+                verb = "recovered" if self.recovering else "loaded"
+                log.info("%s %d/%d segments of %d partitions in %.1f s", verb, *self.segments,
+                         self.partitions[1], now - self.started)
+            elif self.recovering or now - self.started >= self.LOG_EVERY_S:
+                log.info("%s", self.describe())
+
+
 def run(data_dir, mountpoint, broker, fuse_opts, read_only, ready) -> int:
     import trio
 
     from .service.daemon import serve
+    from .storage.checkpoints import CLEAN_SHUTDOWN
+    from .storage.errors import LogfsError
+    from .storage.log import parse_partition_dir
 
-    def progress(done: int, total: int) -> None:
-        notify(f"STATUS=loading partitions: {done}/{total}")
-        if total and (done == total or done % 50 == 0):
-            log.info("loaded %d/%d partitions", done, total)
-
-    notify("STATUS=recovering logs")
-    try:
-        manager = LogManager(data_dir, broker, progress=progress)
-    except LockedError as exc:
-        log.error("%s", exc)
-        if ready:
-            ready(str(exc))
-        return 1
-    except OSError as exc:
-        message = f"cannot open {data_dir}: {exc.strerror}"
-        log.error("%s", message)
+    def fail(message: str) -> int:
+        log.error("%s", message, extra={"user_error": True})
         if ready:
             ready(message)
         return 1
-    if manager.recovered:
-        log.info("recovered after an unclean shutdown")
+
+    # A stop signal while the logs load abandons the start (nothing is changed that a restart would not redo);
+    # once they are loaded, it is remembered, and serve() shuts down cleanly without mounting.
+    stop = []
+
+    def stop_while_loading(signum, _frame):
+        raise _StopBeforeServing(signum)
+
+    def stop_after_loading(signum, _frame):
+        stop.append(signum)
+
+    previous = {s: signal.signal(s, stop_while_loading) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
-        return trio.run(serve, manager, mountpoint, fuse_opts, read_only, ready)
-    except KeyboardInterrupt:
+        partitions = sum(1 for entry in os.scandir(data_dir)
+                         if parse_partition_dir(entry.name) is not None and entry.is_dir())
+    except OSError:  # missing (created below) or unreadable (reported below)
+        partitions = 0
+    recovering = partitions > 0 and not os.path.exists(os.path.join(data_dir, CLEAN_SHUTDOWN))
+    if recovering:
+        log.info("%s was not shut down cleanly: recovering %d partitions", data_dir, partitions)
+    progress = StartupProgress(recovering, partitions)
+    notify(f"STATUS={'recovering logs' if recovering else 'loading logs'}")
+    try:
+        manager = LogManager(data_dir, broker, progress=progress.partition_done,
+                             segment_progress=progress.segment_done)
+    except _StopBeforeServing as stopped:
+        notify("STOPPING=1\nSTATUS=stopped while loading")
+        log.info("received %s while loading; stopped before mounting", signal.Signals(stopped.args[0]).name)
         return 0
+    except LockedError as exc:
+        return fail(str(exc))
+    except OSError as exc:
+        where = exc.filename or data_dir
+        return fail(f"cannot open {where}: {exc.strerror or exc}")
+    except LogfsError as exc:
+        return fail(f"cannot load {data_dir}: {exc}")
+    finally:
+        for s in previous:
+            signal.signal(s, stop_after_loading)
+    try:
+        return trio.run(serve, manager, mountpoint, fuse_opts, read_only, ready, lambda: bool(stop))
+    except KeyboardInterrupt:
+        manager.close()
+        return 0
+    except Exception:
+        log.critical("unexpected error; the data directory was not closed cleanly", exc_info=True)
+        return 1
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 action=${1:-test}; shift || true
 
 need_apt=()
-for pair in fusermount3:fuse3 pkg-config:pkg-config getfattr:attr java:openjdk-17-jdk-headless gcc:gcc; do
+for pair in fusermount3:fuse3 pkg-config:pkg-config getfattr:attr java:openjdk-17-jdk-headless gcc:gcc systemd-analyze:systemd; do
   command -v "${pair%%:*}" >/dev/null 2>&1 || need_apt+=("${pair#*:}")
 done
 [ -e /usr/include/fuse3/fuse_lowlevel.h ] || need_apt+=(libfuse3-dev)

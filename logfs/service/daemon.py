@@ -1,8 +1,9 @@
 """Serving a mount: pyfuse3's request loop, the background LogService, signals and readiness, in one nursery.
 
-Shutdown, however it starts (SIGTERM/SIGINT, ``fusermount3 -u``/``umount``), ends the same way: pending
-partial lines committed, unmounted, every log flushed and closed, checkpoints and the clean-shutdown marker
-written.
+Shutdown, however it starts (SIGTERM/SIGINT, ``fusermount3 -u``/``umount``), ends the same way: ``STOPPING=1``,
+pending partial lines committed, unmounted, every log flushed and closed, checkpoints and the clean-shutdown
+marker written. Readiness (``READY=1`` and the daemonizing parent's go-ahead) is signalled only once a
+``stat`` of the mountpoint has gone through the kernel to this process and been answered.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+from typing import Callable
 
 import pyfuse3
 import trio
@@ -21,19 +23,40 @@ from .runtime import LogService
 
 log = logging.getLogger(__name__)
 
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
-async def serve(manager: LogManager, mountpoint: str, fuse_opts: list[str], read_only: bool, ready) -> int:
-    ops = Operations(manager, read_only=read_only)
-    try:
-        pyfuse3.init(ops, mountpoint, fuse_opts)
-    except RuntimeError as exc:
-        message = f"cannot mount on {mountpoint}: {exc}"
-        log.error("%s", message)
-        manager.close()
-        if ready:
-            ready(message)
-        return 1
+
+async def serve(manager: LogManager, mountpoint: str, fuse_opts: list[str], read_only: bool, ready,
+                stop_requested: Callable[[], bool] = lambda: False) -> int:
+    """Mount and serve until a signal or an unmount; returns the exit status.
+
+    ``ready(error=None)`` (or None) is called once: with None when the mount answers, with a message if
+    mounting failed. ``stop_requested()`` says whether a stop signal arrived before this function took over
+    signal handling (then nothing is mounted and the manager is closed cleanly)."""
+    # Take over SIGTERM/SIGINT first: from here on a stop signal always means a clean shutdown.
+    with trio.open_signal_receiver(*STOP_SIGNALS, signal.SIGHUP) as signals:
+        if stop_requested():
+            notify("STOPPING=1\nSTATUS=stopped before mounting")
+            log.info("stop requested before mounting; closing %s", manager.data_dir)
+            manager.close()
+            return 0
+        ops = Operations(manager, read_only=read_only)
+        log.debug("mounting %s on %s with FUSE options %s", manager.data_dir, mountpoint, ",".join(fuse_opts))
+        try:
+            pyfuse3.init(ops, mountpoint, fuse_opts)
+        except RuntimeError as exc:
+            message = f"cannot mount on {mountpoint}: {exc}"
+            log.error("%s", message, extra={"user_error": True})
+            manager.close()
+            if ready:
+                ready(message)
+            return 1
+        return await _serve_mounted(manager, ops, mountpoint, ready, signals)
+
+
+async def _serve_mounted(manager: LogManager, ops: Operations, mountpoint: str, ready, signals) -> int:
     unmounted_externally = False
+    status = 0
     try:
         async with trio.open_nursery() as nursery:
             service = LogService(manager)
@@ -43,21 +66,34 @@ async def serve(manager: LogManager, mountpoint: str, fuse_opts: list[str], read
                 nonlocal unmounted_externally
                 await pyfuse3.main()
                 unmounted_externally = True
+                log.info("%s was unmounted", mountpoint)
                 nursery.cancel_scope.cancel()
 
             nursery.start_soon(fuse_loop)
-            nursery.start_soon(_signals, nursery.cancel_scope)
-            # Ready only once the kernel routes a request to us and we answer it.
-            await trio.to_thread.run_sync(os.stat, mountpoint)
-            log.info("mounted %s on %s (%d partitions)", manager.data_dir, mountpoint, len(manager.logs))
-            notify(f"READY=1\nSTATUS=serving {len(manager.logs)} partitions")
+            nursery.start_soon(_signals, signals, nursery.cancel_scope)
+            # Ready only once the kernel routes a request to us and we answer it. (Abandoned on a stop signal:
+            # the unmount below then fails the stat.)
+            try:
+                await trio.to_thread.run_sync(os.stat, mountpoint, abandon_on_cancel=True)
+            except OSError as exc:
+                message = f"the mount on {mountpoint} does not answer: {exc.strerror or exc}"
+                log.error("%s", message, extra={"user_error": True})
+                if ready:
+                    ready(message)
+                status = 1
+                nursery.cancel_scope.cancel()
+                return status
+            partitions = len(manager.logs)
+            log.info("mounted %s on %s (%d partitions)", manager.data_dir, mountpoint, partitions)
+            notify(f"READY=1\nSTATUS=serving {partitions} partitions of {manager.data_dir} on {mountpoint}")
             if ready:
                 ready(None)
             interval = watchdog_interval_s()
             if interval:
+                log.debug("watchdog enabled: WATCHDOG=1 every %.3f s", interval)
                 nursery.start_soon(_watchdog, interval)
     finally:
-        notify("STOPPING=1")
+        notify(f"STOPPING=1\nSTATUS=shutting down: flushing {len(manager.logs)} partitions")
         log.info("shutting down")
         ops.release_all()
         try:
@@ -65,18 +101,19 @@ async def serve(manager: LogManager, mountpoint: str, fuse_opts: list[str], read
         except Exception as exc:  # already unmounted underneath us
             log.debug("close: %s", exc)
         manager.close()
+        notify("STATUS=stopped: clean shutdown complete")
         log.info("clean shutdown complete")
-    return 0
+    return status
 
 
-async def _signals(cancel_scope: trio.CancelScope) -> None:
-    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
-        async for signum in signals:
-            if signum == signal.SIGHUP:
-                continue
-            log.info("received %s", signal.Signals(signum).name)
-            cancel_scope.cancel()
-            return
+async def _signals(signals, cancel_scope: trio.CancelScope) -> None:
+    async for signum in signals:
+        if signum == signal.SIGHUP:
+            log.debug("ignoring SIGHUP")
+            continue
+        log.info("received %s", signal.Signals(signum).name)
+        cancel_scope.cancel()
+        return
 
 
 async def _watchdog(interval: float) -> None:

@@ -30,6 +30,7 @@ from .errors import (
 )
 from .loader import load_log
 from .log import Log, parse_partition_dir, partition_dir_name
+from .segment import LOG_SUFFIX
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +49,12 @@ def validate_topic_name(name: str) -> None:
 
 class LogManager:
     def __init__(self, data_dir: str, broker: BrokerConfig | None = None, *, clock: Clock = SYSTEM_CLOCK,
-                 progress: Callable[[int, int], None] | None = None):
+                 progress: Callable[[int, int], None] | None = None,
+                 segment_progress: Callable[[int, int], None] | None = None):
+        """``progress(done, total)`` is called after each partition is loaded; ``segment_progress(done,
+        total)`` once per segment (and once when a partition is complete), counted over all partitions. Its
+        ``total`` starts as the number of ``.log`` files found and is corrected as each partition's loader
+        settles it (completing a compaction swap can remove segments)."""
         self.data_dir = os.path.abspath(data_dir)
         self.broker = broker or BrokerConfig.from_properties({})
         self.clock = clock
@@ -59,7 +65,7 @@ class LogManager:
         os.makedirs(self.data_dir, exist_ok=True)
         self._lock_fd = self._acquire_lock()
         try:
-            self._load(progress)
+            self._load(progress, segment_progress)
         except BaseException:
             os.close(self._lock_fd)
             raise
@@ -75,7 +81,7 @@ class LogManager:
             raise LockedError(f"{self.data_dir} is in use by another logfs or Kafka process (.lock is held)")
         return fd
 
-    def _load(self, progress) -> None:
+    def _load(self, progress, segment_progress=None) -> None:
         marker = os.path.join(self.data_dir, ckpt.CLEAN_SHUTDOWN)
         clean = os.path.exists(marker)
         self.had_clean_shutdown = clean
@@ -96,15 +102,30 @@ class LogManager:
                 continue
             entries.append((parsed, path))
         total_done = [0]
-        for (topic, partition), path in entries:
+        # Segment progress: [segments of the partitions loaded so far, segments of the current one], and the
+        # .log files counted in the partitions still to load.
+        seen = [0, 0]
+        counts: list[int] = []
+        if segment_progress is not None:
+            counts = [sum(1 for n in os.listdir(path) if n.endswith(LOG_SUFFIX)) for _, path in entries]
+        still_to_load = sum(counts)
+        for index, ((topic, partition), path) in enumerate(entries):
             if topic not in self.topics:
                 self.topics[topic] = {}
+            per_segment = None
+            if segment_progress is not None:
+                still_to_load -= counts[index]
+
+                def per_segment(i: int, n: int, _after: int = still_to_load) -> None:
+                    seen[1] = n
+                    segment_progress(seen[0] + i, seen[0] + n + _after)
             self.logs[(topic, partition)] = load_log(
                 path, topic, partition, self.topic_config(topic),
                 recovery_point=recovery.get((topic, partition), 0),
                 log_start_offset=starts.get((topic, partition), 0),
-                had_clean_shutdown=clean, clock=self.clock,
+                had_clean_shutdown=clean, clock=self.clock, progress=per_segment,
             )
+            seen[0], seen[1] = seen[0] + seen[1], 0
             total_done[0] += 1
             if progress is not None:
                 progress(total_done[0], len(entries))
