@@ -68,7 +68,6 @@ class Operations(pyfuse3.Operations):
         self._inode_of: dict[int, tuple[str, int | None]] = {}
         self._handles: dict[int, PartitionHandle] = {}
         self._next_fh = itertools.count(1)
-        self._modes: dict[int, tuple[int, int, int]] = {}  # inode -> (mode bits, uid, gid) after chmod/chown
         self._started_ns = time.time_ns()
         self._uid, self._gid = os.getuid(), os.getgid()
         for topic in manager.list_topics():
@@ -100,6 +99,13 @@ class Operations(pyfuse3.Operations):
         if partition is not None and (topic, partition) not in self.manager.logs:
             fail(errno.ENOENT)
         return topic, partition
+
+    def _attr_name(self, inode: int) -> str:
+        """The persistent name of a mount entry for chmod/chown: "" (root), "topic" or "topic/N"."""
+        if inode == ROOT:
+            return ""
+        topic, partition = self._resolve(inode)
+        return topic if partition is None else f"{topic}/{partition}"
 
     def _forget_topic(self, topic: str) -> None:
         ino = self._topic_ino.pop(topic, None)
@@ -138,8 +144,9 @@ class Operations(pyfuse3.Operations):
                 entry.attr_timeout = FILE_ATTR_TIMEOUT
                 entry.st_size = live_view(plog).length()
                 mtime_ns = plog.last_append_ms * 1_000_000
-        if inode in self._modes:
-            bits, entry.st_uid, entry.st_gid = self._modes[inode]
+        custom = self.manager.get_attrs(self._attr_name(inode))
+        if custom is not None:
+            bits, entry.st_uid, entry.st_gid = custom
             entry.st_mode = stat.S_IFMT(entry.st_mode) | bits
         entry.st_blocks = (entry.st_size + 511) // 512
         entry.st_atime_ns = entry.st_mtime_ns = entry.st_ctime_ns = mtime_ns
@@ -175,7 +182,7 @@ class Operations(pyfuse3.Operations):
             bits = stat.S_IMODE(attr.st_mode) if fields.update_mode else stat.S_IMODE(current.st_mode)
             uid = attr.st_uid if fields.update_uid else current.st_uid
             gid = attr.st_gid if fields.update_gid else current.st_gid
-            self._modes[inode] = (bits, uid, gid)
+            await self.run_blocking(self.manager.set_attrs, self._attr_name(inode), bits, uid, gid)
         return self._attrs(inode)  # atime/mtime updates (touch) are accepted and ignored
 
     def _resolve_partition(self, inode: int) -> tuple[str, int]:

@@ -61,6 +61,7 @@ class LogManager:
         self.lock = threading.RLock()
         self.logs: dict[tuple[str, int], Log] = {}
         self.topics: dict[str, dict[str, str]] = {}  # topic -> overrides
+        self.attrs: dict[str, tuple[int, int, int]] = {}  # "", "topic", "topic/N" -> (mode, uid, gid)
         self._deleted_dirs: list[tuple[int, str]] = []
         os.makedirs(self.data_dir, exist_ok=True)
         self._lock_fd = self._acquire_lock()
@@ -140,11 +141,12 @@ class LogManager:
             with open(path, encoding="utf-8") as f:
                 data = json.load(f)
             self.topics = {t: dict(v.get("config", {})) for t, v in data.get("topics", {}).items()}
+            self.attrs = {str(k): tuple(int(x) for x in v) for k, v in data.get("attrs", {}).items() if len(v) == 3}
         except FileNotFoundError:
-            self.topics = {}
-        except (ValueError, AttributeError):
+            self.topics, self.attrs = {}, {}
+        except (ValueError, AttributeError, TypeError):
             log.warning("%s is corrupt; topic overrides reset to broker defaults", path)
-            self.topics = {}
+            self.topics, self.attrs = {}, {}
         for topic, overrides in self.topics.items():  # drop overrides that no longer validate
             for key in list(overrides):
                 try:
@@ -154,7 +156,8 @@ class LogManager:
                     del overrides[key]
 
     def _save_topics(self) -> None:
-        data = {"version": 1, "topics": {t: {"config": c} for t, c in sorted(self.topics.items())}}
+        data = {"version": 1, "topics": {t: {"config": c} for t, c in sorted(self.topics.items())},
+                "attrs": {k: list(v) for k, v in sorted(self.attrs.items())}}
         ckpt.atomic_write(os.path.join(self.data_dir, TOPICS_FILE),
                           (json.dumps(data, indent=1, sort_keys=True) + "\n").encode())
 
@@ -223,6 +226,8 @@ class LogManager:
             os.rename(victim.directory, new_path)
             ckpt.fsync_dir(self.data_dir)
             self._deleted_dirs.append((self.clock.time_ms() + victim.config.file_delete_delay_ms, new_path))
+            if self.attrs.pop(f"{topic}/{partition}", None) is not None:
+                self._save_topics()
             self.checkpoint()
 
     def delete_topic(self, topic: str) -> None:
@@ -230,6 +235,17 @@ class LogManager:
             if self.partitions(topic):
                 raise TopicNotEmptyError(f"topic {topic!r} still has partitions")
             del self.topics[topic]
+            self.attrs.pop(topic, None)
+            self._save_topics()
+
+    # -- ownership and modes (chmod/chown through the mount), persisted with the topics -----------------
+    def get_attrs(self, name: str) -> tuple[int, int, int] | None:
+        """(mode bits, uid, gid) set for ``name`` ("" = root, "topic", "topic/N"), or None for the default."""
+        return self.attrs.get(name)
+
+    def set_attrs(self, name: str, mode: int, uid: int, gid: int) -> None:
+        with self.lock:
+            self.attrs[name] = (mode, uid, gid)
             self._save_topics()
 
     def purge_deleted_dirs(self, now_ms: int | None = None) -> int:
