@@ -1,0 +1,221 @@
+"""``spark.read.format("logfs")`` / ``spark.readStream.format("logfs")``: a PySpark Python data source that
+reads a logfs DATA_DIR's segments directly (no mount, no daemon needed, never the ``.lock``).
+
+The rows have Spark's Kafka source schema. Each input partition is one offset range of one topic-partition;
+the executors read segments with :mod:`logfs.spark.segments` and hand Spark Arrow record batches. The data
+directory must be readable at the same path by the driver and every executor (local mode, or a shared
+filesystem).
+"""
+
+from __future__ import annotations
+
+from typing import Iterator, Sequence
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
+from pyspark.sql.pandas.types import to_arrow_schema
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
+from pyspark.sql.types import (
+    ArrayType, BinaryType, IntegerType, LongType, StringType, StructField, StructType, TimestampType,
+)
+
+from .options import (
+    EARLIEST, LATEST, OffsetMap, OffsetRange, SourceOptions, check_data_loss, offsets_from_json, offsets_to_json,
+    plan_batch, rate_limit, resolve_offset, split_ranges,
+)
+from .segments import PartitionReader, TopicPartition
+
+ARROW_BATCH_ROWS = 8192
+
+KAFKA_SCHEMA = StructType([
+    StructField("key", BinaryType()),
+    StructField("value", BinaryType()),
+    StructField("topic", StringType()),
+    StructField("partition", IntegerType()),
+    StructField("offset", LongType()),
+    StructField("timestamp", TimestampType()),
+    StructField("timestampType", IntegerType()),
+])
+HEADERS_FIELD = StructField("headers", ArrayType(StructType([
+    StructField("key", StringType()),
+    StructField("value", BinaryType()),
+])))
+
+
+def source_schema(include_headers: bool) -> StructType:
+    """Spark's Kafka source schema (with ``headers`` when includeHeaders is true)."""
+    return StructType(KAFKA_SCHEMA.fields + ([HEADERS_FIELD] if include_headers else []))
+
+
+class LogfsPartition(InputPartition):
+    """One Spark input partition: records [start, end) of one topic-partition."""
+
+    def __init__(self, r: OffsetRange):
+        super().__init__(r)
+        self.range = r
+
+    def __repr__(self) -> str:
+        r = self.range
+        return f"LogfsPartition({r.topic}-{r.partition} [{r.start}, {r.end}))"
+
+
+def read_range(options: SourceOptions, r: OffsetRange, schema: StructType) -> Iterator[pa.RecordBatch]:
+    """Arrow record batches of the records in ``r`` (what an executor runs for one input partition)."""
+    arrow_schema = to_arrow_schema(schema, timezone="UTC")
+    types = [f.type for f in arrow_schema]
+    with_headers = "headers" in arrow_schema.names
+    reader = PartitionReader(options.data_dir, TopicPartition(r.topic, r.partition))
+    keys: list = []
+    values: list = []
+    offsets: list = []
+    stamps: list = []
+    stamp_types: list = []
+    headers: list = []
+
+    def flush() -> pa.RecordBatch:
+        n = len(offsets)
+        columns = [
+            pa.array(keys, type=types[0]),
+            pa.array(values, type=types[1]),
+            pa.array([r.topic] * n, type=types[2]),
+            pa.array([r.partition] * n, type=types[3]),
+            pa.array(offsets, type=types[4]),
+            pa.array(stamps, type=pa.int64()).cast(types[5]) if n else pa.array([], type=types[5]),
+            pa.array(stamp_types, type=types[6]),
+        ]
+        if with_headers:
+            columns.append(pa.array(headers, type=types[7]))
+        batch = pa.RecordBatch.from_arrays(columns, schema=arrow_schema)
+        for column in (keys, values, offsets, stamps, stamp_types, headers):
+            column.clear()
+        return batch
+
+    for record in reader.records(r.start, r.end, fail_on_data_loss=options.fail_on_data_loss):
+        keys.append(record.key)
+        values.append(record.value)
+        offsets.append(record.offset)
+        stamps.append(record.timestamp * 1000)  # ms -> the us of Spark's TimestampType
+        stamp_types.append(record.timestamp_type)
+        if with_headers:
+            headers.append([{"key": k, "value": v} for k, v in record.headers])
+        if len(offsets) >= ARROW_BATCH_ROWS:
+            yield flush()
+    if offsets:
+        yield flush()
+
+
+class LogfsBatchReader(DataSourceReader):
+    def __init__(self, options: SourceOptions, schema: StructType):
+        self.options = options
+        self.schema = schema
+
+    def partitions(self) -> Sequence[InputPartition]:
+        return [LogfsPartition(r) for r in plan_batch(self.options)]
+
+    def read(self, partition: LogfsPartition) -> Iterator[pa.RecordBatch]:
+        return read_range(self.options, partition.range, self.schema)
+
+
+class LogfsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Micro-batch reader. Offsets are Kafka's JSON, ``{"topic": {"0": 23}}``: the next offset to read per
+    topic-partition. Partitions that appear later (new topics matching the subscription, new partitions)
+    are read from their earliest offset, as Spark's Kafka source does."""
+
+    def __init__(self, options: SourceOptions, schema: StructType):
+        self.options = options
+        self.schema = schema
+        self._target: OffsetMap | None = None  # Trigger.AvailableNow: never read past this
+
+    def _latest(self) -> tuple[OffsetMap, OffsetMap]:
+        bounds = self.options.bounds()
+        return {tp: b[0] for tp, b in bounds.items()}, {tp: b[1] for tp, b in bounds.items()}
+
+    def initialOffset(self) -> dict:
+        bounds = self.options.bounds()
+        offsets = {}
+        for tp, b in bounds.items():
+            offsets[tp] = check_data_loss(tp, resolve_offset(self.options.starting, tp, b, LATEST), b[0],
+                                          self.options.fail_on_data_loss)
+        return offsets_to_json(offsets)
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        if self.options.max_offsets_per_trigger:
+            return ReadMaxRows(self.options.max_offsets_per_trigger)
+        return ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._target = self._latest()[1]
+
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        begin = offsets_from_json(start)
+        starts, latest = self._latest()
+        for tp, offset in begin.items():
+            if tp not in latest:
+                latest[tp] = offset  # the partition was deleted: stays where it was
+        for tp in latest:
+            if tp not in begin:
+                begin[tp] = starts.get(tp, 0)  # discovered now: from its earliest offset
+        if self._target is not None:
+            latest = {tp: min(end, self._target.get(tp, begin[tp])) if tp in self._target else begin[tp]
+                      for tp, end in latest.items()}
+        if isinstance(limit, ReadMaxRows):
+            latest = rate_limit(begin, latest, limit.max_rows)
+        return offsets_to_json(latest)
+
+    def reportLatestOffset(self) -> dict | None:
+        return offsets_to_json(self._latest()[1])
+
+    def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
+        begin = offsets_from_json(start)
+        finish = offsets_from_json(end)
+        starts = None
+        ranges = []
+        for tp, stop in finish.items():
+            first = begin.get(tp)
+            if first is None:  # new since the previous batch: from its earliest offset
+                if starts is None:
+                    starts = self._latest()[0]
+                first = starts.get(tp, 0)
+            if stop < first:
+                # The log end went below where the stream was (the partition was deleted and created again):
+                # as the Kafka source, report it and go on from the new end.
+                check_data_loss(tp, -1, 0, self.options.fail_on_data_loss,
+                                f"{tp}: the log end offset went back from {first} to {stop} (partition recreated?)")
+                continue
+            ranges.append(OffsetRange(tp.topic, tp.partition, first, stop))
+        parts = split_ranges(ranges, self.options.max_records_per_partition, self.options.min_partitions)
+        return [LogfsPartition(r) for r in parts]
+
+    def read(self, partition: LogfsPartition) -> Iterator[pa.RecordBatch]:
+        return read_range(self.options, partition.range, self.schema)
+
+    def commit(self, end: dict) -> None:
+        pass  # nothing to release: the log is the daemon's, and retention is its business
+
+
+class LogfsDataSource(DataSource):
+    """Register with ``spark.dataSource.register(LogfsDataSource)`` (or :func:`logfs.spark.register`)."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "logfs"
+
+    def __init__(self, options):
+        super().__init__(options)
+        self.parsed = SourceOptions.parse(options)
+
+    def schema(self) -> StructType:
+        return source_schema(self.parsed.include_headers)
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return LogfsBatchReader(self.parsed, schema)
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        if self.parsed.ending is not None:
+            from .options import OptionError
+
+            raise OptionError("option endingOffsets is for batch queries only")
+        return LogfsStreamReader(self.parsed, schema)
+
+
+__all__ = ["LogfsDataSource", "source_schema", "KAFKA_SCHEMA", "EARLIEST", "LATEST"]

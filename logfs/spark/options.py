@@ -1,0 +1,276 @@
+"""Options of the ``logfs`` Spark source and offset planning (no PySpark here: testable on its own).
+
+The option names and offset JSON follow Spark's Kafka source, so a job can move between the two by changing
+``format("kafka")`` to ``format("logfs")`` and ``kafka.bootstrap.servers`` to ``path``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from dataclasses import dataclass
+from typing import Mapping
+
+from .segments import DataLossError, PartitionReader, TopicPartition, resolve_topics
+
+log = logging.getLogger(__name__)
+
+EARLIEST = -2
+LATEST = -1
+DEFAULT_MAX_RECORDS_PER_PARTITION = 1_000_000
+
+OffsetMap = dict[TopicPartition, int]
+
+
+class OptionError(ValueError):
+    """An invalid or missing option of the logfs source."""
+
+
+def _bool(options: Mapping[str, str], name: str, default: bool) -> bool:
+    raw = options.get(name)
+    if raw is None:
+        return default
+    value = str(raw).strip().lower()
+    if value not in ("true", "false"):
+        raise OptionError(f"option {name} must be true or false, not {raw!r}")
+    return value == "true"
+
+
+def _positive_int(options: Mapping[str, str], name: str, default: int | None) -> int | None:
+    raw = options.get(name)
+    if raw is None:
+        return default
+    try:
+        value = int(str(raw).strip())
+    except ValueError:
+        raise OptionError(f"option {name} must be an integer, not {raw!r}") from None
+    if value < 0:
+        raise OptionError(f"option {name} must not be negative, not {raw!r}")
+    return value or None  # 0 switches the limit off
+
+
+def parse_offsets_spec(raw: str | None, name: str) -> int | dict[TopicPartition, int] | None:
+    """``earliest`` -> EARLIEST, ``latest`` -> LATEST, Kafka's JSON ``{"topic":{"0":23,"1":-2}}`` -> a map
+    (-2 earliest, -1 latest), None when unset."""
+    if raw is None:
+        return None
+    text = str(raw).strip()
+    if text.lower() == "earliest":
+        return EARLIEST
+    if text.lower() == "latest":
+        return LATEST
+    try:
+        data = json.loads(text)
+    except ValueError:
+        raise OptionError(f"option {name} must be earliest, latest or JSON like "
+                          f"{{\"topic\":{{\"0\":23}}}}, not {text!r}") from None
+    if not isinstance(data, dict):
+        raise OptionError(f"option {name}: expected a JSON object of topics, not {text!r}")
+    out: dict[TopicPartition, int] = {}
+    for topic, parts in data.items():
+        if not isinstance(parts, dict):
+            raise OptionError(f"option {name}: topic {topic!r} must map partitions to offsets")
+        for part, offset in parts.items():
+            try:
+                partition = int(part)
+            except ValueError:
+                raise OptionError(f"option {name}: {part!r} of topic {topic!r} is not a partition") from None
+            if not isinstance(offset, int) or isinstance(offset, bool) or offset < -2:
+                raise OptionError(f"option {name}: offset {offset!r} of {topic}-{part} is not an offset "
+                                  "(-2 earliest, -1 latest, or >= 0)")
+            out[TopicPartition(topic, partition)] = offset
+    return out
+
+
+@dataclass(frozen=True)
+class OffsetRange:
+    """Records [start, end) of one topic-partition: one Spark input partition."""
+
+    topic: str
+    partition: int
+    start: int
+    end: int
+
+    @property
+    def size(self) -> int:
+        return max(0, self.end - self.start)
+
+
+@dataclass(frozen=True)
+class SourceOptions:
+    data_dir: str
+    subscribe: tuple[str, ...] | None = None
+    pattern: str | None = None
+    assign: dict[str, list[int]] | None = None
+    starting: int | dict[TopicPartition, int] | None = None
+    ending: int | dict[TopicPartition, int] | None = None
+    include_headers: bool = False
+    max_records_per_partition: int | None = DEFAULT_MAX_RECORDS_PER_PARTITION
+    min_partitions: int | None = None
+    max_offsets_per_trigger: int | None = None
+    fail_on_data_loss: bool = False
+
+    @classmethod
+    def parse(cls, options: Mapping[str, str]) -> "SourceOptions":
+        """From Spark's (case-insensitive) option map."""
+        data_dir = options.get("path")
+        if not data_dir:
+            raise OptionError("the logfs source needs the data directory: option path "
+                              "(spark.read.format('logfs').load('/var/lib/logfs'))")
+        subscribe = options.get("subscribe")
+        pattern = options.get("subscribePattern")
+        assign_raw = options.get("assign")
+        given = [n for n, v in (("subscribe", subscribe), ("subscribePattern", pattern), ("assign", assign_raw))
+                 if v is not None]
+        if len(given) != 1:
+            raise OptionError("exactly one of the options subscribe, subscribePattern or assign is required"
+                              + (f" (got {', '.join(given)})" if given else ""))
+        topics = None
+        if subscribe is not None:
+            topics = tuple(t.strip() for t in subscribe.split(",") if t.strip())
+            if not topics:
+                raise OptionError("option subscribe: no topic named")
+        if pattern is not None:
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise OptionError(f"option subscribePattern: invalid regex {pattern!r}: {exc}") from None
+        assign = None
+        if assign_raw is not None:
+            try:
+                data = json.loads(assign_raw)
+                assign = {str(t): [int(p) for p in ps] for t, ps in data.items()}
+            except (ValueError, TypeError, AttributeError):
+                raise OptionError(f"option assign must be JSON like {{\"topic\":[0,1]}}, not {assign_raw!r}") \
+                    from None
+        for unsupported in ("startingTimestamp", "startingOffsetsByTimestamp", "endingTimestamp",
+                            "endingOffsetsByTimestamp", "kafka.bootstrap.servers"):
+            if options.get(unsupported) is not None:
+                raise OptionError(f"option {unsupported} is not supported by the logfs source")
+        return cls(
+            data_dir=str(data_dir),
+            subscribe=topics,
+            pattern=pattern,
+            assign=assign,
+            starting=parse_offsets_spec(options.get("startingOffsets"), "startingOffsets"),
+            ending=parse_offsets_spec(options.get("endingOffsets"), "endingOffsets"),
+            include_headers=_bool(options, "includeHeaders", False),
+            max_records_per_partition=_positive_int(options, "maxRecordsPerPartition",
+                                                    DEFAULT_MAX_RECORDS_PER_PARTITION),
+            min_partitions=_positive_int(options, "minPartitions", None),
+            max_offsets_per_trigger=_positive_int(options, "maxOffsetsPerTrigger", None),
+            fail_on_data_loss=_bool(options, "failOnDataLoss", False),
+        )
+
+    # -- partitions and their offsets --------------------------------------------------------------------
+    def partitions(self) -> dict[TopicPartition, str]:
+        return resolve_topics(self.data_dir, subscribe=list(self.subscribe) if self.subscribe else None,
+                              pattern=self.pattern, assign=self.assign)
+
+    def reader(self, tp: TopicPartition, directory: str | None = None) -> PartitionReader:
+        return PartitionReader(self.data_dir, tp, directory)
+
+    def bounds(self) -> dict[TopicPartition, tuple[int, int]]:
+        """(log start offset, log end offset) of every selected partition, now."""
+        return {tp: self.reader(tp, path).offsets() for tp, path in sorted(
+            self.partitions().items(), key=lambda kv: (kv[0].topic, kv[0].partition))}
+
+
+def resolve_offset(spec, tp: TopicPartition, bounds: tuple[int, int], default: int) -> int:
+    """One partition's offset from a spec (EARLIEST, LATEST or a per-partition map; a partition the map does
+    not name gets ``default``), within [log start, log end] except for an explicit offset below the log
+    start, which is returned as is (the reader then reports or skips the lost records)."""
+    start, end = bounds
+    if spec is None:
+        value = default
+    elif isinstance(spec, dict):
+        value = spec.get(tp, default)
+    else:
+        value = spec
+    if value == EARLIEST:
+        return start
+    if value == LATEST:
+        return end
+    return min(value, end)
+
+
+def check_data_loss(tp: TopicPartition, requested: int, log_start: int, fail: bool, message: str = "") -> int:
+    """A start offset below the log start offset: DataLossError with ``fail``, else the log start."""
+    if requested < log_start:
+        if fail:
+            raise DataLossError((message or f"{tp}: offset {requested} is below the log start offset {log_start} "
+                                 "(removed by retention)") + "; set failOnDataLoss=false to go on")
+        log.warning("%s", message or f"{tp}: offsets {requested}..{log_start - 1} were removed by retention")
+        return log_start
+    return requested
+
+
+def split_ranges(ranges: list[OffsetRange], max_records: int | None, min_partitions: int | None
+                 ) -> list[OffsetRange]:
+    """Spark's Kafka rule: ranges over ``max_records`` split evenly; then, while there are fewer than
+    ``min_partitions``, ranges split in proportion to their size. Empty ranges are dropped."""
+    ranges = [r for r in ranges if r.size > 0]
+    if max_records:
+        ranges = [part for r in ranges for part in _split(r, -(-r.size // max_records))]
+    if min_partitions and len(ranges) < min_partitions:
+        total = sum(r.size for r in ranges)
+        out = []
+        for r in ranges:
+            parts = max(1, round(r.size / total * min_partitions)) if total else 1
+            out += _split(r, parts)
+        ranges = out
+    return ranges
+
+
+def _split(r: OffsetRange, parts: int) -> list[OffsetRange]:
+    parts = max(1, min(parts, r.size))
+    out = []
+    for i in range(parts):
+        s = r.start + r.size * i // parts
+        e = r.start + r.size * (i + 1) // parts
+        if e > s:
+            out.append(OffsetRange(r.topic, r.partition, s, e))
+    return out
+
+
+def plan_batch(options: SourceOptions) -> list[OffsetRange]:
+    """The input partitions of a batch read: startingOffsets (default earliest) to endingOffsets (default
+    latest) of every selected partition, split by maxRecordsPerPartition / minPartitions."""
+    ranges = []
+    for tp, bounds in options.bounds().items():
+        start = resolve_offset(options.starting, tp, bounds, EARLIEST)
+        end = resolve_offset(options.ending, tp, bounds, LATEST)
+        start = check_data_loss(tp, start, bounds[0], options.fail_on_data_loss)
+        ranges.append(OffsetRange(tp.topic, tp.partition, start, max(start, end)))
+    return split_ranges(ranges, options.max_records_per_partition, options.min_partitions)
+
+
+# -- streaming offsets: Kafka's JSON shape {"topic": {"0": 23}} ------------------------------------------
+def offsets_to_json(offsets: OffsetMap) -> dict[str, dict[str, int]]:
+    out: dict[str, dict[str, int]] = {}
+    for tp in sorted(offsets, key=lambda t: (t.topic, t.partition)):
+        out.setdefault(tp.topic, {})[str(tp.partition)] = int(offsets[tp])
+    return out
+
+
+def offsets_from_json(data: Mapping) -> OffsetMap:
+    if isinstance(data, str):
+        data = json.loads(data)
+    return {TopicPartition(t, int(p)): int(o) for t, parts in data.items() for p, o in parts.items()}
+
+
+def rate_limit(start: OffsetMap, latest: OffsetMap, max_records: int) -> OffsetMap:
+    """Kafka's maxOffsetsPerTrigger: at most ``max_records`` offsets in all, shared in proportion to what
+    each partition has available (a partition's share rounds down, or up when below one)."""
+    sizes = {tp: max(0, end - start.get(tp, end)) for tp, end in latest.items()}
+    total = sum(sizes.values())
+    if total <= max_records:
+        return dict(latest)
+    out = {}
+    for tp, end in latest.items():
+        begin = start.get(tp, end)
+        share = max_records * sizes[tp] / total
+        step = int(share) if share >= 1 else (1 if sizes[tp] > 0 and share > 0 else 0)
+        out[tp] = min(end, begin + step)
+    return out

@@ -1,0 +1,98 @@
+"""Fixtures for the Spark suite: ONE local SparkSession for the whole test session, and logfs mounts.
+
+The session is ``local[2]`` with the UI off, 2 shuffle partitions and UTC as its time zone; its Python workers
+run this interpreter (PYSPARK_PYTHON), so they import the logfs and pyarrow under test. Java comes from the
+machine (tools/dev.sh installs openjdk-17-jdk-headless); without it the Spark tests skip.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "e2e"))
+from logfs_e2e import LogfsMount, fuse_unusable_reason  # noqa: E402
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "spark: needs PySpark and Java (tests/spark); deselect with -m 'not spark'")
+
+
+def pytest_collection_modifyitems(config, items):
+    here = Path(__file__).parent
+    for item in items:
+        if here in Path(item.path).parents:
+            item.add_marker(pytest.mark.spark)
+
+
+def java_unusable_reason() -> str | None:
+    java = shutil.which("java") or (os.path.join(os.environ["JAVA_HOME"], "bin", "java")
+                                    if os.environ.get("JAVA_HOME") else None)
+    if java is None or not os.path.exists(java):
+        return "no Java runtime (java on PATH or JAVA_HOME)"
+    try:
+        subprocess.run([java, "-version"], capture_output=True, timeout=30, check=True)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"java -version failed: {exc}"
+    return None
+
+
+@pytest.fixture(scope="session")
+def spark():
+    pytest.importorskip("pyspark")
+    pytest.importorskip("pyarrow")
+    reason = java_unusable_reason()
+    if reason:
+        pytest.skip(reason)
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    from pyspark.sql import SparkSession
+
+    session = (
+        SparkSession.builder.master("local[2]").appName("logfs-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.default.parallelism", "2")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.driver.memory", "1g")
+        .config("spark.python.worker.reuse", "true")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    from logfs.spark import register
+
+    register(session)
+    yield session
+    session.stop()
+
+
+@pytest.fixture
+def mount_logfs(tmp_path):
+    """Factory: ``mount_logfs("num.partitions=3", name="m")`` -> a mounted LogfsMount (unmounted in teardown).
+    Skips when FUSE is unusable."""
+    reason = fuse_unusable_reason()
+    if reason:
+        pytest.skip(reason)
+    made: list[LogfsMount] = []
+
+    def make(*options: str, name: str = "fs") -> LogfsMount:
+        m = LogfsMount(tmp_path / name)
+        made.append(m)
+        m.mount(*options)
+        return m
+
+    yield make
+    errors = []
+    for m in made:
+        try:
+            m.cleanup()
+        except Exception as exc:  # keep unmounting the others
+            errors.append(exc)
+    if errors:
+        raise errors[0]
