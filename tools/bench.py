@@ -8,7 +8,8 @@ Prints a table and writes JSON. Ratios matter, not absolute figures (shared 2-co
 
     python tools/bench.py [--quick] [--json FILE] [--workdir DIR] [--only NAME[,NAME...]]
 
-Scenarios: bulk_append, shell_appends, sequential_read, read_at_offset, mount_time, memory, responsiveness.
+Scenarios: bulk_append, shell_appends, sequential_read, read_at_offset, mount_time, memory, responsiveness,
+spark.
 """
 
 from __future__ import annotations
@@ -333,6 +334,44 @@ class Bench:
         row["target_max"] = 3.0
         self.record("responsiveness", **row)
 
+    def spark(self):
+        """spark.read.json(...).groupBy(...).count() over the mount versus the same lines on ext4."""
+        try:
+            os.environ["PYSPARK_PYTHON"] = sys.executable
+            from pyspark.sql import SparkSession
+        except ImportError:
+            self.record("spark", skipped="pyspark not installed")
+            return
+        size = (32 << 20) if self.quick else (1 << 30)
+        data, mnt = self.dirs("spark")
+        ext4_dir = os.path.join(self.work, "spark-ext4")
+        os.makedirs(ext4_dir, exist_ok=True)
+        mount_logfs(data, mnt, "num.partitions=2")
+        os.mkdir(f"{mnt}/events")
+        for p in range(2):
+            timed_shell(f"head -c {size // 2} {self.lines} | head -n -1 >> {mnt}/events/{p}")
+            timed_shell(f"head -c {size // 2} {self.lines} | head -n -1 > {ext4_dir}/{p}")
+        spark = (SparkSession.builder.master("local[2]").appName("logfs-bench")
+                 .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+                 .config("spark.sql.shuffle.partitions", "4").getOrCreate())
+        spark.sparkContext.setLogLevel("ERROR")
+        try:
+            def job(path):
+                start = time.perf_counter()
+                rows = spark.read.json(f"file://{path}").groupBy("user").count().collect()
+                return time.perf_counter() - start, sum(r["count"] for r in rows)
+
+            job(ext4_dir)  # JVM and code warm-up
+            t_ext4, n_ext4 = min(job(ext4_dir) for _ in range(2))
+            t_logfs, n_logfs = min(job(f"{mnt}/events") for _ in range(2))
+            assert n_ext4 == n_logfs
+        finally:
+            spark.stop()
+            unmount(mnt, data)
+            shutil.rmtree(ext4_dir, ignore_errors=True)
+        self.record("spark", mb=size >> 20, s_logfs=t_logfs, s_ext4=t_ext4, ratio_vs_ext4=t_ext4 / t_logfs,
+                    records=n_logfs, target=0.8)
+
     @staticmethod
     def append_latencies(path: str, n: int) -> list[float]:
         out = []
@@ -356,6 +395,7 @@ SCENARIOS = {
     "mount_time": "mount_time_and_memory",
     "memory": "mount_time_and_memory",
     "responsiveness": "responsiveness",
+    "spark": "spark",
 }
 
 

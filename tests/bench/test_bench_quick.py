@@ -20,11 +20,12 @@ def test_bench_quick(tmp_path):
     report = json.loads(out.read_text())
     results = report["results"]
     assert set(results) == {"bulk_append", "sequential_read", "shell_appends", "read_at_offset", "mount_time",
-                            "memory", "responsiveness"}
+                            "memory", "responsiveness", "spark"}
     assert results["bulk_append"]["MBps_logfs"] > 0 and results["bulk_append"]["ratio_vs_nullfs"] > 0
     assert results["sequential_read"]["MBps_logfs"] > 0
     assert results["read_at_offset"]["ms_big"] > 0
     assert 0 < results["memory"]["rss_mb_big"] < 1000
-    assert results["responsiveness"]["clean_s_process"] > 0  # the cleaner really compacted the partition
+    assert results["responsiveness"]["clean_s_process"] > 0
+    assert results["spark"].get("records", 1) > 0  # the cleaner really compacted the partition
     for line in ("bulk_append", "responsiveness"):
         assert line in proc.stdout
