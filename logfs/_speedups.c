@@ -244,7 +244,82 @@ done:
     return out;
 }
 
+static inline uint32_t be32(const unsigned char *p) {
+    return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3];
+}
+
+/* render_span(buf, want, separator=None, null_marker=None)
+ *         -> (bytes, consumed, stopped_at_special, last_batch_position, last_batch_output_offset)
+ *     Renders consecutive complete, uncompressed, non-control batches from the start of ``buf`` until at least
+ *     ``want`` bytes of lines are produced or the buffer ends. ``consumed`` is the number of bytes of ``buf``
+ *     (whole batches) rendered. ``stopped_at_special`` is true when the next batch is compressed or a control
+ *     batch (the caller renders it the generic way). The last two say where the last rendered batch starts in
+ *     ``buf`` and where its lines start in the output, so a reader can resume inside it. One call per read
+ *     request instead of one per batch. */
+static PyObject *render_span(PyObject *self, PyObject *args) {
+    Py_buffer view;
+    Py_ssize_t want;
+    PyObject *sep = Py_None, *marker = Py_None;
+    if (!PyArg_ParseTuple(args, "y*n|OO", &view, &want, &sep, &marker))
+        return NULL;
+    render_ctx ctx = {NULL, NULL, 0, 0, 0, NULL};
+    PyObject *out = NULL, *result = NULL;
+    const unsigned char *buf = view.buf;
+    if (sep != Py_None) {
+        if (!PyBytes_Check(sep)) {
+            PyErr_SetString(PyExc_TypeError, "separator must be bytes or None");
+            goto done;
+        }
+        ctx.sep = PyBytes_AS_STRING(sep);
+        ctx.seplen = PyBytes_GET_SIZE(sep);
+    }
+    if (marker != Py_None) {
+        if (!PyBytes_Check(marker)) {
+            PyErr_SetString(PyExc_TypeError, "null marker must be bytes or None");
+            goto done;
+        }
+        ctx.marker = PyBytes_AS_STRING(marker);
+        ctx.markerlen = PyBytes_GET_SIZE(marker);
+    }
+    /* Pass 1: which batches, and how many output bytes. */
+    Py_ssize_t pos = 0, end = 0, last_pos = 0, last_out = 0;
+    int special = 0;
+    while (view.len - pos >= HEADER_SIZE && ctx.total < want) {
+        Py_ssize_t size = (Py_ssize_t)be32(buf + pos + 8) + 12;
+        if (size < HEADER_SIZE || size > view.len - pos)
+            break;
+        int16_t attributes = (int16_t)((buf[pos + 21] << 8) | buf[pos + 22]);
+        if (buf[pos + 16] != 2 || (attributes & 0x07) || (attributes & 0x20)) {
+            special = 1;
+            break;
+        }
+        last_pos = pos;
+        last_out = ctx.total;
+        if (walk(buf + pos, size, (int32_t)be32(buf + pos + 57), measure, &ctx) < 0)
+            goto done;
+        pos += size;
+        end = pos;
+    }
+    out = PyBytes_FromStringAndSize(NULL, ctx.total);
+    if (out == NULL)
+        goto done;
+    ctx.out = (unsigned char *)PyBytes_AS_STRING(out);
+    for (pos = 0; pos < end;) {
+        Py_ssize_t size = (Py_ssize_t)be32(buf + pos + 8) + 12;
+        if (walk(buf + pos, size, (int32_t)be32(buf + pos + 57), emit, &ctx) < 0)
+            goto done;
+        pos += size;
+    }
+    result = Py_BuildValue("(Nninn)", out, end, special, last_pos, last_out);
+    out = NULL;
+done:
+    Py_XDECREF(out);
+    PyBuffer_Release(&view);
+    return result;
+}
+
 static PyMethodDef methods[] = {
+    {"render_span", render_span, METH_VARARGS, "Text-view lines of consecutive plain batches."},
     {"encode_records", encode_records, METH_VARARGS, "Records section of an uncompressed v2 batch."},
     {"render_records", render_records, METH_VARARGS, "Text-view lines of an uncompressed v2 batch."},
     {NULL, NULL, 0, NULL},

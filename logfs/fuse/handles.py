@@ -38,7 +38,7 @@ class PartitionHandle:
     def read(self, offset: int, size: int) -> bytes:
         if offset >= self.view.length():
             self.length()
-        return self.view.read(offset, size)
+        return self.view.read(offset, size, zero_copy=True)
 
     def write(self, offset: int, data: bytes) -> int:
         if not self.append_mode and offset != self.length() + len(self.pending):
@@ -53,9 +53,13 @@ class PartitionHandle:
             return len(data)
         lines = buf[:cut].split(b"\n")
         rest = buf[cut + 1 :]
-        if len(rest) > limit or max(map(len, lines)) > limit:
-            fail(errno.EFBIG)  # nothing of this write is appended; the pending part stays as it was
-        self._append(lines)
+        if len(rest) > limit:
+            fail(errno.EFBIG)
+        # A line over the limit fails the whole write with EFBIG and nothing appended: Log.append checks every
+        # record before writing (RecordTooLargeError); with a key separator, the line itself is checked here.
+        if self.log.config.key_separator is not None and max(map(len, lines)) > limit:
+            fail(errno.EFBIG)
+        self._append(lines)  # raises before ``pending`` changes, so a failed write leaves the handle as it was
         self.pending = rest
         return len(data)
 
@@ -68,7 +72,7 @@ class PartitionHandle:
         config = self.log.config
         sep, marker = config.key_separator, config.null_marker
         if sep is None and marker is None:
-            self.log.append(lines)
+            self.log.append(lines, has_nulls=False)
             return
         keys: list[bytes | None] | None = None
         values: list[bytes | None] = lines  # type: ignore[assignment]

@@ -22,7 +22,7 @@ from typing import Callable, Iterator, Sequence
 from . import records as rec
 from .clock import SYSTEM_CLOCK, Clock
 from .config import LogConfig
-from .errors import OffsetOutOfRangeError, RecordTooLargeError
+from .errors import OffsetOutOfRangeError, RecordTooLargeError, StorageIOError
 from .index import LineStats
 from .segment import DELETED_SUFFIX, LogSegment, random_jitter
 
@@ -148,15 +148,20 @@ class Log:
         keys: Sequence[bytes | None] | None = None,
         timestamp_ms: int | None = None,
         headers: Sequence[rec.Headers] | None = None,
+        *,
+        has_nulls: bool | None = None,
     ) -> tuple[int, int]:
         """Append records; returns (first offset, last offset). All-or-nothing validation happens before any
         byte is written: a record over ``max.message.bytes`` (or one that cannot fit a segment) raises
-        :class:`RecordTooLargeError` and nothing is appended."""
+        :class:`RecordTooLargeError` and nothing is appended. ``has_nulls=False`` promises no value is None
+        (saves a scan on the bulk path); None means "find out"."""
         if not values:
             raise ValueError("nothing to append")
         config = self.config
+        if has_nulls is None:
+            has_nulls = None in values
         # Record sizes (value + key bytes), computed with C-level map/accumulate: this is the bulk-append path.
-        sizes = list(map(_len_or_zero, values)) if None in values else list(map(len, values))
+        sizes = list(map(_len_or_zero, values)) if has_nulls else list(map(len, values))
         if keys:
             sizes = [a + b for a, b in zip(sizes, map(_len_or_zero, keys))]
         largest = max(sizes)
@@ -174,29 +179,42 @@ class Log:
             cumulative = list(accumulate(map(operator.add, sizes, repeat(_RECORD_OVERHEAD)), initial=0))
             start = 0
             n = len(values)
-            while start < n:
-                end = bisect.bisect_right(cumulative, cumulative[start] + target, start + 1) - 1
-                end = min(max(end, start + 1), n)
-                self._append_batch(
-                    values[start:end],
-                    keys[start:end] if keys else None,
-                    headers[start:end] if headers else None,
-                    now,
-                )
-                start = end
+            try:
+                while start < n:
+                    end = bisect.bisect_right(cumulative, cumulative[start] + target, start + 1) - 1
+                    end = min(max(end, start + 1), n)
+                    self._append_batch(
+                        values[start:end],
+                        keys[start:end] if keys else None,
+                        headers[start:end] if headers else None,
+                        now,
+                        has_nulls,
+                        cumulative[end] - cumulative[start] - (end - start) * _RECORD_OVERHEAD,
+                    )
+                    start = end
+            except StorageIOError:
+                # All or nothing: batches of this call already written (a disk that filled up in the middle)
+                # are taken back, so a caller that retries never duplicates records.
+                if start and self.log_end_offset > first:
+                    self.truncate_to(first)
+                raise
             self.last_append_ms = now  # the records' own timestamp, so st_mtime is the same after a reload
             last = self.log_end_offset - 1
         if self.unflushed_messages >= config.flush_messages:
             self.flush()
         return first, last
 
-    def _append_batch(self, values, keys, headers, now: int) -> None:
+    def _append_batch(self, values, keys, headers, now: int, has_nulls: bool = True,
+                      payload_bytes: int | None = None) -> None:
         base = self.log_end_offset
         batch = rec.build_batch(base, now, values, keys, headers)
         header = rec.parse_header(batch)
         if len(batch) > self.config.segment_bytes:
             raise RecordTooLargeError(f"batch of {len(batch)} bytes exceeds segment.bytes")
-        stats = _stats_of(values, keys)
+        if not has_nulls and not keys and payload_bytes is not None:
+            stats = LineStats(len(values), 0, 0, 0, payload_bytes)  # the common case: plain lines
+        else:
+            stats = _stats_of(values, keys)
         self._maybe_roll(len(batch), header.last_offset)
         self.segments.active.append(batch, header, stats)
 

@@ -81,8 +81,8 @@ class LineFormat:
         return out
 
 
-# A sequential read fetches the requested size plus this much more, so the batch straddling the end of one
-# read is fetched whole once (batches are ~64 KiB: see logfs.storage.log.TARGET_BATCH_BYTES).
+# A read fetches the requested size, plus 1/8 for the batches' own overhead, plus this much more, so the batch
+# straddling the end of the request is fetched whole (batches are ~64 KiB: logfs.storage.log.TARGET_BATCH_BYTES).
 _READ_AHEAD = 80 * 1024
 
 
@@ -98,7 +98,7 @@ class SegmentView:
         self.fmt = fmt
         self._starts: list[int] = [0]  # view start of segments[0..k]; extended lazily
         self._prefix = self._prefix_length(self.segments[0], start_offset) if self.segments else 0
-        self._cursor: tuple[int, int, int, bytes] | None = None  # (view pos, seg idx, next batch pos, carry)
+        self._cursor: tuple[int, int, int, int] | None = None  # (view pos, segment idx, batch position, skip)
         self._scratch = bytearray()  # reused read buffer for sequential reads
 
     # -- layout ------------------------------------------------------------------------------------
@@ -158,81 +158,68 @@ class SegmentView:
         return i, local + (self._prefix if i == 0 else 0)
 
     # -- reading -----------------------------------------------------------------------------------
-    def read(self, pos: int, size: int) -> bytes:
+    def read(self, pos: int, size: int, *, zero_copy: bool = False) -> bytes | memoryview:
+        """``size`` bytes of the view from ``pos`` (fewer at the end). A sequential read resumes from the cursor
+        the previous read left: (segment, position of the batch it ended in, bytes of that batch's lines already
+        returned), so it neither looks anything up nor keeps rendered bytes between calls. With ``zero_copy``
+        the result may be a memoryview of the rendered lines (what the FUSE layer hands the kernel)."""
         total = self.length()
         if pos >= total or size <= 0:
             return b""
         size = min(size, total - pos)
-        out: list[bytes] = []
-        got = 0
         cursor = self._cursor
         if cursor is not None and cursor[0] == pos:
-            _, i, file_pos, carry = cursor
-            if carry:
-                piece = carry[:size]
-                out.append(piece)
-                got = len(piece)
-                carry = carry[len(piece):]
-                if carry:
-                    self._cursor = (pos + got, i, file_pos, carry)
-                    return piece
+            _, i, file_pos, skip = cursor
         else:
             i, local = self._locate(pos)
-            segment = self.segments[i]
-            entry = segment.view_index.floor_by_view(local, self.fmt.length)
+            entry = self.segments[i].view_index.floor_by_view(local, self.fmt.length)
             file_pos, cum = (entry.position, self.fmt.length(entry.stats)) if entry else (0, 0)
-            # Skip whole batches before the target, then take the tail of the batch holding it.
-            skip = local - cum
-            while skip > 0:
-                found = None
-                for bpos, header, buf, at in segment.batches_from(file_pos):
-                    lines, _ = self.fmt.render(buf, at, header.size)
-                    file_pos = bpos + header.size
-                    if len(lines) > skip:
-                        found = lines[skip:]
-                        break
-                    skip -= len(lines)
-                if found is None:
-                    break
-                piece = found[: size]
-                out.append(piece)
-                got = len(piece)
-                if len(found) > len(piece):
-                    self._cursor = (pos + got, i, file_pos, found[len(piece):])
-                    return piece
-                skip = 0
-        # Whole batches from (i, file_pos) on.
-        if len(self._scratch) < size + _READ_AHEAD:
-            self._scratch = bytearray(size + _READ_AHEAD)
+            skip = local - cum  # bytes of lines to pass over from file_pos: at most an index interval's worth
+        parts: list = []
+        got = 0
         while got < size and i < len(self.segments):
             segment = self.segments[i]
-            limit = segment.size
-            stop = False
-            for bpos, header, buf, at in segment.batches_from(file_pos, limit, chunk=size + _READ_AHEAD,
-                                                                   scratch=self._scratch):
-                lines, _ = self.fmt.render(buf, at, header.size)
-                file_pos = bpos + header.size
-                need = size - got
-                if len(lines) > need:
-                    out.append(lines[:need])
-                    got += need
-                    self._cursor = (pos + got, i, file_pos, lines[need:])
-                    stop = True
+            if file_pos >= segment.size:
+                if i + 1 >= len(self.segments):
                     break
-                out.append(lines)
-                got += len(lines)
-                if got >= size:
-                    self._cursor = (pos + got, i, file_pos, b"")
-                    stop = True
-                    break
-            if stop:
-                break
-            if file_pos >= segment.size and i + 1 < len(self.segments):
-                i, file_pos = i + 1, 0
-            else:
-                self._cursor = (pos + got, i, file_pos, b"")
-                break
-        return b"".join(out)
+                i, file_pos, skip = i + 1, 0, 0
+                continue
+            out, consumed, last_start, last_out = self._render(segment, file_pos, skip + size - got)
+            if not consumed:
+                break  # only an incomplete batch remains (an append in progress)
+            if skip >= len(out):
+                skip -= len(out)
+                file_pos += consumed
+                continue
+            end = min(len(out), skip + size - got)
+            parts.append(memoryview(out)[skip:end] if (skip or end < len(out)) else out)
+            got += end - skip
+            if end == len(out):
+                file_pos, skip = file_pos + consumed, 0
+            else:  # stopped inside the last rendered batch: resume there next time
+                file_pos, skip = file_pos + last_start, end - last_out
+        self._cursor = (pos + got, i, file_pos, skip)
+        if len(parts) == 1:
+            return parts[0] if zero_copy else bytes(parts[0])
+        return b"".join(parts)
+
+    def _render(self, segment: LogSegment, file_pos: int, want: int) -> tuple[bytes, int, int, int]:
+        """Lines of whole batches from ``file_pos``, at least ``want`` bytes if the segment has them:
+        (lines, file bytes consumed, start of the last batch rendered, offset of its lines in the output)."""
+        if _speedups is not None:
+            if len(self._scratch) < want + want // 8 + _READ_AHEAD:
+                self._scratch = bytearray(want + want // 8 + _READ_AHEAD)
+            buf = segment.read_into(self._scratch, file_pos, want + want // 8 + _READ_AHEAD)
+            out, consumed, _special, last_start, last_out = _speedups.render_span(
+                buf, want, self.fmt.separator, self.fmt.null_marker)
+            del buf  # release the scratch buffer's export
+            if consumed:
+                return out, consumed, last_start, last_out
+        # A compressed or control batch, one larger than the read buffer, or no accelerator: one batch.
+        for _, header, buf, at in segment.batches_from(file_pos):
+            lines, _ = self.fmt.render(buf, at, header.size)
+            return lines, header.size, 0, 0
+        return b"", 0, 0, 0
 
     def offset_at(self, pos: int) -> int | None:
         """Offset of the record whose line holds byte ``pos``, or None if out of range."""
