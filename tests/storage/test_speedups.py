@@ -49,3 +49,35 @@ def test_render_rejects_malformed_and_compressed():
     batch[22] |= 1  # gzip attribute
     with pytest.raises(ValueError):
         speedups.render_records(bytes(batch))
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_render_span_renders_whole_batches_up_to_want(seed):
+    rnd = random.Random(seed)
+    fmt = LineFormat(b"=", b"NULL") if seed % 2 else LineFormat()
+    batches, offset = [], 0
+    for _ in range(rnd.randrange(1, 8)):
+        values, keys = random_records(rnd, rnd.randrange(1, 50))
+        batches.append(rec.build_batch(offset, 1_700_000_000_000, values, keys))
+        offset += len(values)
+    rendered = [b"".join(fmt.line(r.key, r.value) for r in rec.decode(b)) for b in batches]
+    buf = b"".join(batches)
+    for want in (0, 1, len(rendered[0]), len(rendered[0]) + 1, sum(map(len, rendered)), 1 << 30):
+        out, consumed, special, last_start, last_out = speedups.render_span(buf, want, fmt.separator,
+                                                                            fmt.null_marker)
+        k = sum(1 for n in range(len(batches)) if sum(map(len, rendered[:n])) < want) if want else 0
+        k = max(k, 0)
+        assert out == b"".join(rendered[:k])
+        assert consumed == sum(map(len, batches[:k]))
+        assert not special
+        if k:
+            assert last_start == sum(map(len, batches[: k - 1]))
+            assert last_out == sum(map(len, rendered[: k - 1]))
+    # A partial batch at the end is not rendered; a compressed batch stops the span.
+    out, consumed, special, _, _ = speedups.render_span(buf[:-1], 1 << 30, fmt.separator, fmt.null_marker)
+    assert consumed == sum(map(len, batches[:-1]))
+    gz = bytearray(batches[-1])
+    gz[22] |= 1
+    out, consumed, special, _, _ = speedups.render_span(b"".join(batches[:-1]) + bytes(gz), 1 << 30,
+                                                        fmt.separator, fmt.null_marker)
+    assert special and consumed == sum(map(len, batches[:-1]))
