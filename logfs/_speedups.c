@@ -318,7 +318,52 @@ done:
     return result;
 }
 
+typedef struct {
+    long long records, keyed, nulls, key_bytes, value_bytes;
+} stats_ctx;
+
+static int count(const parsed_record *r, void *c) {
+    stats_ctx *s = c;
+    s->records++;
+    if (r->klen >= 0) {
+        s->keyed++;
+        s->key_bytes += r->klen;
+    }
+    if (r->vlen < 0)
+        s->nulls++;
+    else
+        s->value_bytes += r->vlen;
+    return 0;
+}
+
+/* batch_stats(batch) -> (records, keyed, nulls, key_bytes, value_bytes) of one uncompressed batch (a control
+ * batch counts nothing). ValueError for a compressed or malformed batch: the caller decodes those generically. */
+static PyObject *batch_stats(PyObject *self, PyObject *args) {
+    Py_buffer view;
+    if (!PyArg_ParseTuple(args, "y*", &view))
+        return NULL;
+    PyObject *result = NULL;
+    const unsigned char *buf = view.buf;
+    stats_ctx s = {0, 0, 0, 0, 0};
+    if (view.len < HEADER_SIZE || buf[16] != 2) {
+        PyErr_SetString(PyExc_ValueError, "not a v2 batch");
+        goto done;
+    }
+    int16_t attributes = (int16_t)((buf[21] << 8) | buf[22]);
+    if (attributes & 0x07) {
+        PyErr_SetString(PyExc_ValueError, "compressed batch");
+        goto done;
+    }
+    if (!(attributes & 0x20) && walk(buf, view.len, (int32_t)be32(buf + 57), count, &s) < 0)
+        goto done;
+    result = Py_BuildValue("(LLLLL)", s.records, s.keyed, s.nulls, s.key_bytes, s.value_bytes);
+done:
+    PyBuffer_Release(&view);
+    return result;
+}
+
 static PyMethodDef methods[] = {
+    {"batch_stats", batch_stats, METH_VARARGS, "Line statistics of one uncompressed batch."},
     {"render_span", render_span, METH_VARARGS, "Text-view lines of consecutive plain batches."},
     {"encode_records", encode_records, METH_VARARGS, "Records section of an uncompressed v2 batch."},
     {"render_records", render_records, METH_VARARGS, "Text-view lines of an uncompressed v2 batch."},

@@ -280,6 +280,7 @@ class Bench:
                 getx(f"{mnt}/t/{p}", f"position.{p}")
             out[f"rss_mb_{label}"] = rss_kb(daemon_pid(data)) / 1024
             unmount(mnt, data)
+            os.sync()  # measure the mount, not the writeback of the data just written
             out[f"mount_s_{label}"] = mount_logfs(data, mnt)
             # After kill -9: a small unflushed tail on one partition, then remount.
             with open(f"{mnt}/t/0", "ab") as f:

@@ -21,7 +21,8 @@ CONFIG_PREFIX = "config."
 
 
 def _number(text: str) -> int:
-    if not text.isdigit() or len(text) > 19:
+    # ASCII digits only: str.isdigit() also accepts "²" or "١", which int() then rejects (or reads as digits).
+    if not (text.isascii() and text.isdigit()) or len(text) > 19:
         fail(errno.ENODATA)
     return int(text)
 

@@ -38,6 +38,7 @@ class LogService:
         # for the GIL, see docs/benchmarks.md) or a worker thread of the daemon.
         self.cleaner_mode = os.environ.get("LOGFS_CLEANER_MODE", "process")
         self._wakeup = trio.Event()
+        self._failing: dict[str, str] = {}  # background step -> the error it last failed with
 
     def _on_roll(self, key):
         def callback(_segment):
@@ -71,9 +72,31 @@ class LogService:
         Cleaning runs in a worker thread; the log lock is taken only for each segment swap."""
         backoff = self.manager.broker.get("log.cleaner.backoff.ms") / 1000
         while True:
-            cleaned = await trio.to_thread.run_sync(self.clean_once, self.clock.time_ms())
+            cleaned = await self._guarded("cleaning", self.clean_once, self.clock.time_ms())
             if not cleaned:
                 await trio.sleep(backoff)
+
+    async def _guarded(self, what: str, fn, *args):
+        """Background work in a worker thread. A failure of the disk (ENOSPC, EIO, EMFILE...) is logged, once
+        until the step works again, and the step is retried on a later tick: it never ends the daemon, which
+        keeps serving reads (and appends, once the disk recovers)."""
+        try:
+            result = await trio.to_thread.run_sync(fn, *args)
+        except (OSError, LogfsError) as exc:
+            self._failed(what, exc)
+            return None
+        self._recovered(what)
+        return result
+
+    def _failed(self, what: str, exc: BaseException) -> None:
+        message = str(exc)
+        if self._failing.get(what) != message:
+            log.error("%s failed (will retry): %s", what, message)
+            self._failing[what] = message
+
+    def _recovered(self, what: str) -> None:
+        if self._failing.pop(what, None) is not None:
+            log.info("%s works again", what)
 
     def clean_once(self, now_ms: int) -> bool:
         target = grab_filthiest(list(self.manager.logs.values()), dict(self.manager.cleaner_checkpoints), now_ms)
@@ -110,24 +133,31 @@ class LogService:
                 self.attach(plog)
             if plog.closed:
                 continue
-            plog.maybe_roll_for_time()
+            name = f"{plog.topic}-{plog.partition}"
+            try:
+                plog.maybe_roll_for_time()
+            except (OSError, LogfsError) as exc:
+                self._failed(f"time-based roll of {name}", exc)
+            else:
+                self._recovered(f"time-based roll of {name}")
             due_flush = (plog.unflushed_messages > 0 and now - plog.last_flush_ms >= plog.config.flush_ms)
             if key in self._roll_flush or due_flush:
                 self._roll_flush.discard(key)
                 upto = None if due_flush else plog.active_segment.base_offset
-                await trio.to_thread.run_sync(plog.flush, upto)
+                if await self._guarded(f"flush of {name}", plog.flush, upto) is None:
+                    self._roll_flush.add(key)  # retried on the next tick
             if plog.deleted_segments:
-                await trio.to_thread.run_sync(plog.purge_deleted, now)
+                await self._guarded(f"unlinking deleted segments of {name}", plog.purge_deleted, now)
         if now - self._last_retention_ms >= self.manager.broker.get("log.retention.check.interval.ms"):
             self._last_retention_ms = now
-            deleted = await trio.to_thread.run_sync(self.retention, now)
+            deleted = await self._guarded("retention", self.retention, now)
             if deleted:
                 self._last_checkpoint_ms = -1 << 62  # persist the new log start offsets now
         interval = self.manager.broker.get("log.flush.offset.checkpoint.interval.ms")
         if now - self._last_checkpoint_ms >= interval:
             self._last_checkpoint_ms = now
-            await trio.to_thread.run_sync(self.manager.checkpoint)
-        await trio.to_thread.run_sync(self.manager.purge_deleted_dirs, now)
+            await self._guarded("writing checkpoints", self.manager.checkpoint)
+        await self._guarded("removing deleted partitions", self.manager.purge_deleted_dirs, now)
 
     def retention(self, now_ms: int) -> int:
         """One retention pass over every log (worker thread). Returns the number of segments deleted."""

@@ -214,6 +214,16 @@ def encode_batch(header: rec.BatchHeader, records: list[rec.Record], delete_hori
     return struct.pack(">qiibI", header.base_offset, length, header.partition_leader_epoch, rec.MAGIC, crc) + after_crc
 
 
+def empty_batch(offset: int) -> bytes:
+    """A v2 batch without records that spans just ``offset``. Its timestamps are Kafka's NO_TIMESTAMP (-1), so
+    it never makes its segment look younger to time-based retention."""
+    import crc32c
+
+    after_crc = struct.pack(">hiqqqhii", 0, 0, -1, -1, -1, -1, -1, 0)
+    length = 4 + 1 + 4 + len(after_crc)
+    return struct.pack(">qiibI", offset, length, 0, rec.MAGIC, crc32c.crc32c(after_crc)) + after_crc
+
+
 @dataclass
 class CleanResult:
     end_offset: int
@@ -300,6 +310,15 @@ def _clean_group(directory: str, config, group: list[LogSegment], offset_map: Of
                     horizon = now_ms + config.delete_retention_ms
                 batch = encode_batch(header, kept, horizon)
                 cleaned.append(batch, rec.parse_header(batch), batch_stats(batch))
+        group_end = group[-1].next_offset
+        if cleaned.next_offset < group_end:
+            # The group's last records were all removed: keep an empty batch at its last offset (as Kafka's
+            # cleaner keeps empty batches, RETAIN_EMPTY), so the cleaned segment still spans the whole offset
+            # range it replaces. Completing an interrupted swap removes the live segments inside that range:
+            # without it, the replaced segments past the last kept record came back after a crash (superseded
+            # values, keyless records, deleted keys).
+            batch = empty_batch(group_end - 1)
+            cleaned.append(batch, rec.parse_header(batch), batch_stats(batch))
         cleaned.on_become_inactive()
         cleaned.flush()
     except BaseException:

@@ -4,8 +4,12 @@ The cleaner process only reads sealed segments (immutable) and writes ``.cleaned
 deletes anything. The parent then swaps each cleaned segment in under the log lock (:func:`cleaner._swap`),
 skipping a group whose segments retention removed meanwhile. Protocol: one JSON object on stdin, one on stdout.
 
-    parent: {"directory", "bases", "first_dirty", "first_uncleanable", "config", "capacity", "now_ms"}
+    parent: {"directory", "bases", "first_dirty", "first_uncleanable", "config", "capacity", "now_ms", "parent"}
     child:  {"end": offset, "groups": [{"old": [base, ...], "base": base, "dropped": n}]}
+
+The child dies with the daemon (``PR_SET_PDEATHSIG``): a pass orphaned by a crash of the daemon could otherwise
+go on writing ``.cleaned`` files after the next daemon has loaded the directory, under the names that daemon's
+own cleaner writes.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ def clean_in_subprocess(plog: Log, target: CleanableLog, capacity: int, now_ms: 
         "config": {f: getattr(config, f) for f in _CONFIG_FIELDS},
         "capacity": capacity,
         "now_ms": now_ms,
+        "parent": os.getpid(),
     }
     proc = subprocess.run([sys.executable, "-m", "logfs.storage.cleaner_process"], input=json.dumps(request),
                           capture_output=True, text=True, check=False)
@@ -87,5 +92,21 @@ def _worker(request: dict) -> dict:
             os.close(segment.fd)
 
 
+def _die_with_parent() -> None:
+    """SIGKILL this process when the daemon that started it dies (Linux)."""
+    try:
+        import ctypes
+        import signal
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 if __name__ == "__main__":
-    json.dump(_worker(json.load(sys.stdin)), sys.stdout)
+    _die_with_parent()
+    request = json.load(sys.stdin)
+    if request.get("parent") not in (None, os.getppid()):  # the daemon died before the line above
+        sys.exit("the daemon that started this cleaning pass is gone")
+    json.dump(_worker(request), sys.stdout)

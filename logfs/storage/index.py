@@ -12,12 +12,25 @@ entries below the published entry count and may run concurrently with appends.
 from __future__ import annotations
 
 import bisect
+import operator
 import mmap
 import os
 import struct
 from typing import NamedTuple
 
-from .errors import CorruptRecordError
+from .errors import CorruptRecordError, StorageIOError
+
+# Disk blocks are reserved for an index one page ahead of its entries (see _MappedIndex._reserve): one
+# posix_fallocate per 512 offset index entries, and no more disk than the entries need.
+_RESERVE_BYTES = mmap.PAGESIZE
+
+
+def _increasing(column) -> bool:
+    return all(map(operator.lt, column, column[1:]))
+
+
+def _non_decreasing(column) -> bool:
+    return all(map(operator.le, column, column[1:]))
 
 
 class _Entries:
@@ -44,27 +57,63 @@ class _MappedIndex:
         self.entry_size = self.ENTRY.size
         self.max_index_size = max(self.entry_size, max_index_size - max_index_size % self.entry_size)
         self._mmap: mmap.mmap | None = None
-        self._fd = -1
+        # No descriptor is kept open: the mapping holds its own (Python's mmap dups it), and the rare
+        # operations that need one (resize, trim, reserving blocks) open the file by path. A partition's active
+        # segment then costs 4 descriptors (its .log and three mappings), not 7.
+        self.open = True
         exists = os.path.exists(path)
-        self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        length = os.fstat(self._fd).st_size
-        if length % self.entry_size:
-            length -= length % self.entry_size
-        self.entries = self._count_entries(length) if exists else 0
-        if active:
-            # Never below the entries already there (segment.index.bytes may have been lowered since).
-            self._remap(max(self.max_index_size, self.entries * self.entry_size))
-        else:
-            self._remap(max(length, self.entries * self.entry_size))
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            length = os.fstat(fd).st_size
+            if length % self.entry_size:
+                length -= length % self.entry_size
+            self.entries = self._count_entries(length) if exists else 0
+            self._backed = self.entries * self.entry_size  # bytes known to have disk blocks behind the mapping
+            if active:
+                # Never below the entries already there (segment.index.bytes may have been lowered since).
+                self._remap(max(self.max_index_size, self.entries * self.entry_size), fd)
+            else:
+                self._remap(max(length, self.entries * self.entry_size), fd)
+        finally:
+            os.close(fd)
 
     # -- mapping ---------------------------------------------------------------------------------
-    def _remap(self, length: int) -> None:
+    def _remap(self, length: int, fd: int | None = None) -> None:
         if self._mmap is not None:
             self._mmap.close()
             self._mmap = None
-        os.ftruncate(self._fd, length)
-        self._mmap = mmap.mmap(self._fd, length) if length else None
+        own = fd is None
+        if own:
+            fd = os.open(self.path, os.O_RDWR)
+        try:
+            os.ftruncate(fd, length)
+            # No mapping while there is no entry (see _put): an idle or small partition's active segment then
+            # holds one descriptor, its .log, instead of four (each mapping holds a descriptor of its own).
+            self._mmap = mmap.mmap(fd, length) if length and self.entries else None
+        finally:
+            if own:
+                os.close(fd)
         self.max_entries = length // self.entry_size
+        self._backed = min(self._backed, length)
+
+    def _reserve(self, end: int) -> None:
+        """Give the mapped range up to ``end`` disk blocks before storing into it. A preallocated index is a
+        sparse file: a store through the mapping into a hole, when the filesystem is full, raises SIGBUS and
+        kills the process; ``posix_fallocate`` fails with ENOSPC instead, which the append reports."""
+        length = self.max_entries * self.entry_size
+        start = self._backed
+        stop = min(max(end, start + _RESERVE_BYTES), length)
+        if stop <= start:
+            return
+        try:
+            fd = os.open(self.path, os.O_RDWR)
+            try:
+                os.posix_fallocate(fd, start, stop - start)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            raise StorageIOError(f"cannot extend index {self.path}: {exc.strerror}", exc.errno) from exc
+        self._backed = stop
 
     def _count_entries(self, length: int) -> int:
         """Entries in an existing file: a preallocated file ends in all-zero slots (never a valid entry past
@@ -87,14 +136,48 @@ class _MappedIndex:
             return 0
         return lo
 
+    def _columns(self) -> list[tuple]:
+        """The entries' fields as columns (one tuple per field), unpacked in C."""
+        if not self.entries:
+            return [() for _ in range(len(self.ENTRY.format) - 1)]
+        data = memoryview(self._mmap)[: self.entries * self.entry_size]
+        try:
+            return list(zip(*self.ENTRY.iter_unpack(data)))
+        finally:
+            data.release()
+
     def entry(self, i: int):
         return self.ENTRY.unpack_from(self._mmap, i * self.entry_size)
 
     def _put(self, values) -> None:
         if self.entries >= self.max_entries:
             raise CorruptRecordError(f"index {self.path} is full")
-        self.ENTRY.pack_into(self._mmap, self.entries * self.entry_size, *values)
+        at = self.entries * self.entry_size
+        if at + self.entry_size > self._backed:
+            self._reserve(at + self.entry_size)
+        if self._mmap is None:  # the first entry: map the file now
+            fd = os.open(self.path, os.O_RDWR)
+            try:
+                self._mmap = mmap.mmap(fd, self.max_entries * self.entry_size)
+            finally:
+                os.close(fd)
+        self.ENTRY.pack_into(self._mmap, at, *values)
         self.entries += 1
+
+    def mark(self) -> tuple[int, bytes]:
+        """The entry count and the last entry's bytes, for :meth:`rollback` (an append that failed)."""
+        if not self.entries:
+            return 0, b""
+        at = (self.entries - 1) * self.entry_size
+        return self.entries, bytes(self._mmap[at : at + self.entry_size])
+
+    def rollback(self, mark: tuple[int, bytes]) -> None:
+        entries, last = mark
+        self._truncate_entries(entries)
+        self.entries = entries  # (a time index entry overwritten in place left the count one lower)
+        if entries:
+            at = (entries - 1) * self.entry_size
+            self._mmap[at : at + self.entry_size] = last
 
     def _search(self, target, key) -> int:
         """Slot of the greatest entry whose key <= target, or -1."""
@@ -127,22 +210,19 @@ class _MappedIndex:
             self._mmap.flush()
 
     def close(self) -> None:
-        if self._fd >= 0:
+        if self.open:
             self.trim_to_valid_size()
             if self._mmap is not None:
                 self._mmap.close()
                 self._mmap = None
-            os.close(self._fd)
-            self._fd = -1
+            self.open = False
 
     def close_handler(self) -> None:
         """Release the mapping without trimming (the file is being deleted or renamed away)."""
         if self._mmap is not None:
             self._mmap.close()
             self._mmap = None
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
+        self.open = False
 
     def rename(self, new_path: str) -> None:
         os.rename(self.path, new_path)
@@ -194,12 +274,12 @@ class OffsetIndex(_MappedIndex):
         self._truncate_entries(self._search(offset - self.base_offset - 1, lambda e: e[0]) + 1)
 
     def sanity_check(self, log_size: int) -> None:
-        prev = (-1, -1)
-        for i in range(self.entries):
-            rel, pos = self.entry(i)
-            if rel <= prev[0] or pos < prev[1] or pos >= max(log_size, 1):
-                raise CorruptRecordError(f"corrupt offset index {self.path} at entry {i}")
-            prev = (rel, pos)
+        """Offsets strictly increasing, positions non-decreasing and inside the log (checked column-wise in C:
+        loading a store checks every entry without a Python loop per entry)."""
+        rels, positions = self._columns()
+        if rels and (not _increasing(rels) or not _non_decreasing(positions) or positions[-1] >= max(log_size, 1)
+                     or rels[0] < 0 or positions[0] < 0):
+            raise CorruptRecordError(f"corrupt offset index {self.path}")
 
 
 class TimestampOffset(NamedTuple):
@@ -249,12 +329,9 @@ class TimeIndex(_MappedIndex):
         self._truncate_entries(self._search(offset - self.base_offset - 1, lambda e: e[1]) + 1)
 
     def sanity_check(self, log_size: int) -> None:
-        prev = (-1, -1)
-        for i in range(self.entries):
-            ts, rel = self.entry(i)
-            if ts < prev[0] or rel < prev[1]:
-                raise CorruptRecordError(f"corrupt time index {self.path} at entry {i}")
-            prev = (ts, rel)
+        timestamps, rels = self._columns()
+        if timestamps and (not _non_decreasing(timestamps) or not _non_decreasing(rels) or rels[0] < 0):
+            raise CorruptRecordError(f"corrupt time index {self.path}")
 
 
 class LineStats(NamedTuple):
@@ -321,6 +398,24 @@ class ViewIndex(_MappedIndex):
     def floor_by_position(self, position: int) -> ViewEntry | None:
         slot = self._search(position, lambda e: e[1])
         return self.get(slot) if slot >= 0 else None
+
+    def sanity_check(self, log_size: int) -> None:
+        """Entries strictly increasing in offset and position, inside the log (only an end entry at its size),
+        their stats non-decreasing and possible: no more records than offsets, no more key and value bytes
+        than log bytes, before each entry."""
+        if not self.entries:
+            return
+        rels, positions, records, keyed, nulls, key_bytes, value_bytes = self._columns()
+        le = operator.le
+        ok = (
+            positions[-1] <= log_size and (len(positions) < 2 or positions[-2] < log_size)
+            and all(map(le, records, rels)) and all(map(le, keyed, records)) and all(map(le, nulls, records))
+            and all(map(le, map(operator.add, key_bytes, value_bytes), positions))
+            and _increasing(rels) and _increasing(positions)
+            and all(_non_decreasing(column) for column in (records, keyed, nulls, key_bytes, value_bytes))
+        )
+        if not ok:
+            raise CorruptRecordError(f"corrupt view index {self.path}")
 
     def truncate_to_position(self, position: int) -> None:
         """Remove entries at positions >= ``position``."""

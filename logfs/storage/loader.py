@@ -26,7 +26,7 @@ from .errors import CorruptRecordError
 from .log import Log
 from .segment import (
     CLEANED_SUFFIX, DELETED_SUFFIX, INDEX_SUFFIX, INDEX_SUFFIXES, LOG_SUFFIX, SWAP_SUFFIX,
-    TIME_INDEX_SUFFIX, LogSegment, filename_prefix,
+    TIME_INDEX_SUFFIX, VIEW_INDEX_SUFFIX, LogSegment, filename_prefix,
 )
 
 log = logging.getLogger(__name__)
@@ -96,6 +96,7 @@ def load_log(
             continue
         stem = os.path.join(directory, filename_prefix(base))
         indexes_present = all(os.path.exists(stem + s) for s in (INDEX_SUFFIX, TIME_INDEX_SUFFIX))
+        index_trouble = not indexes_present or not os.path.exists(stem + VIEW_INDEX_SUFFIX)
         segment = LogSegment(
             directory, base, index_interval_bytes=config.index_interval_bytes,
             max_index_size=config.segment_index_bytes, created_ms=clock.time_ms(),
@@ -112,7 +113,8 @@ def load_log(
                 log.warning("%s; rebuilding indexes of %s", exc, segment.log_path)
                 needs_recovery = True
         if needs_recovery:
-            truncated = segment.recover()
+            # The segment holding the recovery point is re-validated from its last flushed index entry only.
+            truncated = segment.recover(recovery_point if base == recover_from and not index_trouble else None)
             if truncated:
                 log.warning("truncated %d invalid bytes at the end of %s", truncated, segment.log_path)
                 truncated_at = base
@@ -131,6 +133,12 @@ def load_log(
             max_index_size=config.segment_index_bytes, created_ms=clock.time_ms(),
         ))
     log_end = segments[-1].next_offset
+    if log_start_offset > log_end:
+        # No log starts past its end: the checkpoint is damaged (a stale one is only ever behind). Trusting it
+        # would hide every record, and retention would then delete them as below the log start.
+        log.warning("%s: log start offset checkpoint %d is past the log end offset %d; ignored",
+                    directory, log_start_offset, log_end)
+        log_start_offset = segments[0].base_offset
     start = min(max(log_start_offset, segments[0].base_offset), log_end)
     if had_clean_shutdown:
         recovery_point = log_end

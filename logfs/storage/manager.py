@@ -25,8 +25,8 @@ from . import checkpoints as ckpt
 from .clock import SYSTEM_CLOCK, Clock
 from .config import TOPIC_SETTINGS, BrokerConfig, LogConfig, validate_topic_setting
 from .errors import (
-    InvalidConfigError, InvalidPartitionError, InvalidTopicError, LockedError, NoSuchTopicError, TopicExistsError,
-    TopicNotEmptyError,
+    InvalidConfigError, InvalidPartitionError, InvalidTopicError, LockedError, LogfsError, NoSuchTopicError,
+    TopicExistsError, TopicNotEmptyError,
 )
 from .loader import load_log
 from .log import Log, parse_partition_dir, partition_dir_name
@@ -38,6 +38,23 @@ TOPICS_FILE = "logfs-topics.json"
 LOCK_FILE = ".lock"
 DELETE_DIR_SUFFIX = "-delete"
 _TOPIC_RE = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
+
+
+def raise_fd_limit() -> int:
+    """Raise this process's soft RLIMIT_NOFILE to its hard limit (as the JVM does for Kafka): every partition's
+    active segment holds 4 descriptors and every sealed segment 4 more, so the usual soft limit of 1024 would cap
+    a store at ~250 partitions. Returns the soft limit now in force."""
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        target = hard if hard != resource.RLIM_INFINITY else 1 << 20
+        if soft != resource.RLIM_INFINITY and soft < target:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            return target
+        return soft
+    except (ImportError, ValueError, OSError):
+        return -1
 
 
 def validate_topic_name(name: str) -> None:
@@ -63,6 +80,7 @@ class LogManager:
         self.topics: dict[str, dict[str, str]] = {}  # topic -> overrides
         self.attrs: dict[str, tuple[int, int, int]] = {}  # "", "topic", "topic/N" -> (mode, uid, gid)
         self._deleted_dirs: list[tuple[int, str]] = []
+        raise_fd_limit()
         os.makedirs(self.data_dir, exist_ok=True)
         self._lock_fd = self._acquire_lock()
         try:
@@ -156,10 +174,17 @@ class LogManager:
                     del overrides[key]
 
     def _save_topics(self) -> None:
-        data = {"version": 1, "topics": {t: {"config": c} for t, c in sorted(self.topics.items())},
+        # Only topics the partition directories do not already describe: those with overrides, and those
+        # with no partition left. A plain new topic then costs no rewrite of this file, so mkdir stays O(1)
+        # however many topics exist (it was O(topics): 46 ms per mkdir at 3,000 topics).
+        with_partitions = {t for t, _ in self.logs}
+        data = {"version": 1, "topics": {t: {"config": c} for t, c in sorted(self.topics.items())
+                                         if c or t not in with_partitions},
                 "attrs": {k: list(v) for k, v in sorted(self.attrs.items())}}
+        # No indent=: that switches json to its pure-Python encoder, ~15 us per topic, and every mkdir rewrites
+        # the file (46 ms per mkdir at 3,000 topics); the C encoder takes ~0.3 us per topic.
         ckpt.atomic_write(os.path.join(self.data_dir, TOPICS_FILE),
-                          (json.dumps(data, indent=1, sort_keys=True) + "\n").encode())
+                          (json.dumps(data, sort_keys=True) + "\n").encode())
 
     # -- topics ------------------------------------------------------------------------------------
     def topic_config(self, topic: str) -> LogConfig:
@@ -181,10 +206,25 @@ class LogManager:
             if topic in self.topics:
                 raise TopicExistsError(f"topic {topic!r} exists")
             self.topics[topic] = {}
-            self._save_topics()
             count = self.broker.get("num.partitions") if partitions is None else partitions
-            for p in range(count):
-                self._create_partition(topic, p)
+            try:
+                for p in range(count):
+                    self._create_partition(topic, p)
+                if not count:
+                    self._save_topics()  # a topic without partitions is known only from logfs-topics.json
+            except BaseException:
+                # All or nothing (EMFILE, ENOSPC...): no topic left behind with only some of its partitions.
+                for p in range(count):
+                    created = self.logs.pop((topic, p), None)
+                    if created is not None:
+                        created.close_without_flush()
+                    shutil.rmtree(os.path.join(self.data_dir, partition_dir_name(topic, p)), ignore_errors=True)
+                del self.topics[topic]
+                try:
+                    self._save_topics()
+                except OSError:
+                    pass
+                raise
 
     def create_partition(self, topic: str, partition: int) -> Log:
         with self.lock:
@@ -221,13 +261,14 @@ class LogManager:
                     if segment.refs <= 0:
                         segment.close()
                 victim.closed = True
+            attrs_gone = self.attrs.pop(f"{topic}/{partition}", None) is not None
+            if attrs_gone or not any(t == topic for t, _ in self.logs):
+                self._save_topics()  # (before the rename: an emptied topic must survive a crash as a topic)
             new_path = os.path.join(
                 self.data_dir, f"{partition_dir_name(topic, partition)}.{uuid.uuid4().hex}{DELETE_DIR_SUFFIX}")
             os.rename(victim.directory, new_path)
             ckpt.fsync_dir(self.data_dir)
             self._deleted_dirs.append((self.clock.time_ms() + victim.config.file_delete_delay_ms, new_path))
-            if self.attrs.pop(f"{topic}/{partition}", None) is not None:
-                self._save_topics()
             self.checkpoint()
 
     def delete_topic(self, topic: str) -> None:
@@ -309,14 +350,23 @@ class LogManager:
         if self.closed:
             return
         with self.lock:
-            for partition_log in self.logs.values():
-                partition_log.close()
-            self.checkpoint()
-            self._save_topics()
-            ckpt.atomic_write(os.path.join(self.data_dir, ckpt.CLEAN_SHUTDOWN), b"")
-            self.purge_deleted_dirs(now_ms=1 << 62)
-            os.close(self._lock_fd)
-            self.closed = True
+            try:
+                for partition_log in self.logs.values():
+                    partition_log.close()
+                self.checkpoint()
+                self._save_topics()
+                ckpt.atomic_write(os.path.join(self.data_dir, ckpt.CLEAN_SHUTDOWN), b"")
+                self.purge_deleted_dirs(now_ms=1 << 62)
+            except (OSError, LogfsError) as exc:
+                # E.g. ENOSPC: without the clean-shutdown marker, the next start recovers what was not made
+                # durable here. The lock is released either way.
+                log.error("clean shutdown of %s incomplete (the next start recovers): %s", self.data_dir, exc)
+                for partition_log in self.logs.values():
+                    if not partition_log.closed:
+                        partition_log.close_without_flush()
+            finally:
+                os.close(self._lock_fd)
+                self.closed = True
 
     def abandon(self) -> None:
         """Release the lock without flushing or the marker (simulates a crash in tests)."""

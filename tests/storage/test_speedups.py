@@ -81,3 +81,16 @@ def test_render_span_renders_whole_batches_up_to_want(seed):
     out, consumed, special, _, _ = speedups.render_span(b"".join(batches[:-1]) + bytes(gz), 1 << 30,
                                                         fmt.separator, fmt.null_marker)
     assert special and consumed == sum(map(len, batches[:-1]))
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_batch_stats_matches_decoding(seed):
+    from logfs.storage import segment
+
+    rnd = random.Random(seed)
+    values, keys = random_records(rnd, rnd.randrange(1, 300))
+    batch = rec.build_batch(0, 1, values, keys)
+    expected = (len(values), sum(k is not None for k in keys), sum(v is None for v in values),
+                sum(len(k) for k in keys if k is not None), sum(len(v) for v in values if v is not None))
+    assert speedups.batch_stats(batch) == expected
+    assert tuple(segment.batch_stats(b"xx" + batch, 2, len(batch))) == expected

@@ -1,0 +1,99 @@
+"""The reliability suite (issue 8): crash, fault, load, bad-input and model-based tests.
+
+Two profiles. SHORT (the default, what CI runs) bounds every test so the whole directory takes a few minutes on
+two cores. LONG runs the same tests with many more crashes, operations and examples: ``LOGFS_LONG=1 pytest
+tests/reliability`` or ``pytest tests/reliability -m long``. Tests take the ``profile`` fixture; in the LONG
+profile each test is marked ``long``. With ``LOGFS_RELIABILITY_STATS=FILE`` the counts of what was injected
+(kills, faults, operations, losses) are written to FILE at the end (docs/reliability.md summarises one run).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+import rel_helpers
+from rel_helpers import LogfsMount, fuse_unusable_reason
+
+
+def _long_selected(config) -> bool:
+    if os.environ.get("LOGFS_LONG", "") not in ("", "0"):
+        return True
+    expr = (config.getoption("markexpr", "") or "").replace(" ", "")
+    return "long" in expr and "notlong" not in expr
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "long: the LONG profile of the reliability suite (LOGFS_LONG=1 or -m long)")
+    config.addinivalue_line("markers", "reliability: part of the reliability suite (tests/reliability)")
+    rel_helpers.LONG = _long_selected(config)
+
+
+def pytest_generate_tests(metafunc):
+    if "profile" in metafunc.fixturenames:
+        if rel_helpers.LONG:
+            metafunc.parametrize("profile", [pytest.param("long", marks=pytest.mark.long)], ids=["long"])
+        else:
+            metafunc.parametrize("profile", ["short"], ids=["short"])
+
+
+def pytest_collection_modifyitems(config, items):
+    reason = fuse_unusable_reason()
+    here = Path(__file__).parent
+    for item in items:
+        if here not in Path(item.path).parents:
+            continue
+        item.add_marker(pytest.mark.reliability)
+        if item.get_closest_marker("mount") and reason:
+            item.add_marker(pytest.mark.skip(reason=reason))
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    if not rel_helpers.STATS:
+        return
+    terminalreporter.section(f"reliability ({'long' if rel_helpers.LONG else 'short'} profile)")
+    for name, values in sorted(rel_helpers.STATS.items()):
+        terminalreporter.write_line(f"{name}: " + ", ".join(f"{k}={v}" for k, v in sorted(values.items())))
+    path = os.environ.get("LOGFS_RELIABILITY_STATS")
+    if path:
+        rel_helpers.dump_stats(path)
+        terminalreporter.write_line(f"statistics written to {path}")
+
+
+@pytest.fixture
+def mount_logfs(tmp_path, public_root):
+    """Factory: ``mount_logfs(*options, foreground=False, name="fs", root=None)`` -> a mounted LogfsMount; every
+    mount made through it is unmounted (its daemon reaped) in teardown. ``prepare(m)`` runs before mounting."""
+    made: list[LogfsMount] = []
+
+    def make(*options: str, foreground: bool = False, name: str = "fs", root: Path | None = None,
+             prepare=None) -> LogfsMount:
+        m = LogfsMount((root or tmp_path) / name)
+        made.append(m)
+        if prepare is not None:
+            prepare(m)
+        m.mount(*options, foreground=foreground)
+        return m
+
+    yield make
+    errors = []
+    for m in made:
+        try:
+            m.cleanup()
+        except Exception as exc:  # keep unmounting the others
+            errors.append(exc)
+    if errors:
+        raise errors[0]
+
+
+@pytest.fixture
+def public_root():
+    """A directory every user can traverse (tmp_path's parents are 0700), removed afterwards."""
+    root = Path(tempfile.mkdtemp(prefix="logfs-rel-"))
+    os.chmod(root, 0o755)
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
