@@ -196,6 +196,26 @@ static int emit(const parsed_record *r, void *c) {
     return 0;
 }
 
+static int set_format(render_ctx *ctx, PyObject *sep, PyObject *marker) {
+    if (sep != Py_None) {
+        if (!PyBytes_Check(sep)) {
+            PyErr_SetString(PyExc_TypeError, "separator must be bytes or None");
+            return -1;
+        }
+        ctx->sep = PyBytes_AS_STRING(sep);
+        ctx->seplen = PyBytes_GET_SIZE(sep);
+    }
+    if (marker != Py_None) {
+        if (!PyBytes_Check(marker)) {
+            PyErr_SetString(PyExc_TypeError, "null marker must be bytes or None");
+            return -1;
+        }
+        ctx->marker = PyBytes_AS_STRING(marker);
+        ctx->markerlen = PyBytes_GET_SIZE(marker);
+    }
+    return 0;
+}
+
 static PyObject *render_records(PyObject *self, PyObject *args) {
     Py_buffer view;
     PyObject *sep = Py_None, *marker = Py_None;
@@ -214,22 +234,8 @@ static PyObject *render_records(PyObject *self, PyObject *args) {
         goto done;
     }
     int32_t count = (int32_t)(((uint32_t)buf[57] << 24) | ((uint32_t)buf[58] << 16) | ((uint32_t)buf[59] << 8) | buf[60]);
-    if (sep != Py_None) {
-        if (!PyBytes_Check(sep)) {
-            PyErr_SetString(PyExc_TypeError, "separator must be bytes or None");
-            goto done;
-        }
-        ctx.sep = PyBytes_AS_STRING(sep);
-        ctx.seplen = PyBytes_GET_SIZE(sep);
-    }
-    if (marker != Py_None) {
-        if (!PyBytes_Check(marker)) {
-            PyErr_SetString(PyExc_TypeError, "null marker must be bytes or None");
-            goto done;
-        }
-        ctx.marker = PyBytes_AS_STRING(marker);
-        ctx.markerlen = PyBytes_GET_SIZE(marker);
-    }
+    if (set_format(&ctx, sep, marker) < 0)
+        goto done;
     if (walk(buf, view.len, count, measure, &ctx) < 0)
         goto done;
     out = PyBytes_FromStringAndSize(NULL, ctx.total);
@@ -265,22 +271,8 @@ static PyObject *render_span(PyObject *self, PyObject *args) {
     render_ctx ctx = {NULL, NULL, 0, 0, 0, NULL};
     PyObject *out = NULL, *result = NULL;
     const unsigned char *buf = view.buf;
-    if (sep != Py_None) {
-        if (!PyBytes_Check(sep)) {
-            PyErr_SetString(PyExc_TypeError, "separator must be bytes or None");
-            goto done;
-        }
-        ctx.sep = PyBytes_AS_STRING(sep);
-        ctx.seplen = PyBytes_GET_SIZE(sep);
-    }
-    if (marker != Py_None) {
-        if (!PyBytes_Check(marker)) {
-            PyErr_SetString(PyExc_TypeError, "null marker must be bytes or None");
-            goto done;
-        }
-        ctx.marker = PyBytes_AS_STRING(marker);
-        ctx.markerlen = PyBytes_GET_SIZE(marker);
-    }
+    if (set_format(&ctx, sep, marker) < 0)
+        goto done;
     /* Pass 1: which batches, and how many output bytes. */
     Py_ssize_t pos = 0, end = 0, last_pos = 0, last_out = 0;
     int special = 0;
