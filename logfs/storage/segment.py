@@ -174,7 +174,8 @@ class LogSegment:
         reached, max_ts = position, None
         try:
             for pos, header, buf, at in self.batches_from(position):
-                if header.magic != rec.MAGIC or header.size < rec.HEADER_SIZE or (expect_base and pos == position and header.base_offset != next_offset):
+                if (header.magic != rec.MAGIC or header.size < rec.HEADER_SIZE
+                        or (expect_base and pos == position and header.base_offset != next_offset)):
                     break
                 stats = stats + batch_stats(buf, at, header.size)
                 next_offset = header.next_offset

@@ -118,7 +118,8 @@ def read_checkpoint_file(path: str) -> dict[tuple[str, int], int]:
 # -- self-checking lines ------------------------------------------------------------------------------------
 # A line: [key SEP] "W<writer>:<seq>:<pad>:<crc>" where pad is derived from (writer, seq) and crc covers the
 # rest, so a torn, corrupt or spliced line never parses, and a line can be regenerated from its id.
-LINE_RE = re.compile(rb"^(?:(?P<key>[^=]*)=)?W(?P<w>[A-Za-z0-9_.-]+):(?P<seq>\d+):(?P<pad>[a-z]*):(?P<crc>[0-9a-f]{8})$")
+LINE_RE = re.compile(
+    rb"^(?:(?P<key>[^=]*)=)?W(?P<w>[A-Za-z0-9_.-]+):(?P<seq>\d+):(?P<pad>[a-z]*):(?P<crc>[0-9a-f]{8})$")
 
 LINE_CODE = r'''
 import zlib

@@ -173,7 +173,8 @@ def _fill_store(fs: LogfsMount, topic: str, partitions: int, rng: random.Random)
         open(fs.path(topic, p), "a").close()
     for p in range(partitions):
         n = rng.randrange(300, 700)
-        lines = b"".join(b"%s-%d line %05d %s\n" % (topic.encode(), p, i, b"v" * rng.randrange(0, 60)) for i in range(n))
+        lines = b"".join(b"%s-%d line %05d %s\n" % (topic.encode(), p, i, b"v" * rng.randrange(0, 60))
+                         for i in range(n))
         fd = os.open(fs.path(topic, p), os.O_WRONLY | os.O_APPEND)
         try:
             for at in range(0, len(lines), 1500):  # writes cut anywhere, many batches

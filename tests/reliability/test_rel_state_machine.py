@@ -20,7 +20,6 @@ import os
 import shutil
 import tempfile
 
-import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
@@ -231,7 +230,8 @@ class LogMachine(RuleBasedStateMachine):
         segments = self.log.segments.as_list()
         if len(segments) >= 2:
             first = segments[0]
-            in_seg = [self.model.records[o][0] for o in self.model.records if first.base_offset <= o < first.next_offset]
+            in_seg = [self.model.records[o][0] for o in self.model.records
+                      if first.base_offset <= o < first.next_offset]
             due = (max(in_seg) if in_seg else first.largest_timestamp) + RETENTION_MS
             if self.clock.time_ms() <= due:
                 self.clock.advance(due - self.clock.time_ms())

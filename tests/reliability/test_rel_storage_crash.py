@@ -177,7 +177,8 @@ def test_cut_and_flip_last_batch_of_active_segment(tmp_path, profile, variant):
                 os.truncate(os.path.join(d, log_name), cut)
             expected = everything if cut == end else earlier
             _reopen_and_check(image, work, config, sep, marker, expected, rng, rp,
-                              f"{variant} one_batch={one_batch_active} cut={cut} of [{last_pos},{end}]", clock, truncate)
+                              f"{variant} one_batch={one_batch_active} cut={cut} of [{last_pos},{end}]", clock,
+                              truncate)
             stats["cuts"] += 1
             stats["reopens"] += 2
 
