@@ -48,6 +48,7 @@ def test_disk_full_enospc_then_resume(tmp_path, profile):
     opts = ["num.partitions=2", "log.segment.bytes=131072", "log.index.interval.bytes=128",
             "log.flush.offset.checkpoint.interval.ms=100", "log.segment.delete.delay.ms=0"]
     mount_tmpfs(fs.data, "6m")
+    fds: dict[int, int] = {}
     stats = {"fills": 0, "writes_ok": 0, "writes_enospc": 0, "writes_eio": 0, "failed_writes_appended": 0,
              "lost": 0, "kills_while_full": 0}
     try:
@@ -55,7 +56,7 @@ def test_disk_full_enospc_then_resume(tmp_path, profile):
         os.mkdir(fs.path("t"))
         expected = {0: [], 1: []}  # acknowledged lines per partition, in order
         seq = 0
-        fds = {p: os.open(fs.path("t", p), os.O_WRONLY | os.O_APPEND) for p in (0, 1)}
+        fds.update({p: os.open(fs.path("t", p), os.O_WRONLY | os.O_APPEND) for p in (0, 1)})
 
         def one_write(p):
             nonlocal seq
@@ -86,6 +87,7 @@ def test_disk_full_enospc_then_resume(tmp_path, profile):
                 assert int(fs.getx(f"t/{p}", "log_end_offset")) == len(expected[p])
 
         for round_ in range(scale(2, 5)):
+            seen = len(fs.stderr())
             # Fill the tmpfs, leaving a little room for logfs.
             st = os.statvfs(fs.data)
             free = st.f_bavail * st.f_frsize
@@ -100,7 +102,17 @@ def test_disk_full_enospc_then_resume(tmp_path, profile):
                     if failures >= 25:
                         break
             assert failures >= 25, "the disk never filled up"
-            time.sleep(0.3)  # background work (checkpoints, flushes) runs into the full disk too
+            # Take the last free bytes too, so that background work (checkpoints every 100 ms) fails as well.
+            with open(fs.data / "filler2", "ab", buffering=0) as f:
+                for chunk in (4096, 1):
+                    try:
+                        while True:
+                            f.write(b"\0" * chunk)
+                    except OSError as exc:
+                        assert exc.errno == errno.ENOSPC
+            wait_for(lambda: "writing checkpoints failed" in fs.stderr()[seen:], 10, what="a checkpoint to fail")
+            for _ in range(5):  # (a failed append truncates its partial write: a small one may fit again)
+                one_write(rng.randrange(2))
             # Still serving: reads, stat, xattrs, listing; nothing acknowledged lost, nothing failed appended.
             assert fs.proc.poll() is None, f"the daemon died on a full disk:\n{fs.stderr()[-3000:]}"
             check_content(f"round {round_}, disk full")
@@ -112,14 +124,19 @@ def test_disk_full_enospc_then_resume(tmp_path, profile):
                 # A crash while the disk is full: recovery keeps every acknowledged line.
                 for fd in fds.values():
                     os.close(fd)
+                fds.clear()
                 fs.kill9()
                 stats["kills_while_full"] += 1
                 os.unlink(filler)
+                os.unlink(fs.data / "filler2")
                 fs.mount(*opts, foreground=True)
-                fds = {p: os.open(fs.path("t", p), os.O_WRONLY | os.O_APPEND) for p in (0, 1)}
+                fds.update({p: os.open(fs.path("t", p), os.O_WRONLY | os.O_APPEND) for p in (0, 1)})
                 check_content(f"round {round_}, after kill -9 while full")
             else:
                 os.unlink(filler)
+                os.unlink(fs.data / "filler2")
+                wait_for(lambda: "writing checkpoints works again" in fs.stderr()[seen:], 10,
+                         what="checkpoints to work again")
             # Appends resume once space returns.
             wait_for(lambda: one_write(0) is None, 10, interval=0.05, what="appends to resume")
             for _ in range(20):
@@ -127,13 +144,20 @@ def test_disk_full_enospc_then_resume(tmp_path, profile):
             check_content(f"round {round_}, after space returned")
         for fd in fds.values():
             os.close(fd)
+        fds.clear()
         fs.remount(*opts, foreground=True)
         check_content("after a clean remount")
         err = fs.stderr()
         assert "Traceback" not in err, err[-3000:]
         stats["enospc_log_lines"] = err.count("No space left on device")
+        stats["background_failures_logged"] = err.count("failed (will retry)")
     finally:
         record_stats("disk_full", **stats)
+        for fd in fds.values():  # (a failed assertion leaves them open: the unmount would wait for them)
+            try:
+                os.close(fd)
+            except OSError:
+                pass
         try:
             fs.cleanup()
         finally:
