@@ -264,11 +264,12 @@ class StartupProgress:
     LOG_EVERY_S = 2.0
     EXTEND_USEC = 60_000_000
 
-    def __init__(self, recovering: bool, partitions: int = 0, clock=None):
+    def __init__(self, recovering: bool, partitions: int = 0, clock=None, announce: str | None = None):
         import time
 
         self.clock = clock or time.monotonic
         self.recovering = recovering
+        self._announce = announce if recovering else None
         self.started = self.clock()
         self.partitions = (0, partitions)
         self.segments = (0, 0)
@@ -290,6 +291,9 @@ class StartupProgress:
         return f"{verb}: {s_done}/{s_total} segments, {p_done}/{p_total} partitions"
 
     def _report(self, final: bool) -> None:
+        if self._announce is not None:
+            log.info("%s was not shut down cleanly: recovering %d partitions", self._announce, self.partitions[1])
+            self._announce = None
         now = self.clock()
         if final or self._last_status is None or now - self._last_status >= self.STATUS_EVERY_S:
             self._last_status = now
@@ -335,9 +339,9 @@ def run(data_dir, mountpoint, broker, fuse_opts, read_only, ready) -> int:
     except OSError:  # missing (created below) or unreadable (reported below)
         partitions = 0
     recovering = partitions > 0 and not os.path.exists(os.path.join(data_dir, CLEAN_SHUTDOWN))
-    if recovering:
-        log.info("%s was not shut down cleanly: recovering %d partitions", data_dir, partitions)
-    progress = StartupProgress(recovering, partitions)
+    # (The "recovering" line is logged by the first progress report, i.e. once the .lock is held: a store that
+    # is merely in use by another daemon has no marker either, and is refused before anything is said of it.)
+    progress = StartupProgress(recovering, partitions, announce=data_dir)
     notify(f"STATUS={'recovering logs' if recovering else 'loading logs'}")
     try:
         manager = LogManager(data_dir, broker, progress=progress.partition_done,
