@@ -1,5 +1,7 @@
 /* logfs._speedups: the two per-record loops of the hot paths, in C.
  *
+ * encode_lines(prefix, data, end, target): whole batches of plain lines straight from a write buffer (below).
+ *
  * encode_records(values, keys=None) -> bytes
  *     The records section of an uncompressed Kafka v2 batch: record i has attributes 0, timestampDelta 0,
  *     offsetDelta i, the key (or null), the value (or null: a tombstone) and no headers. The caller adds the
@@ -354,9 +356,114 @@ done:
     return result;
 }
 
+/* encode_lines(prefix, data, end, target) -> ([(batch, count, payload_bytes), ...], longest)
+ *
+ * The bulk-append path in one call: the text prefix + data[:end] (end > 0, data[end - 1] == '\n', no '\n' in
+ * prefix) is cut into lines, each one record (the line without its '\n' as the value, no key), packed into
+ * batches of records up to ``target`` bytes of payload + RECORD_OVERHEAD per record (at least one record each),
+ * the same rule as Log.append. Each batch is a bytearray holding the whole uncompressed v2 batch with its 61
+ * header bytes zeroed (the caller fills in offsets, timestamps and the CRC under the log's lock). ``longest`` is
+ * the longest line, so the caller can refuse the whole write before anything is written. No list of lines, no
+ * copy of the input. */
+#define RECORD_OVERHEAD 12
+
+static PyObject *encode_lines(PyObject *self, PyObject *args) {
+    Py_buffer pre, data;
+    Py_ssize_t end, target;
+    if (!PyArg_ParseTuple(args, "y*y*nn", &pre, &data, &end, &target))
+        return NULL;
+    PyObject *result = NULL, *batches = NULL;
+    Py_ssize_t *lens = NULL;
+    const unsigned char *buf = data.buf;
+    if (end <= 0 || end > data.len || buf[end - 1] != '\n' || memchr(pre.buf, '\n', pre.len) != NULL) {
+        PyErr_SetString(PyExc_ValueError, "encode_lines needs whole lines");
+        goto done;
+    }
+    /* Pass 1: line lengths (the first line includes the prefix). */
+    Py_ssize_t n = 0, cap = 1024, pos = 0, longest = 0;
+    lens = PyMem_Malloc(cap * sizeof(Py_ssize_t));
+    if (lens == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    while (pos < end) {
+        const unsigned char *nl = memchr(buf + pos, '\n', end - pos);
+        Py_ssize_t len = (nl - buf) - pos + (n == 0 ? pre.len : 0);
+        if (n == cap) {
+            cap *= 2;
+            Py_ssize_t *bigger = PyMem_Realloc(lens, cap * sizeof(Py_ssize_t));
+            if (bigger == NULL) {
+                PyErr_NoMemory();
+                goto done;
+            }
+            lens = bigger;
+        }
+        lens[n++] = len;
+        if (len > longest)
+            longest = len;
+        pos = (nl - buf) + 1;
+    }
+    batches = PyList_New(0);
+    if (batches == NULL)
+        goto done;
+    /* Pass 2: batches. */
+    const unsigned char *src = buf;
+    Py_ssize_t i = 0;
+    while (i < n) {
+        Py_ssize_t j = i, acc = 0, size = HEADER_SIZE, payload = 0;
+        while (j < n && (j == i || acc + lens[j] + RECORD_OVERHEAD <= target)) {
+            Py_ssize_t body = 1 + 1 + varint_size(j - i) + 1 + varint_size(lens[j]) + lens[j] + 1;
+            size += varint_size(body) + body;
+            acc += lens[j] + RECORD_OVERHEAD;
+            payload += lens[j];
+            j++;
+        }
+        PyObject *batch = PyByteArray_FromStringAndSize(NULL, size);
+        if (batch == NULL)
+            goto done;
+        unsigned char *p = (unsigned char *)PyByteArray_AS_STRING(batch);
+        memset(p, 0, HEADER_SIZE);
+        p += HEADER_SIZE;
+        for (Py_ssize_t k = i; k < j; k++) {
+            Py_ssize_t len = lens[k];
+            Py_ssize_t body = 1 + 1 + varint_size(k - i) + 1 + varint_size(len) + len + 1;
+            p = put_varint(p, body);
+            *p++ = 0; /* attributes */
+            *p++ = 0; /* timestampDelta */
+            p = put_varint(p, k - i);
+            *p++ = 1; /* key length -1 (null), zigzag */
+            p = put_varint(p, len);
+            if (k == 0 && pre.len) {
+                memcpy(p, pre.buf, pre.len);
+                p += pre.len;
+                len -= pre.len;
+            }
+            memcpy(p, src, len);
+            p += len;
+            src += len + 1; /* and the '\n' */
+            *p++ = 0; /* headers */
+        }
+        PyObject *item = Py_BuildValue("(Nnn)", batch, j - i, payload);
+        if (item == NULL || PyList_Append(batches, item) < 0) {
+            Py_XDECREF(item);
+            goto done;
+        }
+        Py_DECREF(item);
+        i = j;
+    }
+    result = Py_BuildValue("(On)", batches, longest);
+done:
+    Py_XDECREF(batches);
+    PyMem_Free(lens);
+    PyBuffer_Release(&pre);
+    PyBuffer_Release(&data);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"batch_stats", batch_stats, METH_VARARGS, "Line statistics of one uncompressed batch."},
     {"render_span", render_span, METH_VARARGS, "Text-view lines of consecutive plain batches."},
+    {"encode_lines", encode_lines, METH_VARARGS, "Whole batches of plain lines, for the bulk append."},
     {"encode_records", encode_records, METH_VARARGS, "Records section of an uncompressed v2 batch."},
     {"render_records", render_records, METH_VARARGS, "Text-view lines of an uncompressed v2 batch."},
     {NULL, NULL, 0, NULL},

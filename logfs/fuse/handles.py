@@ -43,23 +43,27 @@ class PartitionHandle:
     def write(self, offset: int, data: bytes) -> int:
         if not self.append_mode and offset != self.length() + len(self.pending):
             fail(errno.EPERM)  # only appends: a write must land at the end of the file
-        buf = self.pending + data if self.pending else data
-        cut = buf.rfind(b"\n")
         limit = self.log.config.max_message_bytes
+        cut = data.rfind(b"\n")
         if cut < 0:
-            if len(buf) > limit:
+            if len(self.pending) + len(data) > limit:
                 fail(errno.EFBIG)
-            self.pending = buf
+            self.pending += data
             return len(data)
-        lines = buf[:cut].split(b"\n")
-        rest = buf[cut + 1 :]
+        rest = data[cut + 1 :]
         if len(rest) > limit:
             fail(errno.EFBIG)
-        # A line over the limit fails the whole write with EFBIG and nothing appended: Log.append checks every
+        # A line over the limit fails the whole write with EFBIG and nothing appended: the log checks every
         # record before writing (RecordTooLargeError); with a key separator, the line itself is checked here.
-        if self.log.config.key_separator is not None and max(map(len, lines)) > limit:
-            fail(errno.EFBIG)
-        self._append(lines)  # raises before ``pending`` changes, so a failed write leaves the handle as it was
+        # Each raises before ``pending`` changes, so a failed write leaves the handle as it was.
+        config = self.log.config
+        if config.key_separator is None and config.null_marker is None:
+            self.log.append_lines(self.pending, data, cut + 1)  # the bulk path: no list of lines, no copy
+        else:
+            lines = (self.pending + data[:cut]).split(b"\n")
+            if config.key_separator is not None and max(map(len, lines)) > limit:
+                fail(errno.EFBIG)
+            self._append(lines)
         self.pending = rest
         return len(data)
 

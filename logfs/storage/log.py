@@ -157,66 +157,91 @@ class Log:
         (saves a scan on the bulk path); None means "find out"."""
         if not values:
             raise ValueError("nothing to append")
-        config = self.config
         if has_nulls is None:
             has_nulls = None in values
         # Record sizes (value + key bytes), computed with C-level map/accumulate: this is the bulk-append path.
         sizes = list(map(_len_or_zero, values)) if has_nulls else list(map(len, values))
         if keys:
             sizes = [a + b for a, b in zip(sizes, map(_len_or_zero, keys))]
-        largest = max(sizes)
+        self._check_record_size(max(sizes))
+        target = self._batch_target()
+        # Cut points from cumulative record sizes (payload + per-record overhead, summed in C): each batch takes
+        # records up to ``target`` bytes (at least one record).
+        cumulative = list(accumulate(map(operator.add, sizes, repeat(_RECORD_OVERHEAD)), initial=0))
+        n = len(values)
+
+        def batches(now: int) -> Iterator[tuple[Callable[[int], bytes], LineStats]]:
+            start = 0
+            while start < n:
+                end = bisect.bisect_right(cumulative, cumulative[start] + target, start + 1) - 1
+                end = min(max(end, start + 1), n)
+                vals = values[start:end]
+                ks = keys[start:end] if keys else None
+                hs = headers[start:end] if headers else None
+                if not has_nulls and not keys:  # the common case: plain lines
+                    payload = cumulative[end] - cumulative[start] - (end - start) * _RECORD_OVERHEAD
+                    stats = LineStats(end - start, 0, 0, 0, payload)
+                else:
+                    stats = _stats_of(vals, ks)
+                yield (lambda base, v=vals, k=ks, h=hs: rec.build_batch(base, now, v, k, h)), stats
+                start = end
+
+        return self._append_batches(batches, timestamp_ms)
+
+    def append_lines(self, prefix: bytes, data, end: int) -> tuple[int, int]:
+        """Append the plain lines of ``prefix + data[:end]`` (``data[end - 1]`` is the last line's ``\n``;
+        ``prefix``, the start of the first line, holds none), one keyless record per line, the ``\n`` not
+        included. The same result as :meth:`append` of the split lines, for the bulk path: with the C
+        accelerator, one call cuts and encodes whole batches straight from ``data`` (no list of lines, no copy
+        of the input). All-or-nothing like :meth:`append`."""
+        if rec._speedups is None:
+            return self.append((prefix + bytes(data[: end - 1])).split(b"\n"), has_nulls=False)
+        encoded, longest = rec._speedups.encode_lines(prefix, data, end, self._batch_target())
+        self._check_record_size(longest)
+
+        def batches(now: int):
+            for buf, count, payload in encoded:
+                yield (lambda base, b=buf, c=count: rec.finish_batch(b, base, c, now)), LineStats(count, 0, 0, 0, payload)
+
+        return self._append_batches(batches, None)
+
+    def _batch_target(self) -> int:
+        return min(TARGET_BATCH_BYTES, max(self.config.segment_bytes // 2, 1))
+
+    def _check_record_size(self, largest: int) -> None:
+        config = self.config
         if largest > config.max_message_bytes:
             raise RecordTooLargeError(
                 f"record of {largest} bytes exceeds max.message.bytes={config.max_message_bytes}")
         if largest + rec.HEADER_SIZE + _RECORD_OVERHEAD + 10 > config.segment_bytes:
             raise RecordTooLargeError(f"record of {largest} bytes cannot fit segment.bytes={config.segment_bytes}")
+
+    def _append_batches(self, batches, timestamp_ms: int | None) -> tuple[int, int]:
+        """The write loop of both append paths: under the lock, ``batches(now)`` yields ``(build(base_offset) ->
+        batch, stats)`` per batch; each is stamped with the log end offset, rolled for,
+        and written. A disk error takes back the batches of this call already written."""
         with self.lock:
             now = self.clock.time_ms() if timestamp_ms is None else timestamp_ms
             first = self.log_end_offset
-            target = min(TARGET_BATCH_BYTES, max(config.segment_bytes // 2, 1))
-            # Cut points from cumulative record sizes (payload + per-record overhead, summed in C): each batch
-            # takes records up to ``target`` bytes (at least one record).
-            cumulative = list(accumulate(map(operator.add, sizes, repeat(_RECORD_OVERHEAD)), initial=0))
-            start = 0
-            n = len(values)
             try:
-                while start < n:
-                    end = bisect.bisect_right(cumulative, cumulative[start] + target, start + 1) - 1
-                    end = min(max(end, start + 1), n)
-                    self._append_batch(
-                        values[start:end],
-                        keys[start:end] if keys else None,
-                        headers[start:end] if headers else None,
-                        now,
-                        has_nulls,
-                        cumulative[end] - cumulative[start] - (end - start) * _RECORD_OVERHEAD,
-                    )
-                    start = end
+                for build, stats in batches(now):
+                    batch = build(self.log_end_offset)
+                    header = rec.parse_header(batch)
+                    if len(batch) > self.config.segment_bytes:
+                        raise RecordTooLargeError(f"batch of {len(batch)} bytes exceeds segment.bytes")
+                    self._maybe_roll(len(batch), header.last_offset)
+                    self.segments.active.append(batch, header, stats)
             except StorageIOError:
                 # All or nothing: batches of this call already written (a disk that filled up in the middle)
                 # are taken back, so a caller that retries never duplicates records.
-                if start and self.log_end_offset > first:
+                if self.log_end_offset > first:
                     self.truncate_to(first)
                 raise
             self.last_append_ms = now  # the records' own timestamp, so st_mtime is the same after a reload
             last = self.log_end_offset - 1
-        if self.unflushed_messages >= config.flush_messages:
+        if self.unflushed_messages >= self.config.flush_messages:
             self.flush()
         return first, last
-
-    def _append_batch(self, values, keys, headers, now: int, has_nulls: bool = True,
-                      payload_bytes: int | None = None) -> None:
-        base = self.log_end_offset
-        batch = rec.build_batch(base, now, values, keys, headers)
-        header = rec.parse_header(batch)
-        if len(batch) > self.config.segment_bytes:
-            raise RecordTooLargeError(f"batch of {len(batch)} bytes exceeds segment.bytes")
-        if not has_nulls and not keys and payload_bytes is not None:
-            stats = LineStats(len(values), 0, 0, 0, payload_bytes)  # the common case: plain lines
-        else:
-            stats = _stats_of(values, keys)
-        self._maybe_roll(len(batch), header.last_offset)
-        self.segments.active.append(batch, header, stats)
 
     def append_raw_batch(self, batch: bytes) -> tuple[int, int]:
         """Append an already-encoded v2 batch (validated), re-stamping its base offset (tests, tools)."""

@@ -94,3 +94,67 @@ def test_batch_stats_matches_decoding(seed):
                 sum(len(k) for k in keys if k is not None), sum(len(v) for v in values if v is not None))
     assert speedups.batch_stats(batch) == expected
     assert tuple(segment.batch_stats(b"xx" + batch, 2, len(batch))) == expected
+
+
+def _segment_bytes(log):
+    return [open(s.log_path, "rb").read() for s in log.segments]
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_append_lines_writes_the_bytes_append_writes(open_log, tmp_path, seed):
+    """Log.append_lines (the bulk path: one C call cuts and encodes whole batches from the write buffer) leaves
+    byte-identical segments, indexes and view lengths to Log.append of the split lines, including the first
+    line's prefix (a partial line held by the handle), empty lines, batch and segment boundaries."""
+    from logfs.storage import LogConfig
+
+    rnd = random.Random(seed)
+    config = LogConfig.for_tests(segment_bytes=rnd.choice([4096, 70_000, 1 << 20]),
+                                 index_interval_bytes=rnd.choice([1, 4096]))
+    fast = open_log(config, tmp_path / "fast-0")
+    slow = open_log(config, tmp_path / "slow-0")
+    for _ in range(rnd.choice([1, 5, 30])):
+        lines = [rnd.randbytes(rnd.choice([0, 1, 100, 127, 128, 1000])).replace(b"\n", b"x")
+                 for _ in range(rnd.choice([1, 2, 50, 700]))]
+        prefix_len = min(rnd.choice([0, 0, 1, 5]), len(lines[0]))
+        prefix, text = lines[0][:prefix_len], b"\n".join(lines)[prefix_len:] + b"\n"
+        tail = rnd.randbytes(rnd.choice([0, 3])).replace(b"\n", b"x")  # bytes after the last line: not appended
+        assert fast.append_lines(prefix, text + tail, len(text)) == slow.append(lines)
+    assert fast.log_end_offset == slow.log_end_offset
+    assert _segment_bytes(fast) == _segment_bytes(slow)
+    for a, b in zip(fast.segments, slow.segments):
+        assert (a.base_offset, a.size, a.stats) == (b.base_offset, b.size, b.stats)
+        for index in ("offset_index", "time_index", "view_index"):
+            ia, ib = getattr(a, index), getattr(b, index)
+            assert [ia.entry(i) for i in range(ia.entries)] == [ib.entry(i) for i in range(ib.entries)]
+
+
+def test_append_lines_is_all_or_nothing_on_a_long_line(open_log):
+    from logfs.storage import LogConfig, RecordTooLargeError
+
+    log = open_log(LogConfig.for_tests(max_message_bytes=10))
+    log.append_lines(b"", b"ok\n", 3)
+    with pytest.raises(RecordTooLargeError):
+        log.append_lines(b"", b"a\n" * 5000 + b"x" * 11 + b"\n", 10_012)
+    with pytest.raises(RecordTooLargeError):  # the prefix counts towards the first line
+        log.append_lines(b"123456", b"78901\nb\n", 8)
+    assert log.log_end_offset == 1
+    assert log.append_lines(b"12345", b"67890\n", 6) == (1, 1)
+
+
+def test_encode_lines_rejects_what_is_not_whole_lines():
+    for prefix, data, end in [(b"", b"abc", 3), (b"", b"a\nb", 3), (b"x\n", b"a\n", 2), (b"", b"a\n", 0),
+                              (b"", b"a\n", 3)]:
+        with pytest.raises(ValueError):
+            speedups.encode_lines(prefix, data, end, 1024)
+
+
+def test_append_lines_without_the_accelerator(open_log, tmp_path, monkeypatch):
+    """Built without a compiler, append_lines falls back to splitting: the same bytes on disk."""
+    lines = [b"a" * n for n in (0, 5, 300, 0, 70_000, 1)]
+    text = b"\n".join(lines) + b"\n"
+    fast = open_log(None, tmp_path / "fast-0")
+    assert fast.append_lines(b"", text, len(text)) == (0, 5)
+    monkeypatch.setattr(rec, "_speedups", None)
+    slow = open_log(None, tmp_path / "slow-0")
+    assert slow.append_lines(b"", text, len(text)) == (0, 5)
+    assert _segment_bytes(fast) == _segment_bytes(slow)
