@@ -132,12 +132,17 @@ typedef struct {
     int64_t klen, vlen;
 } parsed_record;
 
-/* Walks the records of a batch; calls back per record. Returns -1 (with ValueError set) if malformed. */
-static int walk(const unsigned char *buf, Py_ssize_t size, int32_t count,
-                int (*fn)(const parsed_record *, void *), void *ctx) {
+/* Walks the records of a batch; calls back per record (a callback returning > 0 ends the walk). Returns -1
+ * (with ValueError set) if malformed. With ``partial`` (only the first ``size`` bytes of the batch are at hand),
+ * a record that does not fit ends the walk with 1 instead. */
+static int walk_ex(const unsigned char *buf, Py_ssize_t size, int32_t count,
+                   int (*fn)(const parsed_record *, void *), void *ctx, int partial) {
     const unsigned char *p = buf + HEADER_SIZE, *end = buf + size;
     for (int32_t i = 0; i < count; i++) {
         int64_t len, skip, hcount;
+        const unsigned char *at = p;
+        if (partial && (get_varint(&at, end, &len) < 0 || len > end - at))
+            return 1;
         if (get_varint(&p, end, &len) < 0 || len < 0 || len > end - p)
             goto bad;
         const unsigned char *rec_end = p + len;
@@ -156,13 +161,21 @@ static int walk(const unsigned char *buf, Py_ssize_t size, int32_t count,
         if (get_varint(&p, rec_end, &hcount) < 0 || hcount < 0)
             goto bad;
         p = rec_end; /* headers are not part of the view */
-        if (fn(&r, ctx) < 0)
+        int rc = fn(&r, ctx);
+        if (rc < 0)
             return -1;
+        if (rc > 0) /* the callback has what it needs */
+            return 0;
     }
     return 0;
 bad:
     PyErr_SetString(PyExc_ValueError, "malformed record batch");
     return -1;
+}
+
+static int walk(const unsigned char *buf, Py_ssize_t size, int32_t count,
+                int (*fn)(const parsed_record *, void *), void *ctx) {
+    return walk_ex(buf, size, count, fn, ctx, 0);
 }
 
 typedef struct {
@@ -256,55 +269,129 @@ static inline uint32_t be32(const unsigned char *p) {
     return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3];
 }
 
-/* render_span(buf, want, separator=None, null_marker=None)
- *         -> (bytes, consumed, stopped_at_special, last_batch_position, last_batch_output_offset)
- *     Renders consecutive complete, uncompressed, non-control batches from the start of ``buf`` until at least
- *     ``want`` bytes of lines are produced or the buffer ends. ``consumed`` is the number of bytes of ``buf``
- *     (whole batches) rendered. ``stopped_at_special`` is true when the next batch is compressed or a control
- *     batch (the caller renders it the generic way). The last two say where the last rendered batch starts in
- *     ``buf`` and where its lines start in the output, so a reader can resume inside it. One call per read
- *     request instead of one per batch. */
-static PyObject *render_span(PyObject *self, PyObject *args) {
+/* render_window(buf, skip, want, separator=None, null_marker=None) -> (out, advanced, skip_after, need)
+ *
+ * The read path's one call per request: the text-view lines of the plain batches at the start of ``buf``, from
+ * byte ``skip`` of those lines, at most ``want`` bytes. Lines before ``skip`` are measured, not copied, and the
+ * walk stops as soon as ``want`` bytes are out, even inside a batch or a line. The resume point is
+ * (``advanced``: the buf position of the batch holding the next unread byte; ``skip_after``: bytes of that
+ * batch's lines already passed). ``need`` is why it stopped early: 0 (``want`` reached, or the buffer ended at
+ * a batch boundary), N > 0 (the batch at ``advanced`` is not whole in ``buf``, and its lines were rendered as
+ * far as its whole records go: read N bytes from there to go on), -1 (the batch at ``advanced`` is compressed, a control batch or not v2: the caller renders it). */
+typedef struct {
+    render_ctx fmt;
+    Py_ssize_t skip, room, consumed;
+    int stopped;
+} window_ctx;
+
+static inline void window_put(window_ctx *w, const unsigned char *src, Py_ssize_t len) {
+    if (len <= 0)
+        return;
+    if (w->skip >= len) {
+        w->skip -= len;
+        w->consumed += len;
+        return;
+    }
+    src += w->skip;
+    len -= w->skip;
+    w->consumed += w->skip;
+    w->skip = 0;
+    Py_ssize_t n = len < w->room ? len : w->room;
+    memcpy(w->fmt.out, src, n);
+    w->fmt.out += n;
+    w->room -= n;
+    w->consumed += n;
+}
+
+static int emit_window(const parsed_record *r, void *c) {
+    window_ctx *w = c;
+    if (w->room == 0) {
+        w->stopped = 1;
+        return 1;
+    }
+    Py_ssize_t before = w->consumed, line = 1;
+    if (w->fmt.sep && r->klen >= 0) {
+        window_put(w, r->key, r->klen);
+        window_put(w, (const unsigned char *)w->fmt.sep, w->fmt.seplen);
+        line += r->klen + w->fmt.seplen;
+    }
+    if (r->vlen >= 0) {
+        window_put(w, r->value, r->vlen);
+        line += r->vlen;
+    } else {
+        window_put(w, (const unsigned char *)w->fmt.marker, w->fmt.markerlen);
+        line += w->fmt.markerlen;
+    }
+    window_put(w, (const unsigned char *)"\n", 1);
+    if (w->consumed - before < line) { /* out of room inside this line */
+        w->stopped = 1;
+        return 1;
+    }
+    return 0;
+}
+
+static PyObject *render_window(PyObject *self, PyObject *args) {
     Py_buffer view;
-    Py_ssize_t want;
+    Py_ssize_t skip, want;
     PyObject *sep = Py_None, *marker = Py_None;
-    if (!PyArg_ParseTuple(args, "y*n|OO", &view, &want, &sep, &marker))
+    if (!PyArg_ParseTuple(args, "y*nn|OO", &view, &skip, &want, &sep, &marker))
         return NULL;
-    render_ctx ctx = {NULL, NULL, 0, 0, 0, NULL};
+    window_ctx w = {{NULL, NULL, 0, 0, 0, NULL}, skip, want, 0, 0};
     PyObject *out = NULL, *result = NULL;
     const unsigned char *buf = view.buf;
-    if (set_format(&ctx, sep, marker) < 0)
+    if (skip < 0 || want < 0) {
+        PyErr_SetString(PyExc_ValueError, "skip and want must not be negative");
         goto done;
-    /* Pass 1: which batches, and how many output bytes. */
-    Py_ssize_t pos = 0, end = 0, last_pos = 0, last_out = 0;
-    int special = 0;
-    while (view.len - pos >= HEADER_SIZE && ctx.total < want) {
-        Py_ssize_t size = (Py_ssize_t)be32(buf + pos + 8) + 12;
-        if (size < HEADER_SIZE || size > view.len - pos)
-            break;
-        int16_t attributes = (int16_t)((buf[pos + 21] << 8) | buf[pos + 22]);
-        if (buf[pos + 16] != 2 || (attributes & 0x07) || (attributes & 0x20)) {
-            special = 1;
-            break;
-        }
-        last_pos = pos;
-        last_out = ctx.total;
-        if (walk(buf + pos, size, (int32_t)be32(buf + pos + 57), measure, &ctx) < 0)
-            goto done;
-        pos += size;
-        end = pos;
     }
-    out = PyBytes_FromStringAndSize(NULL, ctx.total);
+    if (set_format(&w.fmt, sep, marker) < 0)
+        goto done;
+    out = PyBytes_FromStringAndSize(NULL, want);
     if (out == NULL)
         goto done;
-    ctx.out = (unsigned char *)PyBytes_AS_STRING(out);
-    for (pos = 0; pos < end;) {
+    unsigned char *start = (unsigned char *)PyBytes_AS_STRING(out);
+    w.fmt.out = start;
+    Py_ssize_t pos = 0, skip_after = skip, need = 0;
+    while (w.room > 0) {
+        Py_ssize_t rem = view.len - pos;
+        if (rem == 0)
+            break;
+        if (rem < 12) {
+            need = HEADER_SIZE;
+            break;
+        }
         Py_ssize_t size = (Py_ssize_t)be32(buf + pos + 8) + 12;
-        if (walk(buf + pos, size, (int32_t)be32(buf + pos + 57), emit, &ctx) < 0)
+        if (size < HEADER_SIZE) {
+            need = -1; /* not a batch: the generic path reports it */
+            break;
+        }
+        if (rem < HEADER_SIZE) {
+            need = size;
+            break;
+        }
+        int16_t attributes = (int16_t)((buf[pos + 21] << 8) | buf[pos + 22]);
+        if (buf[pos + 16] != 2 || (attributes & 0x07) || (attributes & 0x20)) {
+            need = -1;
+            break;
+        }
+        /* A batch cut off by the end of buf is walked as far as its records are whole: a small read needs only
+         * the bytes up to its window, not the rest of the batch. */
+        int partial = size > rem;
+        w.consumed = 0;
+        w.stopped = 0;
+        if (walk_ex(buf + pos, partial ? rem : size, (int32_t)be32(buf + pos + 57), emit_window, &w, partial) < 0)
             goto done;
+        if (w.stopped || partial) { /* resume inside this batch: what was passed, and what is left to pass */
+            skip_after = w.consumed + w.skip;
+            need = w.stopped ? 0 : size;
+            break;
+        }
         pos += size;
+        skip_after = w.skip;
     }
-    result = Py_BuildValue("(Nninn)", out, end, special, last_pos, last_out);
+    Py_ssize_t produced = want - w.room;
+    if (produced < want && _PyBytes_Resize(&out, produced) < 0)
+        goto done;
+    result = Py_BuildValue("(Nnnn)", out, pos, skip_after, need);
     out = NULL;
 done:
     Py_XDECREF(out);
@@ -462,7 +549,7 @@ done:
 
 static PyMethodDef methods[] = {
     {"batch_stats", batch_stats, METH_VARARGS, "Line statistics of one uncompressed batch."},
-    {"render_span", render_span, METH_VARARGS, "Text-view lines of consecutive plain batches."},
+    {"render_window", render_window, METH_VARARGS, "Text-view bytes of a read request, from a skip, within a limit."},
     {"encode_lines", encode_lines, METH_VARARGS, "Whole batches of plain lines, for the bulk append."},
     {"encode_records", encode_records, METH_VARARGS, "Records section of an uncompressed v2 batch."},
     {"render_records", render_records, METH_VARARGS, "Text-view lines of an uncompressed v2 batch."},

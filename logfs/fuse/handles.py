@@ -38,7 +38,7 @@ class PartitionHandle:
     def read(self, offset: int, size: int) -> bytes:
         if offset >= self.view.length():
             self.length()
-        return self.view.read(offset, size, zero_copy=True)
+        return self.view.read(offset, size)
 
     def write(self, offset: int, data: bytes) -> int:
         if not self.append_mode and offset != self.length() + len(self.pending):

@@ -81,9 +81,10 @@ class LineFormat:
         return out
 
 
-# A read fetches the requested size, plus 1/8 for the batches' own overhead, plus this much more, so the batch
-# straddling the end of the request is fetched whole (batches are ~64 KiB: logfs.storage.log.TARGET_BATCH_BYTES).
-_READ_AHEAD = 80 * 1024
+# A read fetches the lines to pass over and the requested size, plus 1/8 for the records' own overhead, plus this
+# much: the batch straddling the end of the request need not be whole (render_window renders the records that
+# are), so a small read stays small.
+_READ_SLACK = 4096
 
 
 class SegmentView:
@@ -158,11 +159,11 @@ class SegmentView:
         return i, local + (self._prefix if i == 0 else 0)
 
     # -- reading -----------------------------------------------------------------------------------
-    def read(self, pos: int, size: int, *, zero_copy: bool = False) -> bytes | memoryview:
+    def read(self, pos: int, size: int) -> bytes:
         """``size`` bytes of the view from ``pos`` (fewer at the end). A sequential read resumes from the cursor
         the previous read left: (segment, position of the batch it ended in, bytes of that batch's lines already
-        returned), so it neither looks anything up nor keeps rendered bytes between calls. With ``zero_copy``
-        the result may be a memoryview of the rendered lines (what the FUSE layer hands the kernel)."""
+        returned), so it neither looks anything up nor keeps rendered bytes between calls. Each request is one
+        read of the segment and one C call that copies only the requested bytes of lines."""
         total = self.length()
         if pos >= total or size <= 0:
             return b""
@@ -184,42 +185,46 @@ class SegmentView:
                     break
                 i, file_pos, skip = i + 1, 0, 0
                 continue
-            out, consumed, last_start, last_out = self._render(segment, file_pos, skip + size - got)
-            if not consumed:
+            out, advanced, skip_after = self._render(segment, file_pos, skip, size - got)
+            if not out and not advanced and skip_after == skip:
                 break  # only an incomplete batch remains (an append in progress)
-            if skip >= len(out):
-                skip -= len(out)
-                file_pos += consumed
-                continue
-            end = min(len(out), skip + size - got)
-            parts.append(memoryview(out)[skip:end] if (skip or end < len(out)) else out)
-            got += end - skip
-            if end == len(out):
-                file_pos, skip = file_pos + consumed, 0
-            else:  # stopped inside the last rendered batch: resume there next time
-                file_pos, skip = file_pos + last_start, end - last_out
+            if out:
+                parts.append(out)
+                got += len(out)
+            file_pos, skip = file_pos + advanced, skip_after
         self._cursor = (pos + got, i, file_pos, skip)
         if len(parts) == 1:
-            return parts[0] if zero_copy else bytes(parts[0])
+            return parts[0]
         return b"".join(parts)
 
-    def _render(self, segment: LogSegment, file_pos: int, want: int) -> tuple[bytes, int, int, int]:
-        """Lines of whole batches from ``file_pos``, at least ``want`` bytes if the segment has them:
-        (lines, file bytes consumed, start of the last batch rendered, offset of its lines in the output)."""
+    def _render(self, segment: LogSegment, file_pos: int, skip: int, want: int) -> tuple[bytes, int, int]:
+        """At most ``want`` bytes of lines of the batches from ``file_pos``, after passing over ``skip`` bytes of
+        their lines: (lines, file bytes advanced, skip from there). Reads only as far as the window needs."""
         if _speedups is not None:
-            if len(self._scratch) < want + want // 8 + _READ_AHEAD:
-                self._scratch = bytearray(want + want // 8 + _READ_AHEAD)
-            buf = segment.read_into(self._scratch, file_pos, want + want // 8 + _READ_AHEAD)
-            out, consumed, _special, last_start, last_out = _speedups.render_span(
-                buf, want, self.fmt.separator, self.fmt.null_marker)
-            del buf  # release the scratch buffer's export
-            if consumed:
-                return out, consumed, last_start, last_out
-        # A compressed or control batch, one larger than the read buffer, or no accelerator: one batch.
+            length = (skip + want) * 9 // 8 + _READ_SLACK
+            for _attempt in range(2):
+                if len(self._scratch) < length:
+                    self._scratch = bytearray(length)
+                buf = segment.read_into(self._scratch, file_pos, length)
+                short = len(buf) < length
+                out, advanced, skip_after, need = _speedups.render_window(
+                    buf, skip, want, self.fmt.separator, self.fmt.null_marker)
+                del buf  # release the scratch buffer's export
+                if out or advanced or skip_after != skip or need == 0:
+                    return out, advanced, skip_after
+                if need < 0 or short or need <= length:
+                    break  # a compressed or control batch (rendered below), or nothing more to read
+                length = need  # a batch larger than the window's guess: read it whole
+        # A compressed or control batch, or no accelerator: one batch the generic way.
         for _, header, buf, at in segment.batches_from(file_pos):
             lines, _ = self.fmt.render(buf, at, header.size)
-            return lines, header.size, 0, 0
-        return b"", 0, 0, 0
+            if skip >= len(lines):
+                return b"", header.size, skip - len(lines)
+            end = min(len(lines), skip + want)
+            if end == len(lines):
+                return lines[skip:end], header.size, 0
+            return lines[skip:end], 0, end
+        return b"", 0, skip
 
     def offset_at(self, pos: int) -> int | None:
         """Offset of the record whose line holds byte ``pos``, or None if out of range."""

@@ -51,36 +51,54 @@ def test_render_rejects_malformed_and_compressed():
         speedups.render_records(bytes(batch))
 
 
-@pytest.mark.parametrize("seed", range(10))
-def test_render_span_renders_whole_batches_up_to_want(seed):
+@pytest.mark.parametrize("seed", range(30))
+def test_render_window_is_the_slice_of_the_rendered_lines(seed):
+    """render_window(buf, skip, want) gives lines[skip:skip + want] of the batches in buf, and a resume point
+    (batch position, skip within it) that continues exactly there, also when buf ends inside a batch (the
+    records that are whole are rendered, and ``need`` says how much to read) or at a compressed batch."""
     rnd = random.Random(seed)
-    fmt = LineFormat(b"=", b"NULL") if seed % 2 else LineFormat()
+    fmt = rnd.choice([LineFormat(), LineFormat(b"=", b"NULL"), LineFormat(b"::", None), LineFormat(None, b"")])
     batches, offset = [], 0
     for _ in range(rnd.randrange(1, 8)):
         values, keys = random_records(rnd, rnd.randrange(1, 50))
         batches.append(rec.build_batch(offset, 1_700_000_000_000, values, keys))
         offset += len(values)
-    rendered = [b"".join(fmt.line(r.key, r.value) for r in rec.decode(b)) for b in batches]
-    buf = b"".join(batches)
-    for want in (0, 1, len(rendered[0]), len(rendered[0]) + 1, sum(map(len, rendered)), 1 << 30):
-        out, consumed, special, last_start, last_out = speedups.render_span(buf, want, fmt.separator,
-                                                                            fmt.null_marker)
-        k = sum(1 for n in range(len(batches)) if sum(map(len, rendered[:n])) < want) if want else 0
-        k = max(k, 0)
-        assert out == b"".join(rendered[:k])
-        assert consumed == sum(map(len, batches[:k]))
-        assert not special
-        if k:
-            assert last_start == sum(map(len, batches[: k - 1]))
-            assert last_out == sum(map(len, rendered[: k - 1]))
-    # A partial batch at the end is not rendered; a compressed batch stops the span.
-    out, consumed, special, _, _ = speedups.render_span(buf[:-1], 1 << 30, fmt.separator, fmt.null_marker)
-    assert consumed == sum(map(len, batches[:-1]))
-    gz = bytearray(batches[-1])
-    gz[22] |= 1
-    out, consumed, special, _, _ = speedups.render_span(b"".join(batches[:-1]) + bytes(gz), 1 << 30,
-                                                        fmt.separator, fmt.null_marker)
-    assert special and consumed == sum(map(len, batches[:-1]))
+    compressed_at = rnd.choice([None, None, rnd.randrange(len(batches))])
+    if compressed_at is not None:
+        gz = bytearray(batches[compressed_at])
+        gz[22] |= 1  # (flagged only: render_window must stop before it, not decode it)
+        batches[compressed_at] = bytes(gz)
+    plain = batches[:compressed_at] if compressed_at is not None else batches
+    lines = b"".join(b"".join(fmt.line(r.key, r.value) for r in rec.decode(b)) for b in plain)
+    data = b"".join(batches)
+    starts = [sum(map(len, batches[:k])) for k in range(len(batches) + 1)]
+    for _ in range(40):
+        skip = rnd.randrange(len(lines) + 2)
+        want = rnd.choice([0, 1, 7, 100, 5000, 1 << 20])
+        cut = rnd.choice([len(data), rnd.randrange(len(data) + 1)])  # the buffer may end anywhere
+        out, advanced, skip_after, need = speedups.render_window(data[:cut], skip, want, fmt.separator,
+                                                                 fmt.null_marker)
+        assert out == lines[skip:skip + want][: len(out)]
+        assert advanced in starts
+        if need == 0 and advanced < cut:
+            assert len(out) == min(want, max(0, len(lines) - skip))
+        if need > 0:  # stopped at a batch cut off by the end of the buffer: its size
+            assert starts[starts.index(advanced) + 1] - advanced == need
+        if need < 0:
+            assert compressed_at is not None and advanced == starts[compressed_at]
+        # Resuming from (advanced, skip_after) with the whole data continues exactly where out ended.
+        rest, _, _, _ = speedups.render_window(data[advanced:], skip_after, 1 << 30, fmt.separator,
+                                               fmt.null_marker)
+        assert out + rest == lines[skip:] or (skip >= len(lines) and out + rest == b"")
+
+
+def test_render_window_rejects_a_malformed_batch():
+    batch = bytearray(rec.build_batch(0, 1, [b"abc", b"de"]))
+    batch[rec.HEADER_SIZE] = 0x7F  # first record's length far past the batch end
+    with pytest.raises(ValueError):
+        speedups.render_window(bytes(batch), 0, 100)
+    with pytest.raises(ValueError):
+        speedups.render_window(bytes(batch), -1, 100)
 
 
 @pytest.mark.parametrize("seed", range(10))
