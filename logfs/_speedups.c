@@ -1,19 +1,19 @@
-/* logfs._speedups: the two per-record loops of the hot paths, in C.
+/* logfs._speedups: the per-record loops of the hot paths, in C.
  *
- * encode_lines(prefix, data, end, target): whole batches of plain lines straight from a write buffer (below).
+ * encode_lines(prefix, data, end, target): the bulk append. Whole batches of plain lines straight from a write
+ *     buffer.
+ * encode_records(values, keys=None) -> bytes: the records section of an uncompressed Kafka v2 batch (record i:
+ *     attributes 0, timestampDelta 0, offsetDelta i, the key or null, the value or null, no headers). The caller
+ *     adds the 61-byte header and CRC (logfs.storage.records.build_batch).
+ * render_window(buf, skip, want, separator, null_marker): the read path. The requested bytes of the text-view
+ *     lines of the batches in a read buffer.
+ * render_records(batch, separator, null_marker) -> bytes: the lines of one batch ([key + separator] +
+ *     (value | marker | "") + "\n" per record).
+ * batch_stats(batch): line statistics of one batch (recovery, cleaning).
  *
- * encode_records(values, keys=None) -> bytes
- *     The records section of an uncompressed Kafka v2 batch: record i has attributes 0, timestampDelta 0,
- *     offsetDelta i, the key (or null), the value (or null: a tombstone) and no headers. The caller adds the
- *     61-byte batch header and CRC (logfs.storage.records.build_batch).
- *
- * render_records(batch, separator=None, null_marker=None) -> bytes
- *     The text-view lines of one uncompressed, non-control v2 batch: [key + separator] + (value | marker | "")
- *     + "\n" per record. Raises ValueError on a malformed batch; the caller falls back to the generic decoder
- *     for compressed batches.
- *
- * Both are optional accelerators: logfs.storage.records has pure-Python fallbacks producing identical bytes
- * (tests compare them).
+ * Each is documented where it is defined. All are optional accelerators: logfs.storage.records and
+ * logfs.view.text have pure-Python paths producing identical bytes (tests compare them). Compressed and control
+ * batches always take the Python path.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
