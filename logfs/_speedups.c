@@ -10,6 +10,7 @@
  * render_records(batch, separator, null_marker) -> bytes: the lines of one batch ([key + separator] +
  *     (value | marker | "") + "\n" per record).
  * batch_stats(batch): line statistics of one batch (recovery, cleaning).
+ * index_ok(kind, buf, n, log_size): the sanity checks of an index's entries (loading a store).
  *
  * Each is documented where it is defined. All are optional accelerators: logfs.storage.records and
  * logfs.view.text have pure-Python paths producing identical bytes (tests compare them). Compressed and control
@@ -547,7 +548,71 @@ done:
     return result;
 }
 
+static inline uint64_t be64(const unsigned char *p) { return ((uint64_t)be32(p) << 32) | be32(p + 4); }
+
+/* index_ok(kind, buf, n, log_size) -> bool: the sanity checks of n index entries at the start of buf, in one
+ * pass (loading a store checks every entry of every index: 50 partitions of 5,000 entries took ~0.25 s as
+ * Python column checks). kind 0, the offset index (>ii): relative offsets increasing from >= 0, positions
+ * non-decreasing from >= 0 and below max(log_size, 1). kind 1, the time index (>qi): timestamps and relative
+ * offsets non-decreasing, offsets >= 0. kind 2, the view index (>IIIIIQQ: offset, position, records, keyed,
+ * nulls, key bytes, value bytes): offsets and positions increasing, every stat non-decreasing, records <=
+ * offset, keyed and nulls <= records, key + value bytes <= position; the last position <= log_size and the one
+ * before it < log_size. The same rules as the pure-Python sanity_check methods in logfs/storage/index.py. */
+static PyObject *index_ok(PyObject *self, PyObject *args) {
+    int kind;
+    Py_buffer view;
+    Py_ssize_t n;
+    long long log_size;
+    if (!PyArg_ParseTuple(args, "iy*nL", &kind, &view, &n, &log_size))
+        return NULL;
+    static const Py_ssize_t sizes[3] = {8, 12, 36};
+    int ok = 1;
+    if (kind < 0 || kind > 2 || n < 0 || n * sizes[kind] > view.len) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, "index_ok: bad kind or entry count");
+        return NULL;
+    }
+    const unsigned char *b = view.buf;
+    if (kind == 0) {
+        int32_t prev_rel = -1, prev_pos = 0;
+        for (Py_ssize_t i = 0; i < n && ok; i++, b += 8) {
+            int32_t rel = (int32_t)be32(b), pos = (int32_t)be32(b + 4);
+            ok = rel > prev_rel && pos >= prev_pos;
+            prev_rel = rel;
+            prev_pos = pos;
+        }
+        if (ok && n)
+            ok = prev_pos < (log_size > 1 ? log_size : 1);
+    } else if (kind == 1) {
+        int64_t prev_ts = INT64_MIN;
+        int32_t prev_rel = 0;
+        for (Py_ssize_t i = 0; i < n && ok; i++, b += 12) {
+            int64_t ts = (int64_t)be64(b);
+            int32_t rel = (int32_t)be32(b + 8);
+            ok = ts >= prev_ts && rel >= prev_rel;
+            prev_ts = ts;
+            prev_rel = rel;
+        }
+    } else {
+        uint64_t prev[7] = {0, 0, 0, 0, 0, 0, 0};
+        for (Py_ssize_t i = 0; i < n && ok; i++, b += 36) {
+            uint64_t e[7] = {be32(b), be32(b + 4), be32(b + 8), be32(b + 12), be32(b + 16), be64(b + 20),
+                             be64(b + 28)};
+            ok = e[2] <= e[0] && e[3] <= e[2] && e[4] <= e[2] && e[5] + e[6] >= e[5] && e[5] + e[6] <= e[1];
+            if (i > 0)
+                ok = ok && e[0] > prev[0] && e[1] > prev[1] && e[2] >= prev[2] && e[3] >= prev[3] &&
+                     e[4] >= prev[4] && e[5] >= prev[5] && e[6] >= prev[6];
+            if (ok && i == n - 1)
+                ok = (long long)e[1] <= log_size && (n < 2 || (long long)prev[1] < log_size);
+            memcpy(prev, e, sizeof e);
+        }
+    }
+    PyBuffer_Release(&view);
+    return PyBool_FromLong(ok);
+}
+
 static PyMethodDef methods[] = {
+    {"index_ok", index_ok, METH_VARARGS, "Sanity checks of an index's entries, in one pass."},
     {"batch_stats", batch_stats, METH_VARARGS, "Line statistics of one uncompressed batch."},
     {"render_window", render_window, METH_VARARGS, "Text-view bytes of a read request, from a skip, within a limit."},
     {"encode_lines", encode_lines, METH_VARARGS, "Whole batches of plain lines, for the bulk append."},

@@ -20,6 +20,11 @@ from typing import NamedTuple
 
 from .errors import CorruptRecordError, StorageIOError
 
+try:  # the C accelerator: index_ok checks every entry in one pass (the Python column checks below are the fallback)
+    from .. import _speedups
+except ImportError:  # pragma: no cover - exercised when built without a compiler
+    _speedups = None
+
 # Disk blocks are reserved for an index one page ahead of its entries (see _MappedIndex._reserve): one
 # posix_fallocate per 512 offset index entries, and no more disk than the entries need.
 _RESERVE_BYTES = mmap.PAGESIZE
@@ -135,6 +140,14 @@ class _MappedIndex:
         if lo == 1 and slot(0) == zero:
             return 0
         return lo
+
+    def _checked_in_c(self, kind: int, log_size: int) -> bool | None:
+        """The C sanity check of every entry (None without the accelerator: the caller checks in Python)."""
+        if _speedups is None:
+            return None
+        if not self.entries:
+            return True
+        return _speedups.index_ok(kind, self._mmap, self.entries, log_size)
 
     def _columns(self) -> list[tuple]:
         """The entries' fields as columns (one tuple per field), unpacked in C."""
@@ -274,8 +287,13 @@ class OffsetIndex(_MappedIndex):
         self._truncate_entries(self._search(offset - self.base_offset - 1, lambda e: e[0]) + 1)
 
     def sanity_check(self, log_size: int) -> None:
-        """Offsets strictly increasing, positions non-decreasing and inside the log (checked column-wise in C:
-        loading a store checks every entry without a Python loop per entry)."""
+        """Offsets strictly increasing, positions non-decreasing and inside the log (every entry: loading a
+        store checks them all, in one C pass)."""
+        ok = self._checked_in_c(0, log_size)
+        if ok is not None:
+            if not ok:
+                raise CorruptRecordError(f"corrupt offset index {self.path}")
+            return
         rels, positions = self._columns()
         if rels and (not _increasing(rels) or not _non_decreasing(positions) or positions[-1] >= max(log_size, 1)
                      or rels[0] < 0 or positions[0] < 0):
@@ -329,6 +347,11 @@ class TimeIndex(_MappedIndex):
         self._truncate_entries(self._search(offset - self.base_offset - 1, lambda e: e[1]) + 1)
 
     def sanity_check(self, log_size: int) -> None:
+        ok = self._checked_in_c(1, log_size)
+        if ok is not None:
+            if not ok:
+                raise CorruptRecordError(f"corrupt time index {self.path}")
+            return
         timestamps, rels = self._columns()
         if timestamps and (not _non_decreasing(timestamps) or not _non_decreasing(rels) or rels[0] < 0):
             raise CorruptRecordError(f"corrupt time index {self.path}")
@@ -404,6 +427,11 @@ class ViewIndex(_MappedIndex):
         their stats non-decreasing and possible: no more records than offsets, no more key and value bytes
         than log bytes, before each entry."""
         if not self.entries:
+            return
+        ok = self._checked_in_c(2, log_size)
+        if ok is not None:
+            if not ok:
+                raise CorruptRecordError(f"corrupt view index {self.path}")
             return
         rels, positions, records, keyed, nulls, key_bytes, value_bytes = self._columns()
         le = operator.le

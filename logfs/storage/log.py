@@ -159,7 +159,7 @@ class Log:
             raise ValueError("nothing to append")
         if has_nulls is None:
             has_nulls = None in values
-        # Record sizes (value + key bytes), computed with C-level map/accumulate: this is the bulk-append path.
+        # Record sizes (value + key bytes), with C-level map/accumulate. (Plain lines take append_lines.)
         sizes = list(map(_len_or_zero, values)) if has_nulls else list(map(len, values))
         if keys:
             sizes = [a + b for a, b in zip(sizes, map(_len_or_zero, keys))]
@@ -201,7 +201,8 @@ class Log:
 
         def batches(now: int):
             for buf, count, payload in encoded:
-                yield (lambda base, b=buf, c=count: rec.finish_batch(b, base, c, now)), LineStats(count, 0, 0, 0, payload)
+                stats = LineStats(count, 0, 0, 0, payload)
+                yield (lambda base, b=buf, c=count: rec.finish_batch(b, base, c, now)), stats
 
         return self._append_batches(batches, None)
 
@@ -218,8 +219,8 @@ class Log:
 
     def _append_batches(self, batches, timestamp_ms: int | None) -> tuple[int, int]:
         """The write loop of both append paths: under the lock, ``batches(now)`` yields ``(build(base_offset) ->
-        batch, stats)`` per batch; each is stamped with the log end offset, rolled for,
-        and written. A disk error takes back the batches of this call already written."""
+        batch, stats)`` per batch; each is stamped with the log end offset, rolled for, and written. A disk error
+        takes back the batches of this call already written."""
         with self.lock:
             now = self.clock.time_ms() if timestamp_ms is None else timestamp_ms
             first = self.log_end_offset

@@ -14,15 +14,12 @@ Batch header layout (61 bytes, big-endian)::
 
 from __future__ import annotations
 
+import functools
 import struct
 from dataclasses import dataclass
 from typing import Iterator, NamedTuple, Sequence
 
 import crc32c as _crc32c
-from aiokafka.record._crecords.default_records import (  # type: ignore[import-untyped]
-    DefaultRecordBatch as _Batch,
-    DefaultRecordBatchBuilder as _Builder,
-)
 
 from .errors import CorruptRecordError
 
@@ -30,6 +27,20 @@ try:  # the C accelerator (logfs/_speedups.c); optional, with identical pure-Pyt
     from .. import _speedups
 except ImportError:  # pragma: no cover - exercised when built without a compiler
     _speedups = None
+
+
+
+@functools.cache
+def _codec():
+    """aiokafka's compiled batch reader and builder, imported on first use: importing aiokafka loads its client
+    and asyncio (~70 ms at every start), and plain batches (the common case) never need it."""
+    from aiokafka.record._crecords.default_records import (  # type: ignore[import-untyped]
+        DefaultRecordBatch,
+        DefaultRecordBatchBuilder,
+    )
+
+    return DefaultRecordBatch, DefaultRecordBatchBuilder
+
 
 HEADER_SIZE = 61
 LOG_OVERHEAD = 12  # baseOffset + batchLength: the bytes not counted in batchLength
@@ -183,7 +194,7 @@ def build_batch_generic(
     offset_deltas: Sequence[int] | None = None,
 ) -> bytes:
     """:func:`build_batch` through aiokafka's builder (headers, per-record timestamps, no accelerator)."""
-    builder = _Builder(MAGIC, 0, 0, -1, -1, -1, 1 << 31)
+    builder = _codec()[1](MAGIC, 0, 0, -1, -1, -1, 1 << 31)
     append = builder.append
     if keys is None and headers is None and timestamps is None and offset_deltas is None:
         for delta, value in enumerate(values):
@@ -220,14 +231,14 @@ def decode(buf, pos: int = 0, size: int | None = None) -> Iterator[Record]:
     if header.is_control:
         return
     ts_type = header.timestamp_type
-    for r in _Batch(bytes(view)):
+    for r in _codec()[0](bytes(view)):
         yield Record(r.offset, r.timestamp, r.key, r.value, tuple(r.headers), ts_type)
 
 
 def decode_raw(buf: bytes):
     """The codec's own record objects for one batch: the fast path for rendering (attributes .key, .value,
     .offset, .timestamp). ``buf`` must hold exactly one batch."""
-    return _Batch(buf)
+    return _codec()[0](buf)
 
 
 def iter_headers(buf, start: int = 0) -> Iterator[tuple[int, BatchHeader]]:

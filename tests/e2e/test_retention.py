@@ -45,7 +45,10 @@ def test_open_handle_keeps_view_through_retention(mount_logfs):
         assert head + rest == old + new
         handle.seek(0)
         assert handle.read(len(old) + len(new) + 10) == old + new
-    assert fs.read("t/0") == old[start * record_len:] + new
+    # A new open reads whole records from some log start to the end (the appends may have let retention delete
+    # another segment meanwhile).
+    content = fs.read("t/0")
+    assert (old + new).endswith(content) and len(content) % record_len == 0 and len(content) >= len(new)
 
 
 def test_open_handle_keeps_view_through_compaction(mount_logfs):

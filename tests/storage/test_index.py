@@ -381,3 +381,79 @@ def test_view_index_floors_and_truncation(tmp_path):
                       active=False)
     assert again.entries == 2 and again.last() == (BASE + 20, 1000, stats[1])
     again.close()
+
+
+@pytest.mark.parametrize("kind", ["offset", "time", "view"])
+def test_sanity_check_in_c_agrees_with_the_python_checks(tmp_path, monkeypatch, kind):
+    """Loading a store checks every entry of every index in one C pass (_speedups.index_ok); built without a
+    compiler, the Python column checks do it. Both accept and refuse exactly the same entries: valid indexes,
+    and indexes with bytes of one entry overwritten at random (garbage, zeroes, swapped entries)."""
+    from logfs.storage import index as index_module
+
+    rnd = random.Random(kind)
+    path = str(tmp_path / f"00000000000000000045.{kind}")
+    n = 40
+    if kind == "offset":
+        idx = OffsetIndex(path, BASE, n * 8)
+        for i in range(n - 1):
+            idx.append(BASE + 3 * i + 1, 100 * i + 7)
+        log_size = 100 * n
+    elif kind == "time":
+        idx = TimeIndex(path, BASE, n * 12)
+        for i in range(n - 2):
+            idx.maybe_append(1_700_000_000_000 + 10 * i, BASE + 3 * i + 1)
+        log_size = 100 * n
+    else:
+        idx = ViewIndex(path, BASE, n * ViewIndex.ENTRY.size)
+        for i in range(n - 1):
+            idx.append(BASE + 3 * i + 1, 100 * i + 7, LineStats(2 * i, i, i // 2, 5 * i, 20 * i))
+        log_size = 100 * n
+
+    def verdicts(size):
+        c = python = None
+        try:
+            idx.sanity_check(size)
+            c = True
+        except CorruptRecordError:
+            c = False
+        monkeypatch.setattr(index_module, "_speedups", None)
+        try:
+            idx.sanity_check(size)
+            python = True
+        except CorruptRecordError:
+            python = False
+        finally:
+            monkeypatch.undo()
+        return c, python
+
+    assert index_module._speedups is not None
+    assert verdicts(log_size) == (True, True)
+    size = idx.entry_size
+    pristine = bytes(idx._mmap[: idx.entries * size])
+    outcomes = set()
+    for _ in range(300):
+        idx._mmap[: len(pristine)] = pristine
+        at = rnd.randrange(idx.entries) * size
+        how = rnd.randrange(4)
+        if how == 0:  # garbage bytes somewhere in one entry
+            k = rnd.randrange(1, size + 1)
+            start = at + rnd.randrange(size - k + 1)
+            idx._mmap[start : start + k] = rnd.randbytes(k)
+        elif how == 1:  # one entry zeroed
+            idx._mmap[at : at + size] = bytes(size)
+        elif how == 2 and idx.entries > 1:  # two neighbours swapped
+            j = at // size
+            j = j - 1 if j else j + 1
+            a, b = idx._mmap[at : at + size], idx._mmap[j * size : (j + 1) * size]
+            idx._mmap[at : at + size], idx._mmap[j * size : (j + 1) * size] = b, a
+        else:  # one field nudged by a small amount
+            field = rnd.randrange(len(idx.ENTRY.format) - 1)
+            values = list(idx.ENTRY.unpack_from(idx._mmap, at))
+            values[field] = max(0, values[field] + rnd.choice([-1, 1, -1000, 1000]))
+            idx.ENTRY.pack_into(idx._mmap, at, *values)
+        c, python = verdicts(rnd.choice([log_size, 7, 100 * (n - 2) + 7, 100 * (n - 2) + 8]))
+        assert c == python
+        outcomes.add(c)
+    assert outcomes == {True, False}  # both kinds of verdict were exercised
+    idx._mmap[: len(pristine)] = pristine
+    idx.close()
