@@ -11,6 +11,7 @@
  *     (value | marker | "") + "\n" per record).
  * batch_stats(batch): line statistics of one batch (recovery, cleaning).
  * index_ok(kind, buf, n, log_size): the sanity checks of an index's entries (loading a store).
+ * decode_columns(batches, start, end): Arrow column buffers of plain batches (the Spark data source).
  *
  * Each is documented where it is defined. All are optional accelerators: logfs.storage.records and
  * logfs.view.text have pure-Python paths producing identical bytes (tests compare them). Compressed and control
@@ -130,7 +131,7 @@ static PyObject *encode_records(PyObject *self, PyObject *args) {
 
 typedef struct {
     const unsigned char *key, *value;
-    int64_t klen, vlen;
+    int64_t klen, vlen, ts_delta, offset_delta;
 } parsed_record;
 
 /* Walks the records of a batch; calls back per record (a callback returning > 0 ends the walk). Returns -1
@@ -140,7 +141,7 @@ static int walk_ex(const unsigned char *buf, Py_ssize_t size, int32_t count,
                    int (*fn)(const parsed_record *, void *), void *ctx, int partial) {
     const unsigned char *p = buf + HEADER_SIZE, *end = buf + size;
     for (int32_t i = 0; i < count; i++) {
-        int64_t len, skip, hcount;
+        int64_t len, hcount;
         const unsigned char *at = p;
         if (partial && (get_varint(&at, end, &len) < 0 || len > end - at))
             return 1;
@@ -149,7 +150,7 @@ static int walk_ex(const unsigned char *buf, Py_ssize_t size, int32_t count,
         const unsigned char *rec_end = p + len;
         parsed_record r;
         p += 1; /* attributes */
-        if (get_varint(&p, rec_end, &skip) < 0 || get_varint(&p, rec_end, &skip) < 0)
+        if (get_varint(&p, rec_end, &r.ts_delta) < 0 || get_varint(&p, rec_end, &r.offset_delta) < 0)
             goto bad;
         if (get_varint(&p, rec_end, &r.klen) < 0 || r.klen < -1 || r.klen > rec_end - p)
             goto bad;
@@ -611,7 +612,153 @@ static PyObject *index_ok(PyObject *self, PyObject *args) {
     return PyBool_FromLong(ok);
 }
 
+/* decode_columns(batches, start, end) -> (n, offsets, timestamps_us, timestamp_types, key_valid, key_offsets,
+ *                                         key_data, key_nulls, value_valid, value_offsets, value_data,
+ *                                         value_nulls)
+ *
+ * The Spark data source's decoder: the records with offsets in [start, end) of a list of whole, uncompressed,
+ * non-control v2 batches, as Arrow column buffers (little-endian): int64 offsets, int64 timestamps in
+ * microseconds (CreateTime: firstTimestamp + delta; LogAppendTime: the batch's maxTimestamp), int32 timestamp
+ * types, and for keys and values an Arrow binary column (validity bitmap, int32 offsets, data) with its null
+ * count. No Python object per record. ValueError for anything else (the caller decodes those in Python). */
+typedef struct {
+    int64_t base, start, end, first_ts, max_ts;
+    int log_append;
+    Py_ssize_t n, key_bytes, value_bytes;
+    int64_t *offsets, *stamps;
+    int32_t *types, *koffs, *voffs;
+    unsigned char *kvalid, *vvalid, *kdata, *vdata;
+    Py_ssize_t knulls, vnulls;
+} columns_ctx;
+
+static int column_measure(const parsed_record *r, void *c) {
+    columns_ctx *x = c;
+    int64_t offset = x->base + r->offset_delta;
+    if (offset < x->start || offset >= x->end)
+        return 0;
+    x->n++;
+    x->key_bytes += r->klen > 0 ? r->klen : 0;
+    x->value_bytes += r->vlen > 0 ? r->vlen : 0;
+    return 0;
+}
+
+static int column_fill(const parsed_record *r, void *c) {
+    columns_ctx *x = c;
+    int64_t offset = x->base + r->offset_delta;
+    if (offset < x->start || offset >= x->end)
+        return 0;
+    Py_ssize_t i = x->n++;
+    x->offsets[i] = offset;
+    x->stamps[i] = (x->log_append ? x->max_ts : x->first_ts + r->ts_delta) * 1000;
+    x->types[i] = x->log_append;
+    if (r->klen >= 0) {
+        x->kvalid[i >> 3] |= (unsigned char)(1 << (i & 7));
+        memcpy(x->kdata + x->koffs[i], r->key, r->klen);
+        x->koffs[i + 1] = x->koffs[i] + (int32_t)r->klen;
+    } else {
+        x->knulls++;
+        x->koffs[i + 1] = x->koffs[i];
+    }
+    if (r->vlen >= 0) {
+        x->vvalid[i >> 3] |= (unsigned char)(1 << (i & 7));
+        memcpy(x->vdata + x->voffs[i], r->value, r->vlen);
+        x->voffs[i + 1] = x->voffs[i] + (int32_t)r->vlen;
+    } else {
+        x->vnulls++;
+        x->voffs[i + 1] = x->voffs[i];
+    }
+    return 0;
+}
+
+static int walk_columns(PyObject *batches, columns_ctx *x, int (*fn)(const parsed_record *, void *)) {
+    Py_ssize_t count = PyList_GET_SIZE(batches);
+    for (Py_ssize_t b = 0; b < count; b++) {
+        Py_buffer view;
+        if (PyObject_GetBuffer(PyList_GET_ITEM(batches, b), &view, PyBUF_SIMPLE) < 0)
+            return -1;
+        const unsigned char *buf = view.buf;
+        int rc = 0;
+        if (view.len < HEADER_SIZE || buf[16] != 2 || (Py_ssize_t)be32(buf + 8) + 12 != view.len) {
+            PyErr_SetString(PyExc_ValueError, "decode_columns needs whole v2 batches");
+            rc = -1;
+        } else {
+            int16_t attributes = (int16_t)((buf[21] << 8) | buf[22]);
+            if (attributes & 0x27) {
+                PyErr_SetString(PyExc_ValueError, "decode_columns: compressed or control batch");
+                rc = -1;
+            } else {
+                x->base = (int64_t)be64(buf);
+                x->first_ts = (int64_t)be64(buf + 27);
+                x->max_ts = (int64_t)be64(buf + 35);
+                x->log_append = (attributes & 0x08) ? 1 : 0;
+                rc = walk(buf, view.len, (int32_t)be32(buf + 57), fn, x);
+            }
+        }
+        PyBuffer_Release(&view);
+        if (rc < 0)
+            return -1;
+    }
+    return 0;
+}
+
+static PyObject *decode_columns(PyObject *self, PyObject *args) {
+    PyObject *batches;
+    long long start, end;
+    if (!PyArg_ParseTuple(args, "O!LL", &PyList_Type, &batches, &start, &end))
+        return NULL;
+    columns_ctx x;
+    memset(&x, 0, sizeof x);
+    x.start = start;
+    x.end = end;
+    if (walk_columns(batches, &x, column_measure) < 0)
+        return NULL;
+    if (x.key_bytes > INT32_MAX || x.value_bytes > INT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "decode_columns: over 2 GiB of keys or values in one call");
+        return NULL;
+    }
+    Py_ssize_t n = x.n, bitmap = (n + 7) / 8;
+    PyObject *offsets = PyBytes_FromStringAndSize(NULL, n * 8), *stamps = PyBytes_FromStringAndSize(NULL, n * 8),
+             *types = PyBytes_FromStringAndSize(NULL, n * 4), *kvalid = PyBytes_FromStringAndSize(NULL, bitmap),
+             *vvalid = PyBytes_FromStringAndSize(NULL, bitmap),
+             *koffs = PyBytes_FromStringAndSize(NULL, (n + 1) * 4),
+             *voffs = PyBytes_FromStringAndSize(NULL, (n + 1) * 4),
+             *kdata = PyBytes_FromStringAndSize(NULL, x.key_bytes),
+             *vdata = PyBytes_FromStringAndSize(NULL, x.value_bytes);
+    PyObject *result = NULL;
+    if (!offsets || !stamps || !types || !kvalid || !vvalid || !koffs || !voffs || !kdata || !vdata)
+        goto done;
+    x.offsets = (int64_t *)PyBytes_AS_STRING(offsets);
+    x.stamps = (int64_t *)PyBytes_AS_STRING(stamps);
+    x.types = (int32_t *)PyBytes_AS_STRING(types);
+    x.kvalid = (unsigned char *)PyBytes_AS_STRING(kvalid);
+    x.vvalid = (unsigned char *)PyBytes_AS_STRING(vvalid);
+    x.koffs = (int32_t *)PyBytes_AS_STRING(koffs);
+    x.voffs = (int32_t *)PyBytes_AS_STRING(voffs);
+    x.kdata = (unsigned char *)PyBytes_AS_STRING(kdata);
+    x.vdata = (unsigned char *)PyBytes_AS_STRING(vdata);
+    memset(x.kvalid, 0, bitmap);
+    memset(x.vvalid, 0, bitmap);
+    x.koffs[0] = x.voffs[0] = 0;
+    x.n = 0;
+    if (walk_columns(batches, &x, column_fill) < 0)
+        goto done;
+    result = Py_BuildValue("(nOOOOOOnOOOn)", n, offsets, stamps, types, kvalid, koffs, kdata, x.knulls, vvalid,
+                           voffs, vdata, x.vnulls);
+done:
+    Py_XDECREF(offsets);
+    Py_XDECREF(stamps);
+    Py_XDECREF(types);
+    Py_XDECREF(kvalid);
+    Py_XDECREF(vvalid);
+    Py_XDECREF(koffs);
+    Py_XDECREF(voffs);
+    Py_XDECREF(kdata);
+    Py_XDECREF(vdata);
+    return result;
+}
+
 static PyMethodDef methods[] = {
+    {"decode_columns", decode_columns, METH_VARARGS, "Arrow column buffers of plain batches (Spark source)."},
     {"index_ok", index_ok, METH_VARARGS, "Sanity checks of an index's entries, in one pass."},
     {"batch_stats", batch_stats, METH_VARARGS, "Line statistics of one uncompressed batch."},
     {"render_window", render_window, METH_VARARGS, "Text-view bytes of a read request, from a skip, within a limit."},
