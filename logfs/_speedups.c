@@ -642,6 +642,19 @@ static int column_measure(const parsed_record *r, void *c) {
     return 0;
 }
 
+/* Row i of an Arrow binary column: its validity bit, its end offset and its bytes (len -1: null). */
+static inline void put_binary(Py_ssize_t i, const unsigned char *src, int64_t len, unsigned char *valid,
+                              int32_t *offs, unsigned char *data, Py_ssize_t *nulls) {
+    if (len >= 0) {
+        valid[i >> 3] |= (unsigned char)(1 << (i & 7));
+        memcpy(data + offs[i], src, len);
+        offs[i + 1] = offs[i] + (int32_t)len;
+    } else {
+        (*nulls)++;
+        offs[i + 1] = offs[i];
+    }
+}
+
 static int column_fill(const parsed_record *r, void *c) {
     columns_ctx *x = c;
     int64_t offset = x->base + r->offset_delta;
@@ -651,22 +664,8 @@ static int column_fill(const parsed_record *r, void *c) {
     x->offsets[i] = offset;
     x->stamps[i] = (x->log_append ? x->max_ts : x->first_ts + r->ts_delta) * 1000;
     x->types[i] = x->log_append;
-    if (r->klen >= 0) {
-        x->kvalid[i >> 3] |= (unsigned char)(1 << (i & 7));
-        memcpy(x->kdata + x->koffs[i], r->key, r->klen);
-        x->koffs[i + 1] = x->koffs[i] + (int32_t)r->klen;
-    } else {
-        x->knulls++;
-        x->koffs[i + 1] = x->koffs[i];
-    }
-    if (r->vlen >= 0) {
-        x->vvalid[i >> 3] |= (unsigned char)(1 << (i & 7));
-        memcpy(x->vdata + x->voffs[i], r->value, r->vlen);
-        x->voffs[i + 1] = x->voffs[i] + (int32_t)r->vlen;
-    } else {
-        x->vnulls++;
-        x->voffs[i + 1] = x->voffs[i];
-    }
+    put_binary(i, r->key, r->klen, x->kvalid, x->koffs, x->kdata, &x->knulls);
+    put_binary(i, r->value, r->vlen, x->vvalid, x->voffs, x->vdata, &x->vnulls);
     return 0;
 }
 
