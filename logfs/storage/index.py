@@ -141,13 +141,14 @@ class _MappedIndex:
             return 0
         return lo
 
-    def _checked_in_c(self, kind: int, log_size: int) -> bool | None:
-        """The C sanity check of every entry (None without the accelerator: the caller checks in Python)."""
+    def _checked_in_c(self, kind: int, log_size: int, what: str) -> bool:
+        """Check every entry in one C pass (``_speedups.index_ok``), raising CorruptRecordError on a bad one.
+        False without the accelerator: the caller checks in Python."""
         if _speedups is None:
-            return None
-        if not self.entries:
-            return True
-        return _speedups.index_ok(kind, self._mmap, self.entries, log_size)
+            return False
+        if self.entries and not _speedups.index_ok(kind, self._mmap, self.entries, log_size):
+            raise CorruptRecordError(f"corrupt {what} {self.path}")
+        return True
 
     def _columns(self) -> list[tuple]:
         """The entries' fields as columns (one tuple per field), unpacked in C."""
@@ -289,10 +290,7 @@ class OffsetIndex(_MappedIndex):
     def sanity_check(self, log_size: int) -> None:
         """Offsets strictly increasing, positions non-decreasing and inside the log (every entry: loading a
         store checks them all, in one C pass)."""
-        ok = self._checked_in_c(0, log_size)
-        if ok is not None:
-            if not ok:
-                raise CorruptRecordError(f"corrupt offset index {self.path}")
+        if self._checked_in_c(0, log_size, "offset index"):
             return
         rels, positions = self._columns()
         if rels and (not _increasing(rels) or not _non_decreasing(positions) or positions[-1] >= max(log_size, 1)
@@ -347,10 +345,7 @@ class TimeIndex(_MappedIndex):
         self._truncate_entries(self._search(offset - self.base_offset - 1, lambda e: e[1]) + 1)
 
     def sanity_check(self, log_size: int) -> None:
-        ok = self._checked_in_c(1, log_size)
-        if ok is not None:
-            if not ok:
-                raise CorruptRecordError(f"corrupt time index {self.path}")
+        if self._checked_in_c(1, log_size, "time index"):
             return
         timestamps, rels = self._columns()
         if timestamps and (not _non_decreasing(timestamps) or not _non_decreasing(rels) or rels[0] < 0):
@@ -428,10 +423,7 @@ class ViewIndex(_MappedIndex):
         than log bytes, before each entry."""
         if not self.entries:
             return
-        ok = self._checked_in_c(2, log_size)
-        if ok is not None:
-            if not ok:
-                raise CorruptRecordError(f"corrupt view index {self.path}")
+        if self._checked_in_c(2, log_size, "view index"):
             return
         rels, positions, records, keyed, nulls, key_bytes, value_bytes = self._columns()
         le = operator.le

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from logfs_e2e import LogfsMount, fuse_unusable_reason
+from logfs_e2e import LogfsMount, fuse_unusable_reason, mount_factory
 
 
 def pytest_collection_modifyitems(config, items):
@@ -24,23 +24,8 @@ def pytest_collection_modifyitems(config, items):
 def mount_logfs(tmp_path):
     """Factory: ``mount_logfs("num.partitions=3", foreground=False, name="m")`` -> a mounted LogfsMount.
     Every mount made through it is unmounted (and its daemon reaped) in teardown."""
-    made: list[LogfsMount] = []
-
-    def make(*options: str, foreground: bool = False, name: str = "fs") -> LogfsMount:
-        m = LogfsMount(tmp_path / name)
-        made.append(m)
-        m.mount(*options, foreground=foreground)
-        return m
-
-    yield make
-    errors = []
-    for m in made:
-        try:
-            m.cleanup()
-        except Exception as exc:  # keep unmounting the others
-            errors.append(exc)
-    if errors:
-        raise errors[0]
+    with mount_factory(tmp_path) as make:
+        yield make
 
 
 @pytest.fixture

@@ -7,6 +7,7 @@ Every test mounts a real logfs in its own tmp directory the way a user would (``
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import shutil
@@ -253,6 +254,35 @@ class LogfsMount:
                 view = view[n:]
         finally:
             os.close(fd)
+
+
+@contextlib.contextmanager
+def mount_factory(base: Path):
+    """The ``mount_logfs`` fixtures' factory: ``make(*options, foreground=False, name="fs", root=None,
+    prepare=None)`` -> a mounted LogfsMount under ``root or base``; ``prepare(m)`` runs before mounting. On exit
+    every mount made is unmounted and its daemon reaped (all of them, then the first error is raised)."""
+    made: list[LogfsMount] = []
+
+    def make(*options: str, foreground: bool = False, name: str = "fs", root: Path | None = None,
+             prepare=None) -> LogfsMount:
+        m = LogfsMount((root or base) / name)
+        made.append(m)
+        if prepare is not None:
+            prepare(m)
+        m.mount(*options, foreground=foreground)
+        return m
+
+    try:
+        yield make
+    finally:
+        errors = []
+        for m in made:
+            try:
+                m.cleanup()
+            except Exception as exc:  # keep unmounting the others
+                errors.append(exc)
+        if errors:
+            raise errors[0]
 
 
 def expect_errno(code: int, fn, *args, **kwargs):

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 import rel_helpers
-from rel_helpers import LogfsMount, fuse_unusable_reason
+from rel_helpers import fuse_unusable_reason
+from logfs_e2e import mount_factory
 
 
 def _long_selected(config) -> bool:
@@ -68,26 +69,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
 def mount_logfs(tmp_path, public_root):
     """Factory: ``mount_logfs(*options, foreground=False, name="fs", root=None)`` -> a mounted LogfsMount; every
     mount made through it is unmounted (its daemon reaped) in teardown. ``prepare(m)`` runs before mounting."""
-    made: list[LogfsMount] = []
-
-    def make(*options: str, foreground: bool = False, name: str = "fs", root: Path | None = None,
-             prepare=None) -> LogfsMount:
-        m = LogfsMount((root or tmp_path) / name)
-        made.append(m)
-        if prepare is not None:
-            prepare(m)
-        m.mount(*options, foreground=foreground)
-        return m
-
-    yield make
-    errors = []
-    for m in made:
-        try:
-            m.cleanup()
-        except Exception as exc:  # keep unmounting the others
-            errors.append(exc)
-    if errors:
-        raise errors[0]
+    with mount_factory(tmp_path) as make:
+        yield make
 
 
 @pytest.fixture

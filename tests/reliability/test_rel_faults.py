@@ -226,6 +226,23 @@ def _snapshot(fs: LogfsMount, rels: list[str], rng: random.Random) -> dict:
     return out
 
 
+def _mount_and_check(fs: LogfsMount, opts, want: dict, rels, stats: dict, what: str) -> None:
+    """Mount the damaged store; it must serve exactly ``want``, keep working (an append to each partition), and
+    keep the repair across a remount, with no traceback in the log."""
+    fs.mount(*opts, foreground=True)
+    stats["mounts"] += 1
+    _compare(fs, want, what)
+    for rel in rels:
+        fs.append(rel, b"appended after repair\n")
+    fs.remount(*opts, foreground=True)
+    stats["mounts"] += 1
+    for rel in rels:
+        assert fs.read(rel) == want[rel][0] + b"appended after repair\n", (what, rel)
+        assert int(fs.getx(rel, "log_end_offset")) == want[rel][3] + 1, (what, rel)
+    err = fs.stderr()
+    assert "Traceback" not in err, err[-3000:]
+
+
 def _compare(fs: LogfsMount, want: dict, what: str) -> None:
     for rel, (data, size, lso, leo, segs, size_bytes, xattrs) in want.items():
         assert fs.read(rel) == data, f"{what}: {rel} content differs"
@@ -268,20 +285,7 @@ def test_damaged_index_files(tmp_path, profile, shutdown):
                         stats["damaged_files"] += 1
                 stats["combinations"] += 1
             try:
-                fs.mount(*opts, foreground=True)
-                stats["mounts"] += 1
-                _compare(fs, want, f"{shutdown} shutdown, damaged {target} segments")
-                # The repaired store keeps working, and the repair persists.
-                for rel in rels:
-                    fs.append(rel, b"appended after repair\n")
-                fs.remount(*opts, foreground=True)
-                stats["mounts"] += 1
-                for rel in rels:
-                    data = want[rel][0]
-                    assert fs.read(rel) == data + b"appended after repair\n", rel
-                    assert int(fs.getx(rel, "log_end_offset")) == want[rel][3] + 1
-                err = fs.stderr()
-                assert "Traceback" not in err, err[-3000:]
+                _mount_and_check(fs, opts, want, rels, stats, f"{shutdown} shutdown, damaged {target} segments")
             finally:
                 fs.cleanup()
     finally:
@@ -338,17 +342,7 @@ def test_stale_or_corrupt_checkpoints(tmp_path, profile, shutdown):
                     damage(fs.data, ckpt)
             stats["variants"] += 1
             try:
-                fs.mount(*opts, foreground=True)
-                stats["mounts"] += 1
-                _compare(fs, want, f"{shutdown} shutdown, {name} checkpoints")
-                for rel in rels:
-                    fs.append(rel, b"after\n")
-                fs.remount(*opts, foreground=True)
-                stats["mounts"] += 1
-                for rel in rels:
-                    assert fs.read(rel) == want[rel][0] + b"after\n", (name, rel)
-                    assert int(fs.getx(rel, "log_end_offset")) == want[rel][3] + 1, (name, rel)
-                assert "Traceback" not in fs.stderr()
+                _mount_and_check(fs, opts, want, rels, stats, f"{shutdown} shutdown, {name} checkpoints")
             finally:
                 fs.cleanup()
     finally:

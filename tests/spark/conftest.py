@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "e2e"))
-from logfs_e2e import LogfsMount, fuse_unusable_reason  # noqa: E402
+from logfs_e2e import fuse_unusable_reason, mount_factory  # noqa: E402
 
 
 def pytest_configure(config):
@@ -79,20 +79,5 @@ def mount_logfs(tmp_path):
     reason = fuse_unusable_reason()
     if reason:
         pytest.skip(reason)
-    made: list[LogfsMount] = []
-
-    def make(*options: str, name: str = "fs") -> LogfsMount:
-        m = LogfsMount(tmp_path / name)
-        made.append(m)
-        m.mount(*options)
-        return m
-
-    yield make
-    errors = []
-    for m in made:
-        try:
-            m.cleanup()
-        except Exception as exc:  # keep unmounting the others
-            errors.append(exc)
-    if errors:
-        raise errors[0]
+    with mount_factory(tmp_path) as make:
+        yield make
