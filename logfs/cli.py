@@ -312,9 +312,8 @@ def run(data_dir, mountpoint, broker, fuse_opts, read_only, ready) -> int:
     import trio
 
     from .service.daemon import serve
-    from .storage.checkpoints import CLEAN_SHUTDOWN
     from .storage.errors import LogfsError
-    from .storage.log import parse_partition_dir
+    from .storage.names import CLEAN_SHUTDOWN, DataDirScan
 
     def fail(message: str) -> int:
         log.error("%s", message, extra={"user_error": True})
@@ -334,8 +333,7 @@ def run(data_dir, mountpoint, broker, fuse_opts, read_only, ready) -> int:
 
     previous = {s: signal.signal(s, stop_while_loading) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
-        partitions = sum(1 for entry in os.scandir(data_dir)
-                         if parse_partition_dir(entry.name) is not None and entry.is_dir())
+        partitions = len(DataDirScan(data_dir).partitions)
     except OSError:  # missing (created below) or unreadable (reported below)
         partitions = 0
     recovering = partitions > 0 and not os.path.exists(os.path.join(data_dir, CLEAN_SHUTDOWN))
