@@ -17,6 +17,7 @@ import sys
 
 from .storage import BrokerConfig, InvalidConfigError, LockedError, LogManager
 from .storage.config import broker_keys
+from .service.mountpoint import check_mount_paths
 from .service.notify import notify
 
 log = logging.getLogger("logfs")
@@ -201,6 +202,10 @@ def main(argv: list[str] | None = None) -> int:
     data_dir = os.path.abspath(args.data_dir)
     if os.path.exists(data_dir) and not os.path.isdir(data_dir):
         user_error(f"data directory {args.data_dir} is not a directory")
+        return 2
+    refused = check_mount_paths(data_dir, mountpoint)
+    if refused:
+        user_error(refused)
         return 2
     setup_logging(debug, daemon=not args.foreground)
     log.debug("broker settings %s; FUSE options %s", props, fuse_opts)

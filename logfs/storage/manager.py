@@ -25,7 +25,7 @@ from .clock import SYSTEM_CLOCK, Clock
 from .config import TOPIC_SETTINGS, BrokerConfig, LogConfig, validate_topic_setting
 from .errors import (
     InvalidConfigError, InvalidPartitionError, InvalidTopicError, LockedError, LogfsError, NoSuchTopicError,
-    TopicExistsError, TopicNotEmptyError,
+    ShuttingDownError, TopicExistsError, TopicNotEmptyError,
 )
 from .loader import load_log
 from .log import Log
@@ -70,6 +70,9 @@ class LogManager:
         self.topics: dict[str, dict[str, str]] = {}  # topic -> overrides
         self.attrs: dict[str, tuple[int, int, int]] = {}  # "", "topic", "topic/N" -> (mode, uid, gid)
         self._deleted_dirs: list[tuple[int, str]] = []
+        # Set (from any thread, without the lock) when the daemon stops: a topic creation still running then
+        # gives up and undoes itself, so the shutdown waits for at most one partition.
+        self.stopping = threading.Event()
         raise_fd_limit()
         os.makedirs(self.data_dir, exist_ok=True)
         self._lock_fd = self._acquire_lock()
@@ -202,19 +205,23 @@ class LogManager:
                                         "are the same character in Kafka's metric names)")
             self.topics[topic] = {}
             count = self.broker.get("num.partitions") if partitions is None else partitions
-            created = 0
+            made: list[str] = []
             try:
                 for p in range(count):
-                    self._create_partition(topic, p)
-                    created += 1
+                    if self.stopping.is_set():
+                        raise ShuttingDownError(f"creation of topic {topic!r} abandoned: logfs is stopping")
+                    self._create_partition(topic, p, made)
                 if not count:
                     self._save_topics()  # a topic without partitions is known only from logfs-topics.json
             except BaseException:
                 # All or nothing (EMFILE, ENOSPC...): no topic left behind with only some of its partitions. Only
-                # what was made is undone (the failed partition undid itself).
-                for p in range(created):
-                    self.logs.pop((topic, p)).close_without_flush()
-                    shutil.rmtree(os.path.join(self.data_dir, partition_dir_name(topic, p)), ignore_errors=True)
+                # what was made is undone, its fds closed first (removing a directory needs fds too).
+                for p in range(len(made)):
+                    created = self.logs.pop((topic, p), None)
+                    if created is not None:
+                        created.close_without_flush()
+                for path in made:
+                    shutil.rmtree(path, ignore_errors=True)
                 del self.topics[topic]
                 try:
                     self._save_topics()
@@ -232,26 +239,27 @@ class LogManager:
             if partition > limit or (topic, partition) in self.logs:
                 raise InvalidPartitionError(
                     f"partition {partition} of {topic!r} exists or is past the next partition ({limit})")
-            return self._create_partition(topic, partition)
+            made: list[str] = []
+            try:
+                return self._create_partition(topic, partition, made)
+            except BaseException:
+                created = self.logs.pop((topic, partition), None)
+                if created is not None:
+                    created.close_without_flush()
+                for path in made:
+                    shutil.rmtree(path, ignore_errors=True)
+                raise
 
-    def _create_partition(self, topic: str, partition: int) -> Log:
+    def _create_partition(self, topic: str, partition: int, made: list[str]) -> Log:
+        """Create one partition's directory and log; its path is added to ``made`` once the directory exists,
+        for the caller to undo."""
         path = os.path.join(self.data_dir, partition_dir_name(topic, partition))
         os.mkdir(path)  # not exist_ok: a stray of that name is not ours to reuse (FileExistsError -> EEXIST)
-        try:
-            created = load_log(path, topic, partition, self.topic_config(topic), had_clean_shutdown=True,
-                               clock=self.clock)
-        except BaseException:
-            shutil.rmtree(path, ignore_errors=True)
-            raise
-        self.logs[(topic, partition)] = created
-        try:
-            ckpt.fsync_dir(self.data_dir)
-        except BaseException:
-            del self.logs[(topic, partition)]
-            created.close_without_flush()
-            shutil.rmtree(path, ignore_errors=True)
-            raise
-        return created
+        made.append(path)
+        self.logs[(topic, partition)] = load_log(path, topic, partition, self.topic_config(topic),
+                                                 had_clean_shutdown=True, clock=self.clock)
+        ckpt.fsync_dir(self.data_dir)
+        return self.logs[(topic, partition)]
 
     def get_log(self, topic: str, partition: int) -> Log:
         try:
