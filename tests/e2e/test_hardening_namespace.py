@@ -20,28 +20,6 @@ from logfs_e2e import LogfsMount, daemon_env, expect_errno, mounted_at, sh, wait
 CLI_TIMEOUT = 30
 
 
-@pytest.fixture
-def small_tmpfs(tmp_path):
-    """A real 8 MiB tmpfs: the disk that fills. (Requested before mount_logfs, so unmounted after it.)"""
-    where = tmp_path / "disk"
-    where.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(where)], capture_output=True)
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs: {r.stderr.decode().strip()}")
-    yield where
-    subprocess.run(["umount", "-l", str(where)], check=True)
-
-
-def top_up(disk) -> None:
-    """Take the last free pages (a failed append gives back its partial batch, so the disk is not quite full)."""
-    with open(disk / "filler", "ab", buffering=0) as f:
-        try:
-            while True:
-                f.write(b"\0" * 4096)
-        except OSError as exc:
-            assert exc.errno == errno.ENOSPC
-
-
 def run_cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "logfs.cli", *args], stdin=subprocess.DEVNULL,
                           capture_output=True, timeout=CLI_TIMEOUT, env=daemon_env())
@@ -125,7 +103,7 @@ def test_colliding_topic_is_einval(fs):
 # -- item 4: deletes -----------------------------------------------------------------------------------------
 
 def test_rm_r_on_a_full_disk_succeeds_and_the_topic_stays_gone(small_tmpfs, mount_logfs):
-    fs = mount_logfs("num.partitions=2", "log.segment.bytes=1048576", root=small_tmpfs)
+    fs = mount_logfs("num.partitions=2", "log.segment.bytes=1048576", root=small_tmpfs.path)
     os.mkdir(fs.path("keep"))
     fs.append("keep/0", "kept\n")
     os.mkdir(fs.path("big"))
@@ -139,7 +117,7 @@ def test_rm_r_on_a_full_disk_succeeds_and_the_topic_stays_gone(small_tmpfs, moun
         finally:
             os.close(fd)
     assert full.value.errno == errno.ENOSPC
-    top_up(small_tmpfs)
+    small_tmpfs.top_up()
     sh(f"rm -r {fs.path('big')}", timeout=CLI_TIMEOUT)  # (was ENOSPC, half done)
     assert os.listdir(fs.mnt) == ["keep"]
     fs.unmount()

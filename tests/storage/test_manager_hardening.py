@@ -3,7 +3,6 @@ and for the longest names, colliding topics, holes in partition numbers, num.par
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
 import subprocess
@@ -14,42 +13,12 @@ import time
 
 import pytest
 
-from logfs.storage import (
-    BrokerConfig, InvalidConfigError, InvalidPartitionError, InvalidTopicError, LogManager, ManualClock,
-    StorageIOError,
-)
+from logfs.storage import BrokerConfig, InvalidConfigError, InvalidPartitionError, InvalidTopicError, StorageIOError
 from logfs.storage import names
 from logfs.storage.errors import ShuttingDownError
+from test_loader import managers  # noqa: F401  (the storage tests' one LogManager fixture)
 
 UNIQUE = "0123456789abcdef0123456789abcdef"
-
-
-@pytest.fixture
-def managers(tmp_path):
-    opened = []
-
-    def open_manager(data_dir=None, **props):
-        mgr = LogManager(str(data_dir or tmp_path / "data"), BrokerConfig.from_properties(props),
-                         clock=ManualClock())
-        opened.append(mgr)
-        return mgr
-
-    yield open_manager
-    for mgr in opened:
-        if not mgr.closed:
-            mgr.abandon()
-
-
-@pytest.fixture
-def small_tmpfs(tmp_path):
-    """A real 8 MiB tmpfs (root only): the disk that fills."""
-    where = tmp_path / "tmpfs"
-    where.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(where)], capture_output=True)
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs: {r.stderr.decode().strip()}")
-    yield where
-    subprocess.run(["umount", "-l", str(where)], check=True)
 
 
 def listing(path):
@@ -61,17 +30,6 @@ def fill(log, chunk=b"z" * 60_000):
         for _ in range(10_000):
             log.append([chunk])
             log.flush()
-    top_up(os.path.dirname(os.path.dirname(log.directory)))
-
-
-def top_up(disk) -> None:
-    """Take the last free pages (a failed append gives back its partial batch, so the disk is not quite full)."""
-    with open(os.path.join(disk, "filler"), "ab", buffering=0) as f:
-        try:
-            while True:
-                f.write(b"\0" * 4096)
-        except OSError as exc:
-            assert exc.errno == errno.ENOSPC
 
 
 # -- strays ----------------------------------------------------------------------------------------------------
@@ -134,12 +92,13 @@ def test_delete_works_for_every_legal_topic_length(managers, tmp_path, length):
 
 
 def test_delete_on_a_full_disk_succeeds_and_stays_deleted(small_tmpfs, managers):
-    data = small_tmpfs / "data"
+    data = small_tmpfs.path / "data"
     mgr = managers(data, **{"num.partitions": "2", "log.segment.bytes": "1048576"})
     mgr.create_topic("keep")
     mgr.get_log("keep", 0).append([b"kept"])
     mgr.create_topic("big")
     fill(mgr.get_log("big", 1))
+    small_tmpfs.top_up()
     for p in (0, 1):
         mgr.delete_partition("big", p)  # (was ENOSPC, with the partitions gone from the listing)
     mgr.delete_topic("big")
@@ -154,15 +113,15 @@ def test_delete_on_a_full_disk_succeeds_and_stays_deleted(small_tmpfs, managers)
 
 
 def test_delete_when_another_file_fills_the_disk(small_tmpfs, managers):
-    data = small_tmpfs / "data"
+    data = small_tmpfs.path / "data"
     mgr = managers(data)
     mgr.create_topic("t")
     mgr.get_log("t", 0).append([b"small"])
-    top_up(small_tmpfs)
+    small_tmpfs.top_up()
     mgr.delete_partition("t", 0)  # commits at the rename; recording it may fail, and is only logged
     assert mgr.partitions("t") == []
     mgr.abandon()
-    os.unlink(small_tmpfs / "filler")
+    os.unlink(small_tmpfs.path / "filler")
     mgr = managers(data)
     assert ("t", 0) not in mgr.logs  # gone for good
     assert not [n for n in os.listdir(data) if n.startswith("t-")]
