@@ -103,11 +103,12 @@ def test_delete_on_a_full_disk_succeeds_and_stays_deleted(small_tmpfs, managers)
         mgr.delete_partition("big", p)  # (was ENOSPC, with the partitions gone from the listing)
     mgr.delete_topic("big")
     assert mgr.list_topics() == ["keep"]
+    mgr.get_log("keep", 0).append([b"y" * 500_000])  # the space came back at once, not after the delete delay
     mgr.close()
     assert os.path.exists(data / names.CLEAN_SHUTDOWN)  # the clean shutdown was complete
     mgr = managers(data)
     assert mgr.list_topics() == ["keep"]
-    assert [r.value for r in mgr.get_log("keep", 0).read(0)] == [b"kept"]
+    assert [r.value for r in mgr.get_log("keep", 0).read(0)] == [b"kept", b"y" * 500_000]
     assert not [n for n in os.listdir(data) if n.startswith("big")]
     mgr.close()
 
@@ -120,11 +121,33 @@ def test_delete_when_another_file_fills_the_disk(small_tmpfs, managers):
     small_tmpfs.top_up()
     mgr.delete_partition("t", 0)  # commits at the rename; recording it may fail, and is only logged
     assert mgr.partitions("t") == []
+    small_tmpfs.top_up()  # (whatever the purge gave back)
+    try:  # the emptied topic: gone whole, or still there whole
+        mgr.delete_topic("t")
+        expected = []
+    except OSError:
+        expected = ["t"]
+    assert mgr.list_topics() == expected
     mgr.abandon()
     os.unlink(small_tmpfs.path / "filler")
     mgr = managers(data)
-    assert ("t", 0) not in mgr.logs  # gone for good
+    assert ("t", 0) not in mgr.logs  # the partition is gone for good
+    assert mgr.list_topics() == expected
     assert not [n for n in os.listdir(data) if n.startswith("t-")]
+
+
+def test_rmdir_of_a_topic_the_topics_file_names_fails_whole_on_a_full_disk(small_tmpfs, managers):
+    data = small_tmpfs.path / "data"
+    mgr = managers(data)
+    mgr.create_topic("empty", partitions=0)  # known only from the topics file
+    small_tmpfs.top_up()
+    with pytest.raises(OSError):
+        mgr.delete_topic("empty")
+    assert mgr.list_topics() == ["empty"]  # unchanged, as on disk
+    os.unlink(small_tmpfs.path / "filler")
+    mgr.delete_topic("empty")
+    mgr.close()
+    assert managers(data).list_topics() == []
 
 
 def test_a_failed_rename_changes_nothing(managers, tmp_path):
