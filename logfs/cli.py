@@ -17,6 +17,7 @@ import sys
 
 from .storage import BrokerConfig, InvalidConfigError, LockedError, LogManager
 from .storage.config import broker_keys
+from .service.mountpoint import check_mount_paths
 from .service.notify import notify
 
 log = logging.getLogger("logfs")
@@ -202,6 +203,10 @@ def main(argv: list[str] | None = None) -> int:
     if os.path.exists(data_dir) and not os.path.isdir(data_dir):
         user_error(f"data directory {args.data_dir} is not a directory")
         return 2
+    refused = check_mount_paths(data_dir, mountpoint)
+    if refused:
+        user_error(refused)
+        return 2
     setup_logging(debug, daemon=not args.foreground)
     log.debug("broker settings %s; FUSE options %s", props, fuse_opts)
     if not any(o.startswith("fsname=") for o in fuse_opts):
@@ -312,9 +317,8 @@ def run(data_dir, mountpoint, broker, fuse_opts, read_only, ready) -> int:
     import trio
 
     from .service.daemon import serve
-    from .storage.checkpoints import CLEAN_SHUTDOWN
     from .storage.errors import LogfsError
-    from .storage.log import parse_partition_dir
+    from .storage.names import CLEAN_SHUTDOWN, DataDirScan
 
     def fail(message: str) -> int:
         log.error("%s", message, extra={"user_error": True})
@@ -334,8 +338,7 @@ def run(data_dir, mountpoint, broker, fuse_opts, read_only, ready) -> int:
 
     previous = {s: signal.signal(s, stop_while_loading) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
-        partitions = sum(1 for entry in os.scandir(data_dir)
-                         if parse_partition_dir(entry.name) is not None and entry.is_dir())
+        partitions = len(DataDirScan(data_dir).partitions)
     except OSError:  # missing (created below) or unreadable (reported below)
         partitions = 0
     recovering = partitions > 0 and not os.path.exists(os.path.join(data_dir, CLEAN_SHUTDOWN))

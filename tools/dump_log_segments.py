@@ -25,7 +25,9 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from logfs.storage import records as rec  # noqa: E402
-from logfs.storage.segment import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX  # noqa: E402
+from logfs.storage.names import (  # noqa: E402
+    INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX, companion_file_name, offset_from_file_name,
+)
 
 RECORD_INDENT = "|"
 NO_TIMESTAMP = -1
@@ -87,14 +89,14 @@ def read_file(path: str):
 
 
 def start_offset(path: str) -> int:
-    stem = os.path.basename(path).split(".")[0]
-    if not stem.isdigit():
+    offset = offset_from_file_name(os.path.basename(path))
+    if offset is None:
         raise DumpError(f"{path}: the file name does not start with a base offset")
-    return int(stem)
+    return offset
 
 
 def companion(path: str, suffix: str) -> str:
-    return os.path.join(os.path.dirname(os.path.abspath(path)), os.path.basename(path).split(".")[0] + suffix)
+    return os.path.join(os.path.dirname(os.path.abspath(path)), companion_file_name(os.path.basename(path), suffix))
 
 
 def batches(buf, pos: int = 0):

@@ -28,6 +28,7 @@ ERRNO_OF: list[tuple[type[BaseException], int]] = [
     (e.NotAppendOnlyError, errno.EPERM),
     (e.CorruptRecordError, errno.EIO),
     (e.LockedError, errno.EBUSY),
+    (e.ShuttingDownError, errno.EINTR),
 ]
 
 

@@ -22,6 +22,7 @@ import pyfuse3
 import trio
 
 from ..storage.manager import LogManager
+from ..storage.names import parse_partition_number
 from ..view.text import live_view
 from . import xattrs
 from .errors import fail, translate
@@ -43,12 +44,6 @@ def _decode(name: bytes) -> str:
         return name.decode("utf-8")
     except UnicodeDecodeError:
         fail(errno.EINVAL)
-
-
-def _partition_number(name: str) -> int | None:
-    if name.isdigit() and name.isascii() and (name == "0" or not name.startswith("0")):
-        return int(name)
-    return None
 
 
 class Operations(pyfuse3.Operations):
@@ -166,7 +161,7 @@ class Operations(pyfuse3.Operations):
         topic, partition = self._resolve(parent_inode)
         if partition is not None:
             fail(errno.ENOTDIR)
-        number = _partition_number(text)
+        number = parse_partition_number(text)
         if number is not None and (topic, number) in self.manager.logs:
             return self._attrs(self._partition_inode(topic, number))
         fail(errno.ENOENT)
@@ -264,7 +259,7 @@ class Operations(pyfuse3.Operations):
         topic, partition = self._resolve(parent_inode)
         if partition is not None:
             fail(errno.ENOTDIR)
-        number = _partition_number(text)
+        number = parse_partition_number(text)
         if number is None:
             fail(errno.EINVAL)
         await self.run_blocking(self.manager.create_partition, topic, number)
@@ -339,7 +334,7 @@ class Operations(pyfuse3.Operations):
         if parent_inode == ROOT:
             fail(errno.EISDIR if text in self.manager.topics else errno.ENOENT)
         topic, partition = self._resolve(parent_inode)
-        number = _partition_number(text)
+        number = parse_partition_number(text)
         if number is None or (topic, number) not in self.manager.logs:
             fail(errno.ENOENT)
         await self.run_blocking(self.manager.delete_partition, topic, number)

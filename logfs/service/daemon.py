@@ -70,7 +70,7 @@ async def _serve_mounted(manager: LogManager, ops: Operations, mountpoint: str, 
                 nursery.cancel_scope.cancel()
 
             nursery.start_soon(fuse_loop)
-            nursery.start_soon(_signals, signals, nursery.cancel_scope)
+            nursery.start_soon(_signals, signals, nursery.cancel_scope, manager)
             # Ready only once the kernel routes a request to us and we answer it. (Abandoned on a stop signal:
             # the unmount below then fails the stat.)
             try:
@@ -106,12 +106,13 @@ async def _serve_mounted(manager: LogManager, ops: Operations, mountpoint: str, 
     return status
 
 
-async def _signals(signals, cancel_scope: trio.CancelScope) -> None:
+async def _signals(signals, cancel_scope: trio.CancelScope, manager: LogManager) -> None:
     async for signum in signals:
         if signum == signal.SIGHUP:
             log.debug("ignoring SIGHUP")
             continue
         log.info("received %s", signal.Signals(signum).name)
+        manager.stopping.set()  # (the cancel waits for worker threads; this cuts a long one short)
         cancel_scope.cancel()
         return
 

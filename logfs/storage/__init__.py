@@ -14,7 +14,8 @@ from .errors import (
 from .index import LineStats
 from .loader import load_log
 from .log import Log, LogSnapshot
-from .manager import LogManager, validate_topic_name
+from .manager import LogManager
+from .names import validate_topic_name
 from .records import Record, build_batch
 
 __all__ = [

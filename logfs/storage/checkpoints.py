@@ -14,10 +14,7 @@ from __future__ import annotations
 
 import os
 
-RECOVERY_POINT = "recovery-point-offset-checkpoint"
-LOG_START_OFFSET = "log-start-offset-checkpoint"
-CLEANER_OFFSET = "cleaner-offset-checkpoint"
-CLEAN_SHUTDOWN = ".kafka_cleanshutdown"
+from .names import CLEAN_SHUTDOWN, CLEANER_OFFSET, LOG_START_OFFSET, RECOVERY_POINT, tmp_name  # noqa: F401
 
 
 def fsync_dir(path: str) -> None:
@@ -29,7 +26,7 @@ def fsync_dir(path: str) -> None:
 
 
 def atomic_write(path: str, data: bytes) -> None:
-    tmp = path + ".tmp"
+    tmp = tmp_name(path)
     with open(tmp, "wb") as f:
         f.write(data)
         f.flush()

@@ -14,6 +14,10 @@ from .errors import InvalidConfigError
 
 LONG_MAX = (1 << 63) - 1
 INT_MAX = (1 << 31) - 1
+# Kafka sets no cap on num.partitions; logfs refuses more than this per topic at mount. Creating one partition
+# takes ~2 ms and an fd, so mkdir with 2**31-1 of them would run for days; 10,000 (about 20 s) is far past any
+# topic a single broker serves.
+MAX_NUM_PARTITIONS = 10_000
 
 
 def _long(lo: int | None = None, hi: int = LONG_MAX) -> Callable[[str], int]:
@@ -94,7 +98,7 @@ TOPIC_SETTINGS: dict[str, tuple[Setting, str | None]] = {
 BROKER_ONLY: dict[str, Setting] = {
     s.name: s
     for s in [
-        Setting("num.partitions", _long(1, INT_MAX), "1"),
+        Setting("num.partitions", _long(1, MAX_NUM_PARTITIONS), "1"),
         Setting("log.retention.check.interval.ms", _long(1), "300000"),
         Setting("log.flush.offset.checkpoint.interval.ms", _long(0), "60000"),
         Setting("log.flush.start.offset.checkpoint.interval.ms", _long(0), "60000"),

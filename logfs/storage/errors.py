@@ -61,6 +61,10 @@ class LockedError(LogfsError):
     """Another process holds the data directory's ``.lock``."""
 
 
+class ShuttingDownError(LogfsError):
+    """A long operation (creating a topic's partitions) was abandoned, and undone, because the daemon stops."""
+
+
 class StorageIOError(LogfsError):
     """An OS-level I/O failure while reading or writing the store; ``errno`` is kept."""
 

@@ -24,17 +24,18 @@ from .clock import SYSTEM_CLOCK, Clock
 from .config import LogConfig
 from .errors import CorruptRecordError
 from .log import Log
-from .segment import (
+from .names import (
     CLEANED_SUFFIX, DELETED_SUFFIX, INDEX_SUFFIX, INDEX_SUFFIXES, LOG_SUFFIX, SWAP_SUFFIX,
-    TIME_INDEX_SUFFIX, VIEW_INDEX_SUFFIX, LogSegment, filename_prefix,
+    TIME_INDEX_SUFFIX, VIEW_INDEX_SUFFIX, filename_prefix, parse_segment_file,
 )
+from .segment import LogSegment
 
 log = logging.getLogger(__name__)
 
 
 def _base_of(name: str) -> int | None:
-    stem = name.split(".", 1)[0]
-    return int(stem) if len(stem) == 20 and stem.isdigit() else None
+    parsed = parse_segment_file(name)
+    return None if parsed is None else parsed[0]
 
 
 def _remove(path: str) -> None:

@@ -490,16 +490,5 @@ def _stats_of(values, keys) -> LineStats:
     return LineStats(len(values), keyed, nulls, key_bytes, value_bytes)
 
 
-def partition_dir_name(topic: str, partition: int) -> str:
-    return f"{topic}-{partition}"
-
-
-def parse_partition_dir(name: str) -> tuple[str, int] | None:
-    topic, sep, part = name.rpartition("-")
-    if not sep or not topic or not part.isdigit():
-        return None
-    return topic, int(part)
-
-
 def exists(directory: str) -> bool:
     return os.path.isdir(directory)

@@ -1,9 +1,10 @@
 """All partitions of one data directory: topics, partitions, their configs, checkpoints and the lock.
 
-Owns the Kafka log-directory layout (``<topic>-<partition>/``), the ``.lock`` file, the clean-shutdown
-marker, the per-directory checkpoint files, topic registration and per-topic config overrides (persisted in
-``logfs-topics.json``, a file Kafka ignores), and asynchronous deletion of partitions (directories renamed
-``<topic>-<partition>.<id>-delete``, removed later by :meth:`LogManager.purge_deleted_dirs`).
+Owns the Kafka log-directory layout (the names themselves are :mod:`.names`'s), the ``.lock`` file, the
+clean-shutdown marker, the per-directory checkpoint files, topic registration and per-topic config overrides
+(persisted in the topics file, which Kafka ignores), and asynchronous deletion of partitions (directories
+renamed for deletion, removed later by :meth:`LogManager.purge_deleted_dirs`). What DATA_DIR holds besides is
+logged once at startup and never touched.
 
 Thread safety: topic/partition creation and deletion and config changes are serialised by ``lock``; each
 log has its own writer lock.
@@ -15,10 +16,8 @@ import fcntl
 import json
 import logging
 import os
-import re
 import shutil
 import threading
-import uuid
 from typing import Callable
 
 from . import checkpoints as ckpt
@@ -26,18 +25,16 @@ from .clock import SYSTEM_CLOCK, Clock
 from .config import TOPIC_SETTINGS, BrokerConfig, LogConfig, validate_topic_setting
 from .errors import (
     InvalidConfigError, InvalidPartitionError, InvalidTopicError, LockedError, LogfsError, NoSuchTopicError,
-    TopicExistsError, TopicNotEmptyError,
+    ShuttingDownError, TopicExistsError, TopicNotEmptyError,
 )
 from .loader import load_log
-from .log import Log, parse_partition_dir, partition_dir_name
-from .segment import LOG_SUFFIX
+from .log import Log
+from .names import (
+    LOCK_FILE, LOG_SUFFIX, TOPICS_FILE, DataDirScan, collision_key, delete_dir_name, is_internal_topic,
+    is_legal_topic, partition_dir_name, validate_topic_name,
+)
 
 log = logging.getLogger(__name__)
-
-TOPICS_FILE = "logfs-topics.json"
-LOCK_FILE = ".lock"
-DELETE_DIR_SUFFIX = "-delete"
-_TOPIC_RE = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
 
 
 def raise_fd_limit() -> int:
@@ -57,13 +54,6 @@ def raise_fd_limit() -> int:
         return -1
 
 
-def validate_topic_name(name: str) -> None:
-    if name in (".", "..") or not _TOPIC_RE.match(name):
-        raise InvalidTopicError(
-            f"invalid topic name {name!r}: 1-249 characters of [a-zA-Z0-9._-], not '.' or '..'"
-        )
-
-
 class LogManager:
     def __init__(self, data_dir: str, broker: BrokerConfig | None = None, *, clock: Clock = SYSTEM_CLOCK,
                  progress: Callable[[int, int], None] | None = None,
@@ -80,6 +70,9 @@ class LogManager:
         self.topics: dict[str, dict[str, str]] = {}  # topic -> overrides
         self.attrs: dict[str, tuple[int, int, int]] = {}  # "", "topic", "topic/N" -> (mode, uid, gid)
         self._deleted_dirs: list[tuple[int, str]] = []
+        # Set (from any thread, without the lock) when the daemon stops: a topic creation still running then
+        # gives up and undoes itself, so the shutdown waits for at most one partition.
+        self.stopping = threading.Event()
         raise_fd_limit()
         os.makedirs(self.data_dir, exist_ok=True)
         self._lock_fd = self._acquire_lock()
@@ -108,18 +101,15 @@ class LogManager:
         self.cleaner_checkpoints = ckpt.read_checkpoint(os.path.join(self.data_dir, ckpt.CLEANER_OFFSET))
         recovery = ckpt.read_checkpoint(os.path.join(self.data_dir, ckpt.RECOVERY_POINT))
         starts = ckpt.read_checkpoint(os.path.join(self.data_dir, ckpt.LOG_START_OFFSET))
-        entries = []
-        for name in sorted(os.listdir(self.data_dir)):
-            path = os.path.join(self.data_dir, name)
-            if not os.path.isdir(path):
-                continue
-            if name.endswith(DELETE_DIR_SUFFIX):
-                shutil.rmtree(path, ignore_errors=True)  # deletion already decided before the restart
-                continue
-            parsed = parse_partition_dir(name)
-            if parsed is None:
-                continue
-            entries.append((parsed, path))
+        scan = DataDirScan(self.data_dir)
+        for path in scan.delete_dirs:
+            shutil.rmtree(path, ignore_errors=True)  # deletion already decided before the restart
+        for name in scan.internal:
+            log.warning("ignoring %s in %s: a partition of a topic Kafka reserves for itself (not served)",
+                        name, self.data_dir)
+        for name in scan.ignored:
+            log.warning("ignoring %s in %s: not a partition directory (left untouched)", name, self.data_dir)
+        entries = scan.partitions
         total_done = [0]
         # Segment progress: [segments of the partitions loaded so far, segments of the current one], and the
         # .log files counted in the partitions still to load.
@@ -148,6 +138,7 @@ class LogManager:
             total_done[0] += 1
             if progress is not None:
                 progress(total_done[0], len(entries))
+        self._collisions = {collision_key(t): t for t in self.topics}
         if clean:
             os.unlink(marker)
         self.recovered = bool(entries) and not clean
@@ -165,6 +156,9 @@ class LogManager:
         except (ValueError, AttributeError, TypeError):
             log.warning("%s is corrupt; topic overrides reset to broker defaults", path)
             self.topics, self.attrs = {}, {}
+        for topic in [t for t in self.topics if not is_legal_topic(t) or is_internal_topic(t)]:
+            log.warning("%s names topic %r, which is not a legal topic name; ignored", path, topic)
+            del self.topics[topic]
         for topic, overrides in self.topics.items():  # drop overrides that no longer validate
             for key in list(overrides):
                 try:
@@ -173,13 +167,13 @@ class LogManager:
                     log.warning("dropping invalid override %s=%r of topic %s", key, overrides[key], topic)
                     del overrides[key]
 
-    def _save_topics(self) -> None:
+    def _save_topics(self, keep: str | None = None) -> None:
         # Only topics the partition directories do not already describe: those with overrides, and those
         # with no partition left. A plain new topic then costs no rewrite of this file, so mkdir stays O(1)
         # however many topics exist (it was O(topics): 46 ms per mkdir at 3,000 topics).
         with_partitions = {t for t, _ in self.logs}
         data = {"version": 1, "topics": {t: {"config": c} for t, c in sorted(self.topics.items())
-                                         if c or t not in with_partitions},
+                                         if c or t not in with_partitions or t == keep},
                 "attrs": {k: list(v) for k, v in sorted(self.attrs.items())}}
         # No indent=: that switches json to its pure-Python encoder, ~15 us per topic, and every mkdir rewrites
         # the file (46 ms per mkdir at 3,000 topics); the C encoder takes ~0.3 us per topic.
@@ -205,43 +199,67 @@ class LogManager:
         with self.lock:
             if topic in self.topics:
                 raise TopicExistsError(f"topic {topic!r} exists")
+            other = self._collisions.get(collision_key(topic))
+            if other is not None:
+                raise InvalidTopicError(f"topic {topic!r} collides with existing topic {other!r} ('.' and '_' "
+                                        "are the same character in Kafka's metric names)")
             self.topics[topic] = {}
             count = self.broker.get("num.partitions") if partitions is None else partitions
+            made: list[str] = []
             try:
                 for p in range(count):
-                    self._create_partition(topic, p)
+                    if self.stopping.is_set():
+                        raise ShuttingDownError(f"creation of topic {topic!r} abandoned: logfs is stopping")
+                    self._create_partition(topic, p, made)
                 if not count:
                     self._save_topics()  # a topic without partitions is known only from logfs-topics.json
             except BaseException:
-                # All or nothing (EMFILE, ENOSPC...): no topic left behind with only some of its partitions.
-                for p in range(count):
+                # All or nothing (EMFILE, ENOSPC...): no topic left behind with only some of its partitions. Only
+                # what was made is undone, its fds closed first (removing a directory needs fds too).
+                for p in range(len(made)):
                     created = self.logs.pop((topic, p), None)
                     if created is not None:
                         created.close_without_flush()
-                    shutil.rmtree(os.path.join(self.data_dir, partition_dir_name(topic, p)), ignore_errors=True)
+                for path in made:
+                    shutil.rmtree(path, ignore_errors=True)
                 del self.topics[topic]
                 try:
                     self._save_topics()
                 except OSError:
                     pass
                 raise
+            self._collisions[collision_key(topic)] = topic
 
     def create_partition(self, topic: str, partition: int) -> Log:
+        """Add partition ``partition``: the next number, or one missing below it (a hole left by a delete, or a
+        store whose lowest partitions were removed)."""
         with self.lock:
             existing = self.partitions(topic)
-            expected = (max(existing) + 1) if existing else 0
-            if partition != expected:
+            limit = (max(existing) + 1) if existing else 0
+            if partition > limit or (topic, partition) in self.logs:
                 raise InvalidPartitionError(
-                    f"partition {partition} of {topic!r} is not the next partition ({expected})")
-            return self._create_partition(topic, partition)
+                    f"partition {partition} of {topic!r} exists or is past the next partition ({limit})")
+            made: list[str] = []
+            try:
+                return self._create_partition(topic, partition, made)
+            except BaseException:
+                created = self.logs.pop((topic, partition), None)
+                if created is not None:
+                    created.close_without_flush()
+                for path in made:
+                    shutil.rmtree(path, ignore_errors=True)
+                raise
 
-    def _create_partition(self, topic: str, partition: int) -> Log:
+    def _create_partition(self, topic: str, partition: int, made: list[str]) -> Log:
+        """Create one partition's directory and log; its path is added to ``made`` once the directory exists,
+        for the caller to undo."""
         path = os.path.join(self.data_dir, partition_dir_name(topic, partition))
-        created = load_log(path, topic, partition, self.topic_config(topic), had_clean_shutdown=True,
-                           clock=self.clock)
+        os.mkdir(path)  # not exist_ok: a stray of that name is not ours to reuse (FileExistsError -> EEXIST)
+        made.append(path)
+        self.logs[(topic, partition)] = load_log(path, topic, partition, self.topic_config(topic),
+                                                 had_clean_shutdown=True, clock=self.clock)
         ckpt.fsync_dir(self.data_dir)
-        self.logs[(topic, partition)] = created
-        return created
+        return self.logs[(topic, partition)]
 
     def get_log(self, topic: str, partition: int) -> Log:
         try:
@@ -250,34 +268,83 @@ class LogManager:
             raise NoSuchTopicError(f"no partition {topic}/{partition}") from None
 
     def delete_partition(self, topic: str, partition: int) -> None:
-        """Remove a partition now; its directory is renamed ``...-delete`` and removed after
-        ``file.delete.delay.ms`` (or at the next startup)."""
+        """Remove a partition now; its directory is renamed for deletion and removed after
+        ``file.delete.delay.ms`` (or at the next startup).
+
+        The rename is the commit point: it needs no new space, and before it nothing has changed, so a failed
+        rename changes nothing. What follows only records the deletion (checkpoints, topics file): on a full
+        disk the renamed directory is purged at once to make room, and a write that still fails is logged,
+        not raised (stale checkpoint entries of a partition that is gone are ignored at load)."""
         with self.lock:
             victim = self.get_log(topic, partition)
-            del self.logs[(topic, partition)]
+            emptied = not any(t == topic and p != partition for t, p in self.logs)
+            if emptied:
+                try:  # the emptied topic must survive a crash after the rename as a topic
+                    self._save_topics(keep=topic)
+                except OSError as exc:
+                    log.warning("%s not updated before deleting the last partition of %r: %s", TOPICS_FILE,
+                                topic, exc.strerror or exc)
+            new_path = os.path.join(self.data_dir, delete_dir_name(topic, partition))
             with victim.lock:
+                os.rename(victim.directory, new_path)
+                del self.logs[(topic, partition)]
                 for segment in victim.segments:
                     segment.deleted = segment.purged = True
                     if segment.refs <= 0:
                         segment.close()
                 victim.closed = True
-            attrs_gone = self.attrs.pop(f"{topic}/{partition}", None) is not None
-            if attrs_gone or not any(t == topic for t, _ in self.logs):
-                self._save_topics()  # (before the rename: an emptied topic must survive a crash as a topic)
-            new_path = os.path.join(
-                self.data_dir, f"{partition_dir_name(topic, partition)}.{uuid.uuid4().hex}{DELETE_DIR_SUFFIX}")
-            os.rename(victim.directory, new_path)
-            ckpt.fsync_dir(self.data_dir)
             self._deleted_dirs.append((self.clock.time_ms() + victim.config.file_delete_delay_ms, new_path))
+            attrs_gone = self.attrs.pop(f"{topic}/{partition}", None) is not None
+            self._record_deletion(new_path, save_topics=attrs_gone or emptied)
+
+    def _record_deletion(self, deleted_path: str, *, save_topics: bool) -> None:
+        def record() -> None:
+            ckpt.fsync_dir(self.data_dir)
+            if save_topics:
+                self._save_topics()  # an emptied topic stays a topic
             self.checkpoint()
+
+        try:
+            record()
+        except OSError as exc:
+            log.warning("recording a deletion in %s failed (%s); purging %s now to make room",
+                        self.data_dir, exc.strerror or exc, os.path.basename(deleted_path))
+            self._deleted_dirs = [(t, p) for t, p in self._deleted_dirs if p != deleted_path]
+            shutil.rmtree(deleted_path, ignore_errors=True)
+            try:
+                record()
+            except OSError as again:
+                log.error("checkpoints of %s not updated after a deletion (%s); they are rewritten at the next "
+                          "checkpoint or clean shutdown", self.data_dir, again.strerror or again)
 
     def delete_topic(self, topic: str) -> None:
         with self.lock:
             if self.partitions(topic):
                 raise TopicNotEmptyError(f"topic {topic!r} still has partitions")
-            del self.topics[topic]
-            self.attrs.pop(topic, None)
-            self._save_topics()
+            overrides, attrs = self.topics.pop(topic), self.attrs.pop(topic, None)
+            try:
+                self._save_topics()
+            except OSError:
+                if self._topics_file_names(topic):  # on disk it would come back: change nothing
+                    self.topics[topic] = overrides
+                    if attrs is not None:
+                        self.attrs[topic] = attrs
+                    raise
+                log.warning("%s not rewritten after deleting topic %r (it does not name it)", TOPICS_FILE, topic)
+            key = collision_key(topic)
+            if self._collisions.get(key) == topic:
+                del self._collisions[key]
+                for other in self.topics:  # (two colliding topics can both come from an existing store)
+                    if collision_key(other) == key:
+                        self._collisions[key] = other
+                        break
+
+    def _topics_file_names(self, topic: str) -> bool:
+        try:
+            with open(os.path.join(self.data_dir, TOPICS_FILE), encoding="utf-8") as f:
+                return topic in json.load(f).get("topics", {})
+        except (OSError, ValueError, AttributeError):
+            return False
 
     # -- ownership and modes (chmod/chown through the mount), persisted with the topics -----------------
     def get_attrs(self, name: str) -> tuple[int, int, int] | None:
@@ -351,12 +418,12 @@ class LogManager:
             return
         with self.lock:
             try:
+                self.purge_deleted_dirs(now_ms=1 << 62)  # first: on a full disk this makes room for what follows
                 for partition_log in self.logs.values():
                     partition_log.close()
                 self.checkpoint()
                 self._save_topics()
                 ckpt.atomic_write(os.path.join(self.data_dir, ckpt.CLEAN_SHUTDOWN), b"")
-                self.purge_deleted_dirs(now_ms=1 << 62)
             except (OSError, LogfsError) as exc:
                 # E.g. ENOSPC: without the clean-shutdown marker, the next start recovers what was not made
                 # durable here. The lock is released either way.

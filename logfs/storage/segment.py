@@ -22,21 +22,12 @@ from .records import _speedups
 from .errors import CorruptRecordError, StorageIOError
 from .index import ZERO_STATS, LineStats, OffsetIndex, TimeIndex, ViewIndex
 
-LOG_SUFFIX = ".log"
-INDEX_SUFFIX = ".index"
-TIME_INDEX_SUFFIX = ".timeindex"
-VIEW_INDEX_SUFFIX = ".viewindex"
-DELETED_SUFFIX = ".deleted"
-CLEANED_SUFFIX = ".cleaned"
-SWAP_SUFFIX = ".swap"
-INDEX_SUFFIXES = (INDEX_SUFFIX, TIME_INDEX_SUFFIX, VIEW_INDEX_SUFFIX)
-ALL_SUFFIXES = (LOG_SUFFIX,) + INDEX_SUFFIXES
+from .names import (  # noqa: F401 (re-exported: the segment's own file names)
+    ALL_SUFFIXES, CLEANED_SUFFIX, DELETED_SUFFIX, INDEX_SUFFIX, INDEX_SUFFIXES, LOG_SUFFIX, SWAP_SUFFIX,
+    TIME_INDEX_SUFFIX, VIEW_INDEX_SUFFIX, filename_prefix,
+)
 
 _READ_CHUNK = 64 * 1024
-
-
-def filename_prefix(offset: int) -> str:
-    return f"{offset:020d}"
 
 
 def batch_stats(buf, pos: int = 0, size: int | None = None) -> tuple[LineStats, int]:

@@ -1,0 +1,57 @@
+"""Checks of a mount's two paths, before anything is mounted.
+
+Owns the refusals that would otherwise hang or hide: DATA_DIR and MOUNTPOINT the same directory, one inside the
+other (the daemon would then reach its own files through its own mount and deadlock in the kernel), and a
+MOUNTPOINT that is already a FUSE mount (a second mount would silently stack over the first). Paths are compared
+after resolving symlinks.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+MOUNTINFO = "/proc/self/mountinfo"
+
+
+def _unescape(field: str) -> str:
+    # mountinfo escapes space, tab, newline and backslash as \ooo octal.
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
+
+
+def fuse_mount_type(path: str, mountinfo: str = MOUNTINFO) -> str | None:
+    """The filesystem type (``fuse.logfs``, ``fuse.sshfs``, ``fuse``...) of the topmost FUSE mount on exactly
+    ``path``, or None when ``path`` is not a FUSE mount point (or mountinfo cannot be read)."""
+    found = None
+    try:
+        with open(mountinfo, encoding="utf-8", errors="surrogateescape") as f:
+            for line in f:
+                head, sep, tail = line.partition(" - ")
+                fields = head.split()
+                if not sep or len(fields) < 5 or _unescape(fields[4]) != path:
+                    continue
+                fstype = tail.split(" ", 1)[0]
+                found = fstype if fstype == "fuse" or fstype.startswith(("fuse.", "fuseblk")) else None
+    except OSError:
+        return None
+    return found
+
+
+def _inside(path: str, directory: str) -> bool:
+    return path != directory and os.path.commonpath([path, directory]) == directory
+
+
+def check_mount_paths(data_dir: str, mountpoint: str, mountinfo: str = MOUNTINFO) -> str | None:
+    """Why mounting ``data_dir`` on ``mountpoint`` must be refused (one line), or None when it may go ahead."""
+    data, mnt = os.path.realpath(data_dir), os.path.realpath(mountpoint)
+    if data == mnt:
+        return f"the data directory and the mount point are the same directory ({data})"
+    if _inside(mnt, data):
+        return f"the mount point {mnt} is inside the data directory {data}"
+    if _inside(data, mnt):
+        return f"the data directory {data} is inside the mount point {mnt}"
+    fstype = fuse_mount_type(mnt, mountinfo)
+    if fstype is not None:
+        what = "a logfs mount" if fstype == "fuse.logfs" else f"a FUSE mount ({fstype})"
+        return f"{mnt} is already {what}; unmount it first (fusermount3 -u {mnt})"
+    return None
