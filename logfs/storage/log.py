@@ -403,6 +403,15 @@ class Log:
             self.purge_deleted(now_ms=1 << 62)
             self.closed = True
 
+    def close_deleted(self) -> None:
+        """Close a log whose directory is being deleted: each segment closes now, or when the last snapshot
+        pinning it is released (open handles keep reading it)."""
+        with self.lock:
+            for segment in self.segments:
+                segment.deleted = segment.purged = True
+                close_if_unused(segment)
+            self.closed = True
+
     def close_without_flush(self) -> None:
         with self.lock:
             for segment in self.segments:

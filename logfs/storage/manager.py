@@ -255,12 +255,7 @@ class LogManager:
         with self.lock:
             victim = self.get_log(topic, partition)
             del self.logs[(topic, partition)]
-            with victim.lock:
-                for segment in victim.segments:
-                    segment.deleted = segment.purged = True
-                    if segment.refs <= 0:
-                        segment.close()
-                victim.closed = True
+            victim.close_deleted()
             attrs_gone = self.attrs.pop(f"{topic}/{partition}", None) is not None
             if attrs_gone or not any(t == topic for t, _ in self.logs):
                 self._save_topics()  # (before the rename: an emptied topic must survive a crash as a topic)

@@ -149,7 +149,7 @@ class LogSegment(SegmentRecovery, SegmentFile):
         self.rolling_based_timestamp: int | None = None
         self.stats = ZERO_STATS
         self.next_offset = base_offset
-        self.refs = 0  # open file handles pinning this segment's fds after it leaves the log
+        self.refs = 0  # snapshots pinning it (segment_set: the only code that counts them)
         self.deleted = False  # retired from its log (renamed .deleted)
         self.purged = False  # its files are unlinked
 
