@@ -32,7 +32,7 @@ class PartitionHandle:
         """This handle's view length, picking up segments rolled since open."""
         view = self.view
         if view.segments and view.segments[-1].next_offset < self.log.log_end_offset:
-            view.extend(self.log)
+            view.extend()
         return view.length()
 
     def read(self, offset: int, size: int) -> bytes:
@@ -95,4 +95,4 @@ class PartitionHandle:
         self.log.append(values, keys)
 
     def release(self) -> None:
-        self.view.release(self.log)
+        self.view.release()

@@ -2,9 +2,9 @@
 reads a logfs DATA_DIR's segments directly (no mount, no daemon needed, never the ``.lock``).
 
 The rows have Spark's Kafka source schema. Each input partition is one offset range of one topic-partition;
-the executors read segments with :mod:`logfs.spark.segments` and hand Spark Arrow record batches. The data
-directory must be readable at the same path by the driver and every executor (local mode, or a shared
-filesystem).
+the executors read segments with the storage's read-only reader (:mod:`logfs.storage.reader`) and hand Spark
+Arrow record batches. The data directory must be readable at the same path by the driver and every executor
+(local mode, or a shared filesystem).
 """
 
 from __future__ import annotations
@@ -165,8 +165,16 @@ class LogfsBatchReader(DataSourceReader):
     def partitions(self) -> Sequence[InputPartition]:
         return [LogfsPartition(r) for r in plan_batch(self.options)]
 
-    def read(self, partition: LogfsPartition) -> Iterator[pa.RecordBatch]:
-        return read_range(self.options, partition.range, self.schema)
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        return _read(self.options, partition, self.schema)
+
+
+def _read(options: SourceOptions, partition: InputPartition, schema: StructType) -> Iterator[pa.RecordBatch]:
+    # A plan without input partitions (no partition selected, or nothing in the ranges) is run by Spark as one
+    # task over a bare InputPartition(None): it reads nothing.
+    if not isinstance(partition, LogfsPartition):
+        return iter(())
+    return read_range(options, partition.range, schema)
 
 
 class LogfsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -184,7 +192,7 @@ class LogfsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return {tp: b[0] for tp, b in bounds.items()}, {tp: b[1] for tp, b in bounds.items()}
 
     def initialOffset(self) -> dict:
-        bounds = self.options.bounds()
+        bounds = self.options.bounds(starting=True)
         offsets = {}
         for tp, b in bounds.items():
             offsets[tp] = check_data_loss(tp, resolve_offset(self.options.starting, tp, b, LATEST), b[0],
@@ -239,8 +247,8 @@ class LogfsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         parts = split_ranges(ranges, self.options.max_records_per_partition, self.options.min_partitions)
         return [LogfsPartition(r) for r in parts]
 
-    def read(self, partition: LogfsPartition) -> Iterator[pa.RecordBatch]:
-        return read_range(self.options, partition.range, self.schema)
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        return _read(self.options, partition, self.schema)
 
     def commit(self, end: dict) -> None:
         pass  # nothing to release: the log is the daemon's, and retention is its business

@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 from typing import Mapping
 
-from .segments import DataLossError, PartitionReader, TopicPartition, resolve_topics
+from .segments import DataLossError, PartitionReader, TopicPartition, list_partitions, resolve_topics
 
 log = logging.getLogger(__name__)
 
@@ -171,10 +171,22 @@ class SourceOptions:
     def reader(self, tp: TopicPartition, directory: str | None = None) -> PartitionReader:
         return PartitionReader(self.data_dir, tp, directory)
 
-    def bounds(self) -> dict[TopicPartition, tuple[int, int]]:
-        """(log start offset, log end offset) of every selected partition, now."""
+    def bounds(self, *, starting: bool = False) -> dict[TopicPartition, tuple[int, int]]:
+        """(log start offset, log end offset) of every selected partition, now. As Spark's Kafka source, a
+        subscription (list or pattern) to topics that do not exist selects nothing; an assignment of a topic or
+        partition that does not exist is an OptionError naming it when a query ``starting`` plans its offsets
+        (later, a partition deleted under a running stream just stops growing)."""
+        found = self.partitions()
+        if starting and self.assign is not None:
+            missing = sorted((t, p) for t, parts in self.assign.items() for p in parts
+                             if TopicPartition(t, p) not in found)
+            if missing:
+                topics = {tp.topic for tp in list_partitions(self.data_dir)}
+                raise OptionError("option assign: unknown topic or partition " + ", ".join(
+                    f"{t}-{p}" if t in topics else f"{t}-{p} (no topic {t!r})" for t, p in missing)
+                    + f" in {self.data_dir}")
         return {tp: self.reader(tp, path).offsets() for tp, path in sorted(
-            self.partitions().items(), key=lambda kv: (kv[0].topic, kv[0].partition))}
+            found.items(), key=lambda kv: (kv[0].topic, kv[0].partition))}
 
 
 def resolve_offset(spec, tp: TopicPartition, bounds: tuple[int, int], default: int) -> int:
@@ -238,7 +250,7 @@ def plan_batch(options: SourceOptions) -> list[OffsetRange]:
     """The input partitions of a batch read: startingOffsets (default earliest) to endingOffsets (default
     latest) of every selected partition, split by maxRecordsPerPartition / minPartitions."""
     ranges = []
-    for tp, bounds in options.bounds().items():
+    for tp, bounds in options.bounds(starting=True).items():
         start = resolve_offset(options.starting, tp, bounds, EARLIEST)
         end = resolve_offset(options.ending, tp, bounds, LATEST)
         start = check_data_loss(tp, start, bounds[0], options.fail_on_data_loss)

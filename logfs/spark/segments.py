@@ -1,58 +1,22 @@
-"""A read-only reader of a logfs (Kafka) data directory, for processes other than the daemon.
+"""Which partitions of a logfs (Kafka) data directory a Spark query reads, and the reader it reads them with.
 
-Used by the Spark data source. It never takes ``.lock`` (the daemon holds it), never writes, renames, truncates
-or creates anything, and never mmaps (the daemon truncates a rolled segment's indexes, and touching a mapping
-past a truncated end would be SIGBUS): only ``listdir``, ``open(O_RDONLY)`` and ``pread``.
-
-What it relies on, all part of the on-disk contract:
-
-- ``<topic>-<partition>/`` directories; ``<20-digit base offset>.log`` live segments. Files ending in
-  ``.deleted`` (retention), ``.cleaned`` and ``.swap`` (compaction in progress) are never read; a
-  ``<topic>-<partition>.<id>-delete`` directory is a deleted partition.
-- ``.index``: 8-byte big-endian entries (offset relative to the base i32, file position i32); an entry names
-  the last offset of the batch starting at that position. An active index is preallocated, so it ends in
-  all-zero slots. The index is only a hint: every position it gives is checked against the log, and a
-  missing or inconsistent index means a scan from the segment start.
-- A batch is complete once all ``batchLength + 12`` bytes are in the file (the daemon writes each batch with
-  one ``pwrite`` and the kernel extends the size only over copied bytes); every batch is CRC-checked anyway,
-  and an invalid one ends what is read of that segment (the daemon's recovery would truncate it).
-
-Concurrent retention and compaction: a segment that is open keeps its bytes (the fd stays valid after the
-rename to ``.deleted`` and the unlink). A segment that disappeared between listing and opening makes the reader
-list again and continue with the next live segment. While a ``.log.swap`` file exists (a compaction swap in
-flight: replaced segments renamed away, the swap not yet live) listings are retried briefly so the records
-being swapped are not skipped.
+Reading is the storage's read-only reader (:mod:`logfs.storage.reader`: no ``.lock``, no writes, no mmap,
+``pread`` only, tolerant of segments vanishing under retention and compaction); this module only names
+partitions: ``<topic>-<partition>/`` directories (by the storage's one rule for those names), selected by a topic list, a pattern or an assignment, as Spark's Kafka source selects them.
 """
 
 from __future__ import annotations
 
-import bisect
-import logging
 import os
 import re
-import struct
-import time
 from dataclasses import dataclass
-from typing import Iterator
 
-from ..storage import records as rec
-from ..storage.checkpoints import LOG_START_OFFSET, read_checkpoint
-from ..storage.errors import CorruptRecordError
+from ..storage import names
+from ..storage import reader as storage_reader
+from ..storage.errors import DataLossError
 
-log = logging.getLogger(__name__)
-
-LOG_SUFFIX = ".log"
-INDEX_SUFFIX = ".index"
-SWAP_SUFFIX = ".swap"
-DELETE_DIR_SUFFIX = "-delete"
-_INDEX_ENTRY = struct.Struct(">ii")
-_READ_CHUNK = 256 * 1024
-SWAP_WAIT_SECONDS = 1.0  # how long a listing waits for an in-flight compaction swap to finish
-_MAX_RELISTS = 1000
-
-
-class DataLossError(Exception):
-    """Records asked for are gone (below the log start offset: retention removed them)."""
+__all__ = ["DataLossError", "PartitionReader", "TopicPartition", "list_partitions", "parse_partition_dir",
+           "resolve_topics"]
 
 
 @dataclass(frozen=True)
@@ -65,16 +29,13 @@ class TopicPartition:
 
 
 def parse_partition_dir(name: str) -> TopicPartition | None:
-    """``orders-3`` -> TopicPartition('orders', 3); None for anything else (including deleted partitions,
-    ``orders-3.<id>-delete``)."""
-    if name.endswith(DELETE_DIR_SUFFIX):
-        return None
-    topic, sep, part = name.rpartition("-")
-    if not sep or not topic or not part.isdigit() or not part.isascii():
-        return None
-    if len(part) > 1 and part.startswith("0"):
-        return None
-    return TopicPartition(topic, int(part))
+    """``orders-3`` -> TopicPartition('orders', 3); None for anything else. The rule is the storage's own
+    (:func:`logfs.storage.names.parse_partition_dir`), so the source reads exactly the partitions the daemon
+    serves."""
+    parsed = names.parse_partition_dir(name)
+    if parsed is None or names.is_internal_topic(parsed[0]):
+        return None  # Kafka's own internal logs (__consumer_offsets, ...) are not topics of the mount either
+    return TopicPartition(*parsed)
 
 
 def list_partitions(data_dir: str) -> dict[TopicPartition, str]:
@@ -94,297 +55,19 @@ def list_partitions(data_dir: str) -> dict[TopicPartition, str]:
     return out
 
 
-def _base_of(name: str) -> int | None:
-    stem = name[: -len(LOG_SUFFIX)] if name.endswith(LOG_SUFFIX) else None
-    if stem is None or len(stem) != 20 or not stem.isdigit():
-        return None
-    return int(stem)
-
-
-def _pread(fd: int, size: int, position: int) -> bytes:
-    return os.pread(fd, size, position)
-
-
-class _IndexFile:
-    """A ``.index`` read with pread and binary search (never read whole: an active index is preallocated to
-    segment.index.bytes). Slots past the entries are all-zero; so is a slot past the end of a file the daemon
-    just trimmed. (0, 0) is never a real entry: the first entry comes only after index.interval.bytes.)"""
-
-    def __init__(self, path: str):
-        self.fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        self.slots = os.fstat(self.fd).st_size // _INDEX_ENTRY.size
-
-    def close(self) -> None:
-        os.close(self.fd)
-
-    def entry(self, i: int) -> tuple[int, int] | None:
-        data = os.pread(self.fd, _INDEX_ENTRY.size, i * _INDEX_ENTRY.size)
-        if len(data) < _INDEX_ENTRY.size:
-            return None
-        rel, pos = _INDEX_ENTRY.unpack(data)
-        return None if (rel, pos) == (0, 0) else (rel, pos)
-
-    def floor(self, rel_target: int) -> int:
-        """Slot of the greatest entry with relative offset <= ``rel_target`` (empty slots sort last), or -1."""
-        lo, hi = 0, self.slots
-        while lo < hi:
-            mid = (lo + hi) // 2
-            e = self.entry(mid)
-            if e is not None and e[0] <= rel_target:
-                lo = mid + 1
-            else:
-                hi = mid
-        return lo - 1
-
-    def count(self) -> int:
-        """Number of entries (slots before the first empty one)."""
-        lo, hi = 0, self.slots
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if self.entry(mid) is not None:
-                lo = mid + 1
-            else:
-                hi = mid
-        return lo
-
-
-class _Segment:
-    """One open ``.log`` (read-only fd) and the path of its ``.index``."""
-
-    def __init__(self, directory: str, base: int):
-        self.base = base
-        stem = os.path.join(directory, f"{base:020d}")
-        self.log_path = stem + LOG_SUFFIX
-        self.index_path = stem + INDEX_SUFFIX
-        self.fd = os.open(self.log_path, os.O_RDONLY | os.O_CLOEXEC)  # FileNotFoundError: gone already
-
-    def close(self) -> None:
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
-
-    def __enter__(self) -> "_Segment":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    # -- the sparse offset index: only a hint, every position is checked against the log ---------------
-    def _checked(self, entry: tuple[int, int] | None, size: int) -> bool:
-        """Whether the batch at the entry's position is there and can hold the entry's offset (Kafka's own
-        writer indexes the last offset of a whole append, which may span several batches)."""
-        if entry is None or entry[1] >= size:
-            return False
-        try:
-            header = rec.parse_header(_pread(self.fd, rec.HEADER_SIZE, entry[1]))
-        except CorruptRecordError:
-            return False
-        return self.base <= header.base_offset <= self.base + entry[0]
-
-    def _position_from(self, pick) -> int:
-        try:
-            index = _IndexFile(self.index_path)
-        except FileNotFoundError:
-            return 0
-        try:
-            size = os.fstat(self.fd).st_size
-            i = pick(index)
-            tries = 0
-            while i >= 0 and tries < 64:
-                entry = index.entry(i)
-                if self._checked(entry, size):
-                    return entry[1]
-                i -= 1  # indexed before its batch was written, or an index we cannot trust: an earlier one
-                tries += 1
-            return 0
-        finally:
-            index.close()
-
-    def seek_position(self, offset: int) -> int:
-        """A file position at or before the batch holding ``offset`` (the greatest usable index entry whose
-        offset is <= it), else 0."""
-        return self._position_from(lambda index: index.floor(offset - self.base))
-
-    def last_entry_position(self) -> int:
-        """The position of the last usable index entry's batch, else 0."""
-        return self._position_from(lambda index: index.count() - 1)
-
-    # -- batches -------------------------------------------------------------------------------------
-    def batches(self, position: int) -> Iterator[tuple[rec.BatchHeader, bytes]]:
-        """Complete, CRC-valid batches from ``position`` to the current end, each as (header, its bytes)."""
-        pos = position  # file position of buf[at]
-        buf = b""
-        at = 0
-        while True:
-            if len(buf) - at < rec.LOG_OVERHEAD:
-                buf = buf[at:] + _pread(self.fd, _READ_CHUNK, pos + len(buf) - at)
-                at = 0
-                if len(buf) < rec.LOG_OVERHEAD:
-                    return
-            size = rec.peek_size(buf, at)
-            if size < rec.HEADER_SIZE:
-                log.warning("invalid batch length at %s:%d; reading no further in it", self.log_path, pos)
-                return
-            if len(buf) - at < size:
-                buf = buf[at:] + _pread(self.fd, max(_READ_CHUNK, size), pos + len(buf) - at)
-                at = 0
-                if len(buf) < size:
-                    return  # the end (possibly a batch still being written)
-            try:
-                header = rec.validate(buf, at)
-            except CorruptRecordError as exc:
-                log.warning("%s at %s:%d; reading no further in it", exc, self.log_path, pos)
-                return
-            yield header, buf[at : at + size]
-            at += size
-            pos += size
-
-
-class PartitionReader:
-    """Read-only access to one ``<topic>-<partition>`` directory."""
+class PartitionReader(storage_reader.PartitionReader):
+    """The storage's read-only reader of one partition, named by a TopicPartition."""
 
     def __init__(self, data_dir: str, tp: TopicPartition, directory: str | None = None):
-        self.data_dir = data_dir
+        super().__init__(data_dir, tp.topic, tp.partition, directory)
         self.tp = tp
-        self.directory = directory or os.path.join(data_dir, str(tp))
-
-    # -- listing -------------------------------------------------------------------------------------
-    def segment_bases(self) -> list[int]:
-        """Base offsets of the live segments, ascending. While a compaction swap is in flight (a
-        ``.log.swap`` exists) the listing is retried for up to SWAP_WAIT_SECONDS."""
-        deadline = None
-        while True:
-            try:
-                names = os.listdir(self.directory)
-            except FileNotFoundError:
-                return []  # the partition was deleted
-            if any(n.endswith(LOG_SUFFIX + SWAP_SUFFIX) for n in names):
-                now = time.monotonic()
-                if deadline is None:
-                    deadline = now + SWAP_WAIT_SECONDS
-                if now < deadline:
-                    time.sleep(0.01)
-                    continue
-                log.warning("%s: a compaction swap is still in flight; reading the live segments as they are",
-                            self.directory)
-            return sorted(b for b in map(_base_of, names) if b is not None)
-
-    def _open(self, base: int) -> _Segment | None:
-        try:
-            return _Segment(self.directory, base)
-        except FileNotFoundError:
-            return None
-
-    # -- offsets -------------------------------------------------------------------------------------
-    def log_end_offset(self, bases: list[int] | None = None) -> int:
-        """The offset the next record will get: the next offset of the last complete batch of the last
-        segment (its base offset when it is empty)."""
-        for _ in range(_MAX_RELISTS):
-            bases = bases if bases is not None else self.segment_bases()
-            if not bases:
-                return 0
-            segment = self._open(bases[-1])
-            if segment is None:
-                bases = None  # swapped away between listing and opening: list again
-                continue
-            with segment:
-                end = segment.base
-                for header, _ in segment.batches(segment.last_entry_position()):
-                    end = header.next_offset
-                return end
-        raise RuntimeError(f"{self.directory}: segments keep disappearing")
-
-    def log_start_offset(self, bases: list[int] | None = None, end: int | None = None) -> int:
-        """The first retained offset: the first live segment's base offset, or the daemon's checkpointed log
-        start offset when that is higher (never above the log end offset)."""
-        bases = bases if bases is not None else self.segment_bases()
-        if not bases:
-            return 0
-        start = bases[0]
-        checkpointed = read_checkpoint(os.path.join(self.data_dir, LOG_START_OFFSET)).get(
-            (self.tp.topic, self.tp.partition))
-        if checkpointed is not None and checkpointed > start:
-            start = checkpointed
-        if end is None:
-            end = self.log_end_offset(bases)
-        return min(start, end)
-
-    def offsets(self) -> tuple[int, int]:
-        """(log start offset, log end offset), from one listing."""
-        bases = self.segment_bases()
-        end = self.log_end_offset(bases)
-        return self.log_start_offset(bases, end), end
-
-    # -- records -------------------------------------------------------------------------------------
-    def batches(self, start: int, end: int, *, fail_on_data_loss: bool = False
-                ) -> Iterator[tuple[rec.BatchHeader, bytes]]:
-        """Complete batches holding offsets in [start, end), in order (the first and last may also hold
-        offsets outside the range).
-
-        Offset-based like a Kafka fetch: each step lists the live segments and reads the one holding the next
-        offset, so a segment replaced by compaction meanwhile is read in its cleaned form. Records removed by
-        retention before they were read are skipped (reading continues at the first live segment), or, with
-        ``fail_on_data_loss``, raise DataLossError."""
-        next_offset = start
-        relists = 0
-        while next_offset < end:
-            bases = self.segment_bases()
-            if not bases:
-                return  # the partition was deleted
-            if next_offset < bases[0]:
-                if fail_on_data_loss:
-                    raise DataLossError(
-                        f"{self.tp}: offsets {next_offset}..{min(bases[0], end) - 1} were removed (retention) "
-                        f"before they could be read; the log now starts at {bases[0]}")
-                log.info("%s: offsets %d..%d were removed before they could be read", self.tp, next_offset,
-                         min(bases[0], end) - 1)
-                next_offset = bases[0]
-                continue
-            i = bisect.bisect_right(bases, next_offset) - 1
-            segment = self._open(bases[i])
-            if segment is None:
-                relists += 1
-                if relists > _MAX_RELISTS:
-                    raise RuntimeError(f"{self.directory}: segments keep disappearing")
-                continue  # renamed .deleted, or replaced by a swap, after the listing: list again
-            progressed = False
-            with segment:
-                position = segment.seek_position(next_offset) if next_offset > segment.base else 0
-                for header, data in segment.batches(position):
-                    if header.base_offset >= end:
-                        return
-                    if header.last_offset < next_offset:
-                        continue
-                    yield header, data
-                    next_offset = header.next_offset
-                    progressed = True
-                    if next_offset >= end:
-                        return
-            # The end of this segment. Offsets up to the next segment's base are not in the log (the tail of a
-            # compacted segment); without a next segment, the rest of the range does not exist any more.
-            if i + 1 < len(bases):
-                next_offset = max(next_offset, bases[i + 1])
-            elif not progressed:
-                later = [b for b in self.segment_bases() if b > bases[i]]
-                if not later:
-                    return
-                next_offset = max(next_offset, later[0])
-
-    def records(self, start: int, end: int, *, fail_on_data_loss: bool = False) -> Iterator[rec.Record]:
-        """Records with offsets in [start, end) (a compacted log has gaps), in offset order."""
-        for header, data in self.batches(start, end, fail_on_data_loss=fail_on_data_loss):
-            if header.is_control:
-                continue
-            ts_type = header.timestamp_type
-            for r in rec.decode_raw(data):
-                if start <= r.offset < end:
-                    yield rec.Record(r.offset, r.timestamp, r.key, r.value, tuple(r.headers), ts_type)
 
 
 def resolve_topics(data_dir: str, *, subscribe: list[str] | None = None, pattern: str | None = None,
                    assign: dict[str, list[int]] | None = None) -> dict[TopicPartition, str]:
     """The partitions of ``data_dir`` selected by exactly one of a topic list, a regex (full match, as
-    Kafka's ``subscribePattern``) or an explicit topic -> partitions assignment."""
+    Kafka's ``subscribePattern``) or an explicit topic -> partitions assignment (what it names and the directory
+    lacks is left out: see ``SourceOptions.bounds``)."""
     partitions = list_partitions(data_dir)
     if subscribe is not None:
         wanted = set(subscribe)
@@ -395,3 +78,4 @@ def resolve_topics(data_dir: str, *, subscribe: list[str] | None = None, pattern
     if assign is not None:
         return {tp: p for tp, p in partitions.items() if tp.partition in set(assign.get(tp.topic, ()))}
     raise ValueError("one of subscribe, pattern or assign is required")
+

@@ -1,26 +1,29 @@
 """The logfs storage engine: Kafka-compatible partition logs, synchronous and free of FUSE and trio.
 
 Layers, bottom up: records (v2 batch codec) -> index (offset, time, view indexes) -> segment (one .log and
-its indexes) -> log (one partition) -> loader (recovery) -> manager (all partitions of a data directory).
+its indexes) -> segment_set (a log's segments; snapshots pin them) -> log (one partition) -> loader (recovery)
+-> manager (all partitions of a data directory). lifecycle creates segments and swaps them; reader reads a
+data directory read-only, for other processes.
 """
 
 from .clock import SYSTEM_CLOCK, Clock, ManualClock
 from .config import BrokerConfig, LogConfig, TOPIC_SETTINGS, validate_topic_setting
 from .errors import (
     CorruptRecordError, InvalidConfigError, InvalidPartitionError, InvalidTopicError, LockedError,
-    LogfsError, NoSuchTopicError, NotAppendOnlyError, OffsetOutOfRangeError, RecordTooLargeError,
+    DataLossError, LogfsError, NoSuchTopicError, NotAppendOnlyError, OffsetOutOfRangeError, RecordTooLargeError,
     StorageIOError, TopicExistsError, TopicNotEmptyError,
 )
 from .index import LineStats
 from .loader import load_log
-from .log import Log, LogSnapshot
+from .log import Log
 from .manager import LogManager
 from .names import validate_topic_name
 from .records import Record, build_batch
+from .segment_set import LogSnapshot
 
 __all__ = [
     "SYSTEM_CLOCK", "Clock", "ManualClock", "BrokerConfig", "LogConfig", "TOPIC_SETTINGS",
-    "validate_topic_setting", "CorruptRecordError", "InvalidConfigError", "InvalidPartitionError",
+    "validate_topic_setting", "CorruptRecordError", "DataLossError", "InvalidConfigError", "InvalidPartitionError",
     "InvalidTopicError", "LockedError", "LogfsError", "NoSuchTopicError", "NotAppendOnlyError",
     "OffsetOutOfRangeError", "RecordTooLargeError", "StorageIOError", "TopicExistsError",
     "TopicNotEmptyError", "LineStats", "load_log", "Log", "LogSnapshot", "LogManager",

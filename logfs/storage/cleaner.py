@@ -13,16 +13,9 @@ only if it is the latest for its key (keyless records are dropped, as Kafka does
 delete horizon (now + ``delete.retention.ms``) the first time it is cleaned, stored in the batch header as
 Kafka v2 does (attribute bit 0x40, baseTimestamp = horizon); a later pass past the horizon drops it.
 
-Swap protocol (crash-safe; the loader finishes or rolls back each step):
-  1. write ``<base>.log.cleaned`` and its indexes, fsync;
-  2. rename the new segment's files ``.cleaned`` -> ``.swap`` (the ``.log.swap`` is the commit point), fsync
-     the directory;
-  3. rename the replaced segments ``.deleted``, in descending offset order (unlinked after file.delete.delay.ms);
-  4. rename the new segment's files ``.swap`` -> live, fsync the directory.
-A crash before 2 leaves ``.cleaned`` files, deleted on load; after 2 the loader completes the swap: it removes
-live segments inside the swap's offset range, then renames the swap live. Each rename sequence moves the
-``.log`` first, so a swap index left without its ``.log.swap`` belongs to a log that already went live and is
-renamed live too.
+Each cleaned group goes in by :meth:`Log.replace_segments`, the crash-safe swap of
+:mod:`~logfs.storage.lifecycle` that recovery also completes; the pass reads a snapshot of the sealed segments,
+so retention removing one meanwhile only makes that group's swap be skipped.
 """
 
 from __future__ import annotations
@@ -30,14 +23,12 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import struct
 from dataclasses import dataclass
 
 from . import records as rec
-from .checkpoints import fsync_dir
-from .errors import LogfsError
+from .lifecycle import discard, open_segment
 from .log import Log
-from .segment import CLEANED_SUFFIX, SWAP_SUFFIX, LogSegment, batch_stats
+from .segment import CLEANED_SUFFIX, LogSegment, batch_stats
 
 log = logging.getLogger(__name__)
 ENTRY_BYTES = 24  # MD5 digest + offset, as Kafka's SkimpyOffsetMap
@@ -166,62 +157,24 @@ def group_segments(segments: list[LogSegment], max_bytes: int, max_index_bytes: 
     return groups
 
 
-def _varint(value: int, out: bytearray) -> None:
-    v = (value << 1) ^ (value >> 63)
-    while v >= 0x80:
-        out.append((v & 0x7F) | 0x80)
-        v >>= 7
-    out.append(v)
-
-
 def encode_batch(header: rec.BatchHeader, records: list[rec.Record], delete_horizon: int | None) -> bytes:
     """Re-encode kept records of a batch, keeping its base offset and last offset delta (as Kafka's cleaner
     does), uncompressed; with ``delete_horizon`` the header carries it as Kafka v2 does."""
-    base_ts = delete_horizon if delete_horizon is not None else records[0].timestamp
-    body = bytearray()
-    for r in records:
-        rec_bytes = bytearray(b"\x00")
-        _varint(r.timestamp - base_ts, rec_bytes)
-        _varint(r.offset - header.base_offset, rec_bytes)
-        for field in (r.key, r.value):
-            if field is None:
-                _varint(-1, rec_bytes)
-            else:
-                _varint(len(field), rec_bytes)
-                rec_bytes += field
-        _varint(len(r.headers), rec_bytes)
-        for hkey, hvalue in r.headers:
-            encoded = hkey.encode()
-            _varint(len(encoded), rec_bytes)
-            rec_bytes += encoded
-            if hvalue is None:
-                _varint(-1, rec_bytes)
-            else:
-                _varint(len(hvalue), rec_bytes)
-                rec_bytes += hvalue
-        _varint(len(rec_bytes), body)
-        body += rec_bytes
-    attributes = header.attributes & ~rec.ATTR_COMPRESSION_MASK & ~rec.ATTR_DELETE_HORIZON
+    attributes = header.attributes & ~rec.ATTR_DELETE_HORIZON
     if delete_horizon is not None:
         attributes |= rec.ATTR_DELETE_HORIZON
-    after_crc = struct.pack(">hiqqqhii", attributes, header.last_offset_delta, base_ts,
-                            max(r.timestamp for r in records), header.producer_id, header.producer_epoch,
-                            header.base_sequence, len(records)) + bytes(body)
-    import crc32c
-
-    crc = crc32c.crc32c(after_crc)
-    length = 4 + 1 + 4 + len(after_crc)
-    return struct.pack(">qiibI", header.base_offset, length, header.partition_leader_epoch, rec.MAGIC, crc) + after_crc
+    return rec.build_batch_generic(
+        header.base_offset, 0, [r.value for r in records], [r.key for r in records], [r.headers for r in records],
+        [r.timestamp for r in records], [r.offset - header.base_offset for r in records],
+        base_timestamp=delete_horizon, last_offset_delta=header.last_offset_delta, attributes=attributes,
+        producer=(header.producer_id, header.producer_epoch, header.base_sequence),
+        leader_epoch=header.partition_leader_epoch)
 
 
 def empty_batch(offset: int) -> bytes:
     """A v2 batch without records that spans just ``offset``. Its timestamps are Kafka's NO_TIMESTAMP (-1), so
     it never makes its segment look younger to time-based retention."""
-    import crc32c
-
-    after_crc = struct.pack(">hiqqqhii", 0, 0, -1, -1, -1, -1, -1, 0)
-    length = 4 + 1 + 4 + len(after_crc)
-    return struct.pack(">qiibI", offset, length, 0, rec.MAGIC, crc32c.crc32c(after_crc)) + after_crc
+    return rec.build_batch_generic(offset, -1, [], last_offset_delta=0)
 
 
 @dataclass
@@ -250,32 +203,22 @@ def write_cleaned(directory: str, config, sealed: list[LogSegment], first_dirty:
 
 def clean(plog: Log, target: CleanableLog, offset_map: OffsetMap, now_ms: int) -> CleanResult:
     """One cleaning pass in this process. Reads and writes files without the log lock (the segments read are
-    pinned); takes it only for each swap."""
-    with plog.lock:
-        sealed = plog.segments.as_list()[:-1]
-        for segment in sealed:
-            segment.refs += 1
-    try:
-        end, written = write_cleaned(plog.directory, plog.config, sealed, target.first_dirty,
+    pinned by a snapshot); takes it only for each swap."""
+    with plog.snapshot(sealed_only=True) as sealed:
+        end, written = write_cleaned(plog.directory, plog.config, sealed.segments, target.first_dirty,
                                      target.first_uncleanable, offset_map, now_ms)
         before = after = removed = 0
         for group, cleaned, dropped in written:
             before += sum(s.size for s in group)
             after += cleaned.size
             removed += dropped
-            _swap(plog, group, cleaned)
-    finally:
-        with plog.lock:
-            for segment in sealed:
-                plog._unpin(segment)
+            plog.replace_segments(group, cleaned)
     return CleanResult(end, sum(len(g) for g, _, _ in written), before, after, removed)
 
 
 def _clean_group(directory: str, config, group: list[LogSegment], offset_map: OffsetMap, end: int, now_ms: int):
     base = group[0].base_offset
-    cleaned = LogSegment(directory, base, index_interval_bytes=config.index_interval_bytes,
-                         max_index_size=config.segment_index_bytes, suffix=CLEANED_SUFFIX, active=True,
-                         created_ms=now_ms)
+    cleaned = open_segment(directory, base, config, created_ms=now_ms, suffix=CLEANED_SUFFIX)
     for index in (cleaned.offset_index, cleaned.time_index, cleaned.view_index):
         index.reset()  # a stray .cleaned file from an abandoned pass
     if cleaned.size:
@@ -322,28 +265,7 @@ def _clean_group(directory: str, config, group: list[LogSegment], offset_map: Of
         cleaned.on_become_inactive()
         cleaned.flush()
     except BaseException:
-        cleaned.deleted = True
-        cleaned.close()
-        cleaned.delete_files()
+        discard(cleaned)
         raise
     return cleaned, dropped
 
-
-def _swap(plog: Log, old: list[LogSegment], new: LogSegment) -> None:
-    with plog.lock:
-        current = {id(s) for s in plog.segments.as_list()}
-        if plog.closed or any(id(s) not in current for s in old):
-            # Retention or a truncation changed the log meanwhile: abandon this group.
-            new.deleted = True
-            new.close()
-            new.delete_files()
-            raise LogfsError("log changed during cleaning; group skipped")
-        new.change_suffix(SWAP_SUFFIX)
-        fsync_dir(plog.directory)
-        for segment in sorted(old, key=lambda s: s.base_offset, reverse=True):
-            plog.segments.remove(segment)
-            plog._retire(segment, plog.config.file_delete_delay_ms)
-        new.change_suffix("")
-        plog.segments.add(new)
-        fsync_dir(plog.directory)
-        plog.version += 1

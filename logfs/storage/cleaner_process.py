@@ -1,7 +1,7 @@
 """Cleaning in a separate process, so compaction's CPU work never competes with request handling for the GIL.
 
 The cleaner process only reads sealed segments (immutable) and writes ``.cleaned`` files; it never renames or
-deletes anything. The parent then swaps each cleaned segment in under the log lock (:func:`cleaner._swap`),
+deletes anything. The parent then swaps each cleaned segment in under the log lock (:meth:`Log.replace_segments`),
 skipping a group whose segments retention removed meanwhile. Protocol: one JSON object on stdin, one on stdout.
 
     parent: {"directory", "bases", "first_dirty", "first_uncleanable", "config", "capacity", "now_ms", "parent"}
@@ -20,20 +20,24 @@ import os
 import subprocess
 import sys
 
-from .cleaner import CleanableLog, CleanResult, OffsetMap, _swap, write_cleaned
+from .cleaner import CleanableLog, CleanResult, OffsetMap, write_cleaned
 from .config import LogConfig
 from .errors import LogfsError
+from .lifecycle import open_segment
 from .log import Log
-from .segment import CLEANED_SUFFIX, LogSegment
+from .segment import CLEANED_SUFFIX
 
 _CONFIG_FIELDS = ("segment_bytes", "segment_index_bytes", "index_interval_bytes", "delete_retention_ms")
 
 
 def clean_in_subprocess(plog: Log, target: CleanableLog, capacity: int, now_ms: int) -> CleanResult:
     """One cleaning pass with the file work in a child process (blocks the calling thread, not the GIL)."""
-    with plog.lock:
-        sealed = plog.segments.as_list()[:-1]
-        config = plog.config
+    with plog.snapshot(sealed_only=True) as snapshot:
+        return _clean(plog, snapshot.segments, target, capacity, now_ms)
+
+
+def _clean(plog: Log, sealed: list, target: CleanableLog, capacity: int, now_ms: int) -> CleanResult:
+    config = plog.config
     request = {
         "directory": plog.directory,
         "bases": [s.base_offset for s in sealed],
@@ -52,12 +56,11 @@ def clean_in_subprocess(plog: Log, target: CleanableLog, capacity: int, now_ms: 
     before = after = removed = replaced = 0
     by_base = {s.base_offset: s for s in sealed}
     for group in reply["groups"]:
-        cleaned = LogSegment(plog.directory, group["base"], index_interval_bytes=config.index_interval_bytes,
-                             max_index_size=config.segment_index_bytes, suffix=CLEANED_SUFFIX, active=False)
+        cleaned = open_segment(plog.directory, group["base"], config, suffix=CLEANED_SUFFIX, active=False)
         cleaned.load_state()
         old = [by_base[b] for b in group["old"]]
         try:
-            _swap(plog, old, cleaned)
+            plog.replace_segments(old, cleaned)
         except LogfsError:
             continue  # the log changed under this group; its .cleaned files are gone, the rest goes on
         before += sum(s.size for s in old)
@@ -73,8 +76,7 @@ def _worker(request: dict) -> dict:
     segments = []
     try:
         for base in request["bases"]:
-            segment = LogSegment(directory, base, index_interval_bytes=config.index_interval_bytes,
-                                 max_index_size=config.segment_index_bytes, active=False)
+            segment = open_segment(directory, base, config, active=False)
             segment.load_state()
             segments.append(segment)
         end, written = write_cleaned(directory, config, segments, request["first_dirty"],

@@ -71,3 +71,7 @@ class StorageIOError(LogfsError):
     def __init__(self, message: str, errno: int):
         super().__init__(message)
         self.errno = errno
+
+
+class DataLossError(LogfsError):
+    """Records asked for are gone (below the log start offset: retention removed them)."""

@@ -1,8 +1,9 @@
 """Opening one partition directory, with recovery, in LogLoader's order.
 
-1. Delete ``.deleted`` files and stray ``.cleaned`` files; complete interrupted swaps: a ``.swap`` segment
-   replaces the live segments inside its offset range, then is renamed live (its ``.cleaned``/``.swap``
-   siblings were written completely before the first rename, so completing is always safe).
+1. Delete ``.deleted`` files and stray ``.cleaned`` files; complete interrupted swaps by the cleaner's own swap
+   protocol (:func:`~logfs.storage.lifecycle.replace_segments`): a ``.swap`` segment replaces the live segments
+   inside its offset range, then is renamed live (its ``.cleaned``/``.swap`` siblings were written completely
+   before the first rename, so completing is always safe).
 2. Remove orphan indexes (an index without its ``.log``).
 3. Open segments in offset order. After a clean shutdown, state comes from the indexes (reading at most the
    tail after the last index entry). After an unclean shutdown, every segment from the one holding the
@@ -23,6 +24,7 @@ from typing import Callable
 from .clock import SYSTEM_CLOCK, Clock
 from .config import LogConfig
 from .errors import CorruptRecordError
+from .lifecycle import discard, open_segment, replace_segments
 from .log import Log
 from .names import (
     CLEANED_SUFFIX, DELETED_SUFFIX, INDEX_SUFFIX, INDEX_SUFFIXES, LOG_SUFFIX, SWAP_SUFFIX,
@@ -98,11 +100,7 @@ def load_log(
         stem = os.path.join(directory, filename_prefix(base))
         indexes_present = all(os.path.exists(stem + s) for s in (INDEX_SUFFIX, TIME_INDEX_SUFFIX))
         index_trouble = not indexes_present or not os.path.exists(stem + VIEW_INDEX_SUFFIX)
-        segment = LogSegment(
-            directory, base, index_interval_bytes=config.index_interval_bytes,
-            max_index_size=config.segment_index_bytes, created_ms=clock.time_ms(),
-            active=(i == len(bases) - 1),
-        )
+        segment = open_segment(directory, base, config, created_ms=clock.time_ms(), active=(i == len(bases) - 1))
         needs_recovery = recover_from is not None and base >= recover_from
         if not needs_recovery and not indexes_present and segment.size > 0:
             log.info("rebuilding missing indexes of %s", segment.log_path)
@@ -129,10 +127,7 @@ def load_log(
         progress(len(bases), len(bases))
 
     if not segments:
-        segments.append(LogSegment(
-            directory, log_start_offset, index_interval_bytes=config.index_interval_bytes,
-            max_index_size=config.segment_index_bytes, created_ms=clock.time_ms(),
-        ))
+        segments.append(open_segment(directory, log_start_offset, config, created_ms=clock.time_ms()))
     log_end = segments[-1].next_offset
     if log_start_offset > log_end:
         # No log starts past its end: the checkpoint is damaged (a stale one is only ever behind). Trusting it
@@ -151,28 +146,19 @@ def load_log(
 
 
 def _complete_swap(directory: str, swap_name: str, config: LogConfig) -> None:
-    """Finish a compaction swap interrupted by a crash: delete the live segments the swap replaces, then
-    rename the swap files live."""
+    """Finish a compaction swap interrupted by a crash: the live segments inside the swap's offset range go,
+    then the swap files go live."""
     base = _base_of(swap_name)
     if base is None:
         _remove(os.path.join(directory, swap_name))
         return
-    swap = LogSegment(directory, base, index_interval_bytes=config.index_interval_bytes,
-                      max_index_size=config.segment_index_bytes, suffix=SWAP_SUFFIX, active=False)
+    swap = open_segment(directory, base, config, suffix=SWAP_SUFFIX, active=False)
     try:
         swap.recover()
-        next_offset = swap.next_offset
-    finally:
         swap.on_become_inactive()
+        bases = [_base_of(n) for n in os.listdir(directory) if n.endswith(LOG_SUFFIX)]
+        replaced = [open_segment(directory, b, config, active=False)
+                    for b in sorted(b for b in bases if b is not None and base <= b < swap.next_offset)]
+        replace_segments(directory, swap, replaced, discard)
+    finally:
         swap.close()
-    for name in os.listdir(directory):
-        if not name.endswith(LOG_SUFFIX):
-            continue
-        other = _base_of(name)
-        if other is not None and base <= other < next_offset:
-            for suffix in (LOG_SUFFIX,) + INDEX_SUFFIXES:
-                _remove(os.path.join(directory, filename_prefix(other) + suffix))
-    stem = os.path.join(directory, filename_prefix(base))
-    for suffix in (LOG_SUFFIX,) + INDEX_SUFFIXES:
-        if os.path.exists(stem + suffix + SWAP_SUFFIX):
-            os.replace(stem + suffix + SWAP_SUFFIX, stem + suffix)

@@ -6,7 +6,9 @@ log start offset and recovery point, and segment deletion (``.deleted`` rename; 
 
 Thread safety: one writer at a time (``lock``) for append, roll, truncate, delete and config changes.
 ``flush`` takes the lock only to snapshot and to publish the recovery point, so an fsync never blocks an
-append. Reads go through pinned segment lists (:meth:`snapshot`) and only touch published bytes.
+append. Reads outside the lock go through a :class:`~logfs.storage.segment_set.LogSnapshot` (:meth:`snapshot`)
+and only touch published bytes. :attr:`layout_version` changes whenever the segment list or the log start offset
+does, so a reader may cache what it derives from the layout.
 """
 
 from __future__ import annotations
@@ -16,15 +18,16 @@ import os
 import operator
 from itertools import accumulate, repeat
 import threading
-from dataclasses import dataclass
 from typing import Callable, Iterator, Sequence
 
 from . import records as rec
 from .clock import SYSTEM_CLOCK, Clock
 from .config import LogConfig
-from .errors import OffsetOutOfRangeError, RecordTooLargeError, StorageIOError
+from .errors import LogfsError, OffsetOutOfRangeError, RecordTooLargeError, StorageIOError
 from .index import LineStats
-from .segment import DELETED_SUFFIX, LogSegment, random_jitter
+from .lifecycle import discard, open_segment, replace_segments
+from .segment import DELETED_SUFFIX, LogSegment
+from .segment_set import LogSegments, LogSnapshot, close_if_unused, pin
 
 # Appended lines are grouped into batches of about this many bytes: small enough that a read positioned inside
 # a batch renders little (64 KiB renders in ~20 us with the C accelerator), large enough that per-batch costs
@@ -32,66 +35,6 @@ from .segment import DELETED_SUFFIX, LogSegment, random_jitter
 # 295 MB/s here.
 TARGET_BATCH_BYTES = 64 * 1024
 _RECORD_OVERHEAD = 12
-
-
-class LogSegments:
-    """Segments ordered by base offset, with floor/higher navigation (O(log n))."""
-
-    def __init__(self, segments: Sequence[LogSegment] = ()):
-        self._list: list[LogSegment] = sorted(segments, key=lambda s: s.base_offset)
-        self._bases = [s.base_offset for s in self._list]
-
-    def __len__(self) -> int:
-        return len(self._list)
-
-    def __iter__(self) -> Iterator[LogSegment]:
-        return iter(list(self._list))
-
-    def add(self, segment: LogSegment) -> None:
-        i = bisect.bisect_left(self._bases, segment.base_offset)
-        if i < len(self._bases) and self._bases[i] == segment.base_offset:
-            self._list[i] = segment
-        else:
-            self._list.insert(i, segment)
-            self._bases.insert(i, segment.base_offset)
-
-    def remove(self, segment: LogSegment) -> None:
-        i = bisect.bisect_left(self._bases, segment.base_offset)
-        if i < len(self._list) and self._list[i] is segment:
-            del self._list[i], self._bases[i]
-
-    def floor(self, offset: int) -> LogSegment | None:
-        i = bisect.bisect_right(self._bases, offset) - 1
-        return self._list[i] if i >= 0 else None
-
-    def higher(self, offset: int) -> LogSegment | None:
-        i = bisect.bisect_right(self._bases, offset)
-        return self._list[i] if i < len(self._list) else None
-
-    def from_offset(self, offset: int) -> list[LogSegment]:
-        """Segments that may hold offsets >= ``offset`` (the floor segment and all after it)."""
-        i = max(0, bisect.bisect_right(self._bases, offset) - 1)
-        return self._list[i:]
-
-    @property
-    def first(self) -> LogSegment:
-        return self._list[0]
-
-    @property
-    def active(self) -> LogSegment:
-        return self._list[-1]
-
-    def as_list(self) -> list[LogSegment]:
-        return list(self._list)
-
-
-@dataclass
-class LogSnapshot:
-    """Segments pinned at a moment, with the log start offset then. Pinned segments keep their fds open even
-    after retention or compaction removes them from the log, until :meth:`Log.release`."""
-
-    segments: list[LogSegment]
-    log_start_offset: int
 
 
 class Log:
@@ -121,8 +64,15 @@ class Log:
         self.on_roll: Callable[[LogSegment], None] | None = None
         self.deleted_segments: list[tuple[int, LogSegment]] = []  # (unlink due ms, segment)
         self.closed = False
-        # Bumped whenever the segment list or the log start offset changes, so views can cache layout.
-        self.version = 0
+        self._layout_version = 0
+
+    @property
+    def layout_version(self) -> int:
+        """Changes whenever the segment list or the log start offset changes (not on appends)."""
+        return self._layout_version
+
+    def _layout_changed(self) -> None:
+        self._layout_version += 1
 
     # -- offsets -----------------------------------------------------------------------------------
     @property
@@ -272,16 +222,10 @@ class Log:
                 return old
             new_base = old.next_offset
             old.on_become_inactive()
-            segment = LogSegment(
-                self.directory,
-                new_base,
-                index_interval_bytes=self.config.index_interval_bytes,
-                max_index_size=self.config.segment_index_bytes,
-                roll_jitter_ms=random_jitter(self.config.segment_jitter_ms, self.config.segment_ms),
-                created_ms=self.clock.time_ms(),
-            )
+            segment = open_segment(self.directory, new_base, self.config, created_ms=self.clock.time_ms(),
+                                   jittered=True)
             self.segments.add(segment)
-            self.version += 1
+            self._layout_changed()
             if self.on_roll is not None:
                 self.on_roll(old)
             return segment
@@ -305,44 +249,23 @@ class Log:
             target = self.log_end_offset if up_to is None else min(up_to, self.log_end_offset)
             if target <= self.recovery_point:
                 return self.recovery_point
-            segments = [s for s in self.segments.from_offset(self.recovery_point) if s.base_offset < target]
-            for s in segments:
-                s.refs += 1
-        try:
-            for s in segments:
+            pinned = pin(self, [s for s in self.segments.from_offset(self.recovery_point) if s.base_offset < target])
+        with pinned:
+            for s in pinned.segments:
                 if s.fd >= 0:
                     s.flush()
-        finally:
-            with self.lock:
-                for s in segments:
-                    self._unpin(s)
         with self.lock:
             self.recovery_point = max(self.recovery_point, target)
             self.last_flush_ms = self.clock.time_ms()
             return self.recovery_point
 
     # -- reading -----------------------------------------------------------------------------------
-    def snapshot(self) -> LogSnapshot:
+    def snapshot(self, *, sealed_only: bool = False) -> LogSnapshot:
+        """The segments now (only the sealed ones with ``sealed_only``), pinned until the snapshot is released:
+        they stay readable whatever retention, compaction or truncation does meanwhile."""
         with self.lock:
             segments = self.segments.as_list()
-            for s in segments:
-                s.refs += 1
-            return LogSnapshot(segments, self.log_start_offset)
-
-    def release(self, snapshot: LogSnapshot) -> None:
-        with self.lock:
-            for s in snapshot.segments:
-                self._unpin(s)
-            snapshot.segments = []
-
-    def pin(self, segment: LogSegment) -> None:
-        with self.lock:
-            segment.refs += 1
-
-    def _unpin(self, segment: LogSegment) -> None:
-        segment.refs -= 1
-        if segment.refs <= 0 and segment.purged and segment.fd >= 0:
-            segment.close()
+            return pin(self, segments[:-1] if sealed_only else segments)
 
     def read(self, offset: int, max_bytes: int = 1 << 20, max_records: int | None = None) -> list[rec.Record]:
         """Records from ``offset`` (or the first retained one after it, at a compacted gap), up to about
@@ -400,12 +323,9 @@ class Log:
                 # Emptied: restart the active segment exactly at the new end.
                 self.segments.remove(last)
                 self._retire(last, delay_ms=0)
-                self.segments.add(LogSegment(
-                    self.directory, offset, index_interval_bytes=self.config.index_interval_bytes,
-                    max_index_size=self.config.segment_index_bytes, created_ms=self.clock.time_ms(),
-                ))
+                self.segments.add(open_segment(self.directory, offset, self.config, created_ms=self.clock.time_ms()))
             self.recovery_point = min(self.recovery_point, self.log_end_offset)
-            self.version += 1
+            self._layout_changed()
 
     def delete_segments(self, segments: Sequence[LogSegment]) -> None:
         """Remove sealed segments from the log: renamed ``.deleted`` now, unlinked after
@@ -418,7 +338,25 @@ class Log:
                 self._retire(segment, self.config.file_delete_delay_ms)
             self.log_start_offset = max(self.log_start_offset, self.segments.first.base_offset)
             self.recovery_point = max(self.recovery_point, self.log_start_offset)
-            self.version += 1
+            self._layout_changed()
+
+    def replace_segments(self, old: Sequence[LogSegment], new: LogSegment) -> None:
+        """Swap ``new`` (a cleaned segment, ``.cleaned``) in for the sealed segments ``old`` whose offsets it
+        covers, by the crash-safe protocol of :func:`~logfs.storage.lifecycle.replace_segments`. If the log
+        changed meanwhile (retention or a truncation removed one of ``old``, or it closed), ``new`` is discarded
+        and LogfsError raised: the log is as it was."""
+        with self.lock:
+            if self.closed or any(s not in self.segments or s is self.segments.active for s in old):
+                discard(new)
+                raise LogfsError("log changed during cleaning; group skipped")
+
+            def retire(segment: LogSegment) -> None:
+                self.segments.remove(segment)
+                self._retire(segment, self.config.file_delete_delay_ms)
+
+            replace_segments(self.directory, new, old, retire)
+            self.segments.add(new)
+            self._layout_changed()
 
     def _retire(self, segment: LogSegment, delay_ms: int) -> None:
         # The fd stays open until the files are unlinked (and no handle pins it), so a reader that looked
@@ -444,8 +382,7 @@ class Log:
     def _purge(self, segment: LogSegment) -> None:
         segment.delete_files()
         segment.purged = True
-        if segment.refs <= 0 and segment.fd >= 0:
-            segment.close()
+        close_if_unused(segment)
 
     def increment_log_start_offset(self, offset: int) -> None:
         with self.lock:
@@ -453,7 +390,7 @@ class Log:
                 raise OffsetOutOfRangeError(offset, self.log_start_offset, self.log_end_offset)
             self.log_start_offset = max(self.log_start_offset, offset)
             self.recovery_point = max(self.recovery_point, self.log_start_offset)  # as Kafka, and as loaded
-            self.version += 1
+            self._layout_changed()
 
     def close(self) -> None:
         """Flush and close every segment (the active one's indexes are trimmed)."""
@@ -464,6 +401,15 @@ class Log:
             for segment in self.segments:
                 segment.close()
             self.purge_deleted(now_ms=1 << 62)
+            self.closed = True
+
+    def close_deleted(self) -> None:
+        """Close a log whose directory is being deleted: each segment closes now, or when the last snapshot
+        pinning it is released (open handles keep reading it)."""
+        with self.lock:
+            for segment in self.segments:
+                segment.deleted = segment.purged = True
+                close_if_unused(segment)
             self.closed = True
 
     def close_without_flush(self) -> None:
@@ -489,6 +435,3 @@ def _stats_of(values, keys) -> LineStats:
         key_bytes = sum(map(_len_or_zero, keys))
     return LineStats(len(values), keyed, nulls, key_bytes, value_bytes)
 
-
-def exists(directory: str) -> bool:
-    return os.path.isdir(directory)

@@ -288,11 +288,7 @@ class LogManager:
             with victim.lock:
                 os.rename(victim.directory, new_path)
                 del self.logs[(topic, partition)]
-                for segment in victim.segments:
-                    segment.deleted = segment.purged = True
-                    if segment.refs <= 0:
-                        segment.close()
-                victim.closed = True
+                victim.close_deleted()
             self._deleted_dirs.append((self.clock.time_ms() + victim.config.file_delete_delay_ms, new_path))
             attrs_gone = self.attrs.pop(f"{topic}/{partition}", None) is not None
             self._record_deletion(new_path, save_topics=attrs_gone or emptied)

@@ -2,8 +2,12 @@
 
 Owns appending batches at the end of one file, the sparse index cadence (an entry once more than
 ``index.interval.bytes`` have been appended since the last one), translating an offset or a timestamp to a
-file position (index lookup, then a forward scan bounded by the interval), recovery (CRC validation, truncation
-of an invalid tail, index rebuild), and the roll-time bookkeeping. It never decides *when* to roll; the log does.
+file position (index lookup, then a forward scan bounded by the interval), truncation, and the roll-time
+bookkeeping. It never decides *when* to roll; the log does. Loading and recovery are in
+:mod:`~logfs.storage.segment_recovery`; segments are opened through :mod:`~logfs.storage.lifecycle`.
+
+:class:`SegmentFile` is the reading of a ``.log`` file by ``pread`` alone (the walk over its batches), shared by
+the log's segments and by the read-only :mod:`~logfs.storage.reader`, so the batch framing is read in one place.
 
 Thread safety: mutation requires the owning log's writer lock. ``read``/``batches_from``/``translate_offset``
 only touch bytes below the published ``size`` and may run in other threads concurrently with an append.
@@ -13,14 +17,12 @@ from __future__ import annotations
 
 import errno as _errno
 import os
-import random
-import struct
 from typing import Iterator
 
 from . import records as rec
-from .records import _speedups
-from .errors import CorruptRecordError, StorageIOError
+from .errors import StorageIOError
 from .index import ZERO_STATS, LineStats, OffsetIndex, TimeIndex, ViewIndex
+from .segment_recovery import SegmentRecovery, batch_stats  # noqa: F401  (batch_stats: its callers import it here)
 
 from .names import (  # noqa: F401 (re-exported: the segment's own file names)
     ALL_SUFFIXES, CLEANED_SUFFIX, DELETED_SUFFIX, INDEX_SUFFIX, INDEX_SUFFIXES, LOG_SUFFIX, SWAP_SUFFIX,
@@ -30,30 +32,69 @@ from .names import (  # noqa: F401 (re-exported: the segment's own file names)
 _READ_CHUNK = 64 * 1024
 
 
-def batch_stats(buf, pos: int = 0, size: int | None = None) -> tuple[LineStats, int]:
-    """LineStats of the records in one batch (C for uncompressed batches: recovery and cleaning call this for
-    every batch they read)."""
-    if _speedups is not None:
-        if size is None:
-            size = rec.peek_size(buf, pos) or 0
+class SegmentFile:
+    """A ``.log`` file read by ``pread`` up to its published ``size``: bytes, and the walk over whole batches.
+    Subclasses set ``fd``, ``log_path`` and ``size``."""
+
+    fd: int
+    log_path: str
+    size: int
+
+    def read(self, position: int, length: int) -> bytes:
+        length = min(length, self.size - position)
+        if length <= 0:
+            return b""
         try:
-            return LineStats(*_speedups.batch_stats(memoryview(buf)[pos : pos + size]))
-        except ValueError:
-            pass  # compressed or malformed: the generic decoder decides
-    records = keyed = nulls = key_bytes = value_bytes = 0
-    for r in rec.decode(buf, pos, size):
-        records += 1
-        if r.key is not None:
-            keyed += 1
-            key_bytes += len(r.key)
-        if r.value is None:
-            nulls += 1
-        else:
-            value_bytes += len(r.value)
-    return LineStats(records, keyed, nulls, key_bytes, value_bytes)
+            return os.pread(self.fd, length, position)
+        except OSError as exc:
+            raise StorageIOError(f"read of {self.log_path} failed: {exc.strerror}", exc.errno) from exc
+
+    def read_into(self, scratch: bytearray, position: int, length: int) -> memoryview:
+        """Like :meth:`read`, into a reusable buffer (no allocation, no page faults on a fresh 1 MiB object);
+        the view is valid until ``scratch`` is reused."""
+        length = min(length, self.size - position)
+        if length <= 0:
+            return memoryview(b"")
+        if len(scratch) < length:  # callers size it; never resize it here (a caller's view may be alive)
+            return memoryview(self.read(position, length))
+        view = memoryview(scratch)[:length]
+        try:
+            got = os.preadv(self.fd, [view], position)
+        except OSError as exc:
+            raise StorageIOError(f"read of {self.log_path} failed: {exc.strerror}", exc.errno) from exc
+        return view[:got]
+
+    def batches_from(self, position: int, end: int | None = None, chunk: int = _READ_CHUNK,
+                     scratch: bytearray | None = None) -> Iterator[tuple[int, rec.BatchHeader, bytes, int]]:
+        """Complete batches from ``position`` up to ``end`` (default: the size now), as
+        (file position, header, buffer, position of the batch within buffer). No CRC check. With ``scratch``,
+        the buffer is a view of it, valid only until the next batch is requested."""
+        limit = self.size if end is None else min(end, self.size)
+        pos = position
+        while pos < limit:
+            length = min(max(chunk, rec.HEADER_SIZE), limit - pos)
+            buf = self.read(pos, length) if scratch is None else self.read_into(scratch, pos, length)
+            at = 0
+            while True:
+                size = rec.peek_size(buf, at)
+                if size is None or len(buf) - at < rec.HEADER_SIZE:
+                    break
+                if size > len(buf) - at:
+                    if at == 0:  # one batch larger than the chunk: read it whole
+                        buf = self.read(pos, size)
+                        if len(buf) < size:
+                            return
+                        continue
+                    break
+                header = rec.parse_header(buf, at)
+                yield pos + at, header, buf, at
+                at += size
+            if at == 0:
+                return  # a partial batch at the end
+            pos += at
 
 
-class LogSegment:
+class LogSegment(SegmentRecovery, SegmentFile):
     def __init__(
         self,
         directory: str,
@@ -99,85 +140,9 @@ class LogSegment:
         self.rolling_based_timestamp: int | None = None
         self.stats = ZERO_STATS
         self.next_offset = base_offset
-        self.refs = 0  # open file handles pinning this segment's fds after it leaves the log
+        self.refs = 0  # snapshots pinning it (segment_set: the only code that counts them)
         self.deleted = False  # retired from its log (renamed .deleted)
         self.purged = False  # its files are unlinked
-
-    # -- loading ---------------------------------------------------------------------------------
-    def load_state(self) -> None:
-        """Derive in-memory state (next offset, totals, max timestamp) from the indexes, reading at most the
-        tail after the last index entry. Raises CorruptRecordError if the indexes disagree with the log."""
-        self.offset_index.sanity_check(self.size)
-        self.time_index.sanity_check(self.size)
-        self.view_index.sanity_check(self.size)
-        last_ts = self.time_index.last_entry()
-        self.max_timestamp, self.offset_of_max_timestamp = last_ts.timestamp, last_ts.offset
-        end = self.view_index.last()
-        if end is not None and end.position == self.size and self.size > 0:
-            # A sealed segment's totals: checked against the entry before them plus the batches after it (at
-            # most one index interval), so a damaged .viewindex is rebuilt instead of serving a wrong view.
-            n = self.view_index.entries
-            before = self.view_index.get(n - 2) if n >= 2 else None
-            start = (before.position, before.stats, before.offset) if before else (0, ZERO_STATS, self.base_offset)
-            stats, next_offset, _ = self._scan_tail(*start, expect_base=before is not None)
-            if (stats, next_offset) != (end.stats, end.offset):
-                raise CorruptRecordError(f"view index totals of {self.log_path} disagree with the log")
-            self.stats, self.next_offset = end.stats, end.offset
-            if self.active:  # the end entry is only for sealed segments
-                self.view_index._truncate_entries(self.view_index.entries - 1)
-        else:
-            start_pos, stats, next_offset = 0, ZERO_STATS, self.base_offset
-            if end is not None:
-                start_pos, stats, next_offset = end.position, end.stats, end.offset
-            self.stats, self.next_offset, tail_max = self._scan_tail(start_pos, stats, next_offset,
-                                                                     expect_base=end is not None)
-            if tail_max is not None and tail_max[0] > self.max_timestamp:
-                self.max_timestamp, self.offset_of_max_timestamp = tail_max
-            if not self.active and self.size > 0:
-                self.view_index.append(self.next_offset, self.size, self.stats)
-        if self.size > 0:
-            first = self.read(0, rec.HEADER_SIZE)
-            self.rolling_based_timestamp = rec.parse_header(first).max_timestamp
-        last_index = self.offset_index.last_entry()
-        self.bytes_since_last_index_entry = self.size - last_index.position if self.offset_index.entries else self.size
-        self._check_last_entries()
-
-    def _check_last_entries(self) -> None:
-        """The offset and time indexes' last entries name offsets of this segment, and the time index's names the
-        batch whose max timestamp it records (one bounded read). A damaged index is rebuilt, instead of failing
-        every later append ("time index offset below last entry") or skewing time-based retention."""
-        if self.offset_index.entries:
-            last = self.offset_index.last_entry()
-            found = self.translate_offset(last.offset)
-            if last.offset >= self.next_offset or found is None or found[0] != last.position:
-                raise CorruptRecordError(f"offset index of {self.log_path} names a batch that is not there")
-        if self.time_index.entries:
-            last_ts = self.time_index.last_entry()
-            found = self.translate_offset(last_ts.offset) if last_ts.offset < self.next_offset else None
-            if found is None or found[1].max_timestamp != last_ts.timestamp:
-                raise CorruptRecordError(f"time index of {self.log_path} disagrees with the log")
-
-    def _scan_tail(self, position: int, stats: LineStats, next_offset: int, expect_base: bool):
-        """(stats, next offset, (max timestamp, its offset) or None) after the batches from ``position`` to the
-        end, starting from the given ``stats``/``next_offset`` (a view index entry's). With ``expect_base``, the
-        first batch must start at ``position`` with base offset ``next_offset`` (the entry's). Raises
-        CorruptRecordError if the bytes there are not whole batches."""
-        reached, max_ts = position, None
-        try:
-            for pos, header, buf, at in self.batches_from(position):
-                if (header.magic != rec.MAGIC or header.size < rec.HEADER_SIZE
-                        or (expect_base and pos == position and header.base_offset != next_offset)):
-                    break
-                stats = stats + batch_stats(buf, at, header.size)
-                next_offset = header.next_offset
-                if max_ts is None or header.max_timestamp > max_ts[0]:
-                    max_ts = (header.max_timestamp, header.last_offset)
-                reached = pos + header.size
-        except Exception as exc:  # garbage where a batch should start
-            raise CorruptRecordError(f"{self.log_path}: no batch at a position its indexes name ({exc})") from None
-        if reached != self.size:
-            raise CorruptRecordError(f"{self.log_path}: indexes name a position that is not a batch start")
-        return stats, next_offset, max_ts
 
     # -- appending -------------------------------------------------------------------------------
     def append(self, batch: bytes, header: rec.BatchHeader, stats: LineStats) -> None:
@@ -260,59 +225,6 @@ class LogSegment:
         self.active = True
 
     # -- reading ---------------------------------------------------------------------------------
-    def read(self, position: int, length: int) -> bytes:
-        length = min(length, self.size - position)
-        if length <= 0:
-            return b""
-        try:
-            return os.pread(self.fd, length, position)
-        except OSError as exc:
-            raise StorageIOError(f"read of {self.log_path} failed: {exc.strerror}", exc.errno) from exc
-
-    def read_into(self, scratch: bytearray, position: int, length: int) -> memoryview:
-        """Like :meth:`read`, into a reusable buffer (no allocation, no page faults on a fresh 1 MiB object);
-        the view is valid until ``scratch`` is reused."""
-        length = min(length, self.size - position)
-        if length <= 0:
-            return memoryview(b"")
-        if len(scratch) < length:  # callers size it; never resize it here (a caller's view may be alive)
-            return memoryview(self.read(position, length))
-        view = memoryview(scratch)[:length]
-        try:
-            got = os.preadv(self.fd, [view], position)
-        except OSError as exc:
-            raise StorageIOError(f"read of {self.log_path} failed: {exc.strerror}", exc.errno) from exc
-        return view[:got]
-
-    def batches_from(self, position: int, end: int | None = None, chunk: int = _READ_CHUNK,
-                     scratch: bytearray | None = None) -> Iterator[tuple[int, rec.BatchHeader, bytes, int]]:
-        """Complete batches from ``position`` up to ``end`` (default: the size now), as
-        (file position, header, buffer, position of the batch within buffer). No CRC check. With ``scratch``,
-        the buffer is a view of it, valid only until the next batch is requested."""
-        limit = self.size if end is None else min(end, self.size)
-        pos = position
-        while pos < limit:
-            length = min(max(chunk, rec.HEADER_SIZE), limit - pos)
-            buf = self.read(pos, length) if scratch is None else self.read_into(scratch, pos, length)
-            at = 0
-            while True:
-                size = rec.peek_size(buf, at)
-                if size is None or len(buf) - at < rec.HEADER_SIZE:
-                    break
-                if size > len(buf) - at:
-                    if at == 0:  # one batch larger than the chunk: read it whole
-                        buf = self.read(pos, size)
-                        if len(buf) < size:
-                            return
-                        continue
-                    break
-                header = rec.parse_header(buf, at)
-                yield pos + at, header, buf, at
-                at += size
-            if at == 0:
-                return  # a partial batch at the end
-            pos += at
-
     def translate_offset(self, offset: int, start_position: int = 0) -> tuple[int, rec.BatchHeader] | None:
         """Position and header of the first batch whose last offset >= ``offset``, scanning forward from the
         offset index entry (a scan bounded by the index interval)."""
@@ -336,80 +248,7 @@ class LogSegment:
     def largest_timestamp(self) -> int:
         return self.max_timestamp if self.max_timestamp >= 0 else self.created_ms
 
-    # -- recovery and truncation -----------------------------------------------------------------
-    def recover(self, flushed_offset: int | None = None) -> int:
-        """Validate batches, rebuild indexes and state, truncate at the first invalid byte. Returns the number
-        of bytes truncated.
-
-        With ``flushed_offset`` (the recovery point, inside this segment), everything below the last view index
-        entry at or before it is known durable with its index entries (a flush syncs the log, then the
-        indexes), so only the tail from that entry is validated and re-indexed: recovery costs the unflushed
-        tail plus one index interval, not the segment."""
-        start = None
-        if flushed_offset is not None and flushed_offset > self.base_offset:
-            try:
-                for index in (self.offset_index, self.time_index, self.view_index):
-                    index.sanity_check(self.size)
-                entry = self.view_index.floor_by_offset(flushed_offset)
-            except (CorruptRecordError, struct.error):
-                entry = None
-            if entry is not None and 0 < entry.position <= self.size:
-                start = entry
-        for index in (self.offset_index, self.time_index, self.view_index):
-            if start is None:
-                index.reset()
-            index.resize(index.max_index_size)
-        saved_size, valid = self.size, 0
-        self.rolling_based_timestamp = None
-        if start is None:
-            self.bytes_since_last_index_entry = 0
-            self.max_timestamp, self.offset_of_max_timestamp = -1, self.base_offset
-            self.stats, self.next_offset = ZERO_STATS, self.base_offset
-            pos = 0
-        else:
-            self.offset_index.truncate_to(start.offset)
-            self.time_index.truncate_to(start.offset)
-            self.view_index.truncate_to_position(start.position)
-            last_ts = self.time_index.last_entry()
-            self.max_timestamp, self.offset_of_max_timestamp = last_ts.timestamp, last_ts.offset
-            self.stats, self.next_offset = start.stats, start.offset
-            last_index = self.offset_index.last_entry()
-            self.bytes_since_last_index_entry = start.position - (last_index.position if self.offset_index.entries else 0)
-            first = self.read(0, rec.HEADER_SIZE)
-            self.rolling_based_timestamp = rec.parse_header(first).max_timestamp if len(first) == rec.HEADER_SIZE else None
-            pos = valid = start.position
-        while pos < saved_size:
-            size = rec.peek_size(self.read(pos, rec.LOG_OVERHEAD))
-            if size is None or size < rec.HEADER_SIZE or pos + size > saved_size:
-                break
-            buf = self.read(pos, size)
-            try:
-                header = rec.validate(buf)
-                stats = batch_stats(buf, 0, size)
-            except Exception:  # CRC, structure, or a codec error on corrupt compressed data
-                break
-            if header.base_offset < self.next_offset or header.last_offset - self.base_offset > 0x7FFFFFFF:
-                break
-            self._index_recovered(pos, header, stats)
-            pos += size
-            valid = pos
-        truncated = saved_size - valid
-        if truncated:
-            os.ftruncate(self.fd, valid)
-        self.size = valid
-        return truncated
-
-    def _index_recovered(self, pos: int, header: rec.BatchHeader, stats: LineStats) -> None:
-        if self.bytes_since_last_index_entry > self.index_interval_bytes and not self.offset_index.is_full:
-            self.offset_index.append(header.last_offset, pos)
-            if self.max_timestamp < header.max_timestamp:
-                self.max_timestamp, self.offset_of_max_timestamp = header.max_timestamp, header.last_offset
-            if not self.time_index.is_full:
-                self.time_index.maybe_append(self.max_timestamp, self.offset_of_max_timestamp)
-            self.view_index.append(header.base_offset, pos, self.stats)
-            self.bytes_since_last_index_entry = 0
-        self._account(header, stats)
-
+    # -- truncation -------------------------------------------------------------------------------
     def truncate_to(self, offset: int) -> int:
         """Remove records with offset >= ``offset``; a batch straddling it is rewritten with its earlier
         records. Returns bytes removed."""
@@ -510,9 +349,3 @@ class LogSegment:
 
     def __repr__(self) -> str:
         return f"LogSegment(base={self.base_offset}, size={self.size}, next={self.next_offset})"
-
-
-def random_jitter(segment_jitter_ms: int, segment_ms: int) -> int:
-    if segment_jitter_ms <= 0:
-        return 0
-    return random.randrange(min(segment_jitter_ms, segment_ms))

@@ -7,13 +7,17 @@ of the records before them, and a segment's totals; a length is a linear functio
 current separator and marker. Locating a byte position is: bisect the segments' cumulative lengths, bisect
 the segment's view index, then render forward at most one index interval of batches.
 
-A :class:`SegmentView` is over a fixed, pinned list of segments (a file handle's snapshot), which can only
-grow at the end (segments rolled after the snapshot was taken). Not thread-safe; one per handle.
+A :class:`SegmentView` is over a fixed list of segments: a file handle's is a
+:class:`~logfs.storage.segment_set.LogSnapshot` (pinned by the storage, grown at the end by segments rolled since,
+released with the handle); the live view (:func:`live_view`, what a new open would see) is over the log's
+segments now, unpinned, and cached here per log until the storage's ``layout_version`` or the format changes.
+Not thread-safe; one per handle.
 """
 
 from __future__ import annotations
 
 import bisect
+import weakref
 from dataclasses import dataclass
 
 from ..storage import records as rec
@@ -21,6 +25,7 @@ from ..storage.records import _speedups
 from ..storage.index import ZERO_STATS, LineStats
 from ..storage.log import Log
 from ..storage.segment import LogSegment
+from ..storage.segment_set import LogSnapshot
 
 
 @dataclass(frozen=True)
@@ -88,10 +93,12 @@ _READ_SLACK = 4096
 
 
 class SegmentView:
-    """The view over pinned ``segments`` starting at ``start_offset``, in format ``fmt``."""
+    """The view over ``segments`` starting at ``start_offset``, in format ``fmt``; with ``snapshot`` (which
+    pinned them), it can :meth:`extend` and must be released."""
 
-    def __init__(self, segments: list[LogSegment], start_offset: int, fmt: LineFormat):
-        self.pinned = list(segments)
+    def __init__(self, segments: list[LogSegment], start_offset: int, fmt: LineFormat,
+                 snapshot: LogSnapshot | None = None):
+        self._snapshot = snapshot
         # Segments wholly below the start offset are not part of the view (but stay pinned until release).
         kept = [s for s in segments if s.next_offset > start_offset]
         self.segments = kept if kept else list(segments[-1:])
@@ -136,17 +143,13 @@ class SegmentView:
         last = len(self.segments) - 1
         return self._start(last) + self._segment_length(last)
 
-    def extend(self, log: Log) -> bool:
-        """Pin segments rolled since this view was made (appends continue into them). Returns whether any."""
-        with log.lock:
-            if log.closed:
-                return False
-            last_base = self.segments[-1].base_offset if self.segments else -1
-            newer = [s for s in log.segments.as_list() if s.base_offset > last_base]
-            for s in newer:
-                s.refs += 1
+    def extend(self) -> bool:
+        """Take in segments rolled since this view was made (appends continue into them); its snapshot pins
+        them. Returns whether any."""
+        if self._snapshot is None:
+            return False
+        newer = self._snapshot.extend()
         self.segments.extend(newer)
-        self.pinned.extend(newer)
         return bool(newer)
 
     def _locate(self, pos: int) -> tuple[int, int]:
@@ -270,32 +273,31 @@ class SegmentView:
             offset = max(offset, self.segments[i].base_offset) if i < len(self.segments) else offset
         return self.length()
 
-    def release(self, log: Log | None) -> None:
-        if log is not None:
-            with log.lock:
-                for s in self.pinned:
-                    log._unpin(s)
+    def release(self) -> None:
+        """Let the storage close the segments this view pinned (once its files are gone)."""
+        if self._snapshot is not None:
+            self._snapshot.release()
         self.segments = []
-        self.pinned = []
 
 
-_LIVE_CACHE_ATTR = "_live_view_cache"
+# Each log's live view, with the key it was made for; an entry goes with its log.
+_live_views: "weakref.WeakKeyDictionary[Log, tuple[tuple, SegmentView]]" = weakref.WeakKeyDictionary()
 
 
 def live_view(log: Log) -> SegmentView:
     """The view as a new open would see it now (cached until the segment list, start or format changes).
     Its segments are not pinned: use it on the thread that owns the log, and not across awaits."""
     fmt = LineFormat.of(log.config)
-    key = (log.version, log.log_start_offset, fmt)
-    cached = getattr(log, _LIVE_CACHE_ATTR, None)
+    key = (log.layout_version, log.log_start_offset, fmt)
+    cached = _live_views.get(log)
     if cached is not None and cached[0] == key:
         return cached[1]
     view = SegmentView(log.segments.as_list(), log.log_start_offset, fmt)
-    setattr(log, _LIVE_CACHE_ATTR, (key, view))
+    _live_views[log] = (key, view)
     return view
 
 
 def open_view(log: Log) -> SegmentView:
     """A pinned view for a file handle: consistent under retention and compaction until released."""
     snapshot = log.snapshot()
-    return SegmentView(snapshot.segments, snapshot.log_start_offset, LineFormat.of(log.config))
+    return SegmentView(snapshot.segments, snapshot.log_start_offset, LineFormat.of(log.config), snapshot)

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from logfs.storage import BrokerConfig, LogManager, ManualClock
-from logfs.storage import cleaner as cleaner_mod
+from logfs.storage.log import Log
 from logfs.storage.cleaner import OffsetMap, cleanable_range, clean
 from logfs.storage.retention import delete_old_segments
 from logfs.storage.segment import LogSegment
@@ -279,17 +279,17 @@ class LogMachine(RuleBasedStateMachine):
         now = self.clock.time_ms()
         target = cleanable_range(log, m.cleaner_checkpoint, now)
         groups = []
-        real_swap = cleaner_mod._swap
+        real_swap = Log.replace_segments
 
         def swap(plog, old, new):
             groups.append((old[0].base_offset, old[-1].next_offset))
             return real_swap(plog, old, new)
 
-        cleaner_mod._swap = swap
+        Log.replace_segments = swap
         try:
             result = clean(log, target, OffsetMap(capacity), now)
         finally:
-            cleaner_mod._swap = real_swap
+            Log.replace_segments = real_swap
         self.model = self._predict_clean(m, target.first_dirty, result.end_offset, groups, now)
         self.model.cleaner_checkpoint = result.end_offset
         count("compactions")
@@ -308,7 +308,7 @@ class LogMachine(RuleBasedStateMachine):
         target = cleanable_range(log, m.cleaner_checkpoint, now)
         groups = []
         image = []
-        real_swap, real_change_suffix = cleaner_mod._swap, LogSegment.change_suffix
+        real_swap, real_change_suffix = Log.replace_segments, LogSegment.change_suffix
 
         def take_image():
             self.generation += 1
@@ -339,11 +339,11 @@ class LogMachine(RuleBasedStateMachine):
             finally:
                 LogSegment.change_suffix = real_change_suffix
 
-        cleaner_mod._swap = swap
+        Log.replace_segments = swap
         try:
             result = clean(log, target, OffsetMap(capacity), now)
         finally:
-            cleaner_mod._swap = real_swap
+            Log.replace_segments = real_swap
             LogSegment.change_suffix = real_change_suffix
         post = self._predict_clean(m, target.first_dirty, result.end_offset, groups, now)
         if not image:  # fewer groups than asked for: an ordinary pass

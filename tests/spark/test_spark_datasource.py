@@ -164,6 +164,19 @@ def test_offsets_patterns_and_splits(spark, engine_dir):
         offsets(assign='{"a":[0]}', startingOffsets='{"a":{"0":0}}', failOnDataLoss="true")
 
 
+def test_unknown_topics(spark, engine_dir):
+    """Regression: an unknown topic failed in a Python worker with AttributeError ('InputPartition' object has
+    no attribute 'range'). As Spark's Kafka source: subscribe and subscribePattern read nothing; assign is an
+    error naming the topic."""
+    m = engine_dir
+    for option, value in (("subscribe", "nosuch"), ("subscribePattern", "nosuch.*")):
+        df = spark.read.format("logfs").option(option, value).load(m.data_dir)
+        assert df.count() == 0 and df.collect() == []
+    with pytest.raises(Exception, match=r"unknown topic or partition nosuch-0 \(no topic 'nosuch'\)") as caught:
+        spark.read.format("logfs").option("assign", '{"nosuch":[0]}').load(m.data_dir).collect()
+    assert "AttributeError" not in str(caught.value)
+
+
 def test_segments_of_a_foreign_kafka_writer_with_compression(spark, tmp_path):
     """Plain .log files without indexes, gzip-compressed, as another Kafka v2 writer leaves them."""
     data = tmp_path / "foreign"

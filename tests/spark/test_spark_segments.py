@@ -20,6 +20,7 @@ from logfs.spark import segments as seg
 from logfs.spark.options import OffsetRange, OptionError, SourceOptions
 from logfs.spark.segments import DataLossError, PartitionReader, TopicPartition
 from logfs.storage import BrokerConfig, LogManager, ManualClock
+from logfs.storage import reader as storage_reader
 
 SMALL = {"log.segment.bytes": "4096", "log.index.interval.bytes": "256", "log.segment.delete.delay.ms": "0"}
 
@@ -122,7 +123,7 @@ def test_offsets_of_the_active_segment_with_a_preallocated_index(manager):
     assert os.path.getsize(index_path) > active.offset_index.entries * 8  # preallocated zero slots
     assert reader.log_end_offset() == 3000
     # The index is used: a seek deep into the segment lands near the offset, not at the start.
-    with seg._Segment(log.directory, active.base_offset) as s:
+    with storage_reader.SegmentReader(log.directory, active.base_offset) as s:
         pos = s.seek_position(2500)
         assert pos > 0
         first = next(s.batches(pos))[0]
@@ -167,13 +168,13 @@ def test_skips_deleted_cleaned_swap_files_and_deleted_partitions(manager):
             shutil.copy(src, os.path.join(d, f"{base:020d}{kind}{suffix}"))
     shutil.copytree(d, os.path.join(m.data_dir, "t-7.0123abcd-delete"))
     reader = PartitionReader(m.data_dir, TopicPartition("t", 0))
-    old_wait = seg.SWAP_WAIT_SECONDS
-    seg.SWAP_WAIT_SECONDS = 0.05  # a stray .log.swap (a crashed swap) only delays the listing
+    old_wait = storage_reader.SWAP_WAIT_SECONDS
+    storage_reader.SWAP_WAIT_SECONDS = 0.05  # a stray .log.swap (a crashed swap) only delays the listing
     try:
         assert reader.offsets() == (0, end)
         assert as_tuples(reader.records(0, end)) == want
     finally:
-        seg.SWAP_WAIT_SECONDS = old_wait
+        storage_reader.SWAP_WAIT_SECONDS = old_wait
     assert set(seg.list_partitions(m.data_dir)) == {TopicPartition("t", 0)}
 
 
@@ -190,7 +191,7 @@ def test_listing_waits_for_an_in_flight_swap(manager):
     bases = PartitionReader(m.data_dir, TopicPartition("t", 0)).segment_bases()
     waited = time.monotonic() - started
     timer.join()
-    assert bases == [0] and 0.15 < waited < seg.SWAP_WAIT_SECONDS + 0.5
+    assert bases == [0] and 0.15 < waited < storage_reader.SWAP_WAIT_SECONDS + 0.5
 
 
 def test_log_start_offset_from_the_checkpoint(manager):
@@ -317,6 +318,25 @@ def test_offsets_specs_and_topic_selection(manager):
     assert plan(subscribe="orders", startingOffsets="latest") == []
     assert plan(subscribe="orders", endingOffsets='{"orders":{"0":999}}')[0] == OffsetRange("orders", 0, 0, 30)
     assert plan(subscribe="nosuchtopic") == []
+
+
+def test_unknown_topics_select_nothing_and_an_unknown_assignment_is_named(manager):
+    """As Spark's Kafka source: subscribing to a topic that does not exist reads nothing; assigning one is an
+    error naming what is missing, raised while the driver plans the query (not in a worker)."""
+    m = manager(partitions=2)
+    m.create_topic("clicks")
+    fill(m.get_log("clicks", 0), m.clock, 5)
+
+    def plan(**o):
+        return opts.plan_batch(SourceOptions.parse({"path": m.data_dir, **o}))
+
+    assert plan(subscribe="nosuch") == [] and plan(subscribePattern="nosuch.*") == []
+    assert SourceOptions.parse({"path": m.data_dir, "subscribe": "nosuch"}).bounds(starting=True) == {}
+    with pytest.raises(OptionError, match=r"unknown topic or partition nosuch-0 \(no topic 'nosuch'\)"):
+        plan(assign='{"nosuch":[0]}')
+    with pytest.raises(OptionError, match=r"unknown topic or partition clicks-7 in "):
+        plan(assign='{"clicks":[0,7]}')
+    assert plan(assign='{"clicks":[0,1]}') == [OffsetRange("clicks", 0, 0, 5)]  # an empty partition: no range
 
 
 def test_split_ranges():

@@ -96,3 +96,27 @@ def test_a_partition_whose_end_went_back(m):
     with pytest.raises(DataLossError, match="went back from 10 to 3"):
         reader(m, subscribe="s", failOnDataLoss="true").partitions(start, end)
     assert stream.latestOffset(end, ReadAllAvailable()) == end
+
+
+def test_unknown_topics_stream_nothing_and_an_unknown_assignment_is_named(m):
+    """A subscription to topics that do not exist streams nothing (Spark runs a plan without input partitions
+    as one task over a bare InputPartition(None), which reads nothing); an assignment of one is an error naming
+    it when the stream starts."""
+    from pyspark.sql.datasource import InputPartition
+
+    from logfs.spark.options import OptionError
+
+    for options in ({"subscribe": "nosuch"}, {"subscribePattern": "nosuch.*"}):
+        stream = reader(m, startingOffsets="earliest", **options)
+        start = stream.initialOffset()
+        assert start == {}
+        end = stream.latestOffset(start, ReadAllAvailable())
+        assert end == {} and stream.partitions(start, end) == []
+        assert list(stream.read(InputPartition(None))) == []
+    with pytest.raises(OptionError, match=r"nosuch-0 \(no topic 'nosuch'\)"):
+        reader(m, assign='{"nosuch":[0]}').initialOffset()
+    with pytest.raises(OptionError, match=r"s-2 in "):
+        reader(m, assign='{"s":[0,2]}').initialOffset()
+    batch = LogfsDataSource({"path": m.data_dir, "subscribe": "nosuch"})
+    batch_reader = batch.reader(batch.schema())
+    assert batch_reader.partitions() == [] and list(batch_reader.read(InputPartition(None))) == []

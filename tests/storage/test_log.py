@@ -144,8 +144,8 @@ def test_roll_on_segment_ms(open_log, clock):
 
 
 def test_roll_on_segment_ms_with_jitter(open_log, clock, monkeypatch):
-    import logfs.storage.log as log_module
-    monkeypatch.setattr(log_module, "random_jitter", lambda jitter, ms: 400)
+    import logfs.storage.lifecycle as lifecycle
+    monkeypatch.setattr(lifecycle, "random_jitter", lambda jitter, ms: 400)
     log = open_log(LogConfig.for_tests(segment_ms=1000, segment_jitter_ms=500))
     log.append([b"a"])
     log.roll()  # the new active segment gets the (fixed) jitter

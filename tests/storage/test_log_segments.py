@@ -2,7 +2,7 @@
 
 import pytest
 
-from logfs.storage.log import LogSegments
+from logfs.storage.segment_set import LogSegments
 from logfs.storage.segment import LogSegment
 
 

@@ -84,7 +84,7 @@ def test_deleted_segments_unlinked_after_delay_and_open_handle_reads_intact(open
     log.purge_deleted()
     assert not [f for f in os.listdir(log.directory) if f.endswith(DELETED_SUFFIX)]
     assert handle.read(0, 1 << 20) == full  # the handle's fds outlive the unlink
-    handle.release(log)
+    handle.release()
 
 
 # -- cleaner ------------------------------------------------------------------------------------------------
@@ -260,7 +260,7 @@ def test_clean_in_subprocess_matches_in_process(tmp_path, clock):
     assert [(r.offset, r.key, r.value) for r in a.read(0, 1 << 30)] == [(r.offset, r.key, r.value) for r in b.read(0, 1 << 30)]
     assert live_view(a).read(0, 1 << 20) == live_view(b).read(0, 1 << 20)
     assert handle.read(0, 1 << 20) == before_b  # an open view is untouched by the swap
-    handle.release(b)
+    handle.release()
     assert not [n for n in os.listdir(b.directory) if n.endswith((".cleaned", ".swap"))]
     expected = [(r.offset, r.value) for r in a.read(0, 1 << 30)]
     for log in logs:

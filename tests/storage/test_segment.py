@@ -7,7 +7,8 @@ import pytest
 
 from logfs.storage import records as rec
 from logfs.storage.index import LineStats
-from logfs.storage.segment import LogSegment, batch_stats, random_jitter
+from logfs.storage.lifecycle import random_jitter
+from logfs.storage.segment import LogSegment, batch_stats
 
 T0 = 1_700_000_000_000
 

@@ -108,7 +108,7 @@ def test_sequential_reads_in_chunks_follow_the_cursor(make_log):
             out.append(piece)
             pos += len(piece)
         assert b"".join(out) == expected
-        view.release(log)
+        view.release()
 
 
 def test_view_grows_with_appends(make_log):
@@ -175,15 +175,17 @@ def test_open_view_keeps_its_content_after_retention(make_log, clock):
     # Appends after the retention event show up at the end of the old handle's view, too.
     first, _ = log.append([b"new line"], keys=[b"n"])
     model.records.append((first, b"n", b"new line"))
-    view.extend(log)
+    view.extend()
     assert view.read(len(before), 100) == b"n=new line\n"
     assert view.length() == len(before) + len(b"n=new line\n")
     # A new open sees the view from the new log start.
     model.start = log.log_start_offset
     assert live_view(log).read(0, 10**6) == model.text()
     assert len(model.text()) < len(before)
-    view.release(log)
-    assert view.segments == [] and view.pinned == []
+    pinned = list(view._snapshot.segments)
+    assert all(s.refs == 1 for s in pinned)
+    view.release()
+    assert view.segments == [] and all(s.refs == 0 for s in pinned)
 
 
 def test_released_view_closes_deleted_segments(make_log):
@@ -195,7 +197,7 @@ def test_released_view_closes_deleted_segments(make_log):
     view = open_view(log)
     log.delete_segments(victims)
     assert all(s.fd >= 0 for s in victims)  # pinned
-    view.release(log)
+    view.release()
     assert all(s.fd < 0 for s in victims)
 
 
@@ -208,10 +210,10 @@ def test_open_view_extends_across_rolls(make_log):
     n = len(log.segments)
     fill(log, model, rng, appends=100)
     assert len(log.segments) > n
-    assert view.extend(log)
+    assert view.extend()
     check_view(view, model, rng, probes=40)
-    assert not view.extend(log)
-    view.release(log)
+    assert not view.extend()
+    view.release()
 
 
 def test_view_survives_reopen(make_log, tmp_path):
@@ -311,9 +313,9 @@ def test_tail_follow_on_an_open_view(make_log):
             pos += len(piece)
         assert seen == model.text()
         fill(log, model, rng, appends=2, max_batch=4)
-        view.extend(log)
+        view.extend()
     assert len(log.segments) > 3
-    view.release(log)
+    view.release()
 
 
 def test_records_larger_than_the_read_chunk(make_log):

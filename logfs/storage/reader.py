@@ -1,0 +1,301 @@
+"""Read-only access to a partition directory, for processes other than the daemon (the Spark source).
+
+It never takes ``.lock`` (the daemon holds it), never writes, renames, truncates or creates anything, and never
+mmaps (the daemon truncates a rolled segment's indexes, and touching a mapping past a truncated end would be
+SIGBUS): only ``listdir``, ``open(O_RDONLY)`` and ``pread``. The batch framing is read by the same code as the
+daemon's (:class:`~logfs.storage.segment.SegmentFile`), and the offset index by its entry layout in
+:mod:`~logfs.storage.index`, so a change of format lands once.
+
+What it relies on, all part of the on-disk contract:
+
+- ``<20-digit base offset>.log`` live segments. Files ending in ``.deleted`` (retention), ``.cleaned`` and
+  ``.swap`` (compaction in progress) are never read.
+- ``.index``: an entry names the last offset of the batch starting at that position. An active index is
+  preallocated, so it ends in all-zero slots. The index is only a hint: every position it gives is checked
+  against the log, and a missing or inconsistent index means a scan from the segment start.
+- A batch is complete once all ``batchLength + 12`` bytes are in the file (the daemon writes each batch with
+  one ``pwrite`` and the kernel extends the size only over copied bytes); every batch is CRC-checked anyway,
+  and an invalid one ends what is read of that segment (the daemon's recovery would truncate it).
+
+Concurrent retention and compaction: a segment that is open keeps its bytes (the fd stays valid after the
+rename to ``.deleted`` and the unlink). A segment that disappeared between listing and opening makes the reader
+list again and continue with the next live segment. While a ``.log.swap`` file exists (a compaction swap in
+flight: replaced segments renamed away, the swap not yet live) listings are retried briefly so the records
+being swapped are not skipped.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import os
+import time
+from typing import Iterator
+
+from . import records as rec
+from .checkpoints import LOG_START_OFFSET, read_checkpoint
+from .errors import CorruptRecordError, DataLossError
+from .index import OffsetIndex
+from .names import INDEX_SUFFIX, LOG_SUFFIX, SWAP_SUFFIX, filename_prefix, parse_segment_file
+from .segment import SegmentFile
+
+log = logging.getLogger(__name__)
+
+_ENTRY = OffsetIndex.ENTRY
+_READ_CHUNK = 256 * 1024
+SWAP_WAIT_SECONDS = 1.0  # how long a listing waits for an in-flight compaction swap to finish
+_MAX_RELISTS = 1000
+
+
+def _base_of(name: str) -> int | None:
+    """Base offset of a live ``.log`` file's name, else None."""
+    parsed = parse_segment_file(name)
+    return parsed[0] if parsed is not None and parsed[1] == LOG_SUFFIX and not parsed[2] else None
+
+
+class _IndexEntries:
+    """A ``.index`` as a sequence of entries read with pread (never read whole: an active index is preallocated
+    to segment.index.bytes). Slots past the entries are all-zero; so is a slot past the end of a file the daemon
+    just trimmed. (0, 0) is never a real entry: the first entry comes only after index.interval.bytes.) An
+    empty slot is None and sorts after every entry."""
+
+    def __init__(self, path: str):
+        self.fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        self.slots = os.fstat(self.fd).st_size // _ENTRY.size
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+    def __len__(self) -> int:
+        return self.slots
+
+    def __getitem__(self, i: int) -> tuple[int, int] | None:
+        data = os.pread(self.fd, _ENTRY.size, i * _ENTRY.size)
+        if len(data) < _ENTRY.size:
+            return None
+        entry = _ENTRY.unpack(data)
+        return None if entry == (0, 0) else entry
+
+    def floor(self, rel_target: int) -> int:
+        """Slot of the greatest entry with relative offset <= ``rel_target``, or -1."""
+        return bisect.bisect_left(self, True, key=lambda e: e is None or e[0] > rel_target) - 1
+
+    def count(self) -> int:
+        """Number of entries (slots before the first empty one)."""
+        return bisect.bisect_left(self, True, key=lambda e: e is None)
+
+
+class SegmentReader(SegmentFile):
+    """One live segment opened read-only: its ``.log`` by a read-only fd (``FileNotFoundError`` if it is gone
+    already), its ``.index`` consulted by path as a hint. The size is the file's when opened."""
+
+    def __init__(self, directory: str, base: int):
+        self.base = base
+        stem = os.path.join(directory, filename_prefix(base))
+        self.log_path = stem + LOG_SUFFIX
+        self.index_path = stem + INDEX_SUFFIX
+        self.fd = os.open(self.log_path, os.O_RDONLY | os.O_CLOEXEC)
+        self.size = os.fstat(self.fd).st_size
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def __enter__(self) -> "SegmentReader":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- the sparse offset index: only a hint, every position is checked against the log ---------------
+    def _checked(self, entry: tuple[int, int] | None) -> bool:
+        """Whether the batch at the entry's position is there and can hold the entry's offset (Kafka's own
+        writer indexes the last offset of a whole append, which may span several batches)."""
+        if entry is None or entry[1] >= self.size:
+            return False
+        try:
+            header = rec.parse_header(self.read(entry[1], rec.HEADER_SIZE))
+        except CorruptRecordError:
+            return False
+        return self.base <= header.base_offset <= self.base + entry[0]
+
+    def _position_from(self, pick) -> int:
+        try:
+            index = _IndexEntries(self.index_path)
+        except FileNotFoundError:
+            return 0
+        try:
+            i = pick(index)
+            for _ in range(64):
+                entry = index[i] if i >= 0 else None
+                if i < 0:
+                    break
+                if self._checked(entry):
+                    return entry[1]
+                i -= 1  # indexed before its batch was written, or an index we cannot trust: an earlier one
+            return 0
+        finally:
+            index.close()
+
+    def seek_position(self, offset: int) -> int:
+        """A file position at or before the batch holding ``offset`` (the greatest usable index entry whose
+        offset is <= it), else 0."""
+        return self._position_from(lambda index: index.floor(offset - self.base))
+
+    def last_entry_position(self) -> int:
+        """The position of the last usable index entry's batch, else 0."""
+        return self._position_from(lambda index: index.count() - 1)
+
+    # -- batches -------------------------------------------------------------------------------------
+    def batches(self, position: int) -> Iterator[tuple[rec.BatchHeader, bytes]]:
+        """Complete, CRC-valid batches from ``position`` to the end, each as (header, its bytes)."""
+        pos = position
+        try:
+            for pos, header, buf, at in self.batches_from(position, chunk=_READ_CHUNK):
+                rec.validate(buf, at)
+                yield header, bytes(buf[at : at + header.size])
+        except CorruptRecordError as exc:
+            log.warning("%s at %s:%d; reading no further in it", exc, self.log_path, pos)
+
+
+class PartitionReader:
+    """Read-only access to one ``<topic>-<partition>`` directory of ``data_dir``."""
+
+    def __init__(self, data_dir: str, topic: str, partition: int, directory: str | None = None):
+        self.data_dir = data_dir
+        self.topic, self.partition = topic, partition
+        self.name = f"{topic}-{partition}"
+        self.directory = directory or os.path.join(data_dir, self.name)
+
+    # -- listing -------------------------------------------------------------------------------------
+    def segment_bases(self) -> list[int]:
+        """Base offsets of the live segments, ascending. While a compaction swap is in flight (a
+        ``.log.swap`` exists) the listing is retried for up to SWAP_WAIT_SECONDS."""
+        deadline = None
+        while True:
+            try:
+                names = os.listdir(self.directory)
+            except FileNotFoundError:
+                return []  # the partition was deleted
+            if any(n.endswith(LOG_SUFFIX + SWAP_SUFFIX) for n in names):
+                now = time.monotonic()
+                if deadline is None:
+                    deadline = now + SWAP_WAIT_SECONDS
+                if now < deadline:
+                    time.sleep(0.01)
+                    continue
+                log.warning("%s: a compaction swap is still in flight; reading the live segments as they are",
+                            self.directory)
+            return sorted(b for b in map(_base_of, names) if b is not None)
+
+    def _open(self, base: int) -> SegmentReader | None:
+        try:
+            return SegmentReader(self.directory, base)
+        except FileNotFoundError:
+            return None
+
+    # -- offsets -------------------------------------------------------------------------------------
+    def log_end_offset(self, bases: list[int] | None = None) -> int:
+        """The offset the next record will get: the next offset of the last complete batch of the last
+        segment (its base offset when it is empty)."""
+        for _ in range(_MAX_RELISTS):
+            bases = bases if bases is not None else self.segment_bases()
+            if not bases:
+                return 0
+            segment = self._open(bases[-1])
+            if segment is None:
+                bases = None  # swapped away between listing and opening: list again
+                continue
+            with segment:
+                end = segment.base
+                for header, _ in segment.batches(segment.last_entry_position()):
+                    end = header.next_offset
+                return end
+        raise RuntimeError(f"{self.directory}: segments keep disappearing")
+
+    def log_start_offset(self, bases: list[int] | None = None, end: int | None = None) -> int:
+        """The first retained offset: the first live segment's base offset, or the daemon's checkpointed log
+        start offset when that is higher (never above the log end offset)."""
+        bases = bases if bases is not None else self.segment_bases()
+        if not bases:
+            return 0
+        start = bases[0]
+        checkpointed = read_checkpoint(os.path.join(self.data_dir, LOG_START_OFFSET)).get(
+            (self.topic, self.partition))
+        if checkpointed is not None and checkpointed > start:
+            start = checkpointed
+        if end is None:
+            end = self.log_end_offset(bases)
+        return min(start, end)
+
+    def offsets(self) -> tuple[int, int]:
+        """(log start offset, log end offset), from one listing."""
+        bases = self.segment_bases()
+        end = self.log_end_offset(bases)
+        return self.log_start_offset(bases, end), end
+
+    # -- records -------------------------------------------------------------------------------------
+    def batches(self, start: int, end: int, *, fail_on_data_loss: bool = False
+                ) -> Iterator[tuple[rec.BatchHeader, bytes]]:
+        """Complete batches holding offsets in [start, end), in order (the first and last may also hold
+        offsets outside the range).
+
+        Offset-based like a Kafka fetch: each step lists the live segments and reads the one holding the next
+        offset, so a segment replaced by compaction meanwhile is read in its cleaned form. Records removed by
+        retention before they were read are skipped (reading continues at the first live segment), or, with
+        ``fail_on_data_loss``, raise DataLossError."""
+        next_offset = start
+        relists = 0
+        while next_offset < end:
+            bases = self.segment_bases()
+            if not bases:
+                return  # the partition was deleted
+            if next_offset < bases[0]:
+                if fail_on_data_loss:
+                    raise DataLossError(
+                        f"{self.name}: offsets {next_offset}..{min(bases[0], end) - 1} were removed (retention) "
+                        f"before they could be read; the log now starts at {bases[0]}")
+                log.info("%s: offsets %d..%d were removed before they could be read", self.name, next_offset,
+                         min(bases[0], end) - 1)
+                next_offset = bases[0]
+                continue
+            i = bisect.bisect_right(bases, next_offset) - 1
+            segment = self._open(bases[i])
+            if segment is None:
+                relists += 1
+                if relists > _MAX_RELISTS:
+                    raise RuntimeError(f"{self.directory}: segments keep disappearing")
+                continue  # renamed .deleted, or replaced by a swap, after the listing: list again
+            progressed = False
+            with segment:
+                position = segment.seek_position(next_offset) if next_offset > segment.base else 0
+                for header, data in segment.batches(position):
+                    if header.base_offset >= end:
+                        return
+                    if header.last_offset < next_offset:
+                        continue
+                    yield header, data
+                    next_offset = header.next_offset
+                    progressed = True
+                    if next_offset >= end:
+                        return
+            # The end of this segment. Offsets up to the next segment's base are not in the log (the tail of a
+            # compacted segment); without a next segment, the rest of the range does not exist any more.
+            if i + 1 < len(bases):
+                next_offset = max(next_offset, bases[i + 1])
+            elif not progressed:
+                later = [b for b in self.segment_bases() if b > bases[i]]
+                if not later:
+                    return
+                next_offset = max(next_offset, later[0])
+
+    def records(self, start: int, end: int, *, fail_on_data_loss: bool = False) -> Iterator[rec.Record]:
+        """Records with offsets in [start, end) (a compacted log has gaps), in offset order."""
+        for header, data in self.batches(start, end, fail_on_data_loss=fail_on_data_loss):
+            if header.is_control:
+                continue
+            ts_type = header.timestamp_type
+            for r in rec.decode_raw(data):
+                if start <= r.offset < end:
+                    yield rec.Record(r.offset, r.timestamp, r.key, r.value, tuple(r.headers), ts_type)

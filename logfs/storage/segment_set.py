@@ -1,0 +1,133 @@
+"""A log's segments as an ordered set, and the one way to hold on to segments: :class:`LogSnapshot`.
+
+Owns segment lifetimes. A segment that leaves its log (retention, compaction, truncation, a deleted partition)
+is renamed, and later its files are unlinked; its descriptors stay open while any snapshot pins it, so a
+reader that took a snapshot keeps reading the bytes it saw. Everything that reads segments outside the log
+lock (a file handle's view, the cleaner's pass, a flush) takes a snapshot and releases it; nothing else
+touches a segment's reference count.
+"""
+
+from __future__ import annotations
+
+import bisect
+from typing import TYPE_CHECKING, Iterator, Sequence
+
+from .segment import LogSegment
+
+if TYPE_CHECKING:
+    from .log import Log
+
+
+class LogSegments:
+    """Segments ordered by base offset, with floor/higher navigation (O(log n))."""
+
+    def __init__(self, segments: Sequence[LogSegment] = ()):
+        self._list: list[LogSegment] = sorted(segments, key=lambda s: s.base_offset)
+        self._bases = [s.base_offset for s in self._list]
+
+    def __len__(self) -> int:
+        return len(self._list)
+
+    def __iter__(self) -> Iterator[LogSegment]:
+        return iter(list(self._list))
+
+    def __contains__(self, segment: LogSegment) -> bool:
+        i = bisect.bisect_left(self._bases, segment.base_offset)
+        return i < len(self._list) and self._list[i] is segment
+
+    def add(self, segment: LogSegment) -> None:
+        i = bisect.bisect_left(self._bases, segment.base_offset)
+        if i < len(self._bases) and self._bases[i] == segment.base_offset:
+            self._list[i] = segment
+        else:
+            self._list.insert(i, segment)
+            self._bases.insert(i, segment.base_offset)
+
+    def remove(self, segment: LogSegment) -> None:
+        i = bisect.bisect_left(self._bases, segment.base_offset)
+        if i < len(self._list) and self._list[i] is segment:
+            del self._list[i], self._bases[i]
+
+    def floor(self, offset: int) -> LogSegment | None:
+        i = bisect.bisect_right(self._bases, offset) - 1
+        return self._list[i] if i >= 0 else None
+
+    def higher(self, offset: int) -> LogSegment | None:
+        i = bisect.bisect_right(self._bases, offset)
+        return self._list[i] if i < len(self._list) else None
+
+    def from_offset(self, offset: int) -> list[LogSegment]:
+        """Segments that may hold offsets >= ``offset`` (the floor segment and all after it)."""
+        i = max(0, bisect.bisect_right(self._bases, offset) - 1)
+        return self._list[i:]
+
+    @property
+    def first(self) -> LogSegment:
+        return self._list[0]
+
+    @property
+    def active(self) -> LogSegment:
+        return self._list[-1]
+
+    def as_list(self) -> list[LogSegment]:
+        return list(self._list)
+
+
+class LogSnapshot:
+    """Segments of one log pinned at a moment (:meth:`Log.snapshot`), with the log start offset then.
+
+    Pinned segments stay readable after retention or compaction removes them from the log: their descriptors
+    are closed only once their files are unlinked and the last snapshot holding them is released. A snapshot
+    can only grow, at its end (:meth:`extend`: segments rolled since). Release it once (a context manager
+    does); releasing again does nothing. Its methods take the log lock; they are safe from any thread.
+    """
+
+    __slots__ = ("log", "segments", "log_start_offset")
+
+    def __init__(self, log: "Log", segments: list[LogSegment], log_start_offset: int):
+        self.log = log
+        self.segments = segments  # already pinned, under the log lock, by whoever made this
+        self.log_start_offset = log_start_offset
+
+    def extend(self) -> list[LogSegment]:
+        """Pin the log's segments that start after this snapshot's last one (rolled since); returns them."""
+        log = self.log
+        with log.lock:
+            if log.closed:
+                return []
+            last = self.segments[-1].base_offset if self.segments else -1
+            newer = [s for s in log.segments.from_offset(last) if s.base_offset > last]
+            for segment in newer:
+                segment.refs += 1
+        self.segments.extend(newer)
+        return newer
+
+    def release(self) -> None:
+        with self.log.lock:
+            segments, self.segments = self.segments, []
+            for segment in segments:
+                unpin(segment)
+
+    def __enter__(self) -> "LogSnapshot":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def pin(log: "Log", segments: list[LogSegment]) -> LogSnapshot:
+    """A snapshot of ``segments`` (a selection of ``log``'s segments). Caller holds the log lock."""
+    for segment in segments:
+        segment.refs += 1
+    return LogSnapshot(log, segments, log.log_start_offset)
+
+
+def unpin(segment: LogSegment) -> None:
+    segment.refs -= 1
+    close_if_unused(segment)
+
+
+def close_if_unused(segment: LogSegment) -> None:
+    """Close a segment whose files are gone once no snapshot pins it (caller holds the log lock)."""
+    if segment.refs <= 0 and segment.purged and segment.fd >= 0:
+        segment.close()
