@@ -7,7 +7,7 @@ its indexes) -> log (one partition) -> loader (recovery) -> manager (all partiti
 from .clock import SYSTEM_CLOCK, Clock, ManualClock
 from .config import BrokerConfig, LogConfig, TOPIC_SETTINGS, validate_topic_setting
 from .errors import (
-    CorruptRecordError, InvalidConfigError, InvalidPartitionError, InvalidTopicError, LockedError,
+    CorruptRecordError, InvalidConfigError, InvalidPartitionError, InvalidRecordError, InvalidTopicError, LockedError,
     LogfsError, NoSuchTopicError, NotAppendOnlyError, OffsetOutOfRangeError, RecordTooLargeError,
     StorageIOError, TopicExistsError, TopicNotEmptyError,
 )
@@ -20,7 +20,7 @@ from .records import Record, build_batch
 __all__ = [
     "SYSTEM_CLOCK", "Clock", "ManualClock", "BrokerConfig", "LogConfig", "TOPIC_SETTINGS",
     "validate_topic_setting", "CorruptRecordError", "InvalidConfigError", "InvalidPartitionError",
-    "InvalidTopicError", "LockedError", "LogfsError", "NoSuchTopicError", "NotAppendOnlyError",
+    "InvalidRecordError", "InvalidTopicError", "LockedError", "LogfsError", "NoSuchTopicError", "NotAppendOnlyError",
     "OffsetOutOfRangeError", "RecordTooLargeError", "StorageIOError", "TopicExistsError",
     "TopicNotEmptyError", "LineStats", "load_log", "Log", "LogSnapshot", "LogManager",
     "validate_topic_name", "Record", "build_batch",

@@ -1,8 +1,9 @@
 """One partition: an ordered set of segments, its offsets, and the append/read/roll/flush/truncate paths.
 
 Owns offset assignment (contiguous, from the log end offset), batching of appended records, the roll
-decision (size, time minus jitter, full index, relative-offset overflow), the ``flush.messages`` policy, the
-log start offset and recovery point, and segment deletion (``.deleted`` rename; the unlink comes later).
+decision (size, time minus jitter, full index, relative-offset overflow), the ``flush.messages`` policy (as
+:attr:`Log.flush_due`: an append never fsyncs), the log start offset and recovery point, and segment deletion
+(``.deleted`` rename; the unlink comes later).
 
 Thread safety: one writer at a time (``lock``) for append, roll, truncate, delete and config changes.
 ``flush`` takes the lock only to snapshot and to publish the recovery point, so an fsync never blocks an
@@ -19,6 +20,7 @@ import threading
 from dataclasses import dataclass
 from typing import Callable, Iterator, Sequence
 
+from . import lines
 from . import records as rec
 from .clock import SYSTEM_CLOCK, Clock
 from .config import LogConfig
@@ -163,7 +165,7 @@ class Log:
         sizes = list(map(_len_or_zero, values)) if has_nulls else list(map(len, values))
         if keys:
             sizes = [a + b for a, b in zip(sizes, map(_len_or_zero, keys))]
-        self._check_record_size(max(sizes))
+        lines.check_record_size(self.config, max(sizes))
         target = self._batch_target()
         # Cut points from cumulative record sizes (payload + per-record overhead, summed in C): each batch takes
         # records up to ``target`` bytes (at least one record).
@@ -182,22 +184,27 @@ class Log:
                     payload = cumulative[end] - cumulative[start] - (end - start) * _RECORD_OVERHEAD
                     stats = LineStats(end - start, 0, 0, 0, payload)
                 else:
-                    stats = _stats_of(vals, ks)
+                    stats = lines.line_stats(vals, ks)
                 yield (lambda base, v=vals, k=ks, h=hs: rec.build_batch(base, now, v, k, h)), stats
                 start = end
 
         return self._append_batches(batches, timestamp_ms)
 
     def append_lines(self, prefix: bytes, data, end: int) -> tuple[int, int]:
-        """Append the plain lines of ``prefix + data[:end]`` (``data[end - 1]`` is the last line's ``\n``;
-        ``prefix``, the start of the first line, holds none), one keyless record per line, the ``\n`` not
-        included. The same result as :meth:`append` of the split lines, for the bulk path: with the C
-        accelerator, one call cuts and encodes whole batches straight from ``data`` (no list of lines, no copy
-        of the input). All-or-nothing like :meth:`append`."""
-        if rec._speedups is None:
-            return self.append((prefix + bytes(data[: end - 1])).split(b"\n"), has_nulls=False)
+        """Append the lines of ``prefix + data[:end]`` (``data[end - 1]`` is the last line's ``\n``; ``prefix``,
+        the start of the first line, holds none), one record per line in the topic's line format
+        (:mod:`logfs.storage.lines`), the ``\n`` not included. All-or-nothing like :meth:`append`; a compacted
+        topic also refuses the whole call if a line has no key (:class:`InvalidRecordError`). Plain lines take
+        the bulk path: with the C accelerator, one call cuts and encodes whole batches straight from ``data``
+        (no list of lines, no copy of the input)."""
+        fmt = lines.LineFormat.of(self.config)
+        if not fmt.plain or rec._speedups is None:
+            values, keys = fmt.parse_lines((prefix + bytes(data[: end - 1])).split(b"\n"))
+            lines.check_keys(self.config, keys)
+            return self.append(values, keys, has_nulls=None if fmt.null_marker is not None else False)
+        lines.check_keys(self.config, None)
         encoded, longest = rec._speedups.encode_lines(prefix, data, end, self._batch_target())
-        self._check_record_size(longest)
+        lines.check_record_size(self.config, longest)
 
         def batches(now: int):
             for buf, count, payload in encoded:
@@ -209,18 +216,11 @@ class Log:
     def _batch_target(self) -> int:
         return min(TARGET_BATCH_BYTES, max(self.config.segment_bytes // 2, 1))
 
-    def _check_record_size(self, largest: int) -> None:
-        config = self.config
-        if largest > config.max_message_bytes:
-            raise RecordTooLargeError(
-                f"record of {largest} bytes exceeds max.message.bytes={config.max_message_bytes}")
-        if largest + rec.HEADER_SIZE + _RECORD_OVERHEAD + 10 > config.segment_bytes:
-            raise RecordTooLargeError(f"record of {largest} bytes cannot fit segment.bytes={config.segment_bytes}")
-
     def _append_batches(self, batches, timestamp_ms: int | None) -> tuple[int, int]:
         """The write loop of both append paths: under the lock, ``batches(now)`` yields ``(build(base_offset) ->
         batch, stats)`` per batch; each is stamped with the log end offset, rolled for, and written. A disk error
-        takes back the batches of this call already written."""
+        takes back the batches of this call already written (the segments it rolled to are retired and queued
+        for :meth:`purge_deleted`, so no file is unlinked here: an append runs on the FUSE request thread)."""
         with self.lock:
             now = self.clock.time_ms() if timestamp_ms is None else timestamp_ms
             first = self.log_end_offset
@@ -232,17 +232,21 @@ class Log:
                         raise RecordTooLargeError(f"batch of {len(batch)} bytes exceeds segment.bytes")
                     self._maybe_roll(len(batch), header.last_offset)
                     self.segments.active.append(batch, header, stats)
-            except StorageIOError:
-                # All or nothing: batches of this call already written (a disk that filled up in the middle)
-                # are taken back, so a caller that retries never duplicates records.
+            except (StorageIOError, OSError):
+                # All or nothing: batches of this call already written (a disk that filled up in the middle, a
+                # roll that could not create its segment) are taken back, so a caller that retries never
+                # duplicates records.
                 if self.log_end_offset > first:
-                    self.truncate_to(first)
+                    self.truncate_to(first, unlink_later=True)
                 raise
             self.last_append_ms = now  # the records' own timestamp, so st_mtime is the same after a reload
-            last = self.log_end_offset - 1
-        if self.unflushed_messages >= self.config.flush_messages:
-            self.flush()
-        return first, last
+            return first, self.log_end_offset - 1
+
+    @property
+    def flush_due(self) -> bool:
+        """``flush.messages`` records are unflushed: the appender calls :meth:`flush` next, in a thread that may
+        block (an append never fsyncs itself)."""
+        return self.unflushed_messages >= self.config.flush_messages
 
     def append_raw_batch(self, batch: bytes) -> tuple[int, int]:
         """Append an already-encoded v2 batch (validated), re-stamping its base offset (tests, tools)."""
@@ -381,8 +385,10 @@ class Log:
         return None
 
     # -- truncation and deletion -------------------------------------------------------------------
-    def truncate_to(self, offset: int) -> None:
-        """Remove every record with offset >= ``offset``."""
+    def truncate_to(self, offset: int, *, unlink_later: bool = False) -> None:
+        """Remove every record with offset >= ``offset``. Segments wholly removed are renamed ``.deleted`` and
+        unlinked now, or with ``unlink_later`` by the next :meth:`purge_deleted` (which the service runs in a
+        worker thread)."""
         with self.lock:
             if offset >= self.log_end_offset:
                 return
@@ -391,7 +397,7 @@ class Log:
             for segment in list(self.segments):
                 if segment.base_offset >= offset and segment is not self.segments.first:
                     self.segments.remove(segment)
-                    self._retire(segment, delay_ms=0)
+                    self._retire(segment, delay_ms=0, unlink_later=unlink_later)
             last = self.segments.active
             if not last.active:
                 last.become_active(self.config.segment_index_bytes)
@@ -399,7 +405,7 @@ class Log:
             if last.size == 0 and last.base_offset != offset:
                 # Emptied: restart the active segment exactly at the new end.
                 self.segments.remove(last)
-                self._retire(last, delay_ms=0)
+                self._retire(last, delay_ms=0, unlink_later=unlink_later)
                 self.segments.add(LogSegment(
                     self.directory, offset, index_interval_bytes=self.config.index_interval_bytes,
                     max_index_size=self.config.segment_index_bytes, created_ms=self.clock.time_ms(),
@@ -420,12 +426,12 @@ class Log:
             self.recovery_point = max(self.recovery_point, self.log_start_offset)
             self.version += 1
 
-    def _retire(self, segment: LogSegment, delay_ms: int) -> None:
+    def _retire(self, segment: LogSegment, delay_ms: int, unlink_later: bool = False) -> None:
         # The fd stays open until the files are unlinked (and no handle pins it), so a reader that looked
         # the segment up just before it was retired never reads a closed or reused descriptor.
         segment.change_suffix(DELETED_SUFFIX)
         segment.deleted = True
-        if delay_ms <= 0:
+        if delay_ms <= 0 and not unlink_later:
             self._purge(segment)
         else:
             self.deleted_segments.append((self.clock.time_ms() + delay_ms, segment))
@@ -475,19 +481,6 @@ class Log:
 
 def _len_or_zero(value: bytes | None) -> int:
     return 0 if value is None else len(value)
-
-
-def _stats_of(values, keys) -> LineStats:
-    if None in values:
-        nulls = values.count(None)
-        value_bytes = sum(map(_len_or_zero, values))
-    else:
-        nulls, value_bytes = 0, sum(map(len, values))
-    keyed = key_bytes = 0
-    if keys:
-        keyed = len(keys) - keys.count(None)
-        key_bytes = sum(map(_len_or_zero, keys))
-    return LineStats(len(values), keyed, nulls, key_bytes, value_bytes)
 
 
 def partition_dir_name(topic: str, partition: int) -> str:
