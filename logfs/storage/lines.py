@@ -143,8 +143,11 @@ class LineFormat:
                 return at + (0 if tombstone_yet else len(value))
             if marker is not None and marker.startswith(head):
                 return 0  # may still end as a keyless tombstone
-            # The separator may still come, its first bytes already at the end of ``head``.
-            return max(0, len(head) - len(self.separator) + 1)
+            # Or the separator comes, its first bytes perhaps already at the end of ``head``: the key is the
+            # bytes before it, and the value may be empty.
+            sep = self.separator
+            return next(p for p in range(max(0, len(head) - len(sep) + 1), len(head) + 1)
+                        if sep.startswith(head[p:]))
         if marker is not None and marker.startswith(head):
             return 0
         return len(head)
