@@ -20,6 +20,7 @@ needs no skipping: any ending of it has no key either.)
 from __future__ import annotations
 
 import errno
+import logging
 import os
 
 from ..storage import lines
@@ -28,6 +29,7 @@ from ..storage.log import Log
 from ..view.text import SegmentView, open_view
 from .errors import fail
 
+log = logging.getLogger(__name__)
 
 class PartitionHandle:
     __slots__ = ("log", "view", "append_mode", "writable", "pending", "skipping", "dropped", "inode")
@@ -66,6 +68,8 @@ class PartitionHandle:
         self._take(data[newline + 1 :])
         self.skipping = False
         self.dropped += newline + 1
+        # Its writer may have had no error for it (the kernel turns a refused request into a short write).
+        log.warning("%s-%d: a line over max.message.bytes was dropped", self.log.topic, self.log.partition)
         return len(data)
 
     def _take(self, data: bytes) -> None:

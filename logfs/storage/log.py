@@ -152,11 +152,12 @@ class Log:
         headers: Sequence[rec.Headers] | None = None,
         *,
         has_nulls: bool | None = None,
+        require_keys: bool = False,
     ) -> tuple[int, int]:
         """Append records; returns (first offset, last offset). All-or-nothing validation happens before any
         byte is written: a record over ``max.message.bytes`` (or one that cannot fit a segment) raises
         :class:`RecordTooLargeError` and nothing is appended. ``has_nulls=False`` promises no value is None
-        (saves a scan on the bulk path); None means "find out"."""
+        (saves a scan on the bulk path); None means "find out". ``require_keys``: :func:`lines.check_keys` too."""
         if not values:
             raise ValueError("nothing to append")
         if has_nulls is None:
@@ -166,6 +167,8 @@ class Log:
         if keys:
             sizes = [a + b for a, b in zip(sizes, map(_len_or_zero, keys))]
         lines.check_record_size(self.config, max(sizes))
+        if require_keys:
+            lines.check_keys(self.config, keys)
         target = self._batch_target()
         # Cut points from cumulative record sizes (payload + per-record overhead, summed in C): each batch takes
         # records up to ``target`` bytes (at least one record).
@@ -200,11 +203,11 @@ class Log:
         fmt = lines.LineFormat.of(self.config)
         if not fmt.plain or rec._speedups is None:
             values, keys = fmt.parse_lines((prefix + bytes(data[: end - 1])).split(b"\n"))
-            lines.check_keys(self.config, keys)
-            return self.append(values, keys, has_nulls=None if fmt.null_marker is not None else False)
-        lines.check_keys(self.config, None)
+            has_nulls = None if fmt.null_marker is not None else False
+            return self.append(values, keys, has_nulls=has_nulls, require_keys=True)
         encoded, longest = rec._speedups.encode_lines(prefix, data, end, self._batch_target())
         lines.check_record_size(self.config, longest)
+        lines.check_keys(self.config, None)
 
         def batches(now: int):
             for buf, count, payload in encoded:
@@ -219,8 +222,7 @@ class Log:
     def _append_batches(self, batches, timestamp_ms: int | None) -> tuple[int, int]:
         """The write loop of both append paths: under the lock, ``batches(now)`` yields ``(build(base_offset) ->
         batch, stats)`` per batch; each is stamped with the log end offset, rolled for, and written. A disk error
-        takes back the batches of this call already written (the segments it rolled to are retired and queued
-        for :meth:`purge_deleted`, so no file is unlinked here: an append runs on the FUSE request thread)."""
+        takes back the batches of this call already written (unlinking nothing: that is for :meth:`purge_deleted`)."""
         with self.lock:
             now = self.clock.time_ms() if timestamp_ms is None else timestamp_ms
             first = self.log_end_offset
