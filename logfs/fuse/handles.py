@@ -87,17 +87,17 @@ class PartitionHandle:
                 self.pending = head
             return
         rest = data[cut + 1 :]
-        if rest:
-            lines.check_partial(config, rest)  # a line that starts in this write: the held one is not it
         try:
+            if rest:
+                lines.check_partial(config, rest)
             self.log.append_lines(self.pending, data, cut + 1)
-        except (RecordTooLargeError, InvalidRecordError) as exc:
-            if self.pending:
+        except (RecordTooLargeError, InvalidRecordError):
+            if self.pending:  # is the refused line (also) the held one?
                 try:
                     lines.check_line(config, self.pending + data[: data.find(b"\n")])
                 except LogfsError as first:
                     self._refuse(first)
-            raise exc
+            raise
         self.pending = rest
 
     def _refuse(self, exc: LogfsError) -> None:

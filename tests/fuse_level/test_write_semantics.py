@@ -122,6 +122,20 @@ async def test_a_writer_resending_after_efbig_appends_no_fragment(fs):
     assert f.values() == [b"after", b"ok1", b"ok2"]
 
 
+async def test_a_held_line_refused_with_a_long_line_after_it(fs):
+    """Both the held line and the partial line after it are too long: the held bytes are dropped all the
+    same (they were never appended at close, whichever check failed first)."""
+    f = fs()
+    await f.topic(**{"max.message.bytes": 100})
+    fh = await f.open()
+    assert await f.write(fh, b"a" * 60) == 60
+    refused = b"b" * 60 + b"\n" + b"c" * 101
+    assert await f.write_errno(fh, refused) == errno.EFBIG
+    assert await f.write_errno(fh, refused) == errno.EFBIG  # resent: its "\n" ends the line, the rest fails
+    await f.ops.release(fh)
+    assert f.values() == []
+
+
 async def test_a_refused_write_that_starts_the_line_leaves_the_handle_as_it_was(fs):
     """Nothing of the line was taken before: the writer knows nothing of it was written, and the next write
     starts a new line (Python's logging drops a message whose write failed and goes on with the next)."""
