@@ -224,6 +224,16 @@ async def test_a_compacted_topic_refuses_keyless_lines(fs, caplog):
     assert f.records() == [(b"k1", b"v1"), (b"k2", b"v2")]
 
 
+async def test_a_held_line_over_a_limit_lowered_meanwhile_is_not_appended_at_close(fs, caplog):
+    f = fs()
+    ino = await f.topic()
+    fh = await f.open()
+    assert await f.write(fh, b"a" * 50) == 50
+    await f.ops.setxattr(ino, b"user.logfs.config.max.message.bytes", b"10", None)
+    await f.ops.release(fh)
+    assert "not appended" in caplog.text and f.values() == []
+
+
 async def test_a_compacted_topic_without_separator_refuses_every_line(fs):
     f = fs()
     await f.topic(**{"cleanup.policy": "compact,delete"})
