@@ -25,6 +25,7 @@ ERRNO_OF: list[tuple[type[BaseException], int]] = [
     (e.TopicNotEmptyError, errno.ENOTEMPTY),
     (e.OffsetOutOfRangeError, errno.ENODATA),
     (e.RecordTooLargeError, errno.EFBIG),
+    (e.InvalidRecordError, errno.EINVAL),
     (e.NotAppendOnlyError, errno.EPERM),
     (e.CorruptRecordError, errno.EIO),
     (e.LockedError, errno.EBUSY),

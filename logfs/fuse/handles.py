@@ -1,24 +1,38 @@
 """Open partition files: each handle's consistent view and its line buffer.
 
 A handle reads through its own pinned :class:`~logfs.view.text.SegmentView`: the view as it was at ``open()``
-plus everything appended since, unaffected by retention or compaction. Writes are split into lines; complete
-lines are appended as records at once (one ``Log.append`` per ``write()``, so lines of concurrent writers never
-interleave), and a trailing partial line waits in the handle until its newline arrives, the handle is fsynced, or
-the handle is closed (released: the last close of the open file, not a forked child's close of its copy).
+plus everything appended since, unaffected by retention or compaction. Writes are cut at their last ``\\n``:
+the complete lines go to ``Log.append_lines`` at once (one call per ``write()``, so lines of concurrent writers
+never interleave), and a trailing partial line waits in the handle until its newline arrives or the handle is
+closed (released: the last close of the open file, not a forked child's close of its copy). What a line means
+and which lines are refused is :mod:`logfs.storage.lines`; the handle only buffers bytes.
+
+A refused line is refused whole, however the writer splits it (the kernel cuts a large ``write()`` into
+1 MiB requests). A failed write is never taken, so the handle stays as it was, except when the refused line
+began in earlier writes that were taken (the held partial line): those bytes are dropped. A line refused as
+too large is then also skipped up to the next ``\\n`` that arrives: its writer is still sending the rest of it,
+and a write that carries the end of it again (a writer resending after a short write or an error) must not
+append that end as a line of its own. Until that ``\\n``, writes fail with ``EFBIG``; the write that carries
+it succeeds, and the lines after it in that write are appended as usual. (A line refused for having no key
+needs no skipping: any ending of it has no key either.)
 """
 
 from __future__ import annotations
 
 import errno
+import logging
 import os
 
+from ..storage import lines
+from ..storage.errors import InvalidRecordError, LogfsError, RecordTooLargeError
 from ..storage.log import Log
 from ..view.text import SegmentView, open_view
 from .errors import fail
 
+log = logging.getLogger(__name__)
 
 class PartitionHandle:
-    __slots__ = ("log", "view", "append_mode", "writable", "pending", "inode")
+    __slots__ = ("log", "view", "append_mode", "writable", "pending", "skipping", "dropped", "inode")
 
     def __init__(self, log: Log, inode: int, flags: int):
         self.log = log
@@ -27,6 +41,8 @@ class PartitionHandle:
         self.append_mode = bool(flags & os.O_APPEND)
         self.writable = (flags & os.O_ACCMODE) in (os.O_WRONLY, os.O_RDWR)
         self.pending = b""
+        self.skipping = False  # inside a line refused as too large: dropping bytes up to its "\n"
+        self.dropped = 0  # bytes taken from the writer but never appended (refused lines), for its file offset
 
     def length(self) -> int:
         """This handle's view length, picking up segments rolled since open."""
@@ -41,58 +57,63 @@ class PartitionHandle:
         return self.view.read(offset, size)
 
     def write(self, offset: int, data: bytes) -> int:
-        if not self.append_mode and offset != self.length() + len(self.pending):
+        if not self.append_mode and offset != self.length() + len(self.pending) + self.dropped:
             fail(errno.EPERM)  # only appends: a write must land at the end of the file
-        limit = self.log.config.max_message_bytes
-        cut = data.rfind(b"\n")
-        if cut < 0:
-            if len(self.pending) + len(data) > limit:
-                fail(errno.EFBIG)
-            self.pending += data
+        if not self.skipping:
+            self._take(data)
             return len(data)
-        rest = data[cut + 1 :]
-        if len(rest) > limit:
-            fail(errno.EFBIG)
-        # A line over the limit fails the whole write with EFBIG and nothing appended: the log checks every
-        # record before writing (RecordTooLargeError); with a key separator, the line itself is checked here.
-        # Each raises before ``pending`` changes, so a failed write leaves the handle as it was.
-        config = self.log.config
-        if config.key_separator is None and config.null_marker is None:
-            self.log.append_lines(self.pending, data, cut + 1)  # the bulk path: no list of lines, no copy
-        else:
-            lines = (self.pending + data[:cut]).split(b"\n")
-            if config.key_separator is not None and max(map(len, lines)) > limit:
-                fail(errno.EFBIG)
-            self._append(lines)
-        self.pending = rest
+        newline = data.find(b"\n")
+        if newline < 0:
+            raise RecordTooLargeError("the rest of a line over max.message.bytes")
+        self._take(data[newline + 1 :])
+        self.skipping = False
+        self.dropped += newline + 1
+        # Its writer may have had no error for it (the kernel turns a refused request into a short write).
+        log.warning("%s-%d: a line over max.message.bytes was dropped", self.log.topic, self.log.partition)
         return len(data)
 
+    def _take(self, data: bytes) -> None:
+        """Append the complete lines of ``pending + data`` and hold the rest, or raise and change nothing (but
+        a refused held line, :meth:`_refuse`)."""
+        config = self.log.config
+        cut = data.rfind(b"\n")
+        if cut < 0:
+            if data:
+                head = self.pending + data
+                try:
+                    lines.check_partial(config, head)
+                except LogfsError as exc:
+                    self._refuse(exc)
+                self.pending = head
+            return
+        rest = data[cut + 1 :]
+        try:
+            if rest:
+                lines.check_partial(config, rest)
+            self.log.append_lines(self.pending, data, cut + 1)
+        except (RecordTooLargeError, InvalidRecordError):
+            if self.pending:  # is the refused line (also) the held one?
+                try:
+                    lines.check_line(config, self.pending + data[: data.find(b"\n")])
+                except LogfsError as first:
+                    self._refuse(first)
+            raise
+        self.pending = rest
+
+    def _refuse(self, exc: LogfsError) -> None:
+        """The line of the held bytes is refused: drop them (they were taken from the writer), and skip the rest
+        of a line too large. Raises ``exc``."""
+        if self.pending:
+            self.dropped += len(self.pending)
+            self.pending = b""
+            self.skipping = isinstance(exc, RecordTooLargeError)
+        raise exc
+
     def commit_pending(self) -> None:
+        """Append the held partial line as a record (the handle is closing)."""
         if self.pending:
             line, self.pending = self.pending, b""
-            self._append([line])
-
-    def _append(self, lines: list[bytes]) -> None:
-        config = self.log.config
-        sep, marker = config.key_separator, config.null_marker
-        if sep is None and marker is None:
-            self.log.append(lines, has_nulls=False)
-            return
-        keys: list[bytes | None] | None = None
-        values: list[bytes | None] = lines  # type: ignore[assignment]
-        if sep is not None:
-            keys, values = [], []
-            for line in lines:
-                key, found, value = line.partition(sep)
-                if found:
-                    keys.append(key)
-                    values.append(value)
-                else:
-                    keys.append(None)
-                    values.append(line)
-        if marker is not None:
-            values = [None if v == marker else v for v in values]
-        self.log.append(values, keys)
+            self.log.append_lines(line, b"\n", 1)
 
     def release(self) -> None:
         self.view.release()

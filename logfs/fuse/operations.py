@@ -5,7 +5,8 @@ Partition files are opened with ``direct_io``: every read and write reaches logf
 handle sees its own consistent view, a ``write()`` that returned is visible to every reader, and ``st_size``
 (attr timeout 0) is always the exact current view length.
 
-Everything here runs on the trio thread; only fsync-class work goes to worker threads (``to_thread``).
+Everything here runs on the trio thread; fsync-class work (including the flush that ``flush.messages`` makes
+due after an append) goes to worker threads (``run_blocking``).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Callable
 import pyfuse3
 import trio
 
+from ..storage.errors import InvalidRecordError, RecordTooLargeError
 from ..storage.manager import LogManager
 from ..storage.names import parse_partition_number
 from ..view.text import live_view
@@ -298,7 +300,10 @@ class Operations(pyfuse3.Operations):
         handle = self._handle(fh)
         if handle.log.closed:
             fail(errno.ENOENT)  # the partition was deleted while open
-        return handle.write(off, buf)
+        written = handle.write(off, buf)
+        if handle.log.flush_due:  # flush.messages: durable before the write() returns, as Kafka's flush
+            await self.run_blocking(handle.log.flush)
+        return written
 
     # No flush(): pyfuse3's default answers ENOSYS, after which the kernel stops sending FLUSH on this mount.
     # FLUSH would not be a commit point anyway: the kernel sends it for every close() of any descriptor sharing
@@ -314,16 +319,27 @@ class Operations(pyfuse3.Operations):
             return
         try:
             if handle.pending and not handle.log.closed:
-                handle.commit_pending()
+                self._commit_pending(handle)
+                if handle.log.flush_due:
+                    await self.run_blocking(handle.log.flush)
         finally:
             handle.release()
 
+    @staticmethod
+    def _commit_pending(handle: PartitionHandle) -> None:
+        try:
+            handle.commit_pending()
+        except (RecordTooLargeError, InvalidRecordError) as exc:
+            # The kernel does not pass a RELEASE error to close(): say in the log what became of the line.
+            log.warning("%s-%d: the unterminated last line of a closed file was not appended: %s",
+                        handle.log.topic, handle.log.partition, exc)
+
     @translate
     async def fsync(self, fh, datasync):
+        # A held partial line is not a record yet (it ends at its newline or at close), so fsync leaves it held.
         handle = self._handle(fh)
         if handle.log.closed:
             return
-        handle.commit_pending()
         await self.run_blocking(handle.log.flush)
 
     @translate
@@ -405,7 +421,7 @@ class Operations(pyfuse3.Operations):
         for fh, handle in list(self._handles.items()):
             try:
                 if handle.pending and not handle.log.closed:
-                    handle.commit_pending()
+                    self._commit_pending(handle)
             finally:
                 handle.release()
             del self._handles[fh]

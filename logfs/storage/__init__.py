@@ -9,7 +9,7 @@ data directory read-only, for other processes.
 from .clock import SYSTEM_CLOCK, Clock, ManualClock
 from .config import BrokerConfig, LogConfig, TOPIC_SETTINGS, validate_topic_setting
 from .errors import (
-    CorruptRecordError, InvalidConfigError, InvalidPartitionError, InvalidTopicError, LockedError,
+    CorruptRecordError, InvalidConfigError, InvalidPartitionError, InvalidRecordError, InvalidTopicError, LockedError,
     DataLossError, LogfsError, NoSuchTopicError, NotAppendOnlyError, OffsetOutOfRangeError, RecordTooLargeError,
     StorageIOError, TopicExistsError, TopicNotEmptyError,
 )
@@ -24,7 +24,7 @@ from .segment_set import LogSnapshot
 __all__ = [
     "SYSTEM_CLOCK", "Clock", "ManualClock", "BrokerConfig", "LogConfig", "TOPIC_SETTINGS",
     "validate_topic_setting", "CorruptRecordError", "DataLossError", "InvalidConfigError", "InvalidPartitionError",
-    "InvalidTopicError", "LockedError", "LogfsError", "NoSuchTopicError", "NotAppendOnlyError",
+    "InvalidRecordError", "InvalidTopicError", "LockedError", "LogfsError", "NoSuchTopicError", "NotAppendOnlyError",
     "OffsetOutOfRangeError", "RecordTooLargeError", "StorageIOError", "TopicExistsError",
     "TopicNotEmptyError", "LineStats", "load_log", "Log", "LogSnapshot", "LogManager",
     "validate_topic_name", "Record", "build_batch",

@@ -49,6 +49,10 @@ class RecordTooLargeError(LogfsError):
     """A record is larger than ``max.message.bytes`` or than a whole segment."""
 
 
+class InvalidRecordError(LogfsError):
+    """A record the topic refuses for what it is (a record without a key on a compacted topic)."""
+
+
 class CorruptRecordError(LogfsError):
     """A batch failed its CRC or structural checks."""
 

@@ -1,8 +1,9 @@
 """One partition: an ordered set of segments, its offsets, and the append/read/roll/flush/truncate paths.
 
 Owns offset assignment (contiguous, from the log end offset), batching of appended records, the roll
-decision (size, time minus jitter, full index, relative-offset overflow), the ``flush.messages`` policy, the
-log start offset and recovery point, and segment deletion (``.deleted`` rename; the unlink comes later).
+decision (size, time minus jitter, full index, relative-offset overflow), the ``flush.messages`` policy (as
+:attr:`Log.flush_due`: an append never fsyncs), the log start offset and recovery point, and segment deletion
+(``.deleted`` rename; the unlink comes later).
 
 Thread safety: one writer at a time (``lock``) for append, roll, truncate, delete and config changes.
 ``flush`` takes the lock only to snapshot and to publish the recovery point, so an fsync never blocks an
@@ -14,12 +15,12 @@ does, so a reader may cache what it derives from the layout.
 from __future__ import annotations
 
 import bisect
-import os
 import operator
 from itertools import accumulate, repeat
 import threading
 from typing import Callable, Iterator, Sequence
 
+from . import lines
 from . import records as rec
 from .clock import SYSTEM_CLOCK, Clock
 from .config import LogConfig
@@ -100,11 +101,12 @@ class Log:
         headers: Sequence[rec.Headers] | None = None,
         *,
         has_nulls: bool | None = None,
+        require_keys: bool = False,
     ) -> tuple[int, int]:
         """Append records; returns (first offset, last offset). All-or-nothing validation happens before any
         byte is written: a record over ``max.message.bytes`` (or one that cannot fit a segment) raises
         :class:`RecordTooLargeError` and nothing is appended. ``has_nulls=False`` promises no value is None
-        (saves a scan on the bulk path); None means "find out"."""
+        (saves a scan on the bulk path); None means "find out". ``require_keys``: :func:`lines.check_keys` too."""
         if not values:
             raise ValueError("nothing to append")
         if has_nulls is None:
@@ -113,7 +115,9 @@ class Log:
         sizes = list(map(_len_or_zero, values)) if has_nulls else list(map(len, values))
         if keys:
             sizes = [a + b for a, b in zip(sizes, map(_len_or_zero, keys))]
-        self._check_record_size(max(sizes))
+        lines.check_record_size(self.config, max(sizes))
+        if require_keys:
+            lines.check_keys(self.config, keys)
         target = self._batch_target()
         # Cut points from cumulative record sizes (payload + per-record overhead, summed in C): each batch takes
         # records up to ``target`` bytes (at least one record).
@@ -132,22 +136,27 @@ class Log:
                     payload = cumulative[end] - cumulative[start] - (end - start) * _RECORD_OVERHEAD
                     stats = LineStats(end - start, 0, 0, 0, payload)
                 else:
-                    stats = _stats_of(vals, ks)
+                    stats = lines.line_stats(vals, ks)
                 yield (lambda base, v=vals, k=ks, h=hs: rec.build_batch(base, now, v, k, h)), stats
                 start = end
 
         return self._append_batches(batches, timestamp_ms)
 
     def append_lines(self, prefix: bytes, data, end: int) -> tuple[int, int]:
-        """Append the plain lines of ``prefix + data[:end]`` (``data[end - 1]`` is the last line's ``\n``;
-        ``prefix``, the start of the first line, holds none), one keyless record per line, the ``\n`` not
-        included. The same result as :meth:`append` of the split lines, for the bulk path: with the C
-        accelerator, one call cuts and encodes whole batches straight from ``data`` (no list of lines, no copy
-        of the input). All-or-nothing like :meth:`append`."""
-        if rec._speedups is None:
-            return self.append((prefix + bytes(data[: end - 1])).split(b"\n"), has_nulls=False)
+        """Append the lines of ``prefix + data[:end]`` (``data[end - 1]`` is the last line's ``\n``; ``prefix``,
+        the start of the first line, holds none), one record per line in the topic's line format
+        (:mod:`logfs.storage.lines`), the ``\n`` not included. All-or-nothing like :meth:`append`; a compacted
+        topic also refuses the whole call if a line has no key (:class:`InvalidRecordError`). Plain lines take
+        the bulk path: with the C accelerator, one call cuts and encodes whole batches straight from ``data``
+        (no list of lines, no copy of the input)."""
+        fmt = lines.LineFormat.of(self.config)
+        if not fmt.plain or rec._speedups is None:
+            values, keys = fmt.parse_lines((prefix + bytes(data[: end - 1])).split(b"\n"))
+            has_nulls = None if fmt.null_marker is not None else False
+            return self.append(values, keys, has_nulls=has_nulls, require_keys=True)
         encoded, longest = rec._speedups.encode_lines(prefix, data, end, self._batch_target())
-        self._check_record_size(longest)
+        lines.check_record_size(self.config, longest)
+        lines.check_keys(self.config, None)
 
         def batches(now: int):
             for buf, count, payload in encoded:
@@ -159,18 +168,10 @@ class Log:
     def _batch_target(self) -> int:
         return min(TARGET_BATCH_BYTES, max(self.config.segment_bytes // 2, 1))
 
-    def _check_record_size(self, largest: int) -> None:
-        config = self.config
-        if largest > config.max_message_bytes:
-            raise RecordTooLargeError(
-                f"record of {largest} bytes exceeds max.message.bytes={config.max_message_bytes}")
-        if largest + rec.HEADER_SIZE + _RECORD_OVERHEAD + 10 > config.segment_bytes:
-            raise RecordTooLargeError(f"record of {largest} bytes cannot fit segment.bytes={config.segment_bytes}")
-
     def _append_batches(self, batches, timestamp_ms: int | None) -> tuple[int, int]:
         """The write loop of both append paths: under the lock, ``batches(now)`` yields ``(build(base_offset) ->
         batch, stats)`` per batch; each is stamped with the log end offset, rolled for, and written. A disk error
-        takes back the batches of this call already written."""
+        takes back the batches of this call already written (unlinking nothing: that is for :meth:`purge_deleted`)."""
         with self.lock:
             now = self.clock.time_ms() if timestamp_ms is None else timestamp_ms
             first = self.log_end_offset
@@ -182,17 +183,21 @@ class Log:
                         raise RecordTooLargeError(f"batch of {len(batch)} bytes exceeds segment.bytes")
                     self._maybe_roll(len(batch), header.last_offset)
                     self.segments.active.append(batch, header, stats)
-            except StorageIOError:
-                # All or nothing: batches of this call already written (a disk that filled up in the middle)
-                # are taken back, so a caller that retries never duplicates records.
+            except (StorageIOError, OSError):
+                # All or nothing: batches of this call already written (a disk that filled up in the middle, a
+                # roll that could not create its segment) are taken back, so a caller that retries never
+                # duplicates records.
                 if self.log_end_offset > first:
-                    self.truncate_to(first)
+                    self.truncate_to(first, unlink_later=True)
                 raise
             self.last_append_ms = now  # the records' own timestamp, so st_mtime is the same after a reload
-            last = self.log_end_offset - 1
-        if self.unflushed_messages >= self.config.flush_messages:
-            self.flush()
-        return first, last
+            return first, self.log_end_offset - 1
+
+    @property
+    def flush_due(self) -> bool:
+        """``flush.messages`` records are unflushed: the appender calls :meth:`flush` next, in a thread that may
+        block (an append never fsyncs itself)."""
+        return self.unflushed_messages >= self.config.flush_messages
 
     def append_raw_batch(self, batch: bytes) -> tuple[int, int]:
         """Append an already-encoded v2 batch (validated), re-stamping its base offset (tests, tools)."""
@@ -304,8 +309,10 @@ class Log:
         return None
 
     # -- truncation and deletion -------------------------------------------------------------------
-    def truncate_to(self, offset: int) -> None:
-        """Remove every record with offset >= ``offset``."""
+    def truncate_to(self, offset: int, *, unlink_later: bool = False) -> None:
+        """Remove every record with offset >= ``offset``. Segments wholly removed are renamed ``.deleted`` and
+        unlinked now, or with ``unlink_later`` by the next :meth:`purge_deleted` (which the service runs in a
+        worker thread)."""
         with self.lock:
             if offset >= self.log_end_offset:
                 return
@@ -314,7 +321,7 @@ class Log:
             for segment in list(self.segments):
                 if segment.base_offset >= offset and segment is not self.segments.first:
                     self.segments.remove(segment)
-                    self._retire(segment, delay_ms=0)
+                    self._retire(segment, delay_ms=0, unlink_later=unlink_later)
             last = self.segments.active
             if not last.active:
                 last.become_active(self.config.segment_index_bytes)
@@ -322,7 +329,7 @@ class Log:
             if last.size == 0 and last.base_offset != offset:
                 # Emptied: restart the active segment exactly at the new end.
                 self.segments.remove(last)
-                self._retire(last, delay_ms=0)
+                self._retire(last, delay_ms=0, unlink_later=unlink_later)
                 self.segments.add(open_segment(self.directory, offset, self.config, created_ms=self.clock.time_ms()))
             self.recovery_point = min(self.recovery_point, self.log_end_offset)
             self._layout_changed()
@@ -358,12 +365,12 @@ class Log:
             self.segments.add(new)
             self._layout_changed()
 
-    def _retire(self, segment: LogSegment, delay_ms: int) -> None:
+    def _retire(self, segment: LogSegment, delay_ms: int, unlink_later: bool = False) -> None:
         # The fd stays open until the files are unlinked (and no handle pins it), so a reader that looked
         # the segment up just before it was retired never reads a closed or reused descriptor.
         segment.change_suffix(DELETED_SUFFIX)
         segment.deleted = True
-        if delay_ms <= 0:
+        if delay_ms <= 0 and not unlink_later:
             self._purge(segment)
         else:
             self.deleted_segments.append((self.clock.time_ms() + delay_ms, segment))
@@ -422,16 +429,4 @@ class Log:
 def _len_or_zero(value: bytes | None) -> int:
     return 0 if value is None else len(value)
 
-
-def _stats_of(values, keys) -> LineStats:
-    if None in values:
-        nulls = values.count(None)
-        value_bytes = sum(map(_len_or_zero, values))
-    else:
-        nulls, value_bytes = 0, sum(map(len, values))
-    keyed = key_bytes = 0
-    if keys:
-        keyed = len(keys) - keys.count(None)
-        key_bytes = sum(map(_len_or_zero, keys))
-    return LineStats(len(values), keyed, nulls, key_bytes, value_bytes)
 

@@ -3,6 +3,7 @@
 Free of FUSE and trio, like the engine it reads. See :mod:`logfs.view.text`.
 """
 
-from .text import LineFormat, SegmentView, live_view
+from ..storage.lines import LineFormat
+from .text import SegmentView, live_view
 
 __all__ = ["LineFormat", "SegmentView", "live_view"]

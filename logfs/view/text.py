@@ -1,4 +1,4 @@
-"""Rendering records as lines, and addressing the rendered view by byte position.
+"""Addressing the rendered view of a partition by byte position (the line format: ``logfs.storage.lines``).
 
 A partition's view is, for every record from the log start offset to the log end offset in offset order,
 ``[key + separator] + (value | null marker | "") + "\\n"``. Its length is never counted by reading records:
@@ -18,72 +18,13 @@ from __future__ import annotations
 
 import bisect
 import weakref
-from dataclasses import dataclass
 
-from ..storage import records as rec
 from ..storage.records import _speedups
-from ..storage.index import ZERO_STATS, LineStats
+from ..storage.index import ZERO_STATS
+from ..storage.lines import LineFormat
 from ..storage.log import Log
 from ..storage.segment import LogSegment
 from ..storage.segment_set import LogSnapshot
-
-
-@dataclass(frozen=True)
-class LineFormat:
-    separator: bytes | None = None
-    null_marker: bytes | None = None
-
-    @classmethod
-    def of(cls, config) -> "LineFormat":
-        return cls(config.key_separator, config.null_marker)
-
-    def length(self, stats: LineStats) -> int:
-        n = stats.records + stats.value_bytes
-        if self.null_marker:
-            n += stats.nulls * len(self.null_marker)
-        if self.separator:
-            n += stats.key_bytes + stats.keyed * len(self.separator)
-        return n
-
-    def line(self, key: bytes | None, value: bytes | None) -> bytes:
-        body = value if value is not None else (self.null_marker or b"")
-        if self.separator and key is not None:
-            return key + self.separator + body + b"\n"
-        return body + b"\n"
-
-    def render(self, buf: bytes, at: int, size: int) -> tuple[bytes, list | None]:
-        """Lines of one batch, and (when ``with_records``) nothing else: the fast path joins values."""
-        header_attrs = int.from_bytes(buf[at + 21 : at + 23], "big")
-        if header_attrs & rec.ATTR_CONTROL:
-            return b"", None
-        if _speedups is not None and not header_attrs & rec.ATTR_COMPRESSION_MASK:
-            return _speedups.render_records(memoryview(buf)[at : at + size], self.separator, self.null_marker), None
-        raw = bytes(buf[at : at + size]) if (at or size != len(buf)) else buf
-        batch = rec.decode_raw(raw)
-        if self.separator is None:
-            marker = self.null_marker or b""
-            values = [r.value for r in batch]
-            try:
-                return b"\n".join(values) + b"\n", None
-            except TypeError:  # a tombstone in the batch
-                return b"\n".join(v if v is not None else marker for v in values) + b"\n", None
-        line = self.line
-        return b"".join([line(r.key, r.value) for r in batch]), None
-
-    def records_with_lines(self, buf: bytes, at: int, size: int):
-        """(offset, line length) of each record of one batch."""
-        raw = bytes(buf[at : at + size])
-        if int.from_bytes(raw[21:23], "big") & rec.ATTR_CONTROL:
-            return []
-        out = []
-        sep_len = len(self.separator) if self.separator else 0
-        marker_len = len(self.null_marker) if self.null_marker else 0
-        for r in rec.decode_raw(raw):
-            n = 1 + (len(r.value) if r.value is not None else marker_len)
-            if sep_len and r.key is not None:
-                n += len(r.key) + sep_len
-            out.append((r.offset, n))
-        return out
 
 
 # A read fetches the lines to pass over and the requested size, plus 1/8 for the records' own overhead, plus this

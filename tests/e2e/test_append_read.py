@@ -290,13 +290,15 @@ def test_efbig_over_max_message_bytes(mount_logfs):
         exact = b"e" * 1000 + b"\n"
         assert os.write(fd, exact) == len(exact)
         assert fs.read("t/0") == b"before\n" + exact
-        # A partial line that grows over the limit across writes fails when it crosses it.
+        # A partial line that grows over the limit across writes fails when it crosses it, and is refused
+        # whole: its 600 bytes already taken are dropped, and so is the rest of it, up to its newline.
         os.write(fd, b"p" * 600)
         expect_errno(errno.EFBIG, os.write, fd, b"p" * 600 + b"\n")
-        os.write(fd, b"\n")  # the held 600 bytes are still a valid line
+        os.write(fd, b"\n")
+        os.write(fd, b"q\n")
     finally:
         os.close(fd)
-    assert fs.read("t/0") == b"before\n" + b"e" * 1000 + b"\n" + b"p" * 600 + b"\n"
+    assert fs.read("t/0") == b"before\n" + b"e" * 1000 + b"\n" + b"q\n"
     assert fs.getx("t/0", "log_end_offset") == "3"
     r = sh(f"head -c 1500 /dev/zero | tr '\\0' a >> {shlex.quote(p)}", check=False)
     assert r.returncode != 0 and b"too large" in r.stderr.lower()

@@ -149,7 +149,7 @@ def test_refused_operations_leave_the_store_unchanged(mount_logfs, profile):
         refuse(stats, errno.EISDIR, os.unlink, fs.path("t"))
         # Records over max.message.bytes (1000 on k): EFBIG, nothing of the write appended.
         refuse(stats, errno.EFBIG, _write_fd, k0, b"x" * 1001 + b"\n")
-        refuse(stats, errno.EFBIG, _write_fd, k0, b"ok=line\n" + b"k=" + b"v" * 999 + b"\nok=2\n")
+        refuse(stats, errno.EFBIG, _write_fd, k0, b"ok=line\n" + b"k=" + b"v" * 1000 + b"\nok=2\n")
         refuse(stats, errno.EFBIG, _write_fd, k0, b"p" * 1001)  # a partial line already too long
         # Config xattrs: invalid values and unknown keys.
         topic = fs.path("t")
@@ -239,8 +239,8 @@ def test_max_message_bytes_boundaries(mount_logfs, profile):
     m0, mk0, big0 = fs.path("m", 0), fs.path("mk", 0), fs.path("big", 0)
     exact = b"e" * 1000
     assert _write_fd(m0, exact + b"\n") == 1001
-    keyed_exact = b"key:" + b"v" * 996  # the line (key, separator, value) is exactly the limit
-    assert _write_fd(mk0, keyed_exact + b"\n") == 1001
+    keyed_exact = b"key:" + b"v" * 997  # the record (key + value, not the separator) is exactly the limit
+    assert _write_fd(mk0, keyed_exact + b"\n") == 1002
     fd = os.open(big0, os.O_WRONLY | os.O_APPEND)
     try:
         huge = b"h" * 1048588 + b"\n"
@@ -252,14 +252,16 @@ def test_max_message_bytes_boundaries(mount_logfs, profile):
     with Unchanged(fs, stats):
         refuse(stats, errno.EFBIG, _write_fd, m0, b"e" * 1001 + b"\n")
         refuse(stats, errno.EFBIG, _write_fd, m0, b"small\n" + b"e" * 1001 + b"\n")
-        refuse(stats, errno.EFBIG, _write_fd, mk0, b"key:" + b"v" * 997 + b"\n")
-    # A partial line that grows past the limit across writes.
+        refuse(stats, errno.EFBIG, _write_fd, mk0, b"key:" + b"v" * 998 + b"\n")
+    # A partial line that grows past the limit across writes is refused whole: the 600 bytes taken are dropped
+    # too, and the handle skips to the line's newline.
     fd = os.open(m0, os.O_WRONLY | os.O_APPEND)
     try:
         assert os.write(fd, b"p" * 600) == 600
         with Unchanged(fs, stats):
             refuse(stats, errno.EFBIG, os.write, fd, b"p" * 401)
-        assert os.write(fd, b"p" * 400 + b"\n") == 401  # the held 600 bytes are still there: 1000 in all
+            assert os.write(fd, b"p" * 400 + b"\n") == 401  # the end of the refused line
+        assert os.write(fd, b"p" * 1000 + b"\n") == 1001
     finally:
         os.close(fd)
     assert fs.read("m/0") == exact + b"\n" + b"p" * 1000 + b"\n"

@@ -178,17 +178,21 @@ def test_flush_advances_recovery_point(open_log):
     assert log.recovery_point == 10
 
 
-def test_flush_messages_triggers_flush(open_log):
+def test_flush_messages_makes_a_flush_due(open_log):
+    """flush.messages: an append only reports the flush as due (it runs on the FUSE thread, which must not
+    fsync); the appender then flushes in a worker thread (Operations.write)."""
     log = open_log(LogConfig.for_tests(flush_messages=5))
     log.append(values(2))
     log.append(values(2, 2))
-    assert log.recovery_point == 0
+    assert not log.flush_due
     log.append(values(1, 4))
-    assert log.recovery_point == 5
+    assert log.flush_due and log.recovery_point == 0
+    log.flush()
+    assert log.recovery_point == 5 and not log.flush_due
     log.append(values(4, 5))
-    assert log.recovery_point == 5
+    assert not log.flush_due
     log.append(values(3, 9))
-    assert log.recovery_point == 12
+    assert log.flush_due and log.recovery_point == 5
 
 
 def test_truncate_to(open_log):
