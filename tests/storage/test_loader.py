@@ -5,7 +5,7 @@ import shutil
 
 import pytest
 
-from logfs.storage import BrokerConfig, LockedError, LogConfig, LogManager, load_log
+from logfs.storage import LockedError, LogConfig, load_log
 from logfs.storage import checkpoints as ckpt
 from logfs.storage import records as rec
 from logfs.storage.segment import LogSegment
@@ -47,19 +47,13 @@ def recover_calls(monkeypatch):
 
 
 @pytest.fixture
-def managers(tmp_path, clock):
-    opened = []
+def managers(open_manager):
+    """open_manager(data_dir=None, **props) over the shared factory, with the small segments of BROKER."""
 
-    def open_manager(data_dir=None, **props):
-        mgr = LogManager(str(data_dir or tmp_path / "data"), BrokerConfig.from_properties({**BROKER, **props}),
-                         clock=clock)
-        opened.append(mgr)
-        return mgr
+    def open(data_dir=None, **props):
+        return open_manager({**BROKER, **props}, data_dir=data_dir)
 
-    yield open_manager
-    for mgr in opened:
-        if not mgr.closed:
-            mgr.abandon()
+    return open
 
 
 def build_closed_log(open_log, n=200):
