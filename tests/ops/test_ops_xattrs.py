@@ -145,3 +145,23 @@ async def test_fixed_attributes_are_read_only(fs):
         await fs.removexattr("t", "user.other")
     assert await fs.getx("t/0", "log_end_offset") == "0"
     assert await fs.getx("t", "partitions") == "1"
+
+
+async def test_config_values_parse_as_kafka_and_read_back_effective(ops_fs, open_manager):
+    fs = ops_fs()
+    await fs.mkdir("t")
+    for bad in ("1_000", "1e3", "0x10", "+", "١٢"):
+        with fuse_errno(errno.EINVAL):
+            await fs.setconfig("t", "retention.ms", bad)
+    assert await fs.getx("t", "config.retention.ms") == "604800000"
+    await fs.setconfig("t", "retention.ms", "+100")
+    assert await fs.getx("t", "config.retention.ms") == "100"
+    await fs.setconfig("t", "min.cleanable.dirty.ratio", " .25 ")
+    assert await fs.getx("t", "config.min.cleanable.dirty.ratio") == "0.25"
+    await fs.setconfig("t", "cleanup.policy", "delete, compact")
+    assert await fs.getx("t", "config.cleanup.policy") == "compact,delete"
+    fs.ops.release_all()
+    fs.manager.close()
+    fs = ops_fs(manager=open_manager())
+    assert await fs.getx("t", "config.retention.ms") == "100"
+    assert fs.manager.get_log("t", 0).config.retention_ms == 100

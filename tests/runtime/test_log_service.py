@@ -118,3 +118,47 @@ async def test_service_loop_runs_housekeeping_every_tick(setup):
         nursery.cancel_scope.cancel()
     assert len(calls) >= 3  # the tick is at most 1 s
     m.close()
+
+
+async def test_initial_task_delay_postpones_the_first_retention_pass(setup):
+    """log.initial.task.delay.ms (as Kafka's): the first retention pass runs that long after start, then every
+    log.retention.check.interval.ms. logfs's default is 0: the first pass runs at start."""
+    m, log, clock, service = setup(log_segment_bytes=300, log_retention_ms=1, log_initial_task_delay_ms=20_000,
+                                   log_retention_check_interval_ms=60_000)
+    for i in range(40):
+        log.append([b"record-%03d" % i])
+    await advance(service, clock, 19)
+    assert log.log_start_offset == 0
+    await advance(service, clock, 2)
+    assert log.log_start_offset > 0
+    m.close()
+
+
+async def test_first_retention_pass_runs_at_start_by_default(setup):
+    m, log, clock, service = setup(log_segment_bytes=300, log_retention_ms=1,
+                                   log_retention_check_interval_ms=60_000)
+    for i in range(40):
+        log.append([b"record-%03d" % i])
+    clock.advance(10)
+    await service.housekeeping()
+    assert log.log_start_offset > 0  # at once, not a check interval later
+    m.close()
+
+
+async def test_log_start_offset_checkpoint_interval_is_honoured(setup):
+    """log.flush.start.offset.checkpoint.interval.ms: the log-start-offset checkpoint is written at least that
+    often, even when the recovery-point checkpoint interval is longer."""
+    m, log, clock, service = setup(log_flush_offset_checkpoint_interval_ms=600_000,
+                                   log_flush_start_offset_checkpoint_interval_ms=2_000)
+    log.append([b"a", b"b", b"c"])
+    path = os.path.join(m.data_dir, "log-start-offset-checkpoint")
+    await advance(service, clock, 3)
+    assert os.path.exists(path) and ("t", 0) in read_checkpoint(path)
+    assert service._tick_ms() <= 500
+    m.close()
+
+
+async def test_flush_scheduler_interval_bounds_the_tick(setup):
+    m, log, clock, service = setup(log_flush_scheduler_interval_ms=50)
+    assert service._tick_ms() <= 50
+    m.close()
