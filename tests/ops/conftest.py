@@ -78,17 +78,22 @@ class OpsFS:
         return await self.ops.setattr(await self.inode(path), attr or pyfuse3.EntryAttributes(),
                                       SetattrFields(**fields), fh, None)
 
-    async def listdir(self, path: str = "") -> list[str]:
+    async def readdir(self, path: str = "") -> dict[str, pyfuse3.EntryAttributes]:
+        """name -> attributes, in listing order, as readdir hands them to the kernel (pyfuse3.readdir_reply
+        needs a kernel token, so the replies are collected here instead)."""
         fh = await self.ops.opendir(await self.inode(path), None)
-        names: list[str] = []
+        entries: dict[str, pyfuse3.EntryAttributes] = {}
         real_reply = pyfuse3.readdir_reply
-        pyfuse3.readdir_reply = lambda token, name, attrs, next_id: names.append(name.decode()) or True
+        pyfuse3.readdir_reply = lambda token, name, attrs, next_id: entries.setdefault(name.decode(), attrs) and True
         try:
             await self.ops.readdir(fh, 0, None)
         finally:
             pyfuse3.readdir_reply = real_reply
         await self.ops.releasedir(fh)
-        return names
+        return entries
+
+    async def listdir(self, path: str = "") -> list[str]:
+        return list(await self.readdir(path))
 
     async def mkdir(self, path: str, mode: int = 0o755) -> pyfuse3.EntryAttributes:
         parent, name = await self._parent(path)

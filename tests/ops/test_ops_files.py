@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import os
+import time
 
 from conftest import APPEND, fuse_errno
 
@@ -149,3 +150,75 @@ async def test_stat_size_and_mtime_follow_appends(fs, clock):
     attr = await fs.getattr("t/0")
     assert attr.st_size == 6 and attr.st_mtime_ns == clock.now_ms * 1_000_000
     assert attr.st_blocks == 1 and attr.st_blksize == 1 << 20
+
+
+async def test_getattr_of_a_removed_partition_answers_from_the_open_handle(ops_fs, clock):
+    """`exec 7< t/1; rm t/1; cat <&7`: cat fstats the descriptor (getattr of the removed inode) before reading."""
+    fs = ops_fs(num_partitions=2)
+    await fs.mkdir("t")
+    await fs.append("t/1", b"kept\nlines\n")
+    appended = clock.now_ms
+    inode = await fs.inode("t/1")
+    fh = await fs.open("t/1")
+    clock.advance(60_000)
+    await fs.unlink("t/1")
+    attr = await fs.ops.getattr(inode, None)
+    assert attr.st_size == 11 and attr.st_nlink == 0 and attr.st_mtime_ns == appended * 1_000_000
+    assert await fs.read(fh, 0, 100) == b"kept\nlines\n"
+    await fs.release(fh)
+    with fuse_errno(errno.ENOENT):
+        await fs.ops.getattr(inode, None)  # no handle left: gone
+    with fuse_errno(errno.ENOENT):
+        await fs.lookup("t/1")
+
+
+async def test_mtime_after_crash_and_restart_is_the_newest_record(ops_fs, open_manager, clock):
+    fs = ops_fs()
+    await fs.mkdir("t")
+    clock.advance(1000)
+    await fs.append("t/0", b"a\nb\n")
+    appended = clock.now_ms
+    fs.manager.get_log("t", 0).roll()  # a time-based roll leaves the active segment empty
+    fs.ops.release_all()
+    fs.manager.abandon()  # kill -9
+    clock.advance(3_600_000)
+    again = ops_fs(manager=open_manager())
+    assert (await again.getattr("t/0")).st_mtime_ns == appended * 1_000_000
+
+
+async def test_setting_a_given_time_is_eperm_and_now_is_accepted(fs, clock):
+    """st_mtime is the last append's time. touch (the times set to "now") is accepted and changes nothing;
+    touch -d, cp -p, rsync -t (a given time) fail with EPERM instead of returning 0 and changing nothing."""
+    await fs.mkdir("t")
+    await fs.append("t/0", b"a\n")
+    before = (await fs.getattr("t/0")).st_mtime_ns
+    for path in ("t/0", "t"):
+        attr = await fs.getattr(path)
+        attr.st_mtime_ns = attr.st_atime_ns = 946_684_800 * 10**9  # 2000-01-01
+        with fuse_errno(errno.EPERM):
+            await fs.setattr(path, attr, update_mtime=True, update_atime=True)
+        with fuse_errno(errno.EPERM):
+            await fs.setattr(path, attr, update_atime=True)
+        attr.st_mtime_ns = attr.st_atime_ns = time.time_ns()  # what pyfuse3 passes for UTIME_NOW
+        await fs.setattr(path, attr, update_mtime=True, update_atime=True)
+    assert (await fs.getattr("t/0")).st_mtime_ns == before
+
+
+async def test_topic_mtime_is_its_newest_append(ops_fs, clock):
+    fs = ops_fs(num_partitions=2)
+    await fs.mkdir("t")
+    await fs.mkdir("u")
+    clock.advance(10_000)
+    await fs.append("t/0", b"a\n")
+    first = clock.now_ms
+    clock.advance(10_000)
+    await fs.append("t/1", b"b\n")
+    assert (await fs.getattr("t")).st_mtime_ns == clock.now_ms * 1_000_000
+    assert (await fs.lookup("t")).st_mtime_ns == clock.now_ms * 1_000_000
+    clock.advance(10_000)
+    await fs.append("u/0", b"c\n")
+    await fs.append("u/1", b"d\n")
+    assert (await fs.getattr("t")).st_mtime_ns == (first + 10_000) * 1_000_000
+    listed = await fs.readdir()  # the listing gives the same times
+    assert {name: attrs.st_mtime_ns for name, attrs in listed.items()} == {
+        "t": (first + 10_000) * 1_000_000, "u": clock.now_ms * 1_000_000}
