@@ -123,6 +123,13 @@ class OpsFS:
     async def read(self, fh: int, offset: int = 0, size: int = 1 << 30) -> bytes:
         return await self.ops.read(fh, offset, size)
 
+    async def read_all(self, fh: int, offset: int = 0, size: int = 1 << 17) -> bytes:
+        """Read from ``offset`` until a read returns nothing, as ``cat`` does."""
+        out = bytearray()
+        while chunk := await self.read(fh, offset + len(out), size):
+            out += chunk
+        return bytes(out)
+
     async def release(self, fh: int) -> None:
         await self.ops.release(fh)
 
@@ -140,7 +147,7 @@ class OpsFS:
     async def cat(self, path: str) -> bytes:
         fh = await self.open(path)
         try:
-            return await self.read(fh)
+            return await self.read_all(fh)
         finally:
             await self.release(fh)
 

@@ -222,3 +222,33 @@ async def test_topic_mtime_is_its_newest_append(ops_fs, clock):
     listed = await fs.readdir()  # the listing gives the same times
     assert {name: attrs.st_mtime_ns for name, attrs in listed.items()} == {
         "t": (first + 10_000) * 1_000_000, "u": clock.now_ms * 1_000_000}
+
+
+async def test_key_separator_and_null_marker(fs):
+    await fs.mkdir("t")
+    await fs.setconfig("t", "logfs.key.separator", "=")
+    await fs.setconfig("t", "logfs.null.marker", "NULL")
+    await fs.append("t/0", b"k1=v1\nnokey\nk2=NULL\nk3=a=b\n")
+    records = fs.manager.get_log("t", 0).read(0, 1 << 20)
+    assert [(r.key, r.value) for r in records] == [(b"k1", b"v1"), (None, b"nokey"), (b"k2", None),
+                                                   (b"k3", b"a=b")]
+    assert await fs.cat("t/0") == b"k1=v1\nnokey\nk2=NULL\nk3=a=b\n"
+
+
+async def test_open_handle_keeps_its_view_across_retention(ops_fs, clock):
+    from logfs.storage.retention import delete_old_segments
+
+    fs = ops_fs(log_segment_bytes=300, log_retention_ms=1000)
+    await fs.mkdir("t")
+    lines = b"".join(b"line-%03d\n" % i for i in range(60))
+    await fs.append("t/0", lines)
+    fh = await fs.open("t/0")
+    clock.advance(5000)
+    await fs.append("t/0", b"late\n")
+    plog = fs.manager.get_log("t", 0)
+    assert delete_old_segments(plog, clock.now_ms) > 0 and plog.log_start_offset > 0
+    assert await fs.read_all(fh, size=100) == lines + b"late\n"  # the handle's view, plus what came since
+    fresh = await fs.cat("t/0")
+    assert fresh.endswith(b"late\n") and len(fresh) < len(lines)  # new opens start at the new log start
+    assert (await fs.getattr("t/0")).st_size == len(fresh)
+    await fs.release(fh)
