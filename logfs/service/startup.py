@@ -12,6 +12,9 @@ import os
 import signal
 
 from ..storage import LockedError, LogManager
+from ..storage.checkpoints import CLEAN_SHUTDOWN
+from ..storage.errors import LogfsError
+from ..storage.log import parse_partition_dir
 from .notify import notify
 
 log = logging.getLogger("logfs")
@@ -75,11 +78,8 @@ class StartupProgress:
 
 
 def run(data_dir, mountpoint, broker, fuse_opts, read_only, ready) -> int:
-    import trio
+    import trio  # here, with the daemon, so that `logfs --help` and option errors do not load pyfuse3 and trio
 
-    from ..storage.checkpoints import CLEAN_SHUTDOWN
-    from ..storage.errors import LogfsError
-    from ..storage.log import parse_partition_dir
     from .daemon import serve
 
     def fail(message: str) -> int:
