@@ -116,11 +116,7 @@ class Log:
         self.log_start_offset = log_start_offset
         self.recovery_point = recovery_point
         self.lock = threading.RLock()
-        # The newest record's time, even when a roll left the active segment empty; a log without records gives
-        # the time its segment file was written (created), so that a restart changes neither.
-        newest = max((s.max_timestamp for s in segments), default=-1)
-        self.last_append_ms = newest if newest >= 0 else (
-            os.stat(segments[-1].log_path).st_mtime_ns // 1_000_000 if segments else clock.time_ms())
+        self.last_append_ms = max((s.largest_timestamp for s in segments), default=clock.time_ms())
         self.last_flush_ms = clock.time_ms()
         self.on_roll: Callable[[LogSegment], None] | None = None
         self.deleted_segments: list[tuple[int, LogSegment]] = []  # (unlink due ms, segment)

@@ -6,7 +6,7 @@ import errno
 import os
 import time
 
-from conftest import APPEND, fuse_errno
+from ops_helpers import APPEND, fuse_errno
 
 
 async def test_lines_become_records_and_read_back(fs):

@@ -8,7 +8,7 @@ import stat
 
 import pytest
 
-from conftest import APPEND, fuse_errno
+from ops_helpers import APPEND, fuse_errno
 
 
 async def test_mkdir_creates_topic_with_num_partitions(ops_fs):

@@ -6,7 +6,7 @@ import errno
 
 import pytest
 
-from conftest import fuse_errno
+from ops_helpers import fuse_errno
 from logfs.storage import TOPIC_SETTINGS
 
 FIXED = ["log_start_offset", "log_end_offset", "recovery_point", "segment_count", "size_bytes"]
