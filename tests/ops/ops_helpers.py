@@ -1,8 +1,6 @@
 """Helpers of the kernel-free level (tests/ops): path-level calls on an ``Operations`` instance, errno checks.
 
-``ops_fs(**broker settings)`` builds a :class:`~logfs.storage.LogManager` in ``tmp_path`` and an
-:class:`~logfs.fuse.operations.Operations` over it, with ``run_blocking`` running in a trio worker thread as in
-production. :class:`OpsFS` wraps the handlers in path-level helpers (``await fs.append("t/0", b"a\\n")``), and
+The ``ops_fs`` fixture (conftest.py) builds the Operations; :class:`OpsFS` wraps the handlers in path-level helpers (``await fs.append("t/0", b"a\\n")``), and
 ``fuse_errno(code)`` asserts that a block raises ``pyfuse3.FUSEError`` with that errno. Each test runs in
 milliseconds; the mounted suites keep only what needs a kernel.
 """
