@@ -169,7 +169,7 @@ class Operations(pyfuse3.Operations):
     def _removed_attrs(self, inode: int) -> pyfuse3.EntryAttributes | None:
         """Attributes of a removed partition that still has an open handle, from that handle's view (as an
         unlinked open file: ``exec 7< t/1; rm t/1; cat <&7`` fstats before it reads). None for other inodes."""
-        if inode in self._inode_of:
+        if inode == ROOT or inode in self._inode_of:
             return None  # a live entry: only unlink forgets a partition's inode while handles may stay open
         handle = next((h for h in self._handles.values() if h.inode == inode), None)
         if handle is None:
@@ -205,6 +205,9 @@ class Operations(pyfuse3.Operations):
 
     @translate
     async def setattr(self, inode, attr, fields, fh, ctx):
+        if (fields.update_mtime and abs(attr.st_mtime_ns - time.time_ns()) > NOW_SLACK_NS) or (
+                fields.update_atime and abs(attr.st_atime_ns - time.time_ns()) > NOW_SLACK_NS):
+            fail(errno.EPERM)  # st_mtime is the last append's time: a given time (touch -d, cp -p) cannot be set
         if fields.update_size:
             size = live_view(self.manager.logs[self._resolve_partition(inode)]).length()
             if attr.st_size != size:
@@ -215,9 +218,6 @@ class Operations(pyfuse3.Operations):
             uid = attr.st_uid if fields.update_uid else current.st_uid
             gid = attr.st_gid if fields.update_gid else current.st_gid
             await self.run_blocking(self.manager.set_attrs, self._attr_name(inode), bits, uid, gid)
-        if (fields.update_mtime and abs(attr.st_mtime_ns - time.time_ns()) > NOW_SLACK_NS) or (
-                fields.update_atime and abs(attr.st_atime_ns - time.time_ns()) > NOW_SLACK_NS):
-            fail(errno.EPERM)  # st_mtime is the last append's time: a given time (touch -d, cp -p) cannot be set
         return self._attrs(inode)  # "now" (touch) is accepted: the times stay those of the last append
 
     def _resolve_partition(self, inode: int) -> tuple[str, int]:

@@ -252,3 +252,13 @@ async def test_open_handle_keeps_its_view_across_retention(ops_fs, clock):
     assert fresh.endswith(b"late\n") and len(fresh) < len(lines)  # new opens start at the new log start
     assert (await fs.getattr("t/0")).st_size == len(fresh)
     await fs.release(fh)
+
+
+async def test_a_refused_time_change_changes_nothing_else(fs):
+    await fs.mkdir("t")
+    attr = await fs.getattr("t/0")
+    attr.st_mode = attr.st_mode & ~0o777 | 0o600
+    attr.st_mtime_ns = 946_684_800 * 10**9
+    with fuse_errno(errno.EPERM):
+        await fs.setattr("t/0", attr, update_mode=True, update_mtime=True)
+    assert (await fs.getattr("t/0")).st_mode & 0o777 == 0o644
