@@ -39,6 +39,9 @@ ENTRY_TIMEOUT = 1.0
 # st_blksize, the "preferred I/O size": cat, cp and Java size their buffers from it, and a 1 MiB read is one FUSE
 # request (max_pages 256) instead of eight, which amortises the per-request cost (docs/benchmarks.md).
 BLOCK_SIZE = 1 << 20
+# setattr of the times to "now" (touch, utime(path, None)) reaches us as the current time, taken by pyfuse3
+# just before; any other time is an explicit one.
+NOW_SLACK_NS = 2_000_000_000
 
 
 def _decode(name: bytes) -> str:
@@ -113,7 +116,15 @@ class Operations(pyfuse3.Operations):
         self._inode_of.pop(ino, None)
 
     # -- attributes ------------------------------------------------------------------------------------
-    def _attrs(self, inode: int) -> pyfuse3.EntryAttributes:
+    def _newest_appends(self, topic: str | None = None) -> dict[str, int]:
+        """topic -> its newest append (ms), for one topic or (None) all: one pass over the partitions."""
+        newest: dict[str, int] = {}
+        for (t, _), plog in list(self.manager.logs.items()):
+            if topic is None or t == topic:
+                newest[t] = max(newest.get(t, 0), plog.last_append_ms)
+        return newest
+
+    def _attrs(self, inode: int, newest: dict[str, int] | None = None) -> pyfuse3.EntryAttributes:
         entry = pyfuse3.EntryAttributes()
         entry.st_ino = inode
         entry.generation = 0
@@ -133,7 +144,10 @@ class Operations(pyfuse3.Operations):
                 entry.st_nlink = 2
                 entry.attr_timeout = DIR_ATTR_TIMEOUT
                 entry.st_size = 0
-                mtime_ns = self._started_ns
+                # The newest append to any of its partitions (an empty partition counts from its creation).
+                if newest is None:
+                    newest = self._newest_appends(topic)
+                mtime_ns = newest[topic] * 1_000_000 if topic in newest else self._started_ns
             else:
                 plog = self.manager.logs[(topic, partition)]
                 entry.st_mode = stat.S_IFREG | (0o444 if self.read_only else 0o644)
@@ -149,9 +163,27 @@ class Operations(pyfuse3.Operations):
         entry.st_atime_ns = entry.st_mtime_ns = entry.st_ctime_ns = mtime_ns
         return entry
 
+    def _removed_attrs(self, inode: int) -> pyfuse3.EntryAttributes | None:
+        """Attributes of a removed partition that still has an open handle, from that handle's view (as an
+        unlinked open file: ``exec 7< t/1; rm t/1; cat <&7`` fstats before it reads). None for other inodes."""
+        if inode == ROOT or inode in self._inode_of:
+            return None  # a live entry: only unlink forgets a partition's inode while handles may stay open
+        handle = next((h for h in self._handles.values() if h.inode == inode), None)
+        if handle is None:
+            return None
+        entry = pyfuse3.EntryAttributes()
+        entry.st_ino, entry.generation, entry.entry_timeout, entry.attr_timeout = inode, 0, 0, FILE_ATTR_TIMEOUT
+        entry.st_mode = stat.S_IFREG | (0o444 if self.read_only else 0o644)
+        entry.st_nlink = 0
+        entry.st_uid, entry.st_gid, entry.st_blksize = self._uid, self._gid, BLOCK_SIZE
+        entry.st_size = handle.length()
+        entry.st_blocks = (entry.st_size + 511) // 512
+        entry.st_atime_ns = entry.st_mtime_ns = entry.st_ctime_ns = handle.log.last_append_ms * 1_000_000
+        return entry
+
     @translate
     async def getattr(self, inode, ctx=None):
-        return self._attrs(inode)
+        return self._removed_attrs(inode) or self._attrs(inode)
 
     @translate
     async def lookup(self, parent_inode, name, ctx=None):
@@ -170,6 +202,9 @@ class Operations(pyfuse3.Operations):
 
     @translate
     async def setattr(self, inode, attr, fields, fh, ctx):
+        if (fields.update_mtime and abs(attr.st_mtime_ns - time.time_ns()) > NOW_SLACK_NS) or (
+                fields.update_atime and abs(attr.st_atime_ns - time.time_ns()) > NOW_SLACK_NS):
+            fail(errno.EPERM)  # st_mtime is the last append's time: a given time (touch -d, cp -p) cannot be set
         if fields.update_size:
             size = live_view(self.manager.logs[self._resolve_partition(inode)]).length()
             if attr.st_size != size:
@@ -180,7 +215,7 @@ class Operations(pyfuse3.Operations):
             uid = attr.st_uid if fields.update_uid else current.st_uid
             gid = attr.st_gid if fields.update_gid else current.st_gid
             await self.run_blocking(self.manager.set_attrs, self._attr_name(inode), bits, uid, gid)
-        return self._attrs(inode)  # atime/mtime updates (touch) are accepted and ignored
+        return self._attrs(inode)  # "now" (touch) is accepted: the times stay those of the last append
 
     def _resolve_partition(self, inode: int) -> tuple[str, int]:
         topic, partition = self._resolve(inode)
@@ -212,10 +247,11 @@ class Operations(pyfuse3.Operations):
         # Cookies are stable under concurrent changes: a topic's inode number, a partition's number + 1.
         if fh == ROOT:
             entries = sorted((self._topic_inode(t), t) for t in self.manager.list_topics())
+            newest = self._newest_appends()
             for ino, topic in entries:
                 if ino <= start_id:
                     continue
-                if not pyfuse3.readdir_reply(token, topic.encode(), self._attrs(ino), ino):
+                if not pyfuse3.readdir_reply(token, topic.encode(), self._attrs(ino, newest), ino):
                     return
             return
         topic, _ = self._resolve(fh)

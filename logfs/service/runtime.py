@@ -32,8 +32,14 @@ class LogService:
         self.manager = manager
         self.clock = manager.clock
         self._roll_flush: set[tuple[str, int]] = set()
+        broker = manager.broker
         self._last_checkpoint_ms = self.clock.time_ms()
-        self._last_retention_ms = self.clock.time_ms()
+        # The first retention pass runs log.initial.task.delay.ms after start, then every check interval.
+        self._last_retention_ms = (self.clock.time_ms() + broker.get("log.initial.task.delay.ms")
+                                   - broker.get("log.retention.check.interval.ms"))
+        # Both checkpoints are written together, as often as the more frequent of their two intervals asks.
+        self._checkpoint_interval_ms = min(broker.get("log.flush.offset.checkpoint.interval.ms"),
+                                           broker.get("log.flush.start.offset.checkpoint.interval.ms"))
         # Where compaction's CPU work runs: a child process (default; it never competes with request handling
         # for the GIL, see docs/benchmarks.md) or a worker thread of the daemon.
         self.cleaner_mode = os.environ.get("LOGFS_CLEANER_MODE", "process")
@@ -56,8 +62,10 @@ class LogService:
             tick = min(tick, c.segment_ms // 4 if c.segment_ms < 4 * MAX_TICK_MS else MAX_TICK_MS)
             if c.flush_ms < 4 * MAX_TICK_MS:
                 tick = min(tick, c.flush_ms // 4)
-        for key in ("log.flush.offset.checkpoint.interval.ms", "log.retention.check.interval.ms"):
-            tick = min(tick, max(self.manager.broker.get(key) // 4, MIN_TICK_MS))
+        for interval in (self._checkpoint_interval_ms, self.manager.broker.get("log.retention.check.interval.ms")):
+            tick = min(tick, max(interval // 4, MIN_TICK_MS))
+        # Kafka's flusher checks flush.ms every log.flush.scheduler.interval.ms; logfs checks at least that often.
+        tick = min(tick, self.manager.broker.get("log.flush.scheduler.interval.ms"))
         return max(MIN_TICK_MS, tick)
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
@@ -153,8 +161,7 @@ class LogService:
             deleted = await self._guarded("retention", self.retention, now)
             if deleted:
                 self._last_checkpoint_ms = -1 << 62  # persist the new log start offsets now
-        interval = self.manager.broker.get("log.flush.offset.checkpoint.interval.ms")
-        if now - self._last_checkpoint_ms >= interval:
+        if now - self._last_checkpoint_ms >= self._checkpoint_interval_ms:
             self._last_checkpoint_ms = now
             await self._guarded("writing checkpoints", self.manager.checkpoint)
         await self._guarded("removing deleted partitions", self.manager.purge_deleted_dirs, now)

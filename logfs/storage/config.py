@@ -8,6 +8,7 @@ configuration of one partition log. Never touches the disk.
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Callable, Mapping
 
 from .errors import InvalidConfigError
@@ -19,13 +20,44 @@ INT_MAX = (1 << 31) - 1
 # topic a single broker serves.
 MAX_NUM_PARTITIONS = 10_000
 
+# Kafka parses every value as Java does, after String.trim() (which strips every character up to U+0020):
+# Long.parseLong / Integer.parseInt (an optional sign, then decimal digits; so "+100" is 100, and "1_000", "1e3",
+# "0x10" and " 1 0" are refused), Double.parseDouble, and "true"/"false" in any case. Python's int() and float()
+# would accept "1_000", "inf" or non-ASCII digits, so the grammar is checked here first.
+_JAVA_WHITESPACE = "".join(map(chr, range(0x21)))
+_INTEGER = re.compile(r"[+-]?[0-9]+")
+_DECIMAL = re.compile(r"[+-]?(?:NaN|Infinity|(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?)[fFdD]?")
+_HEX_FLOAT = re.compile(r"[+-]?0[xX](?:[0-9a-fA-F]+\.?[0-9a-fA-F]*|\.[0-9a-fA-F]+)[pP][+-]?[0-9]+[fFdD]?")
+
+
+def _trim(text: str) -> str:
+    return text.strip(_JAVA_WHITESPACE)
+
+
+def parse_long(text: str) -> int:
+    """Java's ``Long.parseLong`` of the trimmed text (ASCII digits only)."""
+    trimmed = _trim(text)
+    if not _INTEGER.fullmatch(trimmed):
+        raise InvalidConfigError(f"expected an integer, got {text!r}")
+    value = int(trimmed)
+    if not -LONG_MAX - 1 <= value <= LONG_MAX:
+        raise InvalidConfigError(f"{text!r} does not fit in a 64-bit integer")
+    return value
+
+
+def parse_double(text: str) -> float:
+    """Java's ``Double.parseDouble`` of the trimmed text (decimal or hexadecimal, optional f/d suffix)."""
+    trimmed = _trim(text)
+    if _DECIMAL.fullmatch(trimmed):
+        return float(trimmed.rstrip("fFdD").replace("Infinity", "inf"))
+    if _HEX_FLOAT.fullmatch(trimmed):
+        return float.fromhex(trimmed.rstrip("fFdD"))
+    raise InvalidConfigError(f"expected a number, got {text!r}")
+
 
 def _long(lo: int | None = None, hi: int = LONG_MAX) -> Callable[[str], int]:
     def parse(text: str) -> int:
-        try:
-            value = int(text.strip())
-        except ValueError:
-            raise InvalidConfigError(f"expected an integer, got {text!r}") from None
+        value = parse_long(text)
         if (lo is not None and value < lo) or value > hi:
             raise InvalidConfigError(f"value {value} is out of range [{lo}, {hi}]")
         return value
@@ -34,17 +66,23 @@ def _long(lo: int | None = None, hi: int = LONG_MAX) -> Callable[[str], int]:
 
 
 def _ratio(text: str) -> float:
-    try:
-        value = float(text.strip())
-    except ValueError:
-        raise InvalidConfigError(f"expected a number, got {text!r}") from None
-    if not 0.0 <= value <= 1.0:
+    value = parse_double(text)
+    if not 0.0 <= value <= 1.0:  # also refuses NaN
         raise InvalidConfigError(f"value {value} is out of range [0, 1]")
     return value
 
 
+def _double(text: str) -> float:
+    value = parse_double(text)
+    if value != value:
+        raise InvalidConfigError(f"expected a number, got {text!r}")
+    return value
+
+
 def _policy(text: str) -> str:
-    parts = [p.strip() for p in text.split(",") if p.strip()]
+    # Kafka's LIST type: the trimmed text split at commas (with the whitespace around them); every item must be
+    # valid, so "compact,,delete" is refused as Kafka refuses it.
+    parts = [p.strip(_JAVA_WHITESPACE) for p in _trim(text).split(",")]
     if not parts or any(p not in ("delete", "compact") for p in parts):
         raise InvalidConfigError(f"cleanup.policy must be delete, compact or both, got {text!r}")
     return ",".join(sorted(set(parts), key=("compact", "delete").index))
@@ -57,9 +95,30 @@ def _text(text: str) -> str:
 
 
 def _bool(text: str) -> bool:
-    if text.strip().lower() not in ("true", "false"):
+    if _trim(text).lower() not in ("true", "false"):
         raise InvalidConfigError(f"expected true or false, got {text!r}")
-    return text.strip().lower() == "true"
+    return _trim(text).lower() == "true"
+
+
+def _only(parse: Callable[[str], object], accepted: Callable[[object], bool], why: str) -> Callable[[str], object]:
+    """A broker setting logfs has no mechanism for: accepted only where its value asks for what logfs does."""
+
+    def check(text: str) -> object:
+        value = parse(text)
+        if not accepted(value):
+            raise InvalidConfigError(f"value {show(value)} is not supported: {why}")
+        return value
+
+    return check
+
+
+def show(value: object) -> str:
+    """The normalised text of a parsed value, as stored and as read back (Kafka shows the effective value)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return repr(value) if value == value and abs(value) != float("inf") else str(value)
+    return str(value)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,24 +153,33 @@ TOPIC_SETTINGS: dict[str, tuple[Setting, str | None]] = {
     ]
 }
 
-# Broker-only settings (no topic-level counterpart).
+# Broker-only settings (no topic-level counterpart). logfs's own defaults differ from Kafka's in two, for its
+# mechanisms: it loads and recovers the partitions with one thread, before mounting; and with nothing to wait for
+# at mount (Kafka waits for its recovery threads and network), background tasks start at once.
 BROKER_ONLY: dict[str, Setting] = {
     s.name: s
     for s in [
         Setting("num.partitions", _long(1, MAX_NUM_PARTITIONS), "1"),
         Setting("log.retention.check.interval.ms", _long(1), "300000"),
-        Setting("log.flush.offset.checkpoint.interval.ms", _long(0), "60000"),
-        Setting("log.flush.start.offset.checkpoint.interval.ms", _long(0), "60000"),
-        Setting("log.flush.scheduler.interval.ms", _long(0), str(LONG_MAX)),
+        Setting("log.flush.offset.checkpoint.interval.ms", _long(0, INT_MAX), "60000"),
+        Setting("log.flush.start.offset.checkpoint.interval.ms", _long(0, INT_MAX), "60000"),
+        Setting("log.flush.scheduler.interval.ms", _long(), str(LONG_MAX)),
         Setting("log.cleaner.backoff.ms", _long(0), "15000"),
         Setting("log.cleaner.dedupe.buffer.size", _long(0), "134217728"),
-        Setting("log.cleaner.io.buffer.size", _long(0), "524288"),
+        Setting("log.cleaner.io.buffer.size", _only(
+            _long(0, INT_MAX), lambda v: v == 524288,
+            "logfs's cleaner has no I/O buffers to size; remove the setting"), "524288"),
         Setting("log.cleaner.io.buffer.load.factor", _ratio, "0.9"),
-        Setting("log.cleaner.io.max.bytes.per.second", lambda t: float(t), "1.7976931348623157E308"),
+        Setting("log.cleaner.io.max.bytes.per.second", _only(
+            _double, lambda v: v == float("inf") or v >= 1.7976931348623157e308,
+            "logfs does not throttle its cleaner; remove the setting"),
+            "1.7976931348623157E308"),
         Setting("log.cleaner.threads", _long(0), "1"),
         Setting("log.cleaner.enable", _bool, "true"),
-        Setting("log.initial.task.delay.ms", _long(0), "30000"),
-        Setting("num.recovery.threads.per.data.dir", _long(1), "2"),
+        Setting("log.initial.task.delay.ms", _long(0), "0"),
+        Setting("num.recovery.threads.per.data.dir", _only(
+            _long(1, INT_MAX), lambda v: v == 1,
+            "logfs loads and recovers partitions with one thread, before it mounts; only 1 is accepted"), "1"),
     ]
 }
 
@@ -149,9 +217,9 @@ class BrokerConfig:
                 if target in props:
                     continue
                 try:
-                    resolved[target] = str(int(value.strip()) * factor)
-                except ValueError:
-                    raise InvalidConfigError(f"{key}: expected an integer, got {value!r}") from None
+                    resolved[target] = str(_long(None, INT_MAX)(value) * factor)  # an INT in Kafka
+                except InvalidConfigError as exc:
+                    raise InvalidConfigError(f"{key}: {exc}") from None
             elif key in _BROKER_TO_TOPIC or key in BROKER_ONLY:
                 resolved[key] = value
             else:
@@ -161,7 +229,7 @@ class BrokerConfig:
             raw = resolved.get(broker_key) if broker_key else None
             if raw is not None:
                 try:
-                    setting.parse(raw)
+                    raw = show(setting.parse(raw))
                 except InvalidConfigError as exc:
                     raise InvalidConfigError(f"{broker_key}: {exc}") from None
             defaults[name] = raw if raw is not None else setting.default
@@ -170,7 +238,7 @@ class BrokerConfig:
             raw = resolved.get(name, setting.default)
             try:
                 broker[name] = setting.parse(raw)
-            except (InvalidConfigError, ValueError) as exc:
+            except InvalidConfigError as exc:
                 raise InvalidConfigError(f"{name}: {exc}") from None
         return cls(defaults, broker)
 
@@ -179,12 +247,11 @@ class BrokerConfig:
 
 
 def validate_topic_setting(name: str, value: str) -> str:
-    """Check one topic-level override; returns the normalised text value."""
+    """Check one topic-level override; returns its normalised text (the effective value: "+100" -> "100")."""
     if name not in TOPIC_SETTINGS:
         raise InvalidConfigError(f"unknown topic setting {name!r}")
     setting, _ = TOPIC_SETTINGS[name]
-    parsed = setting.parse(value)
-    return parsed if isinstance(parsed, str) else value.strip()
+    return show(setting.parse(value))
 
 
 @dataclasses.dataclass(frozen=True)

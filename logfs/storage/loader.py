@@ -141,8 +141,13 @@ def load_log(
     elif recover_from is not None:
         recovery_point = log_end  # everything from the recovery point was validated and fsynced above
     recovery_point = min(max(recovery_point, start), log_end)
-    return Log(directory, topic, partition, config, segments,
+    plog = Log(directory, topic, partition, config, segments,
                log_start_offset=start, recovery_point=recovery_point, clock=clock)
+    # st_mtime's source: the newest record's timestamp, also when a roll left the active segment empty; a log
+    # without records gives the time its segment file was written (created). A restart changes neither.
+    newest = max(s.max_timestamp for s in segments)
+    plog.last_append_ms = newest if newest >= 0 else os.stat(segments[-1].log_path).st_mtime_ns // 1_000_000
+    return plog
 
 
 def _complete_swap(directory: str, swap_name: str, config: LogConfig) -> None:

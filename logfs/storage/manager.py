@@ -162,7 +162,7 @@ class LogManager:
         for topic, overrides in self.topics.items():  # drop overrides that no longer validate
             for key in list(overrides):
                 try:
-                    validate_topic_setting(key, overrides[key])
+                    overrides[key] = validate_topic_setting(key, overrides[key])  # stored by an older parser
                 except Exception:
                     log.warning("dropping invalid override %s=%r of topic %s", key, overrides[key], topic)
                     del overrides[key]

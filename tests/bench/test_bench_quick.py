@@ -1,5 +1,6 @@
 """tools/bench.py --quick runs end to end (so it never rots) and reports every scenario with sane figures: every
-number in its JSON and in the markdown tables it prints is finite and positive, and every table row is there."""
+number in its JSON and in the markdown tables it prints is finite and positive, every table row is there, and
+every figure printed on a scenario line is the JSON report's own value, within physical bounds."""
 
 import json
 import math
@@ -12,7 +13,32 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-pytestmark = pytest.mark.skipif(not os.path.exists("/dev/fuse"), reason="needs /dev/fuse")
+RANGES = {
+    **{name: {"MBps_logfs": (0.5, 1e5), "MBps_nullfs": (0.5, 1e5), "MBps_ext4": (0.5, 1e6),
+              "ratio_vs_nullfs": (0.001, 100), "ratio_vs_ext4": (0.001, 100), "mb": (0.1, 1e5), "best_of": (1, 1),
+              **targets}
+       for name, targets in {
+           "bulk_append": {"target_vs_nullfs": (0.5, 0.5), "target_vs_ext4": (0.35, 0.35)},
+           "bulk_append_fsync": {"target_vs_ext4": (0.8, 0.8)},
+           "sequential_read": {"target_vs_nullfs": (0.6, 0.6), "page_cache_dropped": bool},
+           "sequential_read_warm": {},
+       }.items()},
+    "shell_appends": {"n": (500, 500), "per_s_logfs": (1, 1e6), "per_s_ext4": (1, 1e6),
+                      "ratio_vs_ext4": (0.001, 100), "target": (0.7, 0.7)},
+    "read_at_offset": {"ms_small": (0.001, 60_000), "ms_big": (0.001, 60_000), "big_over_small": (0.001, 1000),
+                       "target_max": (2, 2), "small_mb": (1, 1), "big_mb": (64, 64)},
+    "mount_time": {"clean_small_s": (0.01, 300), "clean_big_s": (0.01, 300), "big_over_small": (0.001, 1000),
+                   "kill9_small_s": (0.01, 300), "kill9_big_s": (0.01, 300), "small_mb": (8, 8),
+                   "big_mb": (128, 128), "target_max": (2, 2)},
+    "memory": {"rss_mb_small": (1, 1000), "rss_mb_big": (1, 1000), "partitions": (10, 10),
+               "store_mb_big": (128, 128), "target_max_mb": (200, 200)},
+    "responsiveness": {**{f"{k}_{mode}": r for mode in ("process", "thread") for k, r in (
+                          ("p99_ms_idle", (0.001, 60_000)), ("p99_ms_cleaning", (0.001, 60_000)),
+                          ("ratio", (0.0001, 10_000)), ("clean_s", (0.001, 600)))},  # -1: never cleaned
+                       "partition_mb": (24, 24), "target_max": (3, 3)},
+    "spark": {"mb": (32, 32), "s_logfs": (0.01, 900), "s_ext4": (0.01, 900), "ratio_vs_ext4": (0.001, 1000),
+              "records": (1, 10**9), "target": (0.8, 0.8)},
+}
 
 SCENARIOS = {"bulk_append", "bulk_append_fsync", "sequential_read", "sequential_read_warm", "small_writes",
              "shell_appends", "read_at_offset", "mount_time", "memory", "responsiveness", "spark"}
@@ -56,6 +82,55 @@ def run_quick(tmp_path):
     return proc.stdout, json.loads(out.read_text()), md.read_text()
 
 
+def printed_figures(stdout: str) -> dict[str, dict[str, str]]:
+    """The table bench.py prints: one line per scenario, ``name  key=value  key=value ...``."""
+    table = {}
+    for line in stdout.splitlines():
+        name, _, rest = line.partition(" ")
+        if name in RANGES:
+            table[name] = dict(field.split("=", 1) for field in rest.split())
+    return table
+
+
+def check_figures(stdout: str, results: dict) -> None:
+    table = printed_figures(stdout)
+    assert set(RANGES) <= set(results) and set(table) == set(RANGES), (sorted(results), sorted(table))
+    for name, expected in RANGES.items():
+        if name == "spark" and "skipped" in results[name]:
+            continue
+        values, shown = results[name], table[name]
+        assert set(values) == set(expected) == set(shown), (name, sorted(values), sorted(shown))
+        for key, bounds in expected.items():
+            value = values[key]
+            if bounds is bool:  # a yes/no fact, printed as True/False
+                assert isinstance(value, bool) and shown[key] == str(value), (name, key, value, shown[key])
+                continue
+            lo, hi = bounds
+            assert isinstance(value, (int, float)) and not isinstance(value, bool), (name, key, value)
+            assert math.isfinite(value) and lo <= value <= hi, f"{name}.{key} = {value}, expected [{lo}, {hi}]"
+            # The printed figure is the reported one (4 significant digits for floats).
+            assert math.isclose(float(shown[key]), value, rel_tol=1e-3), (name, key, shown[key], value)
+
+
+def test_check_figures_refuses_missing_or_insane_figures():
+    results = {name: {k: True if r is bool else r[0] for k, r in fields.items()} for name, fields in RANGES.items()}
+    stdout = "\n".join(f"{name:16s} " + "  ".join(f"{k}={v}" for k, v in fields.items())
+                       for name, fields in results.items())
+    check_figures(stdout, results)
+    bad = [("bulk_append", "MBps_logfs", float("nan")), ("mount_time", "clean_big_s", -1.0),
+           ("responsiveness", "clean_s_process", -1.0), ("memory", "rss_mb_big", 5000.0)]
+    for name, key, value in bad:
+        broken = {n: dict(v) for n, v in results.items()}
+        broken[name][key] = value
+        with pytest.raises(AssertionError):
+            check_figures(stdout.replace(f"{key}={results[name][key]}", f"{key}={value}"), broken)
+    with pytest.raises(AssertionError):  # a figure in the report but not printed
+        check_figures(stdout.replace("  target_vs_nullfs=0.5", "", 1), results)
+    with pytest.raises(AssertionError):  # a scenario that printed nothing
+        check_figures("\n".join(line for line in stdout.splitlines() if not line.startswith("spark")), results)
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/fuse"), reason="needs /dev/fuse")
 def test_bench_quick(tmp_path):
     stdout, report, md = run_quick(tmp_path)
     results = report["results"]
@@ -106,3 +181,6 @@ def test_bench_quick(tmp_path):
     for header in ("sync", "page cache", "writers"):
         for row in by_first[header]:
             assert sum(bool(NUMBER.match(cell)) for cell in row) >= 5, row
+
+    # Every figure printed on a scenario line is the report's own value, within physical bounds.
+    check_figures(stdout, results)

@@ -4,21 +4,27 @@ purges and the cleaner are checked against their timers in milliseconds of real 
 
 import os
 
+import pytest
 import trio
 import trio.testing
 
-from logfs.storage import BrokerConfig, LogManager, ManualClock
 from logfs.storage.checkpoints import read_checkpoint
 from logfs.service.runtime import LogService
 
 
-def setup(tmp_path, **props):
-    settings = {"log.flush.offset.checkpoint.interval.ms": "1000", "log.retention.check.interval.ms": "1000"}
-    settings.update({k.replace("_", "."): str(v) for k, v in props.items()})
-    clock = ManualClock()
-    m = LogManager(str(tmp_path / "data"), BrokerConfig.from_properties(settings), clock=clock)
-    m.create_topic("t")
-    return m, m.get_log("t", 0), clock, LogService(m)
+@pytest.fixture
+def setup(open_manager, clock):
+    """setup(**broker props, dots as underscores) -> (manager with topic ``t``, its log 0, the clock, a
+    LogService), over the shared engine factory."""
+
+    def setup(**props):
+        settings = {"log.flush.offset.checkpoint.interval.ms": "1000", "log.retention.check.interval.ms": "1000"}
+        settings.update({k.replace("_", "."): str(v) for k, v in props.items()})
+        m = open_manager(settings)
+        m.create_topic("t")
+        return m, m.get_log("t", 0), clock, LogService(m)
+
+    return setup
 
 
 async def advance(service, clock, seconds, step_ms=250):
@@ -28,8 +34,8 @@ async def advance(service, clock, seconds, step_ms=250):
         await service.housekeeping()
 
 
-async def test_idle_active_segment_rolls_on_segment_ms_and_is_flushed(tmp_path):
-    m, log, clock, service = setup(tmp_path, log_roll_ms=60_000)
+async def test_idle_active_segment_rolls_on_segment_ms_and_is_flushed(setup):
+    m, log, clock, service = setup(log_roll_ms=60_000)
     log.append([b"a", b"b"])
     await advance(service, clock, 30)
     assert len(log.segments) == 1  # not yet
@@ -40,8 +46,8 @@ async def test_idle_active_segment_rolls_on_segment_ms_and_is_flushed(tmp_path):
     m.close()
 
 
-async def test_retention_ms_deletes_and_checkpoints_then_purges(tmp_path):
-    m, log, clock, service = setup(tmp_path, log_segment_bytes=300, log_retention_ms=10_000,
+async def test_retention_ms_deletes_and_checkpoints_then_purges(setup):
+    m, log, clock, service = setup(log_segment_bytes=300, log_retention_ms=10_000,
                                    log_segment_delete_delay_ms=5_000)
     for i in range(40):
         log.append([b"record-%03d" % i])
@@ -57,8 +63,8 @@ async def test_retention_ms_deletes_and_checkpoints_then_purges(tmp_path):
     m.close()
 
 
-async def test_flush_ms_advances_the_recovery_point(tmp_path):
-    m, log, clock, service = setup(tmp_path, log_flush_interval_ms=3_000)
+async def test_flush_ms_advances_the_recovery_point(setup):
+    m, log, clock, service = setup(log_flush_interval_ms=3_000)
     log.append([b"x"] * 10)
     await advance(service, clock, 1)
     assert log.recovery_point == 0
@@ -68,8 +74,8 @@ async def test_flush_ms_advances_the_recovery_point(tmp_path):
     m.close()
 
 
-async def test_topic_override_applies_to_the_next_run(tmp_path):
-    m, log, clock, service = setup(tmp_path, log_segment_bytes=300)
+async def test_topic_override_applies_to_the_next_run(setup):
+    m, log, clock, service = setup(log_segment_bytes=300)
     for i in range(40):
         log.append([b"record-%03d" % i])
     await advance(service, clock, 3)
@@ -81,8 +87,8 @@ async def test_topic_override_applies_to_the_next_run(tmp_path):
     assert log.size_bytes - 600 < log.segments.first.size
 
 
-async def test_cleaner_compacts_a_dirty_log(tmp_path):
-    m, log, clock, service = setup(tmp_path, log_segment_bytes=400, log_cleanup_policy="compact")
+async def test_cleaner_compacts_a_dirty_log(setup):
+    m, log, clock, service = setup(log_segment_bytes=400, log_cleanup_policy="compact")
     for i in range(100):
         log.append([b"v%d" % i], [b"k%d" % (i % 3)])
     before = log.size_bytes
@@ -95,9 +101,9 @@ async def test_cleaner_compacts_a_dirty_log(tmp_path):
     m.close()
 
 
-async def test_service_loop_runs_housekeeping_every_tick(tmp_path):
+async def test_service_loop_runs_housekeeping_every_tick(setup):
     """The loop itself, on trio's clock: it starts, ticks, and stops with its nursery."""
-    m, log, clock, service = setup(tmp_path)
+    m, log, clock, service = setup()
     calls = []
     original = service.housekeeping
 
@@ -111,4 +117,48 @@ async def test_service_loop_runs_housekeeping_every_tick(tmp_path):
         await trio.sleep(2.2)
         nursery.cancel_scope.cancel()
     assert len(calls) >= 3  # the tick is at most 1 s
+    m.close()
+
+
+async def test_initial_task_delay_postpones_the_first_retention_pass(setup):
+    """log.initial.task.delay.ms (as Kafka's): the first retention pass runs that long after start, then every
+    log.retention.check.interval.ms. logfs's default is 0: the first pass runs at start."""
+    m, log, clock, service = setup(log_segment_bytes=300, log_retention_ms=1, log_initial_task_delay_ms=20_000,
+                                   log_retention_check_interval_ms=60_000)
+    for i in range(40):
+        log.append([b"record-%03d" % i])
+    await advance(service, clock, 19)
+    assert log.log_start_offset == 0
+    await advance(service, clock, 2)
+    assert log.log_start_offset > 0
+    m.close()
+
+
+async def test_first_retention_pass_runs_at_start_by_default(setup):
+    m, log, clock, service = setup(log_segment_bytes=300, log_retention_ms=1,
+                                   log_retention_check_interval_ms=60_000)
+    for i in range(40):
+        log.append([b"record-%03d" % i])
+    clock.advance(10)
+    await service.housekeeping()
+    assert log.log_start_offset > 0  # at once, not a check interval later
+    m.close()
+
+
+async def test_log_start_offset_checkpoint_interval_is_honoured(setup):
+    """log.flush.start.offset.checkpoint.interval.ms: the log-start-offset checkpoint is written at least that
+    often, even when the recovery-point checkpoint interval is longer."""
+    m, log, clock, service = setup(log_flush_offset_checkpoint_interval_ms=600_000,
+                                   log_flush_start_offset_checkpoint_interval_ms=2_000)
+    log.append([b"a", b"b", b"c"])
+    path = os.path.join(m.data_dir, "log-start-offset-checkpoint")
+    await advance(service, clock, 3)
+    assert os.path.exists(path) and ("t", 0) in read_checkpoint(path)
+    assert service._tick_ms() <= 500
+    m.close()
+
+
+async def test_flush_scheduler_interval_bounds_the_tick(setup):
+    m, log, clock, service = setup(log_flush_scheduler_interval_ms=50)
+    assert service._tick_ms() <= 50
     m.close()

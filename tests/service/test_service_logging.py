@@ -16,7 +16,7 @@ import pytest
 
 from service_helpers import mounted_at, systemd_env
 
-from logfs.cli import _JournalFormatter
+from logfs.service.logsetup import _JournalFormatter
 
 JOURNAL_LINE = re.compile(r"^<[0-7]>[A-Za-z0-9_.]+: ")
 PLAIN_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (DEBUG|INFO|WARNING|ERROR|CRITICAL) [A-Za-z0-9_.]+: ")

@@ -20,7 +20,7 @@ from kafka.record.memory_records import MemoryRecords
 from pyspark.sql import functions as F
 
 from logfs.spark.datasource import source_schema
-from logfs.storage import BrokerConfig, LogManager, ManualClock
+from logfs.storage import ManualClock
 
 
 
@@ -101,12 +101,11 @@ def test_logfs_source_equals_the_mount_its_xattrs_and_kafka_python(spark, mount_
 
 
 @pytest.fixture
-def engine_dir(tmp_path):
+def engine_dir(open_manager):
     """A DATA_DIR written by the engine (no mount): topics ``a`` (2 partitions, keys, headers, tombstones)
     and ``b``; the LogManager stays open (holding .lock) while Spark reads."""
-    m = LogManager(str(tmp_path / "data"), BrokerConfig.from_properties(
-        {"num.partitions": "2", "log.segment.bytes": "2048", "log.index.interval.bytes": "256",
-         "log.segment.delete.delay.ms": "0"}), clock=ManualClock())
+    m = open_manager({"num.partitions": "2", "log.segment.bytes": "2048", "log.index.interval.bytes": "256",
+                      "log.segment.delete.delay.ms": "0"}, clock=ManualClock())
     m.create_topic("a")
     m.create_topic("b")
     for p in range(2):
@@ -117,8 +116,7 @@ def engine_dir(tmp_path):
             m.get_log("a", p).append(values, keys, headers=headers)
             m.clock.advance(3)
     m.get_log("b", 0).append([b"b-0", b"b-1"])
-    yield m
-    m.close()
+    return m
 
 
 def test_headers_keys_tombstones_and_kafka_python(spark, engine_dir):

@@ -19,27 +19,20 @@ from logfs.spark import options as opts
 from logfs.spark import segments as seg
 from logfs.spark.options import OffsetRange, OptionError, SourceOptions
 from logfs.spark.segments import DataLossError, PartitionReader, TopicPartition
-from logfs.storage import BrokerConfig, LogManager, ManualClock
+from logfs.storage import ManualClock
 from logfs.storage import reader as storage_reader
 
 SMALL = {"log.segment.bytes": "4096", "log.index.interval.bytes": "256", "log.segment.delete.delay.ms": "0"}
 
 
 @pytest.fixture
-def manager(tmp_path):
-    """factory(**broker props) -> an open LogManager on tmp_path/data (closed at teardown)."""
-    made = []
+def manager(open_manager):
+    """factory(**broker props) -> an open LogManager on tmp_path/data (the shared factory, ManualClock)."""
 
     def make(props=None, partitions=1):
-        m = LogManager(str(tmp_path / "data"), BrokerConfig.from_properties(
-            {"num.partitions": str(partitions), **(props or SMALL)}), clock=ManualClock())
-        made.append(m)
-        return m
+        return open_manager({"num.partitions": str(partitions), **(props or SMALL)}, clock=ManualClock())
 
-    yield make
-    for m in made:
-        if not m.closed:
-            m.close()
+    return make
 
 
 def fill(log, clock, count, *, start=0, keyed=False, headers=False, per_append=7):

@@ -11,16 +11,14 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows  # no
 
 from logfs.spark.datasource import LogfsDataSource, read_range  # noqa: E402
 from logfs.spark.segments import DataLossError  # noqa: E402
-from logfs.storage import BrokerConfig, LogManager, ManualClock  # noqa: E402
+from logfs.storage import ManualClock  # noqa: E402
 
 
 @pytest.fixture
-def m(tmp_path):
-    manager = LogManager(str(tmp_path / "data"), BrokerConfig.from_properties(
-        {"num.partitions": "2", "log.segment.bytes": "4096"}), clock=ManualClock())
+def m(open_manager):
+    manager = open_manager({"num.partitions": "2", "log.segment.bytes": "4096"}, clock=ManualClock())
     manager.create_topic("s")
-    yield manager
-    manager.close()
+    return manager
 
 
 def put(m, topic, partition, n):

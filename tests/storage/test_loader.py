@@ -5,7 +5,7 @@ import shutil
 
 import pytest
 
-from logfs.storage import BrokerConfig, LockedError, LogConfig, LogManager, load_log
+from logfs.storage import LockedError, LogConfig, load_log
 from logfs.storage import checkpoints as ckpt
 from logfs.storage import records as rec
 from logfs.storage.segment import LogSegment
@@ -47,19 +47,13 @@ def recover_calls(monkeypatch):
 
 
 @pytest.fixture
-def managers(tmp_path, clock):
-    opened = []
+def managers(open_manager):
+    """open_manager(data_dir=None, **props) over the shared factory, with the small segments of BROKER."""
 
-    def open_manager(data_dir=None, **props):
-        mgr = LogManager(str(data_dir or tmp_path / "data"), BrokerConfig.from_properties({**BROKER, **props}),
-                         clock=clock)
-        opened.append(mgr)
-        return mgr
+    def open(data_dir=None, **props):
+        return open_manager({**BROKER, **props}, data_dir=data_dir)
 
-    yield open_manager
-    for mgr in opened:
-        if not mgr.closed:
-            mgr.abandon()
+    return open
 
 
 def build_closed_log(open_log, n=200):
@@ -547,3 +541,32 @@ def test_recovery_reads_only_the_unflushed_tail_of_a_large_segment(managers, mon
     assert log.log_end_offset == 5010  # the unflushed tail survived, the torn bytes are gone
     assert sum(reads) < flushed_size // 10  # nowhere near a scan of the segment
     assert [r.value for r in log.read(5000, max_records=10)] == values(10, 5000)
+
+
+@pytest.mark.parametrize("roll", [False, True])
+@pytest.mark.parametrize("clean", [False, True])
+def test_last_append_time_survives_restart(managers, clock, roll, clean):
+    """st_mtime's source: after a restart (clean, or a crash), the newest record's timestamp, also when a roll
+    left the active segment empty; never the restart time."""
+    mgr = managers()
+    mgr.create_topic("t")
+    log = mgr.get_log("t", 0)
+    for i in range(3):
+        clock.advance(7)
+        log.append(values(2, 2 * i))
+    appended = clock.time_ms()
+    if roll:
+        clock.advance(1000)
+        log.roll()
+    mgr.close() if clean else mgr.abandon()
+    clock.advance(3_600_000)
+    assert managers().get_log("t", 0).last_append_ms == appended
+
+
+def test_empty_partition_time_is_stable_across_restart(managers, clock):
+    mgr = managers()
+    mgr.create_topic("t")
+    created = mgr.get_log("t", 0).last_append_ms
+    mgr.abandon()
+    clock.advance(3_600_000)
+    assert managers().get_log("t", 0).last_append_ms == created

@@ -1,25 +1,15 @@
 import pytest
 
-from logfs.storage import LogConfig, ManualClock, load_log
-
 
 @pytest.fixture
-def clock():
-    return ManualClock()
-
-
-@pytest.fixture
-def make_log(tmp_path, clock):
-    """make_log(**LogConfig fields) -> Log in a fresh directory; closed at teardown."""
-    opened = []
+def make_log(tmp_path, open_log):
+    """make_log(directory=None, had_clean_shutdown=False, **LogConfig fields) -> Log in a fresh directory (the
+    shared ``open_log`` factory of tests/conftest.py, one directory per call)."""
+    made = []
 
     def make_log(directory=None, had_clean_shutdown=False, **config):
-        log = load_log(str(directory or tmp_path / f"t-{len(opened)}"), "t", 0, LogConfig.for_tests(**config),
-                       clock=clock, had_clean_shutdown=had_clean_shutdown)
-        opened.append(log)
-        return log
+        made.append(None)
+        return open_log(None, directory or tmp_path / f"t-{len(made) - 1}", had_clean_shutdown=had_clean_shutdown,
+                        **config)
 
-    yield make_log
-    for log in opened:
-        if not log.closed:
-            log.close_without_flush()
+    return make_log

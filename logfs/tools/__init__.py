@@ -1,0 +1,1 @@
+"""Command-line tools installed with logfs (see pyproject.toml's [project.scripts])."""

@@ -1,0 +1,167 @@
+"""Extended attributes through Operations, with no kernel: partition offsets, topic configs and their errors."""
+
+from __future__ import annotations
+
+import errno
+
+import pytest
+
+from ops_helpers import fuse_errno
+from logfs.storage import TOPIC_SETTINGS
+
+FIXED = ["log_start_offset", "log_end_offset", "recovery_point", "segment_count", "size_bytes"]
+
+
+@pytest.fixture
+async def loaded(fs):
+    await fs.mkdir("t")
+    lines = [f"record-{i:03d}".encode() for i in range(300)]
+    await fs.append("t/0", b"".join(line + b"\n" for line in lines))
+    return fs, lines
+
+
+async def test_partition_fixed_attributes(loaded):
+    fs, _ = loaded
+    assert await fs.getx("t/0", "log_start_offset") == "0"
+    assert await fs.getx("t/0", "log_end_offset") == "300"
+    assert await fs.getx("t/0", "segment_count") == "1"
+    assert int(await fs.getx("t/0", "size_bytes")) > 300 * 10
+    assert int(await fs.getx("t/0", "recovery_point")) <= 300
+
+
+async def test_position_offset_and_time(loaded, clock):
+    fs, lines = loaded
+    for offset in (0, 1, 150, 299):
+        pos = int(await fs.getx("t/0", f"position.{offset}"))
+        assert pos == offset * 11
+        assert await fs.getx("t/0", f"offset.{pos}") == str(offset)
+        assert await fs.getx("t/0", f"offset.{pos + 10}") == str(offset)  # the newline of that line
+    assert await fs.getx("t/0", "time.0") == "0"
+    assert await fs.getx("t/0", f"time.{clock.now_ms + 1}") == "300"  # the log end offset
+
+
+@pytest.mark.parametrize("name", [
+    "position.301", "position.999999", "position.-1", "position.abc", "position.", "position.1x", "position.²",
+    "position.99999999999999999999999999", "offset.-5", "offset.abc", "offset.", "offset.3300",
+    "offset.1e3", "time.abc", "time.", "time.-1", "time.12.5",
+    "nonsense", "log_end_offset.1", "partitions", "config.retention.ms", "LOG_END_OFFSET",
+])
+async def test_bad_or_unknown_partition_attribute_is_enodata(loaded, name):
+    fs, _ = loaded
+    with fuse_errno(errno.ENODATA):
+        await fs.getx("t/0", name)
+
+
+@pytest.mark.parametrize("name", ["user.other", "user.logfs.nope", "user.logfs.config.nope",
+                                  "user.logfs.config.", "security.capability", "trusted.x"])
+async def test_unknown_attribute_names_are_enodata(fs, name):
+    await fs.mkdir("t")
+    for path in ("", "t", "t/0"):
+        with fuse_errno(errno.ENODATA):
+            await fs.getxattr(path, name)
+
+
+async def test_topic_partitions_and_config_defaults(ops_fs):
+    fs = ops_fs(num_partitions=2, log_retention_ms=600000, message_max_bytes=5000,
+                props={"log.cleanup.policy": "compact"})
+    await fs.mkdir("t")
+    assert await fs.getx("t", "partitions") == "2"
+    assert await fs.getx("t", "config.retention.ms") == "600000"
+    assert await fs.getx("t", "config.max.message.bytes") == "5000"
+    assert await fs.getx("t", "config.cleanup.policy") == "compact"
+    assert await fs.getx("t", "config.segment.bytes") == "1073741824"
+    assert await fs.getx("t", "config.min.cleanable.dirty.ratio") == "0.5"
+    assert await fs.getx("t", "config.logfs.key.separator") == ""
+
+
+async def test_topic_listxattr_lists_every_readable_name(fs):
+    await fs.mkdir("t")
+    names = await fs.listxattr("t")
+    assert set(names) == {"user.logfs.partitions"} | {f"user.logfs.config.{k}" for k in TOPIC_SETTINGS}
+    for name in names:
+        await fs.getxattr("t", name)
+    assert await fs.listxattr("") == []
+
+
+async def test_config_set_applies_at_once_survives_restart_and_reverts(ops_fs, open_manager):
+    fs = ops_fs(message_max_bytes=1000)
+    await fs.mkdir("t")
+    await fs.mkdir("other")
+    await fs.setconfig("t", "max.message.bytes", "100")
+    assert await fs.getx("t", "config.max.message.bytes") == "100"
+    with fuse_errno(errno.EFBIG):
+        await fs.append("t/0", b"y" * 101 + b"\n")
+    assert await fs.getx("other", "config.max.message.bytes") == "1000"
+    await fs.setconfig("t", "logfs.key.separator", ":")
+    fs.ops.release_all()
+    fs.manager.close()
+
+    fs = ops_fs(manager=open_manager({"message.max.bytes": "1000"}))
+    assert await fs.getx("t", "config.max.message.bytes") == "100"
+    assert await fs.getx("t", "config.logfs.key.separator") == ":"
+    await fs.removexattr("t", "user.logfs.config.max.message.bytes")
+    assert await fs.getx("t", "config.max.message.bytes") == "1000"
+    await fs.append("t/0", b"w" * 101 + b"\n")
+
+
+@pytest.mark.parametrize("name,value", [
+    ("config.retention.ms", "abc"),
+    ("config.retention.ms", "-2"),
+    ("config.segment.bytes", "10"),
+    ("config.cleanup.policy", "shred"),
+    ("config.min.cleanable.dirty.ratio", "1.5"),
+    ("config.max.message.bytes", ""),
+    ("config.max.message.bytes", "é"),
+    ("config.no.such.key", "1"),
+    ("config.log.retention.ms", "1000"),  # a broker name is not a topic setting
+])
+async def test_topic_config_invalid_value_or_unknown_key_is_einval(fs, name, value):
+    await fs.mkdir("t")
+    before = {n: await fs.getxattr("t", n) for n in await fs.listxattr("t")}
+    with fuse_errno(errno.EINVAL):
+        await fs.setxattr("t", "user.logfs." + name, value)
+    assert {n: await fs.getxattr("t", n) for n in await fs.listxattr("t")} == before
+
+
+async def test_fixed_attributes_are_read_only(fs):
+    await fs.mkdir("t")
+    for name in ("log_end_offset", "log_start_offset", "size_bytes", "position.0", "time.0"):
+        with fuse_errno(errno.EPERM):
+            await fs.setxattr("t/0", "user.logfs." + name, "5")
+    with fuse_errno(errno.EPERM):
+        await fs.setxattr("t", "user.logfs.partitions", "7")
+    for path in ("t/0", "t"):
+        with fuse_errno(errno.EINVAL):
+            await fs.setxattr(path, "user.logfs.no_such_key", "1")
+        with fuse_errno(errno.ENOTSUP):
+            await fs.setxattr(path, "user.somethingelse", "1")
+    with fuse_errno(errno.ENOTSUP):
+        await fs.setxattr("", "user.logfs.x", "1")
+    with fuse_errno(errno.EPERM):
+        await fs.removexattr("t/0", "user.logfs.log_end_offset")
+    with fuse_errno(errno.ENODATA):
+        await fs.removexattr("t/0", "user.other")
+    with fuse_errno(errno.ENODATA):
+        await fs.removexattr("t", "user.other")
+    assert await fs.getx("t/0", "log_end_offset") == "0"
+    assert await fs.getx("t", "partitions") == "1"
+
+
+async def test_config_values_parse_as_kafka_and_read_back_effective(ops_fs, open_manager):
+    fs = ops_fs()
+    await fs.mkdir("t")
+    for bad in ("1_000", "1e3", "0x10", "+", "١٢"):
+        with fuse_errno(errno.EINVAL):
+            await fs.setconfig("t", "retention.ms", bad)
+    assert await fs.getx("t", "config.retention.ms") == "604800000"
+    await fs.setconfig("t", "retention.ms", "+100")
+    assert await fs.getx("t", "config.retention.ms") == "100"
+    await fs.setconfig("t", "min.cleanable.dirty.ratio", " .25 ")
+    assert await fs.getx("t", "config.min.cleanable.dirty.ratio") == "0.25"
+    await fs.setconfig("t", "cleanup.policy", "delete, compact")
+    assert await fs.getx("t", "config.cleanup.policy") == "compact,delete"
+    fs.ops.release_all()
+    fs.manager.close()
+    fs = ops_fs(manager=open_manager())
+    assert await fs.getx("t", "config.retention.ms") == "100"
+    assert fs.manager.get_log("t", 0).config.retention_ms == 100
