@@ -26,7 +26,6 @@ ERRNO_OF: list[tuple[type[BaseException], int]] = [
     (e.OffsetOutOfRangeError, errno.ENODATA),
     (e.RecordTooLargeError, errno.EFBIG),
     (e.InvalidRecordError, errno.EINVAL),
-    (e.NotAppendOnlyError, errno.EPERM),
     (e.CorruptRecordError, errno.EIO),
     (e.LockedError, errno.EBUSY),
     (e.ShuttingDownError, errno.EINTR),

@@ -1,4 +1,4 @@
-"""Extended attributes of partitions and topics (CONTRACT section 4).
+"""Extended attributes of partitions and topics (the offsets, the topic settings).
 
 Parametrised names (``position.<offset>``, ``offset.<position>``, ``time.<epoch_ms>``) answer through the
 sparse indexes in O(log n) plus one bounded scan. Unknown names answer ENODATA at once: the kernel asks for

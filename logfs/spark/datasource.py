@@ -20,7 +20,7 @@ from pyspark.sql.types import (
 )
 
 from .options import (
-    EARLIEST, LATEST, OffsetMap, OffsetRange, SourceOptions, check_data_loss, offsets_from_json, offsets_to_json,
+    EARLIEST, LATEST, PartitionOffsets, OffsetRange, SourceOptions, check_data_loss, offsets_from_json, offsets_to_json,
     plan_batch, rate_limit, resolve_offset, split_ranges,
 )
 from .segments import PartitionReader, TopicPartition
@@ -185,9 +185,9 @@ class LogfsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, options: SourceOptions, schema: StructType):
         self.options = options
         self.schema = schema
-        self._target: OffsetMap | None = None  # Trigger.AvailableNow: never read past this
+        self._target: PartitionOffsets | None = None  # Trigger.AvailableNow: never read past this
 
-    def _latest(self) -> tuple[OffsetMap, OffsetMap]:
+    def _latest(self) -> tuple[PartitionOffsets, PartitionOffsets]:
         bounds = self.options.bounds()
         return {tp: b[0] for tp, b in bounds.items()}, {tp: b[1] for tp, b in bounds.items()}
 

@@ -20,7 +20,7 @@ EARLIEST = -2
 LATEST = -1
 DEFAULT_MAX_RECORDS_PER_PARTITION = 1_000_000
 
-OffsetMap = dict[TopicPartition, int]
+PartitionOffsets = dict[TopicPartition, int]
 
 
 class OptionError(ValueError):
@@ -259,20 +259,20 @@ def plan_batch(options: SourceOptions) -> list[OffsetRange]:
 
 
 # -- streaming offsets: Kafka's JSON shape {"topic": {"0": 23}} ------------------------------------------
-def offsets_to_json(offsets: OffsetMap) -> dict[str, dict[str, int]]:
+def offsets_to_json(offsets: PartitionOffsets) -> dict[str, dict[str, int]]:
     out: dict[str, dict[str, int]] = {}
     for tp in sorted(offsets, key=lambda t: (t.topic, t.partition)):
         out.setdefault(tp.topic, {})[str(tp.partition)] = int(offsets[tp])
     return out
 
 
-def offsets_from_json(data: Mapping) -> OffsetMap:
+def offsets_from_json(data: Mapping) -> PartitionOffsets:
     if isinstance(data, str):
         data = json.loads(data)
     return {TopicPartition(t, int(p)): int(o) for t, parts in data.items() for p, o in parts.items()}
 
 
-def rate_limit(start: OffsetMap, latest: OffsetMap, max_records: int) -> OffsetMap:
+def rate_limit(start: PartitionOffsets, latest: PartitionOffsets, max_records: int) -> PartitionOffsets:
     """Kafka's maxOffsetsPerTrigger: at most ``max_records`` offsets in all, shared in proportion to what
     each partition has available (a partition's share rounds down, or up when below one)."""
     sizes = {tp: max(0, end - start.get(tp, end)) for tp, end in latest.items()}

@@ -10,7 +10,7 @@ from .clock import SYSTEM_CLOCK, Clock, ManualClock
 from .config import BrokerConfig, LogConfig, TOPIC_SETTINGS, validate_topic_setting
 from .errors import (
     CorruptRecordError, InvalidConfigError, InvalidPartitionError, InvalidRecordError, InvalidTopicError, LockedError,
-    DataLossError, LogfsError, NoSuchTopicError, NotAppendOnlyError, OffsetOutOfRangeError, RecordTooLargeError,
+    DataLossError, LogfsError, NoSuchTopicError, OffsetOutOfRangeError, RecordTooLargeError,
     StorageIOError, TopicExistsError, TopicNotEmptyError,
 )
 from .index import LineStats
@@ -24,7 +24,7 @@ from .segment_set import LogSnapshot
 __all__ = [
     "SYSTEM_CLOCK", "Clock", "ManualClock", "BrokerConfig", "LogConfig", "TOPIC_SETTINGS",
     "validate_topic_setting", "CorruptRecordError", "DataLossError", "InvalidConfigError", "InvalidPartitionError",
-    "InvalidRecordError", "InvalidTopicError", "LockedError", "LogfsError", "NoSuchTopicError", "NotAppendOnlyError",
+    "InvalidRecordError", "InvalidTopicError", "LockedError", "LogfsError", "NoSuchTopicError",
     "OffsetOutOfRangeError", "RecordTooLargeError", "StorageIOError", "TopicExistsError",
     "TopicNotEmptyError", "LineStats", "load_log", "Log", "LogSnapshot", "LogManager",
     "validate_topic_name", "Record", "build_batch",

@@ -57,10 +57,6 @@ class CorruptRecordError(LogfsError):
     """A batch failed its CRC or structural checks."""
 
 
-class NotAppendOnlyError(LogfsError):
-    """A write that is not an append (middle of the file, truncation)."""
-
-
 class LockedError(LogfsError):
     """Another process holds the data directory's ``.lock``."""
 

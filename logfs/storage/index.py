@@ -238,10 +238,6 @@ class _MappedIndex:
             self._mmap = None
         self.open = False
 
-    def rename(self, new_path: str) -> None:
-        os.rename(self.path, new_path)
-        self.path = new_path
-
     def relative(self, offset: int) -> int:
         rel = offset - self.base_offset
         if not 0 <= rel <= 0x7FFFFFFF:
@@ -364,9 +360,6 @@ class LineStats(NamedTuple):
 
     def __add__(self, other):  # type: ignore[override]
         return LineStats(*(a + b for a, b in zip(self, other)))
-
-    def __sub__(self, other):
-        return LineStats(*(a - b for a, b in zip(self, other)))
 
 
 ZERO_STATS = LineStats()
