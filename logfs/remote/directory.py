@@ -66,11 +66,21 @@ class DirectoryStore(RemoteStore):
         if not os.access(self.root, os.W_OK | os.X_OK):
             raise RemoteAuthError(f"archive directory {self.root} is not writable")
 
+    def _make_parents(self, path: Path) -> None:
+        """Create the key's directories below the root, never the root itself (it stands for the bucket)."""
+        d = self.root
+        for part in path.parent.relative_to(self.root).parts:
+            d = d / part
+            try:
+                os.mkdir(d)
+            except FileExistsError:
+                pass
+
     def _write_atomic(self, key: str, fill) -> int:
         path = self._path(key)
         tmp = path.with_name(f".{path.name}{_TMP_MARK}{uuid.uuid4().hex}")
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
+            self._make_parents(path)
             try:
                 with open(tmp, "wb") as f:
                     fill(f)

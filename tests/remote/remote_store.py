@@ -160,10 +160,10 @@ class SeaweedS3:
                 time.sleep(0.3)
 
     @staticmethod
-    def _kill(proc: subprocess.Popen | None) -> None:
+    def _kill(proc: subprocess.Popen | None, sig: int = signal.SIGTERM) -> None:
         if proc is None or proc.poll() is not None:
             return
-        os.killpg(proc.pid, signal.SIGTERM)
+        os.killpg(proc.pid, sig)
         try:
             proc.wait(timeout=3)  # weed's graceful stop can take long; the data is synced per write anyway
         except subprocess.TimeoutExpired:
@@ -186,7 +186,12 @@ class SeaweedS3:
         """Stop everything (session end)."""
         self.stop()
         cluster, self.cluster = self.cluster, None
-        self._kill(cluster)
+        self._kill(cluster, signal.SIGKILL)  # it ignores SIGTERM for many seconds; its data dies with the session
+        ports = (self.master, self.master_grpc, self.volume, self.volume_grpc, self.filer, self.filer_grpc,
+                 self.s3, self.s3_grpc)
+        for sock in Path("/tmp").glob("seaweedfs-*.sock"):  # weed puts its unix sockets there, named by port
+            if sock.stem.rsplit("-", 1)[-1] in {str(p) for p in ports}:
+                sock.unlink(missing_ok=True)
 
     def env(self) -> dict[str, str]:
         """The AWS-chain environment a client (or a spawned daemon) needs; only the chain carries credentials."""
