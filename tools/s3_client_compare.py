@@ -1,4 +1,6 @@
-"""Measure S3 client candidates (boto3, minio, obstore) against a local SeaweedFS, for docs/remote-client.md.
+"""Measure S3 client candidates against a local SeaweedFS, for docs/remote-client.md.
+
+Candidates: boto3 with its defaults and as logfs's S3Store configures it, minio, obstore.
 
 Run once by hand (it is a measurement, not a test): ``python tools/s3_client_compare.py``. It starts its own
 SeaweedFS (tests/remote/remote_store.py), then for each client: import time in a fresh interpreter, then
@@ -16,12 +18,14 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "remote"))
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "remote")]
 from remote_store import SeaweedS3  # noqa: E402
 
 IMPORTS = {
     "boto3": "import boto3, botocore.config; boto3.client('s3', region_name='us-east-1')",
     "minio": "import minio; minio.Minio('127.0.0.1:9', secure=False)",
+    "logfs S3Store (boto3)": "import logfs.remote.s3 as m; m.S3Store('b', endpoint='http://127.0.0.1:9')",
     "obstore": "import obstore; from obstore.store import S3Store; S3Store('b', endpoint='http://127.0.0.1:9', "
                "region='us-east-1', client_options={'allow_http': True})",
 }
@@ -31,8 +35,9 @@ def import_time(stmt: str, rounds: int = 5) -> float:
     best = []
     for _ in range(rounds):
         out = subprocess.run([sys.executable, "-c", f"import time; t=time.perf_counter(); {stmt}; "
-                              "print(time.perf_counter()-t)"], capture_output=True, text=True, check=True,
-                             env={**os.environ, "AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "y"})
+                              "print(time.perf_counter()-t)"], capture_output=True, text=True, check=True, cwd=ROOT,
+                             env={**os.environ, "AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "y",
+                                  "PYTHONPATH": str(ROOT)})
         best.append(float(out.stdout))
     return statistics.median(best)
 
@@ -46,6 +51,12 @@ def clients(s3: SeaweedS3):
         "put": lambda k, d: b.put_object(Bucket=s3.bucket, Key=k, Body=d),
         "get": lambda k: b.get_object(Bucket=s3.bucket, Key=k)["Body"].read(),
         "range": lambda k, o, n: b.get_object(Bucket=s3.bucket, Key=k, Range=f"bytes={o}-{o + n - 1}")["Body"].read(),
+    }
+    os.environ.update(AWS_ACCESS_KEY_ID=s3.access_key, AWS_SECRET_ACCESS_KEY=s3.secret_key)
+    from logfs.remote.s3 import S3Store
+    ls = S3Store(s3.bucket, endpoint=s3.endpoint)
+    yield "logfs S3Store (boto3)", {
+        "put": ls.put_bytes, "get": ls.get_bytes, "range": ls.get_range,
     }
     import io
 

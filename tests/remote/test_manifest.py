@@ -78,3 +78,13 @@ def test_decode_rejects_garbage():
     for data in (b"", b"\xff\xfe", b"[]", b"null"):
         with pytest.raises(RemoteCorruptError):
             decode(data)
+
+
+def test_the_remote_package_imports_neither_fuse_nor_trio_and_loads_boto3_only_for_s3():
+    import subprocess
+    import sys
+    code = ("import sys, logfs.remote, logfs.remote.directory, logfs.remote.manifest; "
+            "assert 'boto3' not in sys.modules and 'botocore' not in sys.modules, 'boto3 loaded'; "
+            "import logfs.remote.s3; "
+            "bad = [m for m in ('pyfuse3', 'trio') if m in sys.modules]; assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -188,6 +188,18 @@ def test_s3_refused_credentials_are_auth_errors(seaweed, aws_env, which):
             call()
 
 
+def test_s3_an_identity_not_allowed_to_write_gets_auth_errors(seaweed, aws_env, pfx):
+    s3_store(seaweed, aws_env).put_bytes(f"{pfx}/a", b"readable")
+    reader = s3_store(seaweed, aws_env, access=seaweed.reader_access_key, secret=seaweed.reader_secret_key)
+    assert reader.get_range(f"{pfx}/a", 0, 4) == b"read"
+    assert [o.key for o in reader.list(f"{pfx}/")] == [f"{pfx}/a"]
+    with pytest.raises(RemoteAuthError, match="AccessDenied"):
+        reader.put_bytes(f"{pfx}/b", b"1")
+    with pytest.raises(RemoteAuthError):
+        reader.delete([f"{pfx}/a"])
+    assert reader.get_bytes(f"{pfx}/a") == b"readable"
+
+
 def test_s3_part_size_below_the_s3_minimum_is_refused(seaweed, aws_env):
     with pytest.raises(ValueError, match="part"):
         S3Store(seaweed.bucket, endpoint=seaweed.endpoint, part_size=PART - 1)
