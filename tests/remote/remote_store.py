@@ -213,6 +213,9 @@ class StallProxy:
     def __init__(self, target_port: int) -> None:
         self.target_port = target_port
         self.stalled = False
+        #: When set, a connection that has carried more than this many bytes upstream goes quiet for good (new
+        #: connections still pass): a transfer that dies midway while the store stays reachable.
+        self.stall_after_bytes: int | None = None
         self._listener = socket.socket()
         self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._listener.bind(("127.0.0.1", 0))
@@ -244,14 +247,20 @@ class StallProxy:
                 continue
             upstream.settimeout(None)
             self._track(upstream)
-            for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+            threading.Thread(target=self._pump, args=(client, upstream, True), daemon=True).start()
+            threading.Thread(target=self._pump, args=(upstream, client, False), daemon=True).start()
 
-    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
+    def _pump(self, src: socket.socket, dst: socket.socket, upstream: bool) -> None:
+        sent = 0
         try:
             while True:
                 data = src.recv(65536)
                 if not data:
+                    break
+                sent += len(data)
+                limit = self.stall_after_bytes
+                if upstream and limit is not None and sent > limit:
+                    self._closed.wait()  # this connection never moves again
                     break
                 while self.stalled and not self._closed.is_set():
                     time.sleep(0.05)  # an open connection goes quiet too (a read that starts then stalls)

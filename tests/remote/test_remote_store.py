@@ -260,6 +260,22 @@ def test_s3_stalled_endpoint_fails_within_the_bound(seaweed, stall_proxy, aws_en
     assert s.get_range(f"{pfx}/seg", 5, 5) == b"56789"
 
 
+def test_s3_a_multipart_upload_that_fails_midway_is_aborted(seaweed, stall_proxy, aws_env, pfx, tmp_path):
+    src = tmp_path / "big.log"
+    src.write_bytes(os.urandom(2 * PART + 100))
+    aws_env.setenv("AWS_ACCESS_KEY_ID", seaweed.access_key)
+    aws_env.setenv("AWS_SECRET_ACCESS_KEY", seaweed.secret_key)
+    s = S3Store(seaweed.bucket, endpoint=stall_proxy.endpoint, part_size=PART, connect_timeout=1.0,
+                read_timeout=2.0, max_attempts=1)
+    stall_proxy.stall_after_bytes = PART + PART // 2  # part 1 goes through, part 2 dies midway
+    with pytest.raises(RemoteUnavailableError):
+        s.put_file(f"{pfx}/big.log", src)
+    direct = s3_store(seaweed, aws_env)
+    assert direct.list(f"{pfx}/") == []  # no object appeared
+    pending = direct._client.list_multipart_uploads(Bucket=seaweed.bucket, Prefix=f"{pfx}/")
+    assert pending.get("Uploads", []) == []  # and the upload was aborted, not left to hold its parts
+
+
 def test_the_secret_key_is_in_no_error_message_and_no_log_record(seaweed, stall_proxy, aws_env, caplog, pfx):
     caplog.set_level(logging.DEBUG)  # botocore logs requests and retries at DEBUG
     texts = []
