@@ -43,6 +43,8 @@ manifest listing S; (3) only then, and only past local retention, delete S local
   under the same keys (the names derive from the base offset), overwriting them: no gap, no duplicate.
 - Crash after (2), before (3): S is both tiered and local; reads prefer the local copy, local retention deletes
   it later. The bucket holds S once.
+- The upload task starts from the manifest: a local segment below ``remote_log_end_offset`` is already tiered
+  and is never uploaded again, so a crash right after (2) cannot make a second copy.
 - Whole-log retention: (1) write the manifest without the expired segments and with ``log_start_offset``
   advanced; (2) delete their objects. A crash between leaves only orphans.
 

@@ -1,53 +1,7 @@
 """Fixtures for the remote store tests: one SeaweedFS per session (started only if a test asks for it)."""
 
-from __future__ import annotations
-
 import sys
 from pathlib import Path
 
-import pytest
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from remote_store import SeaweedS3, StallProxy  # noqa: E402
-
-
-@pytest.fixture(scope="session")
-def seaweed(tmp_path_factory):
-    """A running SeaweedFS with S3 auth on and the bucket ``seaweed.bucket`` created; stopped at session end.
-
-    Tests that stop it (``seaweed.stop()``) must start it again before they end (use ``seaweed_outage``).
-    """
-    server = SeaweedS3(tmp_path_factory.mktemp("seaweed"))
-    server.start()
-    try:
-        server.create_bucket()
-        yield server
-    finally:
-        server.shutdown()
-
-
-@pytest.fixture
-def seaweed_outage(seaweed):
-    """The session's SeaweedFS, brought back up after the test however the test ends."""
-    yield seaweed
-    if seaweed.proc is None:
-        seaweed.start()
-
-
-@pytest.fixture
-def aws_env(monkeypatch, tmp_path):
-    """An AWS credential chain that holds only what the test puts in it (no profile, file or instance role)."""
-    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE",
-                 "AWS_DEFAULT_PROFILE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_DEFAULT_REGION"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-credentials"))
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-config"))
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
-    return monkeypatch
-
-
-@pytest.fixture
-def stall_proxy(seaweed):
-    proxy = StallProxy(seaweed.s3)
-    yield proxy
-    proxy.close()
+from remote_store import aws_env, seaweed, seaweed_outage, stall_proxy  # noqa: E402,F401  (fixtures)

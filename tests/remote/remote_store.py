@@ -11,7 +11,9 @@ on the same port with every object, in about half a second; restarting the whole
 ``StallProxy`` forwards TCP to a target while ``stalled`` is false; while it is true, it accepts connections and
 holds them without ever answering (or stops forwarding on open ones): the shape of a store that is up but stuck.
 
-Other test packages import this module by putting ``tests/remote`` on ``sys.path`` (as ``tests/e2e`` is shared).
+The pytest fixtures at the end (``seaweed``, ``seaweed_outage``, ``aws_env``, ``stall_proxy``) are shared the
+way ``tests/e2e`` is: a conftest puts ``tests/remote`` on ``sys.path`` and imports them by name
+(``from remote_store import seaweed, aws_env``); pytest then offers them to that directory's tests.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ import sys
 import threading
 import time
 from pathlib import Path
+
+import pytest
 
 READY_TIMEOUT = 60.0
 
@@ -285,3 +289,47 @@ class StallProxy:
                 except OSError:
                     pass
             self._conns.clear()
+
+
+# ---- pytest fixtures (imported by name into a conftest to use them) ------------------------------------------
+
+@pytest.fixture(scope="session")
+def seaweed(tmp_path_factory):
+    """A running SeaweedFS with S3 auth on and the bucket ``seaweed.bucket`` created; stopped at session end.
+
+    Tests that stop it (``seaweed.stop()``) must start it again before they end (use ``seaweed_outage``).
+    """
+    server = SeaweedS3(tmp_path_factory.mktemp("seaweed"))
+    server.start()
+    try:
+        server.create_bucket()
+        yield server
+    finally:
+        server.shutdown()
+
+
+@pytest.fixture
+def seaweed_outage(seaweed):
+    """The session's SeaweedFS, brought back up after the test however the test ends."""
+    yield seaweed
+    if seaweed.proc is None:
+        seaweed.start()
+
+
+@pytest.fixture
+def aws_env(monkeypatch, tmp_path):
+    """An AWS credential chain that holds only what the test puts in it (no profile, file or instance role)."""
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE",
+                 "AWS_DEFAULT_PROFILE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_DEFAULT_REGION"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-credentials"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-config"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    return monkeypatch
+
+
+@pytest.fixture
+def stall_proxy(seaweed):
+    proxy = StallProxy(seaweed.s3)
+    yield proxy
+    proxy.close()
