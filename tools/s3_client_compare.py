@@ -2,7 +2,8 @@
 
 Candidates: boto3 with its defaults and as logfs's S3Store configures it, minio, obstore.
 
-Run once by hand (it is a measurement, not a test): ``python tools/s3_client_compare.py``. It starts its own
+Run once by hand (a measurement, not a test): ``pip install minio obstore`` (candidates only, not project
+dependencies), then ``python tools/s3_client_compare.py``. It starts its own
 SeaweedFS (tests/remote/remote_store.py), then for each client: import time in a fresh interpreter, then
 latency and CPU (process time, this process only: the server runs in another process) per 4 KiB ranged GET,
 per 1 MiB and 8 MiB PUT and GET, each the median of several rounds.

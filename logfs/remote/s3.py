@@ -50,7 +50,7 @@ _NOT_FOUND_CODES = {"NoSuchKey", "404", "NotFound", "NoSuchUpload"}
 _UNAVAILABLE_CODES = {"SlowDown", "ServiceUnavailable", "InternalError", "RequestTimeout", "Throttling",
                       "RequestTimeTooSkewed"}
 # Connection-level failures: nothing or no complete answer came back from the endpoint.
-_UNAVAILABLE_EXC = (bx.ConnectionError, bx.HTTPClientError, bx.ResponseStreamingError)
+_UNAVAILABLE_EXC = (bx.ConnectionError, bx.HTTPClientError, bx.ResponseStreamingError, bx.IncompleteReadError)
 
 
 class S3Store(RemoteStore):
