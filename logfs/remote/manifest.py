@@ -1,0 +1,230 @@
+"""Object naming and the per-partition manifest (KIP-405's RemoteLogMetadataManager, kept in the bucket).
+
+Keys
+----
+A tiered segment is four objects, named as the contract fixes them::
+
+    <prefix>/<topic>-<partition>/<20-digit base offset>.log        the Kafka segment, byte for byte
+    <prefix>/<topic>-<partition>/<20-digit base offset>.index      Kafka offset index
+    <prefix>/<topic>-<partition>/<20-digit base offset>.timeindex  Kafka time index
+    <prefix>/<topic>-<partition>/<20-digit base offset>.viewindex  logfs's view index (line positions)
+
+and each partition has one manifest, ``<prefix>/<topic>-<partition>/manifest.json``. With an empty prefix the
+keys start at ``<topic>-<partition>/``. The prefix is used as given, less leading and trailing slashes.
+
+Manifest (JSON, UTF-8)
+----------------------
+::
+
+    {"format": "logfs-remote-manifest", "version": 1,
+     "topic": "orders", "partition": 0,
+     "generation": 7,                  # +1 at every write: tells a stale copy from a fresh one in logs
+     "log_start_offset": 0,            # whole-log start: retention advances it before deleting objects
+     "segments": [                     # ascending, contiguous: each base_offset is the previous next_offset
+       {"base_offset": 0,              # first offset in the segment
+        "next_offset": 1000,           # the offset after its last record (Kafka's end offset + 1)
+        "size": 1048576,               # bytes of the .log
+        "max_timestamp": 1700000000123,  # largest record timestamp (ms), -1 when none
+        "objects": {"log":       {"key": "<prefix>/orders-0/00000000000000000000.log", "size": 1048576},
+                    "index":     {"key": "...index", "size": 8192},
+                    "timeindex": {"key": "...timeindex", "size": 12288},
+                    "viewindex": {"key": "...viewindex", "size": 36000}}}]}
+
+``remote_log_end_offset`` is the last segment's ``next_offset`` (0 with no segment). Readers reject an unknown
+``format`` or a higher ``version``, and a manifest whose segments overlap, as corrupt.
+
+What a crash at each step leaves
+--------------------------------
+Uploading segment S: (1) put S's four objects (each put is atomic; order does not matter); (2) write the
+manifest listing S; (3) only then, and only past local retention, delete S locally.
+
+- Crash during or after (1), before (2): the manifest does not list S, so S is not tiered; it is still on local
+  disk (local deletes wait for (2)); its objects already uploaded are orphans. After restart S is uploaded again
+  under the same keys (the names derive from the base offset), overwriting them: no gap, no duplicate.
+- Crash after (2), before (3): S is both tiered and local; reads prefer the local copy, local retention deletes
+  it later. The bucket holds S once.
+- The upload task starts from the manifest: a local segment below ``remote_log_end_offset`` is already tiered
+  and is never uploaded again, so a crash right after (2) cannot make a second copy.
+- Whole-log retention: (1) write the manifest without the expired segments and with ``log_start_offset``
+  advanced; (2) delete their objects. A crash between leaves only orphans.
+
+Orphans are the keys under the partition's prefix that the manifest names nowhere (manifest.json aside):
+:meth:`ManifestStore.orphans` lists them; they are deleted at startup, before the partition's upload task runs
+(while it runs, an unlisted key may be an upload in progress). The manifest has no conditional-write guard: one
+daemon owns a prefix (the DATA_DIR lock makes that one daemon per data directory; two data directories must not
+share a bucket prefix).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, replace
+
+from .api import RemoteCorruptError, RemoteNotFoundError, RemoteStore
+
+FORMAT = "logfs-remote-manifest"
+VERSION = 1
+MANIFEST_NAME = "manifest.json"
+#: The object kinds of a tiered segment, in upload order (the .log last keeps a listing readable mid-upload).
+SEGMENT_EXTS = ("index", "timeindex", "viewindex", "log")
+
+
+def partition_prefix(prefix: str, topic: str, partition: int) -> str:
+    """``<prefix>/<topic>-<partition>/`` (no leading slash; just ``<topic>-<partition>/`` with no prefix)."""
+    prefix = prefix.strip("/")
+    return f"{prefix}/{topic}-{partition}/" if prefix else f"{topic}-{partition}/"
+
+
+def segment_key(prefix: str, topic: str, partition: int, base_offset: int, ext: str) -> str:
+    if ext not in SEGMENT_EXTS:
+        raise ValueError(f"unknown segment object kind {ext!r}")
+    return f"{partition_prefix(prefix, topic, partition)}{base_offset:020d}.{ext}"
+
+
+def manifest_key(prefix: str, topic: str, partition: int) -> str:
+    return partition_prefix(prefix, topic, partition) + MANIFEST_NAME
+
+
+@dataclass(frozen=True)
+class RemoteFile:
+    key: str
+    size: int
+
+
+@dataclass(frozen=True)
+class RemoteSegment:
+    base_offset: int
+    next_offset: int
+    size: int
+    max_timestamp: int
+    objects: dict[str, RemoteFile]
+
+    def keys(self) -> list[str]:
+        return [f.key for f in self.objects.values()]
+
+
+@dataclass(frozen=True)
+class PartitionManifest:
+    topic: str
+    partition: int
+    generation: int = 0
+    log_start_offset: int = 0
+    segments: tuple[RemoteSegment, ...] = field(default_factory=tuple)
+
+    @property
+    def remote_log_end_offset(self) -> int:
+        return self.segments[-1].next_offset if self.segments else 0
+
+    @property
+    def remote_size_bytes(self) -> int:
+        return sum(s.size for s in self.segments)
+
+    def with_segment(self, seg: RemoteSegment) -> PartitionManifest:
+        """The next manifest, with ``seg`` appended: it must start where the tiered log ends (no gap, no overlap)."""
+        if self.segments and seg.base_offset != self.remote_log_end_offset:
+            raise ValueError(f"segment {seg.base_offset} does not follow the remote log end "
+                             f"{self.remote_log_end_offset}")
+        if seg.next_offset <= seg.base_offset:
+            raise ValueError(f"segment {seg.base_offset} is empty")
+        start = self.log_start_offset if self.segments else max(self.log_start_offset, seg.base_offset)
+        return replace(self, generation=self.generation + 1, log_start_offset=start,
+                       segments=self.segments + (seg,))
+
+    def without_segments_below(self, offset: int) -> tuple[PartitionManifest, list[RemoteSegment]]:
+        """Retention: drop the segments wholly below ``offset``; returns the next manifest and the dropped ones."""
+        dropped = tuple(s for s in self.segments if s.next_offset <= offset)
+        nxt = replace(self, generation=self.generation + 1, log_start_offset=max(self.log_start_offset, offset),
+                      segments=self.segments[len(dropped):])
+        return nxt, list(dropped)
+
+    def segment_for(self, offset: int) -> RemoteSegment | None:
+        """The tiered segment holding ``offset`` (None below the start or at/after the remote end)."""
+        lo, hi = 0, len(self.segments)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if self.segments[mid].next_offset <= offset:
+                lo = mid + 1
+            else:
+                hi = mid
+        if lo < len(self.segments) and self.segments[lo].base_offset <= offset:
+            return self.segments[lo]
+        return None
+
+
+def encode(m: PartitionManifest) -> bytes:
+    return json.dumps({
+        "format": FORMAT, "version": VERSION, "topic": m.topic, "partition": m.partition,
+        "generation": m.generation, "log_start_offset": m.log_start_offset,
+        "segments": [{
+            "base_offset": s.base_offset, "next_offset": s.next_offset, "size": s.size,
+            "max_timestamp": s.max_timestamp,
+            "objects": {ext: {"key": f.key, "size": f.size} for ext, f in s.objects.items()},
+        } for s in m.segments],
+    }, indent=1).encode()
+
+
+def _int(d: dict, name: str) -> int:
+    v = d[name]
+    if type(v) is not int:
+        raise TypeError(f"{name} is not an integer")
+    return v
+
+
+def decode(data: bytes, where: str = "manifest") -> PartitionManifest:
+    """Parse and validate a manifest; RemoteCorruptError (naming ``where``) if it is not one logfs can use."""
+    try:
+        d = json.loads(data)
+        if d.get("format") != FORMAT:
+            raise ValueError(f"format is {d.get('format')!r}, not {FORMAT!r}")
+        if _int(d, "version") > VERSION:
+            raise ValueError(f"version {d['version']} is newer than this logfs reads ({VERSION})")
+        segs = []
+        for s in d["segments"]:
+            objects = {ext: RemoteFile(str(o["key"]), _int(o, "size")) for ext, o in s["objects"].items()}
+            if set(objects) != set(SEGMENT_EXTS):
+                raise ValueError(f"segment {s.get('base_offset')} names objects {sorted(objects)}")
+            seg = RemoteSegment(_int(s, "base_offset"), _int(s, "next_offset"), _int(s, "size"),
+                                _int(s, "max_timestamp"), objects)
+            if seg.next_offset <= seg.base_offset or (segs and seg.base_offset < segs[-1].next_offset):
+                raise ValueError(f"segment {seg.base_offset}..{seg.next_offset} is empty or overlaps")
+            segs.append(seg)
+        topic, partition = d["topic"], _int(d, "partition")
+        if not isinstance(topic, str):
+            raise TypeError("topic is not a string")
+        return PartitionManifest(topic, partition, _int(d, "generation"), _int(d, "log_start_offset"),
+                                 tuple(segs))
+    except (ValueError, TypeError, KeyError, AttributeError) as e:
+        raise RemoteCorruptError(f"{where}: not a valid logfs manifest: {e}") from None
+
+
+class ManifestStore:
+    """Reads and writes the partition manifests of one store under one key prefix."""
+
+    def __init__(self, store: RemoteStore, prefix: str = "") -> None:
+        self.store = store
+        self.prefix = prefix
+
+    def read(self, topic: str, partition: int) -> PartitionManifest:
+        """The partition's manifest; an empty one (generation 0) when none was written yet."""
+        key = manifest_key(self.prefix, topic, partition)
+        try:
+            data = self.store.get_bytes(key)
+        except RemoteNotFoundError:
+            return PartitionManifest(topic, partition)
+        m = decode(data, key)
+        if (m.topic, m.partition) != (topic, partition):
+            raise RemoteCorruptError(f"{key}: names {m.topic}-{m.partition}")
+        return m
+
+    def write(self, m: PartitionManifest) -> None:
+        self.store.put_bytes(manifest_key(self.prefix, m.topic, m.partition), encode(m))
+
+    def segment_keys(self, topic: str, partition: int, base_offset: int) -> dict[str, str]:
+        return {ext: segment_key(self.prefix, topic, partition, base_offset, ext) for ext in SEGMENT_EXTS}
+
+    def orphans(self, m: PartitionManifest) -> list[str]:
+        """Keys under the partition's prefix that ``m`` does not name (nor the manifest itself)."""
+        named = {k for s in m.segments for k in s.keys()}
+        named.add(manifest_key(self.prefix, m.topic, m.partition))
+        objs = self.store.list(partition_prefix(self.prefix, m.topic, m.partition))
+        return [o.key for o in objs if o.key not in named]

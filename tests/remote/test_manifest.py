@@ -1,0 +1,90 @@
+"""Key naming and the partition manifest: encoding, validation, and the no-gap/no-overlap rules (no store)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from logfs.remote import PartitionManifest, RemoteCorruptError, RemoteFile, RemoteSegment
+from logfs.remote.manifest import SEGMENT_EXTS, decode, encode, manifest_key, partition_prefix, segment_key
+
+
+def seg(base: int, nxt: int, prefix: str = "p") -> RemoteSegment:
+    return RemoteSegment(base, nxt, 10 * (nxt - base), 1000 + nxt,
+                         {e: RemoteFile(segment_key(prefix, "t", 0, base, e), 7) for e in SEGMENT_EXTS})
+
+
+def test_key_naming():
+    assert segment_key("tier/a/", "orders", 2, 1234, "log") == "tier/a/orders-2/00000000000000001234.log"
+    assert segment_key("", "orders", 2, 0, "viewindex") == "orders-2/00000000000000000000.viewindex"
+    assert segment_key("/x", "o", 0, 2**63 - 1, "timeindex") == "x/o-0/09223372036854775807.timeindex"
+    assert manifest_key("", "orders", 2) == "orders-2/manifest.json"
+    assert partition_prefix("a//", "t", 1) == "a/t-1/"
+    with pytest.raises(ValueError):
+        segment_key("", "t", 0, 0, "snapshot")
+
+
+def test_round_trip_and_offsets():
+    m = PartitionManifest("t", 0).with_segment(seg(100, 250)).with_segment(seg(250, 300))
+    assert (m.generation, m.log_start_offset, m.remote_log_end_offset, m.remote_size_bytes) == (2, 100, 300, 2000)
+    assert decode(encode(m)) == m
+    doc = json.loads(encode(m))
+    assert doc["format"] == "logfs-remote-manifest" and doc["version"] == 1
+    assert doc["segments"][0]["objects"]["log"] == {"key": "p/t-0/00000000000000000100.log", "size": 7}
+    assert [m.segment_for(o) for o in (99, 100, 249, 250, 299, 300)] == [
+        None, m.segments[0], m.segments[0], m.segments[1], m.segments[1], None]
+
+
+def test_with_segment_refuses_a_gap_an_overlap_and_an_empty_segment():
+    m = PartitionManifest("t", 0).with_segment(seg(0, 10))
+    for bad in (seg(11, 20), seg(5, 20), seg(0, 10)):
+        with pytest.raises(ValueError):
+            m.with_segment(bad)
+    with pytest.raises(ValueError):
+        m.with_segment(seg(10, 10))
+
+
+def test_retention_drops_whole_segments_and_advances_the_start():
+    m = PartitionManifest("t", 0).with_segment(seg(0, 10)).with_segment(seg(10, 20)).with_segment(seg(20, 30))
+    nxt, dropped = m.without_segments_below(15)
+    assert [s.base_offset for s in dropped] == [0]
+    assert [s.base_offset for s in nxt.segments] == [10, 20]
+    assert nxt.log_start_offset == 15 and nxt.generation == m.generation + 1
+    nxt2, dropped2 = nxt.without_segments_below(5)  # never moves back
+    assert dropped2 == [] and nxt2.log_start_offset == 15
+    empty, gone = m.without_segments_below(30)
+    assert len(gone) == 3 and empty.remote_log_end_offset == 0 and empty.log_start_offset == 30
+
+
+@pytest.mark.parametrize("mutate", [
+    lambda d: d.update(format="other"),
+    lambda d: d.update(version=2),
+    lambda d: d.update(partition="0"),
+    lambda d: d["segments"][1].update(base_offset=5),  # overlaps the first
+    lambda d: d["segments"][0].update(next_offset=0),  # empty
+    lambda d: d["segments"][0]["objects"].pop("viewindex"),
+    lambda d: d.pop("segments"),
+])
+def test_decode_rejects_what_logfs_did_not_write(mutate):
+    m = PartitionManifest("t", 0).with_segment(seg(0, 10)).with_segment(seg(10, 20))
+    d = json.loads(encode(m))
+    mutate(d)
+    with pytest.raises(RemoteCorruptError):
+        decode(json.dumps(d).encode())
+
+
+def test_decode_rejects_garbage():
+    for data in (b"", b"\xff\xfe", b"[]", b"null"):
+        with pytest.raises(RemoteCorruptError):
+            decode(data)
+
+
+def test_the_remote_package_imports_neither_fuse_nor_trio_and_loads_boto3_only_for_s3():
+    import subprocess
+    import sys
+    code = ("import sys, logfs.remote, logfs.remote.directory, logfs.remote.manifest; "
+            "assert 'boto3' not in sys.modules and 'botocore' not in sys.modules, 'boto3 loaded'; "
+            "import logfs.remote.s3; "
+            "bad = [m for m in ('pyfuse3', 'trio') if m in sys.modules]; assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], check=True)
