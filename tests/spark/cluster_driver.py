@@ -1,4 +1,4 @@
-"""The tests' Spark driver on the standalone cluster: ``python cluster_driver.py spark://127.0.0.1:PORT``.
+"""The tests' Spark driver on the standalone cluster: ``python cluster_driver.py spark://HOST:PORT [--conf K=V]...``.
 
 Holds ONE SparkSession on the cluster (the logfs source registered) and serves jobs: one JSON request per line
 on stdin (``{"job": NAME, "args": {...}}``), one JSON answer per line on stdout (``{"ok": true, "result": ...}``
@@ -10,6 +10,7 @@ Started and spoken to by ``spark_standalone.ClusterDriver``.
 
 from __future__ import annotations
 
+import argparse
 import base64
 import json
 import os
@@ -93,13 +94,13 @@ def serve(spark, line: str) -> None:
     ANSWERS.write(text + "\n")
 
 
-def session(master: str):
+def session(master: str, conf: list[str]):
     os.environ["PYSPARK_PYTHON"] = sys.executable
     from pyspark.sql import SparkSession
 
     from logfs.spark import register
 
-    spark = (
+    builder = (
         SparkSession.builder.master(master).appName("logfs-cluster-tests")
         .config("spark.driver.host", "127.0.0.1")
         .config("spark.driver.bindAddress", "127.0.0.1")
@@ -117,15 +118,22 @@ def session(master: str):
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.python.worker.reuse", "true")
         .config("spark.executorEnv.PYTHONPATH", os.environ.get("PYTHONPATH", ""))
-        .getOrCreate()
     )
+    for setting in conf:
+        key, _, value = setting.partition("=")
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     register(spark)
     return spark
 
 
 def main() -> None:
-    spark = session(sys.argv[1])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("master")
+    parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE")
+    args = parser.parse_args()
+    spark = session(args.master, args.conf)
     sc = spark.sparkContext
     answer({"ready": True, "app_id": sc.applicationId, "master": sc.master, "driver_pid": os.getpid(),
             "driver_jvm_pid": sc._jvm.java.lang.ProcessHandle.current().pid()})

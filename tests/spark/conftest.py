@@ -1,4 +1,5 @@
-"""Fixtures for the Spark suite: ONE local SparkSession for the whole test session, and logfs mounts.
+"""Fixtures for the Spark suite: ONE local SparkSession for the whole test session, logfs mounts, and a real
+standalone cluster (Master and two Workers on 127.0.0.1) with its own driver process (spark_standalone.py).
 
 The session is ``local[2]`` with the UI off, 2 shuffle partitions and UTC as its time zone; its Python workers
 run this interpreter (PYSPARK_PYTHON), so they import the logfs and pyarrow under test. Java comes from the
@@ -94,11 +95,13 @@ def cluster_driver(spark_cluster):
     whole test session, running the jobs of tests/spark/cluster_driver.py (``cluster_driver.run("read", ...)``).
 
     Why a process, and one per session: a Python process holds one active SparkContext, and the suite's
-    ``spark`` (local[2]) must stay usable before and after cluster tests, in any order and under ``-k``.
-    Measured here (2 cores): the driver process is ready ~11 s after spawn, about 4 s more than stopping the
-    local session and starting a cluster context in the same JVM (~8 s; executors starting dominate both), and
-    a first job then takes ~3 s. Paying the process once per session keeps both sessions independent; a process
-    per test would pay the ~11 s again for every cluster test."""
+    ``spark`` (local[2]) must stay usable before and after cluster tests, in any order and under ``-k``; running
+    the cluster session in the test process would mean stopping the local one and ordering the cluster tests
+    last. Measured here (2 busy cores): the driver process is ready 8-12 s after spawn, 1-4 s more than
+    switching the test process's JVM from local to the cluster (~8 s: starting the executors dominates both).
+    The first job then takes ~10 s (Python workers start on the driver and on each executor), later ones ~1 s;
+    a process per test would pay both again for every cluster test. Whole file (one test): ~30 s.
+    """
     driver = ClusterDriver(spark_cluster, spark_cluster.base / "driver.log")
     try:
         yield driver

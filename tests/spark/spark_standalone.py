@@ -39,7 +39,7 @@ from remote_store import free_ports  # noqa: E402
 
 CODE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(logfs.__file__)))
 DRIVER_SCRIPT = Path(__file__).resolve().parent / "cluster_driver.py"
-START_TIMEOUT = 120.0  # a loaded 2-core machine: three JVMs (and the launcher's) start at once
+START_TIMEOUT = 120.0  # generous: the 2 cores may be busy with other tests
 STOP_TIMEOUT = 15.0
 
 
@@ -59,6 +59,7 @@ def spark_class_unusable_reason() -> str | None:
 
 
 def cluster_env(**extra: str) -> dict[str, str]:
+    """The environment of every cluster process: executors inherit their Worker's."""
     env = dict(os.environ)
     env["PYTHONPATH"] = CODE_ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env.update(SPARK_HOME=str(spark_home()), SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable,
@@ -189,7 +190,7 @@ class SparkCluster:
         self.master_port, self.master_ui_port, *self.worker_ui_ports = free_ports(2 + workers)
         self.master_url = f"spark://127.0.0.1:{self.master_port}"
         self.master_json = f"http://127.0.0.1:{self.master_ui_port}/json/"
-        self.env = cluster_env(SPARK_LOG_DIR=str(self.base / "logs"),
+        self.env = cluster_env(SPARK_LOCAL_DIRS=str(self.base / "local"),
                                # No REST submission server: it would take the fixed port 6066.
                                SPARK_MASTER_OPTS="-Dspark.master.rest.enabled=false",
                                # The daemons only coordinate: C1 only and the serial collector start them
@@ -232,7 +233,6 @@ class SparkCluster:
         t0 = time.monotonic()
         deadline = t0 + START_TIMEOUT
         atexit.register(self.stop)
-        (self.base / "logs").mkdir(parents=True, exist_ok=True)
         self.master = self._launch("master", "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
                                    "--port", str(self.master_port), "--webui-port", str(self.master_ui_port))
         self._wait("Master", lambda s: s.get("status") == "ALIVE", [self.master], deadline)
@@ -275,13 +275,20 @@ def _decode(obj):
 
 
 class ClusterDriver:
-    """``cluster_driver.py`` connected to ``cluster``: ``run("read", path=..., options={...})``."""
+    """``cluster_driver.py`` connected to ``cluster``: ``run("read", path=..., options={...})``.
 
-    def __init__(self, cluster: SparkCluster, log: Path):
+    Its application holds every core of the cluster while it lives, so a second driver on the same cluster
+    would get no executor: add jobs to cluster_driver.py instead. ``conf`` adds Spark settings to the session
+    (e.g. ``spark.executorEnv.AWS_ACCESS_KEY_ID``: executors inherit their Worker's environment plus these)."""
+
+    def __init__(self, cluster: SparkCluster, log: Path, conf: dict[str, str] | None = None):
         self.cluster = cluster
         self.log = log
-        self.proc = spawn([sys.executable, str(DRIVER_SCRIPT), cluster.master_url], log, cluster_env(),
-                          cluster.reaper, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        argv = [sys.executable, str(DRIVER_SCRIPT), cluster.master_url]
+        for key, value in (conf or {}).items():
+            argv += ["--conf", f"{key}={value}"]
+        self.proc = spawn(argv, log, cluster_env(SPARK_LOCAL_DIRS=str(cluster.base / "local")), cluster.reaper,
+                          stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         self._buffer = b""
         self._stopped = False
         atexit.register(self.stop)
