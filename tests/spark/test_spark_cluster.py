@@ -11,6 +11,7 @@ import os
 import pytest
 
 pytest.importorskip("pyspark")
+from spark_standalone import ClusterJobError  # noqa: E402
 from test_spark_datasource import kafka_python_records  # noqa: E402
 
 from logfs.storage import ManualClock  # noqa: E402
@@ -60,3 +61,17 @@ def test_two_executor_jvms_read_exactly_what_the_engine_wrote(cluster_driver, sp
     state = spark_cluster.state()
     assert [a["id"] for a in state["activeapps"]] == [cluster_driver.info["app_id"]]
     assert {w["coresused"] for w in spark_cluster.alive_workers(state)} == {1}
+
+
+def test_a_failed_job_comes_back_as_an_error_and_the_driver_goes_on(cluster_driver, open_manager):
+    """The channel issue 17's error cases need: an error raised in the cluster job reaches the test with its
+    type and message, and the session driver serves the next job."""
+    m = open_manager({"num.partitions": "1"})
+    m.create_topic("t")
+    m.get_log("t", 0).append([b"one", b"two"])
+    with pytest.raises(ClusterJobError, match=r"unknown topic or partition nosuch-0 \(no topic 'nosuch'\)") as caught:
+        cluster_driver.run("read", path=m.data_dir, options={"assign": '{"nosuch":[0]}'})
+    assert caught.value.type != "AttributeError"
+    result = cluster_driver.run("read", path=m.data_dir, options={"subscribe": "t"}, columns=["offset", "value"])
+    assert sorted((r["offset"], r["value"]) for p in result["partitions"] for r in p["rows"]) == [
+        (0, b"one"), (1, b"two")]
