@@ -1,4 +1,5 @@
-"""Fixtures for the Spark suite: ONE local SparkSession for the whole test session, and logfs mounts.
+"""Fixtures for the Spark suite: ONE local SparkSession for the whole test session, logfs mounts, and a real
+standalone cluster (Master and two Workers on 127.0.0.1) with its own driver process (spark_standalone.py).
 
 The session is ``local[2]`` with the UI off, 2 shuffle partitions and UTC as its time zone; its Python workers
 run this interpreter (PYSPARK_PYTHON), so they import the logfs and pyarrow under test. Java comes from the
@@ -17,6 +18,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "e2e"))
 from logfs_e2e import fuse_unusable_reason, mount_factory  # noqa: E402
+from spark_standalone import ClusterDriver, SparkCluster, spark_class_unusable_reason  # noqa: E402
 
 
 def pytest_configure(config):
@@ -70,6 +72,41 @@ def spark():
     register(session)
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="session")
+def spark_cluster(tmp_path_factory):
+    """A standalone Master and two 1-core Workers on 127.0.0.1 (tests/spark/spark_standalone.py), started once per
+    test session (only if a test asks for it) and stopped at its end, no JVM left behind."""
+    pytest.importorskip("pyspark")
+    reason = java_unusable_reason() or spark_class_unusable_reason()
+    if reason:
+        pytest.skip(reason)
+    cluster = SparkCluster(tmp_path_factory.mktemp("spark-cluster"))
+    try:
+        yield cluster.start()
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def cluster_driver(spark_cluster):
+    """The driver for ``spark_cluster``: a separate Python process with ONE SparkSession on the cluster for the
+    whole test session, running the jobs of tests/spark/cluster_driver.py (``cluster_driver.run("read", ...)``).
+
+    Why a process, and one per session: a Python process holds one active SparkContext, and the suite's
+    ``spark`` (local[2]) must stay usable before and after cluster tests, in any order and under ``-k``; running
+    the cluster session in the test process would mean stopping the local one and ordering the cluster tests
+    last. Measured here (2 busy cores): the driver process is ready 8-12 s after spawn, 1-4 s more than
+    switching the test process's JVM from local to the cluster (~8 s: starting the executors dominates both).
+    The first job then takes ~10 s (Python workers start on the driver and on each executor), later ones ~1 s;
+    a process per test would pay both again for every cluster test. Whole file (one test): ~30 s.
+    """
+    driver = ClusterDriver(spark_cluster, spark_cluster.base / "driver.log")
+    try:
+        yield driver
+    finally:
+        driver.stop()
 
 
 @pytest.fixture

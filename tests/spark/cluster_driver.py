@@ -1,0 +1,148 @@
+"""The tests' Spark driver on the standalone cluster: ``python cluster_driver.py spark://HOST:PORT [--conf K=V]...``.
+
+Holds ONE SparkSession on the cluster (the logfs source registered) and serves jobs: one JSON request per line
+on stdin (``{"job": NAME, "args": {...}}``), one JSON answer per line on stdout (``{"ok": true, "result": ...}``
+or ``{"ok": false, "type": ..., "message": ...}``); the first line out is ``{"ready": ...}``. EOF on stdin stops
+the session and exits. Only answers go to stdout: everything else (the JVM's output included) goes to stderr.
+A job is a function ``job(spark, **args)`` in ``JOBS``; results may hold bytes (sent as ``{"$bytes": base64}``).
+Started and spoken to by ``spark_standalone.ClusterDriver``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import os
+import sys
+import traceback
+
+# Answers get a private copy of stdout; fd 1 becomes stderr before the JVM starts, so nothing else reaches it.
+ANSWERS = os.fdopen(os.dup(1), "w", buffering=1)
+os.dup2(2, 1)
+sys.stdout = sys.stderr
+
+
+# Tests move little data: a JVM with the C1 compiler only and the serial collector starts ~3 s sooner on 2 cores
+# (measured). Not for benchmarks.
+FAST_START_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+
+
+def executor_identity() -> dict:
+    """Where the calling Python worker runs: its Spark executor id (from the log URL the standalone Worker
+    gives the executor), the executor JVM's pid (the nearest ``java`` ancestor) and that JVM's parent (the Worker
+    that launched it), and the logfs it imports."""
+    from urllib.parse import parse_qs, urlparse
+
+    import logfs
+
+    def parent(pid: int) -> int:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+
+    pid = os.getpid()
+    while pid > 1:
+        with open(f"/proc/{pid}/comm") as f:
+            if f.read().strip() == "java":
+                break
+        pid = parent(pid)
+    jvm = pid if pid > 1 else None
+    query = parse_qs(urlparse(os.environ.get("SPARK_LOG_URL_STDERR", "")).query)
+    return {"executor_id": query.get("executorId", [None])[0], "jvm_pid": jvm,
+            "jvm_parent_pid": parent(jvm) if jvm else None, "python_pid": os.getpid(), "logfs": logfs.__file__}
+
+
+def read(spark, path: str, options: dict, columns: list | None = None) -> dict:
+    """A batch read with the logfs source; ``timestamp`` comes back as epoch ms. Returns every Spark partition's
+    rows together with the executor that produced them (the source's read and this map run in one task)."""
+    from pyspark.sql import functions as F
+
+    reader = spark.read.format("logfs")
+    for key, value in options.items():
+        reader = reader.option(key, value)
+    df = reader.load(path)
+    df = df.select(*[F.expr("unix_millis(timestamp)").alias("timestamp") if c == "timestamp" else c
+                     for c in (columns or df.columns)])
+
+    def tagged(index, rows):
+        yield {"index": index, "executor": executor_identity(), "rows": [r.asDict(recursive=True) for r in rows]}
+
+    return {"partitions": df.rdd.mapPartitionsWithIndex(tagged).collect()}
+
+
+JOBS = {"read": read}
+
+
+def encode(obj):
+    if isinstance(obj, (bytes, bytearray)):
+        return {"$bytes": base64.b64encode(obj).decode()}
+    raise TypeError(f"not JSON: {type(obj).__name__}")
+
+
+def answer(message: dict) -> None:
+    ANSWERS.write(json.dumps(message, default=encode) + "\n")
+
+
+def serve(spark, line: str) -> None:
+    try:
+        request = json.loads(line)
+        text = json.dumps({"ok": True, "result": JOBS[request["job"]](spark, **request.get("args", {}))},
+                          default=encode)
+    except Exception as exc:  # the test decides whether this error is the expected one
+        traceback.print_exc()
+        text = json.dumps({"ok": False, "type": type(exc).__name__, "message": str(exc)})
+    ANSWERS.write(text + "\n")
+
+
+def session(master: str, conf: list[str]):
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    from pyspark.sql import SparkSession
+
+    from logfs.spark import register
+
+    builder = (
+        SparkSession.builder.master(master).appName("logfs-cluster-tests")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.executor.memory", "512m")
+        .config("spark.driver.memory", "1g")
+        .config("spark.executor.extraJavaOptions", FAST_START_JVM)
+        .config("spark.driver.extraJavaOptions", FAST_START_JVM)
+        # Start jobs only once every executor is registered, so that the work spreads over all of them.
+        .config("spark.scheduler.minRegisteredResourcesRatio", "1.0")
+        .config("spark.scheduler.maxRegisteredResourcesWaitingTime", "60s")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.default.parallelism", "2")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.python.worker.reuse", "true")
+        .config("spark.executorEnv.PYTHONPATH", os.environ.get("PYTHONPATH", ""))
+    )
+    for setting in conf:
+        key, _, value = setting.partition("=")
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("WARN")
+    register(spark)
+    return spark
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("master")
+    parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE")
+    args = parser.parse_args()
+    spark = session(args.master, args.conf)
+    sc = spark.sparkContext
+    answer({"ready": True, "app_id": sc.applicationId, "master": sc.master, "driver_pid": os.getpid(),
+            "driver_jvm_pid": sc._jvm.java.lang.ProcessHandle.current().pid()})
+    try:
+        for line in sys.stdin:
+            serve(spark, line)
+    finally:
+        spark.stop()
+
+
+if __name__ == "__main__":
+    main()
