@@ -144,6 +144,9 @@ CLEANER_OFFSET = "cleaner-offset-checkpoint"
 CLEAN_SHUTDOWN = ".kafka_cleanshutdown"
 TOPICS_FILE = "logfs-topics.json"  # topic overrides and modes (Kafka ignores it)
 LOCK_FILE = ".lock"
+# Tiered storage's local cache: remote segments' indexes, the manifests' copies, fetched .log ranges (Kafka
+# ignores it: the name is no partition directory's).
+REMOTE_CACHE_DIR = "logfs-remote-cache"
 TMP_SUFFIX = ".tmp"  # an atomic write's temporary, renamed over its target
 OWN_FILES = frozenset({RECOVERY_POINT, LOG_START_OFFSET, CLEANER_OFFSET, CLEAN_SHUTDOWN, TOPICS_FILE, LOCK_FILE})
 
@@ -184,6 +187,8 @@ class DataDirScan:
             return
         if is_delete_dir(name):
             self.delete_dirs.append(entry.path)
+            return
+        if name == REMOTE_CACHE_DIR:
             return
         parsed = parse_partition_dir(name)
         if parsed is None:

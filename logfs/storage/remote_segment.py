@@ -1,0 +1,225 @@
+"""A tiered segment, read like a local one, and the bounded on-disk cache of the byte ranges fetched for it.
+
+:class:`RemoteLogSegment` has the reading side of :class:`~logfs.storage.segment.LogSegment` (``size``, ``stats``,
+the three indexes, ``read``/``read_into``/``batches_from``, ``translate_offset``, ``find_offset_by_timestamp``),
+so the view layer and the log read a tiered range exactly as a local one. Its ``.index``, ``.timeindex`` and
+``.viewindex`` are small: they are kept whole on local disk (copied at upload, fetched once otherwise) and mapped
+like a local segment's. Its ``.log`` is read in :data:`BLOCK_BYTES` blocks, each one ranged GET of the object,
+through :class:`BlockCache` (LRU, at most ``logfs.remote.cache.bytes`` of files under DATA_DIR): a read costs the
+blocks it overlaps, never the whole segment.
+
+The FUSE request loop must never wait for the store: the thread that serves requests marks itself
+(:func:`mark_request_thread`); a read there that needs a block not in the cache raises
+:class:`~logfs.storage.errors.FetchNeededError` before any request is sent, and the caller repeats the call in a
+worker thread, where the fetch happens (bounded by the store's own timeouts: a store that is down or stalled
+fails the read with a :class:`~logfs.remote.api.RemoteStoreError`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import threading
+import uuid
+from collections import OrderedDict
+from typing import Callable
+
+from ..remote.api import RemoteCorruptError, RemoteStore
+from ..remote.manifest import RemoteSegment
+from .errors import FetchNeededError
+from .index import ZERO_STATS, OffsetIndex, TimeIndex, ViewIndex
+from .names import INDEX_SUFFIX, TIME_INDEX_SUFFIX, VIEW_INDEX_SUFFIX, filename_prefix
+from .segment import LogSegment, SegmentFile
+
+#: Unit of fetching and caching a remote .log: a small read costs one ranged GET of at most this many bytes.
+BLOCK_BYTES = 256 * 1024
+
+_thread = threading.local()
+
+
+def mark_request_thread() -> None:
+    """The calling thread serves requests: reads there never fetch, they raise FetchNeededError instead."""
+    _thread.no_fetch = True
+
+
+def _may_fetch() -> bool:
+    return not getattr(_thread, "no_fetch", False)
+
+
+class BlockCache:
+    """Blocks of remote objects as files under ``root``, least recently used evicted beyond ``limit`` bytes.
+
+    Thread-safe. A block file is complete or absent (written to a temporary, then renamed). Its name is a hash
+    of the object key and the block number, so the cache is flat whatever the key's length. The cache survives
+    restarts: it is rebuilt from the files, oldest modification time first."""
+
+    def __init__(self, root: str, limit: int):
+        self.root = root
+        self.limit = limit
+        self.lock = threading.Lock()
+        self._lru: OrderedDict[str, int] = OrderedDict()
+        self.used = 0
+        os.makedirs(root, exist_ok=True)
+        found = []
+        for name in os.listdir(root):
+            path = os.path.join(root, name)
+            if ".tmp-" in name:
+                os.unlink(path)
+                continue
+            st = os.stat(path)
+            found.append((st.st_mtime, path, st.st_size))
+        for _, path, size in sorted(found):
+            self._lru[path] = size
+            self.used += size
+        with self.lock:
+            self._evict()
+
+    @staticmethod
+    def _stem(key: str) -> str:
+        return hashlib.sha1(key.encode()).hexdigest()[:24]
+
+    def _path(self, key: str, block: int) -> str:
+        return os.path.join(self.root, f"{self._stem(key)}.{block}")
+
+    def get(self, key: str, block: int, fetch: Callable[[], bytes]) -> bytes:
+        path = self._path(key, block)
+        with self.lock:
+            cached = path in self._lru
+            if cached:
+                self._lru.move_to_end(path)
+        if cached:
+            try:
+                with open(path, "rb") as f:
+                    return f.read()
+            except FileNotFoundError:
+                pass  # evicted meanwhile
+        if not _may_fetch():
+            raise FetchNeededError(f"{key} block {block} is not cached")
+        data = fetch()
+        if len(data) <= self.limit:
+            tmp = f"{path}.tmp-{uuid.uuid4().hex}"
+            with open(tmp, "wb") as f:
+                f.write(data)
+            os.replace(tmp, path)
+            with self.lock:
+                self.used += len(data) - self._lru.pop(path, 0)
+                self._lru[path] = len(data)
+                self._evict()
+        return data
+
+    def _evict(self) -> None:
+        while self.used > self.limit and self._lru:
+            path, size = self._lru.popitem(last=False)
+            self.used -= size
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+
+    def drop(self, key: str) -> None:
+        """Forget every block of ``key`` (its object was deleted from the store)."""
+        stem = os.path.join(self.root, self._stem(key) + ".")
+        with self.lock:
+            for path in [p for p in self._lru if p.startswith(stem)]:
+                self.used -= self._lru.pop(path)
+                try:
+                    os.unlink(path)
+                except FileNotFoundError:
+                    pass
+
+
+def index_paths(index_dir: str, base_offset: int) -> dict[str, str]:
+    """Where a tiered segment's indexes are kept locally, by object kind."""
+    stem = os.path.join(index_dir, filename_prefix(base_offset))
+    return {"index": stem + INDEX_SUFFIX, "timeindex": stem + TIME_INDEX_SUFFIX, "viewindex": stem + VIEW_INDEX_SUFFIX}
+
+
+def install_index(path: str, source: str | None = None, data: bytes | None = None) -> None:
+    """Put an index file in place atomically, copied from ``source`` or written from ``data``."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.tmp-{uuid.uuid4().hex}"
+    try:
+        if source is not None:
+            shutil.copyfile(source, tmp)
+        else:
+            with open(tmp, "wb") as f:
+                f.write(data or b"")
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+class RemoteLogSegment(SegmentFile):
+    """One tiered segment (read-only). Its indexes must already be in ``index_dir`` (:func:`index_paths`)."""
+
+    active = False
+    fd = -1  # never a local descriptor: close_if_unused leaves it alone
+
+    def __init__(self, meta: RemoteSegment, index_dir: str, store: RemoteStore, cache: BlockCache):
+        self.meta = meta
+        self.base_offset = meta.base_offset
+        self.next_offset = meta.next_offset
+        self.size = meta.size
+        self.max_timestamp = meta.max_timestamp
+        self.key = meta.objects["log"].key
+        self.log_path = f"remote object {self.key}"
+        self.store = store
+        self.cache = cache
+        self.refs = 0
+        self.deleted = self.purged = False
+        paths = index_paths(index_dir, meta.base_offset)
+        for ext, path in paths.items():
+            if os.path.getsize(path) != meta.objects[ext].size:
+                raise RemoteCorruptError(f"{path}: {os.path.getsize(path)} bytes, the manifest says "
+                                         f"{meta.objects[ext].size}")
+        self.offset_index = OffsetIndex(paths["index"], self.base_offset, meta.objects["index"].size, active=False)
+        self.time_index = TimeIndex(paths["timeindex"], self.base_offset, meta.objects["timeindex"].size,
+                                    active=False)
+        self.view_index = ViewIndex(paths["viewindex"], self.base_offset, meta.objects["viewindex"].size,
+                                    active=False)
+        last = self.view_index.last()
+        if last is None or last.position != self.size or last.offset != self.next_offset:
+            self.close()
+            raise RemoteCorruptError(f"{paths['viewindex']}: no end entry for {self.size} bytes, offset "
+                                     f"{self.next_offset}")
+        self.stats = last.stats if last is not None else ZERO_STATS
+
+    @property
+    def largest_timestamp(self) -> int:
+        return self.max_timestamp
+
+    def read(self, position: int, length: int) -> bytes:
+        end = min(position + length, self.size)
+        parts = []
+        pos = position
+        while pos < end:
+            block = pos // BLOCK_BYTES
+            start = block * BLOCK_BYTES
+            want = min(BLOCK_BYTES, self.size - start)
+            data = self.cache.get(self.key, block, lambda: self.store.get_range(self.key, start, want))
+            if len(data) != want:
+                raise RemoteCorruptError(f"{self.key}: {len(data)} bytes at {start}, expected {want}")
+            parts.append(data[pos - start:end - start])
+            pos = start + want
+        return b"".join(parts)
+
+    def read_into(self, scratch: bytearray, position: int, length: int) -> memoryview:
+        return memoryview(self.read(position, length))
+
+    # The same bounded lookups as a local segment's: index entry, then a scan of at most one interval.
+    translate_offset = LogSegment.translate_offset
+    find_offset_by_timestamp = LogSegment.find_offset_by_timestamp
+
+    def close(self) -> None:
+        for index in (getattr(self, "offset_index", None), getattr(self, "time_index", None),
+                      getattr(self, "view_index", None)):
+            if index is not None:
+                index.close_handler()
+
+    def __repr__(self) -> str:
+        return f"RemoteLogSegment(base={self.base_offset}, size={self.size}, next={self.next_offset})"

@@ -1,0 +1,169 @@
+"""Tiered storage's mechanism over the directory store, without FUSE: upload, manifest, local and whole-log
+retention, reads across tiers, startup from the manifests, orphans."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from logfs.remote import DirectoryStore
+from logfs.remote.manifest import ManifestStore
+from logfs.storage import BrokerConfig, LogManager
+from logfs.storage.errors import InvalidConfigError
+from logfs.storage.remote_segment import RemoteLogSegment
+from logfs.storage.tiered import RemoteLogManager, tier_stats
+from logfs.view.text import live_view, open_view
+
+PROPS = {"log.segment.bytes": "4096", "log.index.interval.bytes": "512", "log.segment.delete.delay.ms": "0",
+         "remote.log.storage.system.enable": "true"}
+
+
+def lines(n, start=0):
+    return b"".join(b"record-%06d-%s\n" % (i, b"x" * (i % 37)) for i in range(start, start + n))
+
+
+@pytest.fixture
+def archive(tmp_path):
+    root = tmp_path / "archive"
+    root.mkdir()
+    return root
+
+
+def make(tmp_path, archive, clock, **extra):
+    props = dict(PROPS, **{"logfs.remote.dir": str(archive)}, **extra)
+    manager = LogManager(str(tmp_path / "data"), BrokerConfig.from_properties(props), clock=clock)
+    store = DirectoryStore(archive)
+    rlm = RemoteLogManager(manager.data_dir, manager.logs, store, cache_bytes=64 << 10)
+    manager.remote = rlm
+    return manager, rlm
+
+
+def tiered_topic(manager, local_bytes="8192"):
+    manager.create_topic("t", 1)
+    manager.set_topic_config("t", "remote.storage.enable", "true")
+    manager.set_topic_config("t", "local.retention.bytes", local_bytes)
+    return manager.get_log("t", 0)
+
+
+def view_text(plog):
+    view = open_view(plog)
+    try:
+        return view.read(0, view.length() + 10)
+    finally:
+        view.release()
+
+
+def test_upload_local_retention_and_whole_log_read(tmp_path, archive, clock):
+    manager, rlm = make(tmp_path, archive, clock)
+    plog = tiered_topic(manager)
+    data = lines(3000)
+    plog.append_lines(b"", data, len(data))
+    plog.roll()
+    plog.flush()
+    uploaded = rlm.sync(plog, clock.time_ms())
+    assert uploaded >= 10
+    m = ManifestStore(DirectoryStore(archive)).read("t", 0)
+    assert m.remote_log_end_offset == plog.log_end_offset
+    assert [s.base_offset for s in m.segments][0] == 0
+    assert sorted(os.listdir(archive / "t-0"))[-1] == "manifest.json"
+    # Local retention kept about local.retention.bytes; the log start offset is still 0.
+    assert plog.size_bytes <= 8192 + 4096
+    assert plog.log_start_offset == 0
+    assert plog.segments.first.base_offset > 0
+    assert any(isinstance(s, RemoteLogSegment) for s in plog.view_segments())
+    assert live_view(plog).length() == len(data)
+    assert view_text(plog) == data
+    # Positions and offsets across the tiers.
+    view = live_view(plog)
+    pos = view.position_of(1234)
+    assert data[pos:].startswith(b"record-001234-")
+    assert view.offset_at(pos + 3) == 1234
+    stats = tier_stats(plog)
+    assert stats["remote_log_end_offset"] == plog.log_end_offset
+    assert stats["remote_segment_count"] == len(m.segments)
+    assert stats["local_log_start_offset"] == plog.segments.first.base_offset
+    manager.close()
+    # Remount: the whole log again, first from the local copy of the manifest, then from the store.
+    manager, rlm = make(tmp_path, archive, clock)
+    plog = manager.get_log("t", 0)
+    rlm.attach_cached()
+    assert plog.log_start_offset == 0
+    assert view_text(plog) == data
+    rlm.sync(plog, clock.time_ms())
+    assert view_text(plog) == data
+    manager.close()
+
+
+def test_unflushed_segments_wait_and_orphans_are_removed(tmp_path, archive, clock):
+    manager, rlm = make(tmp_path, archive, clock)
+    plog = tiered_topic(manager, local_bytes="0")
+    data = lines(1000)
+    plog.append_lines(b"", data, len(data))
+    plog.roll()
+    assert rlm.sync(plog, clock.time_ms()) == 0  # nothing flushed: nothing uploaded, nothing deleted
+    assert plog.segments.first.base_offset == 0
+    # An interrupted upload left objects the manifest does not name.
+    (archive / "t-0").mkdir(exist_ok=True)
+    (archive / "t-0" / ("%020d.log" % 999999)).write_bytes(b"junk")
+    plog.flush()
+    rlm.tiers.clear()
+    rlm.sync(plog, clock.time_ms())
+    assert not (archive / "t-0" / ("%020d.log" % 999999)).exists()
+    assert len(plog.segments) == 1  # everything sealed is tiered and deleted locally
+    assert view_text(plog) == data
+    manager.close()
+
+
+def test_whole_log_retention_deletes_from_the_store(tmp_path, archive, clock):
+    manager, rlm = make(tmp_path, archive, clock)
+    plog = tiered_topic(manager, local_bytes="4096")
+    data = lines(3000)
+    plog.append_lines(b"", data, len(data))
+    plog.roll()
+    plog.flush()
+    rlm.sync(plog, clock.time_ms())
+    before = ManifestStore(DirectoryStore(archive)).read("t", 0)
+    manager.set_topic_config("t", "retention.bytes", "40000")
+    rlm.sync(plog, clock.time_ms())
+    after = ManifestStore(DirectoryStore(archive)).read("t", 0)
+    assert len(after.segments) < len(before.segments)
+    assert plog.log_start_offset == after.log_start_offset > 0
+    names = set(os.listdir(archive / "t-0"))
+    for s in before.segments[: len(before.segments) - len(after.segments)]:
+        assert "%020d.log" % s.base_offset not in names
+    text = view_text(plog)
+    assert data.endswith(text) and text.startswith(b"record-%06d-" % plog.log_start_offset)
+    manager.close()
+
+
+def test_tiering_settings_are_checked(tmp_path, archive, clock):
+    manager, _ = make(tmp_path, archive, clock)
+    manager.create_topic("c", 1)
+    manager.set_topic_config("c", "cleanup.policy", "compact")
+    with pytest.raises(InvalidConfigError):
+        manager.set_topic_config("c", "remote.storage.enable", "true")
+    manager.create_topic("t", 1)
+    manager.set_topic_config("t", "remote.storage.enable", "true")
+    with pytest.raises(InvalidConfigError):
+        manager.set_topic_config("t", "cleanup.policy", "compact")
+    with pytest.raises(InvalidConfigError):
+        manager.set_topic_config("t", "remote.storage.enable", "false")
+    with pytest.raises(InvalidConfigError):
+        manager.set_topic_config("t", "local.retention.bytes", "-3")
+    manager.set_topic_config("t", "retention.bytes", "1000")
+    with pytest.raises(InvalidConfigError):
+        manager.set_topic_config("t", "local.retention.bytes", "2000")
+    manager.close()
+    with pytest.raises(InvalidConfigError):
+        BrokerConfig.from_properties({"remote.log.storage.system.enable": "true"})  # no bucket, no directory
+    with pytest.raises(InvalidConfigError):
+        BrokerConfig.from_properties({"logfs.remote.cache.bytes": "-1"})
+    with pytest.raises(InvalidConfigError):
+        BrokerConfig.from_properties({"remote.log.manager.task.interval.ms": "0"})
+    plain = LogManager(str(tmp_path / "plain"), BrokerConfig.from_properties({}), clock=clock)
+    plain.create_topic("t", 1)
+    with pytest.raises(InvalidConfigError):  # the broker's remote storage system is off
+        plain.set_topic_config("t", "remote.storage.enable", "true")
+    plain.close()
