@@ -21,7 +21,7 @@ import logging
 
 import trio
 
-from ..remote.api import RemoteStore, RemoteStoreError, RemoteUnavailableError
+from ..remote.api import RemoteAuthError, RemoteStore, RemoteStoreError, RemoteUnavailableError
 from ..remote.directory import DirectoryStore
 from ..storage.errors import LogfsError
 from ..storage.manager import LogManager
@@ -73,6 +73,8 @@ def setup(manager: LogManager) -> RemoteLogManager | None:
         store.check()
     except RemoteUnavailableError as exc:
         log.warning("tiered storage: %s cannot be reached (%s); mounting anyway, uploads retry", where, exc)
+    except RemoteAuthError as exc:
+        raise RemoteSetupError(f"tiered storage: the store refused the credentials of the AWS chain: {exc}") from None
     except RemoteStoreError as exc:
         raise RemoteSetupError(f"tiered storage: {exc}") from None
     rlm = RemoteLogManager(manager.data_dir, manager.logs, store, read_store=read_store,

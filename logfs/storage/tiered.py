@@ -165,6 +165,8 @@ class RemoteLogManager:
     def upload(self, tier: PartitionTier) -> int:
         plog = tier.log
         count = 0
+        if plog.recovery_point < plog.active_segment.base_offset:
+            plog.flush(plog.active_segment.base_offset)  # a segment is uploaded only once durable locally
         with plog.snapshot(sealed_only=True) as snap:
             for seg in snap.segments:
                 end = tier.manifest.remote_log_end_offset

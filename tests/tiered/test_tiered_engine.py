@@ -96,21 +96,19 @@ def test_upload_local_retention_and_whole_log_read(tmp_path, archive, clock):
     manager.close()
 
 
-def test_unflushed_segments_wait_and_orphans_are_removed(tmp_path, archive, clock):
+def test_orphans_are_removed_and_sealed_segments_flushed_before_upload(tmp_path, archive, clock):
     manager, rlm = make(tmp_path, archive, clock)
     plog = tiered_topic(manager, local_bytes="0")
     data = lines(1000)
     plog.append_lines(b"", data, len(data))
     plog.roll()
-    assert rlm.sync(plog, clock.time_ms()) == 0  # nothing flushed: nothing uploaded, nothing deleted
-    assert plog.segments.first.base_offset == 0
+    assert plog.recovery_point == 0
     # An interrupted upload left objects the manifest does not name.
     (archive / "t-0").mkdir(exist_ok=True)
     (archive / "t-0" / ("%020d.log" % 999999)).write_bytes(b"junk")
-    plog.flush()
-    rlm.tiers.clear()
     rlm.sync(plog, clock.time_ms())
     assert not (archive / "t-0" / ("%020d.log" % 999999)).exists()
+    assert plog.recovery_point == plog.active_segment.base_offset
     assert len(plog.segments) == 1  # everything sealed is tiered and deleted locally
     assert view_text(plog) == data
     manager.close()
