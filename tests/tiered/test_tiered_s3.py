@@ -140,6 +140,19 @@ def test_store_down_appends_go_on_tiered_reads_fail_fast_then_resume(mount_logfs
     # Uploads resume; nothing is lost.
     wait_for(lambda: int(fs.getx("t/0", "segment_count")) <= 4, 120, interval=0.5, what="uploads to resume")
     assert fs.read("t/0") == first + second
+    # Mounting with the store down: the mount comes up showing the whole log (from the local copy of the
+    # manifest); tiered ranges fail with EIO until the store is back.
+    fs.unmount()
+    seaweed_outage.stop()
+    try:
+        fs.mount(*fs.options)
+        assert os.stat(fs.path("t", 0)).st_size == len(first + second)
+        assert fs.getx("t/0", "log_start_offset") == "0"
+        with open(fs.path("t", 0), "rb") as f:
+            expect_errno(errno.EIO, f.read, 100)
+    finally:
+        seaweed_outage.start()
+    assert fs.read("t/0") == first + second
     offsets = kafka_offsets(bucket_logs(creds, prefix))
     assert offsets == list(range(len(offsets)))
 
@@ -199,3 +212,43 @@ def test_mount_errors(tmp_path, mount_logfs, creds):
     expect_errno(errno.EINVAL, os.setxattr, fs.path("t"), "user.logfs.config.local.retention.ms", b"-3")
     fs.append("t/0", b"still appends\n")
     assert fs.read("t/0") == b"still appends\n"
+
+
+def test_stalled_store_fails_a_tiered_read_in_bounded_time_and_blocks_nothing_else(mount_logfs, creds,
+                                                                                    stall_proxy):
+    import threading
+
+    prefix = "stall-" + uuid.uuid4().hex[:8]
+    fs = mount_logfs(*opts(creds, prefix, endpoint=stall_proxy.endpoint))
+    tier_topic(fs, local_bytes=SEGMENT)
+    data = append_in_chunks(fs, 0, 40_000)
+    wait_for(lambda: int(fs.getx("t/0", "local_log_start_offset")) > 0, 60, interval=0.3, what="local deletes")
+    stall_proxy.stalled = True
+    outcome = {}
+
+    def tiered_read():
+        t0 = time.monotonic()
+        try:
+            with open(fs.path("t", 0), "rb") as f:
+                f.read(100)
+            outcome["result"] = "read"
+        except OSError as exc:
+            outcome["result"] = exc.errno
+        outcome["seconds"] = time.monotonic() - t0
+
+    reader = threading.Thread(target=tiered_read)
+    reader.start()
+    time.sleep(1)
+    # The mount goes on meanwhile: stat, xattrs, appends, local reads.
+    t0 = time.monotonic()
+    assert os.stat(fs.path("t", 0)).st_size == len(data)
+    fs.append("t/0", b"during the stall\n")
+    local = int(fs.getx("t/0", "local_log_start_offset"))
+    pos = int(fs.getx("t/0", f"position.{local}"))
+    with open(fs.path("t", 0), "rb") as f:
+        f.seek(pos)
+        assert f.read(100) == data[pos:pos + 100]
+    assert time.monotonic() - t0 < 2
+    reader.join(40)
+    assert outcome.get("result") == errno.EIO and outcome["seconds"] < 25, outcome
+    stall_proxy.stalled = False
