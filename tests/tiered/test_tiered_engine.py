@@ -165,3 +165,50 @@ def test_tiering_settings_are_checked(tmp_path, archive, clock):
     with pytest.raises(InvalidConfigError):  # the broker's remote storage system is off
         plain.set_topic_config("t", "remote.storage.enable", "true")
     plain.close()
+
+
+def test_deleted_partition_objects_are_removed_and_the_cache_stays_bounded(tmp_path, archive, clock):
+    manager, rlm = make(tmp_path, archive, clock)
+    plog = tiered_topic(manager, local_bytes="0")
+    data = lines(4000)
+    plog.append_lines(b"", data, len(data))
+    plog.roll()
+    rlm.sync(plog, clock.time_ms())
+    assert view_text(plog) == data  # every tiered block fetched once...
+    assert rlm.blocks.used <= 64 << 10  # ...through a cache bounded by logfs.remote.cache.bytes
+    assert len(os.listdir(archive / "t-0")) > 4
+    manager.delete_partition("t", 0)
+    assert rlm.purge_deleted() == 1
+    assert os.listdir(archive / "t-0") == []
+    assert rlm.purge_deleted() == 0
+    manager.close()
+
+
+def test_a_tiered_read_on_the_request_thread_never_fetches(tmp_path, archive, clock):
+    from logfs.storage import remote_segment
+    from logfs.storage.errors import FetchNeededError
+    import threading
+
+    manager, rlm = make(tmp_path, archive, clock)
+    plog = tiered_topic(manager, local_bytes="0")
+    data = lines(2000)
+    plog.append_lines(b"", data, len(data))
+    plog.roll()
+    rlm.sync(plog, clock.time_ms())
+    result = {}
+
+    def request_thread():
+        remote_segment.mark_request_thread()
+        view = open_view(plog)
+        try:
+            view.read(0, 100)
+        except FetchNeededError:
+            result["raised"] = True
+        view.release()
+
+    t = threading.Thread(target=request_thread)
+    t.start()
+    t.join()
+    assert result == {"raised": True}
+    assert view_text(plog) == data  # a worker thread fetches
+    manager.close()
