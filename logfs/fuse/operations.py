@@ -368,6 +368,10 @@ class Operations(pyfuse3.Operations):
 
     @translate
     async def release(self, fh):
+        fetching = self._fetching.get(fh)
+        if fetching is not None:  # a worker thread still reads through this handle's view
+            async with fetching:
+                pass
         handle = self._handles.pop(fh, None)
         if handle is None:
             return
