@@ -3,7 +3,6 @@ retention, reads across tiers, startup from the manifests, orphans."""
 
 from __future__ import annotations
 
-import json
 import os
 
 import pytest
@@ -233,4 +232,23 @@ def test_time_lookup_and_record_reads_across_tiers(tmp_path, archive, clock):
     got = plog.read(700, max_records=3)  # records API over a tiered offset
     assert [r.offset for r in got] == [700, 701, 702]
     assert got[0].value == lines(1, 700)[:-1]
+    manager.close()
+
+
+def test_an_open_view_keeps_reading_while_segments_move_to_the_store(tmp_path, archive, clock):
+    manager, rlm = make(tmp_path, archive, clock)
+    plog = tiered_topic(manager, local_bytes="0")
+    data = lines(3000)
+    plog.append_lines(b"", data, len(data))
+    plog.roll()
+    view = open_view(plog)  # pins the local segments, as a file handle does
+    head = view.read(0, 5000)
+    rlm.sync(plog, clock.time_ms())
+    plog.purge_deleted(now_ms=1 << 62)  # their files are unlinked
+    assert len(plog.segments) == 1
+    assert not any(n.endswith(".log.deleted") for n in os.listdir(plog.directory))
+    rest = view.read(5000, len(data))
+    view.release()
+    assert head + rest == data
+    assert view_text(plog) == data  # a new open reads the same bytes from the store
     manager.close()
