@@ -4,9 +4,9 @@
 the three indexes, ``read``/``read_into``/``batches_from``, ``translate_offset``, ``find_offset_by_timestamp``),
 so the view layer and the log read a tiered range exactly as a local one. Its ``.index``, ``.timeindex`` and
 ``.viewindex`` are small: they are kept whole on local disk (copied at upload, fetched once otherwise) and mapped
-like a local segment's. Its ``.log`` is read in :data:`BLOCK_BYTES` blocks, each one ranged GET of the object,
-through :class:`BlockCache` (LRU, at most ``logfs.remote.cache.bytes`` of files under DATA_DIR): a read costs the
-blocks it overlaps, never the whole segment.
+like a local segment's. Its ``.log`` is read in :data:`BLOCK_BYTES` blocks through :class:`BlockCache` (LRU, at
+most ``logfs.remote.cache.bytes`` of files under DATA_DIR): a read costs one ranged GET per run of consecutive
+blocks it overlaps that are not cached, never the whole segment.
 
 The FUSE request loop must never wait for the store: the thread that serves requests marks itself
 (:func:`mark_request_thread`); a read there that needs a block not in the cache raises
@@ -82,31 +82,58 @@ class BlockCache:
     def _path(self, key: str, block: int) -> str:
         return os.path.join(self.root, f"{self._stem(key)}.{block}")
 
-    def get(self, key: str, block: int, fetch: Callable[[], bytes]) -> bytes:
+    def _cached(self, key: str, block: int, length: int) -> bytes | None:
         path = self._path(key, block)
         with self.lock:
-            cached = path in self._lru
-            if cached:
-                self._lru.move_to_end(path)
-        if cached:
-            try:
-                with open(path, "rb") as f:
-                    return f.read()
-            except FileNotFoundError:
-                pass  # evicted meanwhile
-        if not _may_fetch():
-            raise FetchNeededError(f"{key} block {block} is not cached")
-        data = fetch()
-        if len(data) <= self.limit:
-            tmp = f"{path}.tmp-{uuid.uuid4().hex}"
-            with open(tmp, "wb") as f:
-                f.write(data)
-            os.replace(tmp, path)
-            with self.lock:
-                self.used += len(data) - self._lru.pop(path, 0)
-                self._lru[path] = len(data)
-                self._evict()
-        return data
+            if path not in self._lru:
+                return None
+            self._lru.move_to_end(path)
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+        except FileNotFoundError:
+            return None  # evicted meanwhile
+        return data if len(data) == length else None
+
+    def _store(self, key: str, block: int, data: bytes) -> None:
+        if len(data) > self.limit:
+            return
+        path = self._path(key, block)
+        tmp = f"{path}.tmp-{uuid.uuid4().hex}"
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+        with self.lock:
+            self.used += len(data) - self._lru.pop(path, 0)
+            self._lru[path] = len(data)
+            self._evict()
+
+    def get_blocks(self, key: str, first: int, last: int, length_of: Callable[[int], int],
+                   fetch: Callable[[int, int], list[bytes]]) -> list[bytes]:
+        """Blocks ``first..last`` of ``key``: from the cache, the missing ones by ``fetch(a, b)`` (blocks a..b in
+        one request) per run of consecutive missing blocks, then cached. On the request thread a missing block
+        raises FetchNeededError before anything is fetched."""
+        found: dict[int, bytes] = {}
+        missing: list[int] = []
+        for block in range(first, last + 1):
+            data = self._cached(key, block, length_of(block))
+            if data is None:
+                missing.append(block)
+            else:
+                found[block] = data
+        if missing and not _may_fetch():
+            raise FetchNeededError(f"{key} blocks {missing[0]}..{missing[-1]} are not cached")
+        runs: list[list[int]] = []
+        for block in missing:
+            if runs and runs[-1][-1] == block - 1:
+                runs[-1].append(block)
+            else:
+                runs.append([block])
+        for run in runs:
+            for block, data in zip(run, fetch(run[0], run[-1])):
+                found[block] = data
+                self._store(key, block, data)
+        return [found[block] for block in range(first, last + 1)]
 
     def _evict(self) -> None:
         while self.used > self.limit and self._lru:
@@ -193,20 +220,28 @@ class RemoteLogSegment(SegmentFile):
     def largest_timestamp(self) -> int:
         return self.max_timestamp
 
+    def _block_length(self, block: int) -> int:
+        return min(BLOCK_BYTES, self.size - block * BLOCK_BYTES)
+
+    def _fetch(self, first: int, last: int) -> list[bytes]:
+        """Blocks ``first..last`` of the .log object by one ranged GET."""
+        start = first * BLOCK_BYTES
+        want = min((last + 1) * BLOCK_BYTES, self.size) - start
+        data = self.store.get_range(self.key, start, want)
+        if len(data) != want:
+            raise RemoteCorruptError(f"{self.key}: {len(data)} bytes at {start}, expected {want}")
+        return [data[i:i + BLOCK_BYTES] for i in range(0, want, BLOCK_BYTES)]
+
     def read(self, position: int, length: int) -> bytes:
         end = min(position + length, self.size)
-        parts = []
-        pos = position
-        while pos < end:
-            block = pos // BLOCK_BYTES
-            start = block * BLOCK_BYTES
-            want = min(BLOCK_BYTES, self.size - start)
-            data = self.cache.get(self.key, block, lambda: self.store.get_range(self.key, start, want))
-            if len(data) != want:
-                raise RemoteCorruptError(f"{self.key}: {len(data)} bytes at {start}, expected {want}")
-            parts.append(data[pos - start:end - start])
-            pos = start + want
-        return b"".join(parts)
+        if end <= position:
+            return b""
+        first, last = position // BLOCK_BYTES, (end - 1) // BLOCK_BYTES
+        blocks = self.cache.get_blocks(self.key, first, last, self._block_length, self._fetch)
+        skip = position - first * BLOCK_BYTES
+        if len(blocks) == 1:
+            return blocks[0][skip:skip + end - position]
+        return b"".join(blocks)[skip:skip + end - position]
 
     def read_into(self, scratch: bytearray, position: int, length: int) -> memoryview:
         return memoryview(self.read(position, length))

@@ -252,3 +252,36 @@ def test_an_open_view_keeps_reading_while_segments_move_to_the_store(tmp_path, a
     assert head + rest == data
     assert view_text(plog) == data  # a new open reads the same bytes from the store
     manager.close()
+
+
+def test_a_small_tiered_read_costs_one_ranged_get_of_at_most_two_blocks(tmp_path, archive, clock):
+    from logfs.storage.remote_segment import BLOCK_BYTES
+
+    class Counting(DirectoryStore):
+        calls: list = []
+
+        def get_range(self, key, start, length):
+            self.calls.append(length)
+            return super().get_range(key, start, length)
+
+    props = dict(PROPS, **{"logfs.remote.dir": str(archive), "log.segment.bytes": str(4 << 20)})
+    manager = LogManager(str(tmp_path / "data"), BrokerConfig.from_properties(props), clock=clock)
+    store = Counting(archive)
+    rlm = RemoteLogManager(manager.data_dir, manager.logs, store, cache_bytes=64 << 20)
+    plog = tiered_topic(manager, local_bytes="0")
+    data = lines(60000) * 2
+    plog.append_lines(b"", data, len(data))
+    plog.roll()
+    rlm.sync(plog, clock.time_ms())
+    assert len(plog.segments) == 1 and len(data) > 3 * (1 << 20)
+    view = open_view(plog)
+    assert view.length() == len(data) and store.calls == []  # st_size: the local copies of the indexes
+    pos = view.position_of(91337)  # the index entry, then one interval's batches: one ranged GET
+    assert len(store.calls) == 1 and store.calls[0] <= 2 * BLOCK_BYTES
+    assert view.read(pos, 100) == data[pos:pos + 100]
+    assert len(store.calls) <= 2 and max(store.calls) <= 2 * BLOCK_BYTES
+    n = len(store.calls)
+    assert view.read(pos, 100) == data[pos:pos + 100]
+    assert len(store.calls) == n  # cached
+    view.release()
+    manager.close()
