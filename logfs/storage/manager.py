@@ -286,6 +286,8 @@ class LogManager:
                     log.warning("%s not updated before deleting the last partition of %r: %s", TOPICS_FILE,
                                 topic, exc.strerror or exc)
             new_path = os.path.join(self.data_dir, delete_dir_name(topic, partition))
+            if self.remote is not None and victim.config.remote_storage_enable:
+                self.remote.schedule_delete(topic, partition)  # its objects go too, even after a crash
             with victim.lock:
                 os.rename(victim.directory, new_path)
                 del self.logs[(topic, partition)]

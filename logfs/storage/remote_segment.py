@@ -48,42 +48,44 @@ def _may_fetch() -> bool:
 
 
 class BlockCache:
-    """Blocks of remote objects as files under ``root``, least recently used evicted beyond ``limit`` bytes.
+    """Blocks of remote objects as files (in each partition's ``logfs-remote/blocks/``), least recently used
+    evicted beyond ``limit`` bytes over all partitions.
 
-    Thread-safe. A block file is complete or absent (written to a temporary, then renamed). Its name is a hash
-    of the object key and the block number, so the cache is flat whatever the key's length. The cache survives
-    restarts: it is rebuilt from the files, oldest modification time first."""
+    Thread-safe. A block file is complete or absent (written to a temporary, then renamed). It is named by a hash
+    of the object key and the block number. The cache survives restarts: :meth:`scan` takes in a directory's
+    blocks, oldest modification time first."""
 
-    def __init__(self, root: str, limit: int):
-        self.root = root
+    def __init__(self, limit: int):
         self.limit = limit
         self.lock = threading.Lock()
         self._lru: OrderedDict[str, int] = OrderedDict()
         self.used = 0
-        os.makedirs(root, exist_ok=True)
+
+    def scan(self, directory: str) -> None:
+        try:
+            names = os.listdir(directory)
+        except FileNotFoundError:
+            return
         found = []
-        for name in os.listdir(root):
-            path = os.path.join(root, name)
+        for name in names:
+            path = os.path.join(directory, name)
             if ".tmp-" in name:
                 os.unlink(path)
                 continue
             st = os.stat(path)
             found.append((st.st_mtime, path, st.st_size))
-        for _, path, size in sorted(found):
-            self._lru[path] = size
-            self.used += size
         with self.lock:
+            for _, path, size in sorted(found):
+                self.used += size - self._lru.pop(path, 0)
+                self._lru[path] = size
             self._evict()
 
     @staticmethod
-    def _stem(key: str) -> str:
-        return hashlib.sha1(key.encode()).hexdigest()[:24]
+    def _path(directory: str, key: str, block: int) -> str:
+        return os.path.join(directory, f"{hashlib.sha1(key.encode()).hexdigest()[:24]}.{block}")
 
-    def _path(self, key: str, block: int) -> str:
-        return os.path.join(self.root, f"{self._stem(key)}.{block}")
-
-    def _cached(self, key: str, block: int, length: int) -> bytes | None:
-        path = self._path(key, block)
+    def _cached(self, directory: str, key: str, block: int, length: int) -> bytes | None:
+        path = self._path(directory, key, block)
         with self.lock:
             if path not in self._lru:
                 return None
@@ -95,10 +97,11 @@ class BlockCache:
             return None  # evicted meanwhile
         return data if len(data) == length else None
 
-    def _store(self, key: str, block: int, data: bytes) -> None:
+    def _store(self, directory: str, key: str, block: int, data: bytes) -> None:
         if len(data) > self.limit:
             return
-        path = self._path(key, block)
+        path = self._path(directory, key, block)
+        os.makedirs(directory, exist_ok=True)
         tmp = f"{path}.tmp-{uuid.uuid4().hex}"
         with open(tmp, "wb") as f:
             f.write(data)
@@ -108,7 +111,7 @@ class BlockCache:
             self._lru[path] = len(data)
             self._evict()
 
-    def get_blocks(self, key: str, first: int, last: int, length_of: Callable[[int], int],
+    def get_blocks(self, directory: str, key: str, first: int, last: int, length_of: Callable[[int], int],
                    fetch: Callable[[int, int], list[bytes]]) -> list[bytes]:
         """Blocks ``first..last`` of ``key``: from the cache, the missing ones by ``fetch(a, b)`` (blocks a..b in
         one request) per run of consecutive missing blocks, then cached. On the request thread a missing block
@@ -116,7 +119,7 @@ class BlockCache:
         found: dict[int, bytes] = {}
         missing: list[int] = []
         for block in range(first, last + 1):
-            data = self._cached(key, block, length_of(block))
+            data = self._cached(directory, key, block, length_of(block))
             if data is None:
                 missing.append(block)
             else:
@@ -132,7 +135,7 @@ class BlockCache:
         for run in runs:
             for block, data in zip(run, fetch(run[0], run[-1])):
                 found[block] = data
-                self._store(key, block, data)
+                self._store(directory, key, block, data)
         return [found[block] for block in range(first, last + 1)]
 
     def _evict(self) -> None:
@@ -144,9 +147,9 @@ class BlockCache:
             except FileNotFoundError:
                 pass
 
-    def drop(self, key: str) -> None:
+    def drop(self, directory: str, key: str) -> None:
         """Forget every block of ``key`` (its object was deleted from the store)."""
-        stem = os.path.join(self.root, self._stem(key) + ".")
+        stem = self._path(directory, key, 0)[:-1]
         with self.lock:
             for path in [p for p in self._lru if p.startswith(stem)]:
                 self.used -= self._lru.pop(path)
@@ -197,6 +200,7 @@ class RemoteLogSegment(SegmentFile):
         self.log_path = f"remote object {self.key}"
         self.store = store
         self.cache = cache
+        self.blocks_dir = os.path.join(index_dir, "blocks")
         self.refs = 0
         self.deleted = self.purged = False
         paths = index_paths(index_dir, meta.base_offset)
@@ -237,7 +241,7 @@ class RemoteLogSegment(SegmentFile):
         if end <= position:
             return b""
         first, last = position // BLOCK_BYTES, (end - 1) // BLOCK_BYTES
-        blocks = self.cache.get_blocks(self.key, first, last, self._block_length, self._fetch)
+        blocks = self.cache.get_blocks(self.blocks_dir, self.key, first, last, self._block_length, self._fetch)
         skip = position - first * BLOCK_BYTES
         if len(blocks) == 1:
             return blocks[0][skip:skip + end - position]

@@ -17,25 +17,29 @@ Per tiered partition, one pass:
    segments and with the log start offset advanced first, then their objects deleted;
 4. local retention (``local.retention.*``): local segments deleted only once the manifest lists them.
 
-Local state, under ``DATA_DIR/logfs-remote-cache/``: ``index/<topic>-<partition>/`` holds each tiered segment's
-three indexes and a copy of the last manifest written or read (so a restart shows the whole log before the store
-answers), ``blocks/`` the LRU cache of fetched ``.log`` ranges. A partition's ``index/`` directory is removed
-only after its objects are deleted from the store, so the deletion of a partition survives a crash.
+Local state, in each tiered partition's directory, under ``logfs-remote/`` (a subdirectory: Kafka and the loader
+look only at the files of a partition directory): each tiered segment's three indexes and a copy of the last
+manifest written or read (so a restart shows the whole log before the store answers), and ``blocks/``, the LRU
+cache of fetched ``.log`` ranges (one bound over all partitions). A tiered partition being deleted is first
+recorded in ``DATA_DIR/logfs-remote-deletes.json`` (before its directory is renamed), and removed from it only
+once its objects are deleted from the store: the deletion survives a crash, and a partition created again under
+the same name is not tiered until the old objects are gone.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
-import shutil
 import threading
 
 from ..remote.api import RemoteNotFoundError, RemoteStore, RemoteStoreError
 from ..remote.manifest import (
     SEGMENT_EXTS, ManifestStore, PartitionManifest, RemoteFile, RemoteSegment, decode, encode, partition_prefix,
 )
+from .checkpoints import atomic_write
 from .log import Log
-from .names import REMOTE_CACHE_DIR, partition_dir_name, parse_partition_dir
+from .names import REMOTE_CACHE_DIR, REMOTE_DELETES_FILE
 from .remote_segment import BlockCache, RemoteLogSegment, index_paths, install_index
 
 log = logging.getLogger(__name__)
@@ -70,10 +74,10 @@ class RemoteLogManager:
         self.read_store = read_store or store
         self.manifests = ManifestStore(store, prefix)
         self.prefix = prefix
-        self.root = os.path.join(data_dir, REMOTE_CACHE_DIR)
-        self.index_root = os.path.join(self.root, "index")
-        os.makedirs(self.index_root, exist_ok=True)
-        self.blocks = BlockCache(os.path.join(self.root, "blocks"), cache_bytes)
+        self.deletes_path = os.path.join(data_dir, REMOTE_DELETES_FILE)
+        self.blocks = BlockCache(cache_bytes)
+        for plog in list(logs.values()):
+            self.blocks.scan(os.path.join(plog.directory, REMOTE_CACHE_DIR, "blocks"))
         self.tiers: dict[tuple[str, int], PartitionTier] = {}
         self.lock = threading.Lock()
         self.stopping = stopping or threading.Event()  # set when the daemon stops: uploads end between segments
@@ -82,8 +86,9 @@ class RemoteLogManager:
     def tiered_logs(self) -> list[Log]:
         return [plog for plog in list(self.logs.values()) if plog.config.remote_storage_enable and not plog.closed]
 
-    def _index_dir(self, topic: str, partition: int) -> str:
-        return os.path.join(self.index_root, partition_dir_name(topic, partition))
+    @staticmethod
+    def _index_dir(plog: Log) -> str:
+        return os.path.join(plog.directory, REMOTE_CACHE_DIR)
 
     def _tier(self, plog: Log) -> PartitionTier:
         with self.lock:
@@ -98,7 +103,7 @@ class RemoteLogManager:
         the local copy of its manifest, so the mount shows the whole log at once (reads of tiered ranges then
         need the store, the view does not)."""
         for plog in self.tiered_logs():
-            path = os.path.join(self._index_dir(plog.topic, plog.partition), LOCAL_MANIFEST)
+            path = os.path.join(self._index_dir(plog), LOCAL_MANIFEST)
             try:
                 with open(path, "rb") as f:
                     m = decode(f.read(), path)
@@ -124,7 +129,7 @@ class RemoteLogManager:
         """Make ``m`` the partition's remote state: open its segments (indexes fetched if missing and ``fetch``),
         give them to the log with the whole log's start offset, and keep a local copy of ``m``."""
         plog = tier.log
-        index_dir = self._index_dir(plog.topic, plog.partition)
+        index_dir = self._index_dir(plog)
         opened: dict[int, RemoteLogSegment] = {}
         for meta in m.segments:
             seg = tier.segments.get(meta.base_offset)
@@ -154,6 +159,8 @@ class RemoteLogManager:
     def sync(self, plog: Log, now_ms: int) -> int:
         """One pass over a tiered partition: load (once), upload, whole-log then local retention. Returns the
         number of segments uploaded. Raises RemoteStoreError or OSError for the service to back off."""
+        if (plog.topic, plog.partition) in self._pending_deletes():
+            return 0  # the objects of an earlier partition of that name go first
         tier = self._tier(plog)
         if tier.manifest is None:
             self.load(tier)
@@ -194,7 +201,7 @@ class RemoteLogManager:
         if objects["log"].size != seg.size:
             raise OSError(f"{seg.log_path}: uploaded {objects['log'].size} bytes of {seg.size}")
         meta = RemoteSegment(seg.base_offset, seg.next_offset, seg.size, seg.max_timestamp, objects)
-        paths = index_paths(self._index_dir(plog.topic, plog.partition), seg.base_offset)
+        paths = index_paths(self._index_dir(plog), seg.base_offset)
         for ext, path in paths.items():
             install_index(path, source=sources[ext])
         new = tier.manifest.with_segment(meta)
@@ -236,9 +243,9 @@ class RemoteLogManager:
         self.manifests.write(new)
         self._publish(tier, new, fetch=True)
         self.store.delete([k for s in dropped for k in s.keys()])
-        index_dir = self._index_dir(plog.topic, plog.partition)
+        index_dir = self._index_dir(plog)
         for s in dropped:
-            self.blocks.drop(s.objects["log"].key)
+            self.blocks.drop(os.path.join(index_dir, "blocks"), s.objects["log"].key)
             for path in index_paths(index_dir, s.base_offset).values():
                 try:
                     os.unlink(path)
@@ -276,27 +283,40 @@ class RemoteLogManager:
         return len(victims)
 
     # -- deleted partitions ------------------------------------------------------------------------
+    def _pending_deletes(self) -> set[tuple[str, int]]:
+        try:
+            with open(self.deletes_path, encoding="utf-8") as f:
+                return {(str(t), int(p)) for t, p in json.load(f)}
+        except FileNotFoundError:
+            return set()
+        except (ValueError, TypeError) as exc:
+            log.error("%s is corrupt (%s); remote objects of deleted partitions may remain", self.deletes_path, exc)
+            return set()
+
+    def _write_deletes(self, pending: set[tuple[str, int]]) -> None:
+        atomic_write(self.deletes_path, json.dumps(sorted(pending)).encode())
+
+    def schedule_delete(self, topic: str, partition: int) -> None:
+        """Record, durably, that a tiered partition is being deleted (before its directory goes away)."""
+        with self.lock:
+            self._write_deletes(self._pending_deletes() | {(topic, partition)})
+
     def purge_deleted(self) -> int:
-        """Delete the objects of partitions that are gone (their local index directory says they were tiered),
-        then that directory. Returns how many partitions were purged."""
-        live = {(p.topic, p.partition) for p in list(self.logs.values()) if not p.closed}
-        purged = 0
-        for name in sorted(os.listdir(self.index_root)):
-            parsed = parse_partition_dir(name)
-            if parsed is None or parsed in live:
-                continue
-            objects = self.store.list(partition_prefix(self.prefix, *parsed))
+        """Delete the objects of the partitions recorded as deleted, then their record. Returns how many."""
+        done = 0
+        for topic, partition in sorted(self._pending_deletes()):
+            objects = self.store.list(partition_prefix(self.prefix, topic, partition))
             self.store.delete([o.key for o in objects])
-            index_dir = os.path.join(self.index_root, name)
-            shutil.rmtree(index_dir, ignore_errors=True)
             with self.lock:
-                tier = self.tiers.pop(parsed, None)
-            if tier is not None:
-                for seg in tier.segments.values():
-                    self.blocks.drop(seg.key)
-            log.info("%s: deleted partition's %d remote object(s) removed", name, len(objects))
-            purged += 1
-        return purged
+                self._write_deletes(self._pending_deletes() - {(topic, partition)})
+                tier = self.tiers.get((topic, partition))
+                if tier is not None and tier.log.closed:
+                    del self.tiers[(topic, partition)]
+                    for seg in tier.segments.values():
+                        seg.close()
+            log.info("%s-%d: the deleted partition's %d remote object(s) removed", topic, partition, len(objects))
+            done += 1
+        return done
 
     def close(self) -> None:
         for tier in list(self.tiers.values()):

@@ -29,4 +29,4 @@ def test_directory_store_whole_log_and_topic_deletion(mount_logfs, tmp_path):
     assert fs.read("t/0") == data
     shutil.rmtree(fs.path("t"))
     wait_for(lambda: os.listdir(archive / "t-0") == [], 30, interval=0.2, what="the topic's objects deleted")
-    assert not os.path.exists(fs.data / "logfs-remote-cache" / "index" / "t-0")
+    assert (fs.data / "logfs-remote-deletes.json").read_text() == "[]"

@@ -177,9 +177,19 @@ def test_deleted_partition_objects_are_removed_and_the_cache_stays_bounded(tmp_p
     assert rlm.blocks.used <= 64 << 10  # ...through a cache bounded by logfs.remote.cache.bytes
     assert len(os.listdir(archive / "t-0")) > 4
     manager.delete_partition("t", 0)
+    manager.abandon()  # a crash before the objects were deleted: the deletion is remembered
+    manager, rlm = make(tmp_path, archive, clock)
+    assert ("t", 0) not in manager.logs
+    replacement = manager.create_partition("t", 0)  # the same name again: not tiered before the old objects go
+    replacement.append_lines(b"", b"new\n", 4)
+    replacement.roll()
+    assert rlm.sync(replacement, clock.time_ms()) == 0
     assert rlm.purge_deleted() == 1
     assert os.listdir(archive / "t-0") == []
     assert rlm.purge_deleted() == 0
+    rlm.sync(replacement, clock.time_ms())
+    assert view_text(replacement) == b"new\n"
+    assert sorted(os.listdir(archive / "t-0"))[-1] == "manifest.json"
     manager.close()
 
 
