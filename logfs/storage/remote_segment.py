@@ -5,8 +5,8 @@ the three indexes, ``read``/``read_into``/``batches_from``, ``translate_offset``
 so the view layer and the log read a tiered range exactly as a local one. Its ``.index``, ``.timeindex`` and
 ``.viewindex`` are small: they are kept whole on local disk (copied at upload, fetched once otherwise) and mapped
 like a local segment's. Its ``.log`` is read in :data:`BLOCK_BYTES` blocks through :class:`BlockCache` (LRU, at
-most ``logfs.remote.cache.bytes`` of files in the partition directories): a read costs one ranged GET per run of consecutive
-blocks it overlaps that are not cached, never the whole segment.
+most ``logfs.remote.cache.bytes`` of files in the partition directories): a read costs one ranged GET per run of
+consecutive blocks it overlaps that are not cached, never the whole segment.
 
 The FUSE request loop must never wait for the store: the thread that serves requests marks itself
 (:func:`mark_request_thread`); a read there that needs a block not in the cache raises
