@@ -38,9 +38,9 @@ BLOCK_BYTES = 256 * 1024
 _thread = threading.local()
 
 
-def mark_request_thread() -> None:
+def mark_request_thread(on: bool = True) -> None:
     """The calling thread serves requests: reads there never fetch, they raise FetchNeededError instead."""
-    _thread.no_fetch = True
+    _thread.no_fetch = on
 
 
 def _may_fetch() -> bool:
