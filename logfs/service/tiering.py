@@ -18,6 +18,7 @@ local segments simply stay until they are tiered.
 from __future__ import annotations
 
 import logging
+import threading
 
 import trio
 
@@ -30,6 +31,8 @@ from ..storage.tiered import RemoteLogManager
 log = logging.getLogger(__name__)
 
 MAX_BACKOFF_S = 60.0
+#: How long the mount waits for the store's check: past this, it mounts and the task retries.
+CHECK_TIMEOUT_S = 10.0
 #: S3 timeouts for reads of tiered ranges: (connect s, read s, attempts) -> 2 x (3 + 5) + 6 = 22 s at most.
 READ_TIMEOUTS = (3.0, 5.0, 2)
 
@@ -70,7 +73,7 @@ def setup(manager: LogManager) -> RemoteLogManager | None:
         return None
     store, read_store, where = make_stores(broker)
     try:
-        store.check()
+        _check(read_store, CHECK_TIMEOUT_S)
     except RemoteUnavailableError as exc:
         log.warning("tiered storage: %s cannot be reached (%s); mounting anyway, uploads retry", where, exc)
     except RemoteAuthError as exc:
@@ -83,6 +86,27 @@ def setup(manager: LogManager) -> RemoteLogManager | None:
     rlm.attach_cached()
     log.info("tiered storage to %s", where)
     return rlm
+
+
+def _check(store: RemoteStore, timeout: float) -> None:
+    """``store.check()``, waiting at most ``timeout`` seconds: a store that does not answer by then counts as
+    unreachable (the check goes on in its thread; its outcome is no longer needed)."""
+    outcome: list = []
+
+    def run() -> None:
+        try:
+            store.check()
+            outcome.append(None)
+        except BaseException as exc:  # handed to the caller
+            outcome.append(exc)
+
+    thread = threading.Thread(target=run, name="remote-store-check", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if not outcome:
+        raise RemoteUnavailableError(f"no answer within {timeout:g} s")
+    if outcome[0] is not None:
+        raise outcome[0]
 
 
 class TieringTask:

@@ -252,3 +252,16 @@ def test_stalled_store_fails_a_tiered_read_in_bounded_time_and_blocks_nothing_el
     reader.join(40)
     assert outcome.get("result") == errno.EIO and outcome["seconds"] < 25, outcome
     stall_proxy.stalled = False
+
+
+def test_a_stalled_store_at_mount_is_logged_and_the_mount_comes_up(mount_logfs, creds, stall_proxy):
+    stall_proxy.stalled = True
+    start = time.monotonic()
+    fs = mount_logfs(*opts(creds, "stalled-" + uuid.uuid4().hex[:6], endpoint=stall_proxy.endpoint),
+                     foreground=True)
+    assert time.monotonic() - start < 30
+    assert "cannot be reached" in fs.stderr() and "no answer within 10 s" in fs.stderr()
+    os.mkdir(fs.path("t"))
+    fs.append("t/0", b"x\n")
+    assert fs.read("t/0") == b"x\n"
+    stall_proxy.stalled = False
