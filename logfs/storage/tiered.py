@@ -151,8 +151,8 @@ class RemoteLogManager:
                 start = max(m.log_start_offset, plog.log_start_offset, local_first)
             plog.set_remote([opened[s.base_offset] for s in m.segments], start)
         tier.manifest = m
-        for base in set(tier.segments) - set(opened):
-            tier.segments[base].close()
+        # Segments dropped here are not closed: a handle's snapshot may still read them (their mappings go with
+        # the last reference).
         tier.segments = opened
 
     # -- one pass ----------------------------------------------------------------------------------
@@ -312,8 +312,6 @@ class RemoteLogManager:
                 tier = self.tiers.get((topic, partition))
                 if tier is not None and tier.log.closed:
                     del self.tiers[(topic, partition)]
-                    for seg in tier.segments.values():
-                        seg.close()
             log.info("%s-%d: the deleted partition's %d remote object(s) removed", topic, partition, len(objects))
             done += 1
         return done
