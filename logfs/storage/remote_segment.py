@@ -28,7 +28,7 @@ from typing import Callable
 from ..remote.api import RemoteCorruptError, RemoteStore
 from ..remote.manifest import RemoteSegment
 from .errors import FetchNeededError
-from .index import ZERO_STATS, OffsetIndex, TimeIndex, ViewIndex
+from .index import LineStats, OffsetIndex, TimeIndex, ViewIndex
 from .names import INDEX_SUFFIX, TIME_INDEX_SUFFIX, VIEW_INDEX_SUFFIX, filename_prefix
 from .segment import LogSegment, SegmentFile
 
@@ -203,22 +203,46 @@ class RemoteLogSegment(SegmentFile):
         self.blocks_dir = os.path.join(index_dir, "blocks")
         self.refs = 0
         self.deleted = self.purged = False
-        paths = index_paths(index_dir, meta.base_offset)
-        for ext, path in paths.items():
+        self._paths = index_paths(index_dir, meta.base_offset)
+        for ext, path in self._paths.items():
             if os.path.getsize(path) != meta.objects[ext].size:
                 raise RemoteCorruptError(f"{path}: {os.path.getsize(path)} bytes, the manifest says "
                                          f"{meta.objects[ext].size}")
-        self.offset_index = OffsetIndex(paths["index"], self.base_offset, meta.objects["index"].size, active=False)
-        self.time_index = TimeIndex(paths["timeindex"], self.base_offset, meta.objects["timeindex"].size,
-                                    active=False)
-        self.view_index = ViewIndex(paths["viewindex"], self.base_offset, meta.objects["viewindex"].size,
-                                    active=False)
-        last = self.view_index.last()
-        if last is None or last.position != self.size or last.offset != self.next_offset:
-            self.close()
-            raise RemoteCorruptError(f"{paths['viewindex']}: no end entry for {self.size} bytes, offset "
+        # The view length needs only the view index's end entry: the indexes are mapped on first lookup, so a
+        # tiered segment nobody reads holds no descriptor.
+        entry = ViewIndex.ENTRY
+        with open(self._paths["viewindex"], "rb") as f:
+            f.seek(max(0, meta.objects["viewindex"].size - entry.size))
+            raw = f.read(entry.size)
+        if len(raw) != entry.size:
+            raise RemoteCorruptError(f"{self._paths['viewindex']}: no end entry")
+        rel, position, *stats = entry.unpack(raw)
+        if position != self.size or self.base_offset + rel != self.next_offset:
+            raise RemoteCorruptError(f"{self._paths['viewindex']}: no end entry for {self.size} bytes, offset "
                                      f"{self.next_offset}")
-        self.stats = last.stats if last is not None else ZERO_STATS
+        self.stats = LineStats(*stats)
+        self._indexes: tuple | None = None
+
+    def _mapped(self) -> tuple:
+        if self._indexes is None:
+            size = self.meta.objects
+            self._indexes = (
+                OffsetIndex(self._paths["index"], self.base_offset, size["index"].size, active=False),
+                TimeIndex(self._paths["timeindex"], self.base_offset, size["timeindex"].size, active=False),
+                ViewIndex(self._paths["viewindex"], self.base_offset, size["viewindex"].size, active=False))
+        return self._indexes
+
+    @property
+    def offset_index(self) -> OffsetIndex:
+        return self._mapped()[0]
+
+    @property
+    def time_index(self) -> TimeIndex:
+        return self._mapped()[1]
+
+    @property
+    def view_index(self) -> ViewIndex:
+        return self._mapped()[2]
 
     @property
     def largest_timestamp(self) -> int:
@@ -255,10 +279,9 @@ class RemoteLogSegment(SegmentFile):
     find_offset_by_timestamp = LogSegment.find_offset_by_timestamp
 
     def close(self) -> None:
-        for index in (getattr(self, "offset_index", None), getattr(self, "time_index", None),
-                      getattr(self, "view_index", None)):
-            if index is not None:
-                index.close_handler()
+        indexes, self._indexes = self._indexes, None
+        for index in indexes or ():
+            index.close_handler()
 
     def __repr__(self) -> str:
         return f"RemoteLogSegment(base={self.base_offset}, size={self.size}, next={self.next_offset})"
