@@ -177,8 +177,8 @@ class RemoteLogManager:
         with plog.snapshot(sealed_only=True) as snap:
             for seg in snap.segments:
                 end = tier.manifest.remote_log_end_offset
-                if seg.next_offset <= end and tier.manifest.segments:
-                    continue  # tiered already (the manifest decides: never uploaded twice)
+                if seg.next_offset <= (end if tier.manifest.segments else tier.manifest.log_start_offset):
+                    continue  # tiered already (the manifest decides: never uploaded twice), or expired
                 if (seg.deleted or seg.size == 0 or seg.next_offset > plog.recovery_point or plog.closed
                         or self.stopping.is_set()):
                     break  # not flushed yet (or going away): later, in order
@@ -266,13 +266,11 @@ class RemoteLogManager:
             excess = plog.size_bytes - limit_bytes if limit_bytes >= 0 else -1
             victims = []
             for s in sealed:
-                if s.next_offset > end:
+                breach = s.next_offset <= plog.log_start_offset  # below the whole log's start: gone anyway
+                if not breach and s.next_offset > end:
                     break  # not tiered yet: it waits for its upload
-                breach = s.next_offset <= plog.log_start_offset
-                if excess >= 0 and excess - s.size >= 0:
-                    breach = True
-                elif limit_ms >= 0 and now_ms - s.largest_timestamp > limit_ms:
-                    breach = True
+                breach = (breach or (excess >= 0 and excess - s.size >= 0)
+                          or (limit_ms >= 0 and now_ms - s.largest_timestamp > limit_ms))
                 if not breach:
                     break
                 if excess >= 0:

@@ -132,6 +132,20 @@ def test_whole_log_retention_deletes_from_the_store(tmp_path, archive, clock):
         assert "%020d.log" % s.base_offset not in names
     text = view_text(plog)
     assert data.endswith(text) and text.startswith(b"record-%06d-" % plog.log_start_offset)
+    rlm.sync(plog, clock.time_ms())  # a steady state: nothing expired is uploaded again
+    assert ManifestStore(DirectoryStore(archive)).read("t", 0).generation == after.generation
+    # Time-based whole-log retention empties the store; the log starts past everything tiered.
+    manager.set_topic_config("t", "retention.ms", "1000")
+    clock.advance(5000)
+    rlm.sync(plog, clock.time_ms())
+    emptied = ManifestStore(DirectoryStore(archive)).read("t", 0)
+    assert emptied.segments == () and emptied.log_start_offset == plog.log_start_offset
+    assert plog.log_start_offset >= after.remote_log_end_offset
+    assert plog.segments.first.base_offset >= plog.log_start_offset  # the local copies went too
+    gen = emptied.generation
+    rlm.sync(plog, clock.time_ms())
+    assert ManifestStore(DirectoryStore(archive)).read("t", 0).generation == gen
+    assert set(os.listdir(archive / "t-0")) == {"manifest.json"}
     manager.close()
 
 
