@@ -159,7 +159,7 @@ def test_store_down_appends_go_on_tiered_reads_fail_fast_then_resume(mount_logfs
 
 def test_secret_in_no_file_and_no_log_line(mount_logfs, creds):
     prefix = "sec-" + uuid.uuid4().hex[:8]
-    fs = mount_logfs(*opts(creds, prefix), foreground=True)
+    fs = mount_logfs(*opts(creds, prefix, "debug"), foreground=True)  # every module's DEBUG lines too
     tier_topic(fs, local_bytes=SEGMENT)
     append_in_chunks(fs, 0, 40_000)
     wait_for(lambda: int(fs.getx("t/0", "remote_segment_count")) >= 2, 60, interval=0.3, what="uploads")
@@ -172,7 +172,7 @@ def test_secret_in_no_file_and_no_log_line(mount_logfs, creds):
             with open(os.path.join(dirpath, name), "rb") as f:
                 assert secret not in f.read(), os.path.join(dirpath, name)
     assert creds.secret_key not in fs.stderr()
-    assert "tiered storage to s3://" in fs.stderr()
+    assert "tiered storage to s3://" in fs.stderr() and " DEBUG " in fs.stderr()
 
 
 def _mount_fails(tmp_path, *options, env=None) -> str:
