@@ -68,6 +68,8 @@ class Operations(pyfuse3.Operations):
         self._inode_of: dict[int, tuple[str, int | None]] = {}
         self._handles: dict[int, PartitionHandle] = {}
         self._fetching: dict[int, trio.Lock] = {}  # handles reading tiered data in a worker thread
+        # Reads stalled on the store hold at most this many worker threads: flushes and unlinks keep theirs.
+        self._fetch_slots = trio.CapacityLimiter(8)
         self._next_fh = itertools.count(1)
         self._started_ns = time.time_ns()
         self._uid, self._gid = os.getuid(), os.getgid()
@@ -343,7 +345,7 @@ class Operations(pyfuse3.Operations):
         bound), one at a time per handle (a view is not thread-safe); every other request goes on meanwhile."""
         lock = self._fetching.setdefault(fh, trio.Lock())
         try:
-            async with lock:
+            async with lock, self._fetch_slots:
                 return await self.run_blocking(fn, *args)
         finally:
             if not lock.locked() and not lock.statistics().tasks_waiting:
@@ -444,6 +446,8 @@ class Operations(pyfuse3.Operations):
         try:
             return xattrs.partition_get(plog, text)
         except FetchNeededError:
+            pass
+        async with self._fetch_slots:
             return await self.run_blocking(xattrs.partition_get_pinned, plog, text)
 
     @translate
