@@ -14,7 +14,8 @@ Prints one line per figure as it goes, then markdown tables to paste into docs/b
 
 Scenarios: bulk_append (no sync) and bulk_append_fsync; sequential_read (page cache dropped) and
 sequential_read_warm; small_writes (one line per write(), 1 and 4 writers, 25/100/1000-byte lines);
-shell_appends, read_at_offset, mount_time, memory, responsiveness, spark. Naming any of a group in --only runs
+shell_appends, read_at_offset, mount_time, memory, responsiveness, spark, tiered (tools/bench_tiered.py: append
+p99 with the store up/down/slow, tiered reads cold/warm, time to first byte; starts its own SeaweedFS). Naming any of a group in --only runs
 the whole group.
 
 The issue-15 write-path figures alone (bulk append, sequential read, small writes), best of 3, ~4 minutes:
@@ -549,6 +550,11 @@ class Bench:
         self.record("spark", mb=size >> 20, s_logfs=t_logfs, s_ext4=t_ext4, ratio_vs_ext4=t_ext4 / t_logfs,
                     records=n_logfs, target=0.8)
 
+    def tiered(self):
+        from bench_tiered import tiered
+
+        tiered(self)
+
     @staticmethod
     def append_latencies(path: str, n: int) -> list[float]:
         out = []
@@ -644,6 +650,7 @@ SCENARIOS = {
     "memory": "mount_time_and_memory",
     "responsiveness": "responsiveness",
     "spark": "spark",
+    "tiered": "tiered",
 }
 
 

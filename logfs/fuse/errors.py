@@ -12,6 +12,7 @@ import logging
 
 import pyfuse3
 
+from ..remote.api import RemoteStoreError
 from ..storage import errors as e
 
 log = logging.getLogger(__name__)
@@ -60,6 +61,10 @@ def translate(fn):
             else:
                 log.debug("%s: %s -> %s", fn.__name__, exc, errno.errorcode.get(code))
             raise pyfuse3.FUSEError(code) from None
+        except RemoteStoreError as exc:
+            # A tiered range the store could not give (down, stalled past its time bound, refusing, corrupt).
+            log.error("%s: %s", fn.__name__, exc)
+            raise pyfuse3.FUSEError(errno.EIO) from None
         except OSError as exc:
             log.error("%s: %s", fn.__name__, exc)
             raise pyfuse3.FUSEError(errno_for(exc)) from None

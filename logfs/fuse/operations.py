@@ -22,7 +22,7 @@ from typing import Callable
 import pyfuse3
 import trio
 
-from ..storage.errors import InvalidRecordError, RecordTooLargeError
+from ..storage.errors import FetchNeededError, InvalidRecordError, RecordTooLargeError
 from ..storage.manager import LogManager
 from ..storage.names import parse_partition_number
 from ..view.text import live_view
@@ -67,6 +67,9 @@ class Operations(pyfuse3.Operations):
         self._partition_ino: dict[tuple[str, int], int] = {}
         self._inode_of: dict[int, tuple[str, int | None]] = {}
         self._handles: dict[int, PartitionHandle] = {}
+        self._fetching: dict[int, trio.Lock] = {}  # handles reading tiered data in a worker thread
+        # Reads stalled on the store hold at most this many worker threads: flushes and unlinks keep theirs.
+        self._fetch_slots = trio.CapacityLimiter(8)
         self._next_fh = itertools.count(1)
         self._started_ns = time.time_ns()
         self._uid, self._gid = os.getuid(), os.getgid()
@@ -329,7 +332,24 @@ class Operations(pyfuse3.Operations):
 
     @translate
     async def read(self, fh, off, size):
-        return self._handle(fh).read(off, size)
+        handle = self._handle(fh)
+        if fh not in self._fetching:
+            try:
+                return handle.read(off, size)
+            except FetchNeededError:
+                pass
+        return await self._fetch(fh, handle.read, off, size)
+
+    async def _fetch(self, fh, fn, *args):
+        """A read of tiered data that is not cached: in a worker thread (the store may take up to its time
+        bound), one at a time per handle (a view is not thread-safe); every other request goes on meanwhile."""
+        lock = self._fetching.setdefault(fh, trio.Lock())
+        try:
+            async with lock, self._fetch_slots:
+                return await self.run_blocking(fn, *args)
+        finally:
+            if not lock.locked() and not lock.statistics().tasks_waiting:
+                self._fetching.pop(fh, None)
 
     @translate
     async def write(self, fh, off, buf):
@@ -350,6 +370,10 @@ class Operations(pyfuse3.Operations):
 
     @translate
     async def release(self, fh):
+        fetching = self._fetching.get(fh)
+        if fetching is not None:  # a worker thread still reads through this handle's view
+            async with fetching:
+                pass
         handle = self._handles.pop(fh, None)
         if handle is None:
             return
@@ -418,7 +442,13 @@ class Operations(pyfuse3.Operations):
         topic, partition = self._resolve(inode)
         if partition is None:
             return xattrs.topic_get(self.manager, topic, text)
-        return xattrs.partition_get(self.manager.logs[(topic, partition)], text)
+        plog = self.manager.logs[(topic, partition)]
+        try:
+            return xattrs.partition_get(plog, text)
+        except FetchNeededError:
+            pass
+        async with self._fetch_slots:
+            return await self.run_blocking(xattrs.partition_get_pinned, plog, text)
 
     @translate
     async def listxattr(self, inode, ctx):

@@ -12,11 +12,14 @@ import errno
 from ..storage import TOPIC_SETTINGS
 from ..storage.log import Log
 from ..storage.manager import LogManager
-from ..view.text import live_view
+from ..storage.tiered import tier_stats
+from ..view.text import SegmentView, live_view, open_view
 from .errors import fail
 
 PREFIX = "user.logfs."
-PARTITION_FIXED = ["log_start_offset", "log_end_offset", "recovery_point", "segment_count", "size_bytes"]
+PARTITION_FIXED = ["log_start_offset", "log_end_offset", "recovery_point", "segment_count", "size_bytes",
+                   "local_log_start_offset", "remote_log_end_offset", "remote_segment_count", "remote_size_bytes"]
+_TIER_NAMES = frozenset(PARTITION_FIXED[5:])
 CONFIG_PREFIX = "config."
 
 
@@ -27,7 +30,17 @@ def _number(text: str) -> int:
     return int(text)
 
 
-def partition_get(log: Log, name: str) -> bytes:
+def partition_get_pinned(log: Log, name: str) -> bytes:
+    """:func:`partition_get` over a view of its own (a worker thread fetching tiered data: the live view is the
+    request thread's)."""
+    view = open_view(log)
+    try:
+        return partition_get(log, name, view)
+    finally:
+        view.release()
+
+
+def partition_get(log: Log, name: str, view: SegmentView | None = None) -> bytes:
     if not name.startswith(PREFIX):
         fail(errno.ENODATA)
     key = name[len(PREFIX):]
@@ -41,10 +54,12 @@ def partition_get(log: Log, name: str) -> bytes:
         value = len(log.segments)
     elif key == "size_bytes":
         value = log.size_bytes
+    elif key in _TIER_NAMES:
+        value = tier_stats(log)[key]
     elif key.startswith("position."):
-        value = live_view(log).position_of(_number(key[9:]))
+        value = (view or live_view(log)).position_of(_number(key[9:]))
     elif key.startswith("offset."):
-        value = live_view(log).offset_at(_number(key[7:]))
+        value = (view or live_view(log)).offset_at(_number(key[7:]))
     elif key.startswith("time."):
         ts = _number(key[5:])
         found = log.offset_for_timestamp(ts)

@@ -18,6 +18,7 @@ import trio
 
 from ..fuse.operations import Operations
 from ..storage.manager import LogManager
+from ..storage.remote_segment import mark_request_thread
 from .notify import notify, watchdog_interval_s
 from .runtime import LogService
 
@@ -40,6 +41,7 @@ async def serve(manager: LogManager, mountpoint: str, fuse_opts: list[str], read
             log.info("stop requested before mounting; closing %s", manager.data_dir)
             manager.close()
             return 0
+        mark_request_thread()  # reads of tiered data never wait for the store on this thread
         ops = Operations(manager, read_only=read_only)
         log.debug("mounting %s on %s with FUSE options %s", manager.data_dir, mountpoint, ",".join(fuse_opts))
         try:

@@ -72,6 +72,10 @@ class LogService:
         async with trio.open_nursery() as nursery:
             if self.manager.broker.get("log.cleaner.enable") and self.manager.broker.get("log.cleaner.threads"):
                 nursery.start_soon(self.cleaner_loop)
+            if self.manager.remote is not None:
+                from .tiering import TieringTask
+
+                nursery.start_soon(TieringTask(self.manager, self.manager.remote).run)
             task_status.started()
             await self._housekeeping_loop()
 
@@ -170,8 +174,8 @@ class LogService:
         """One retention pass over every log (worker thread). Returns the number of segments deleted."""
         total = 0
         for plog in list(self.manager.logs.values()):
-            if plog.closed:
-                continue
+            if plog.closed or (self.manager.remote is not None and plog.config.remote_storage_enable):
+                continue  # tiered: retention is the tiering task's (it never deletes what is not uploaded)
             count = delete_old_segments(plog, now_ms)
             if count:
                 log.info("retention deleted %d segment(s) of %s-%d; log start offset now %d",

@@ -124,6 +124,13 @@ def run(data_dir, mountpoint, broker, fuse_opts, read_only, ready) -> int:
     finally:
         for s in previous:
             signal.signal(s, stop_after_loading)
+    from .tiering import RemoteSetupError, setup
+
+    try:
+        manager.remote = setup(manager)
+    except (RemoteSetupError, OSError) as exc:
+        manager.close()
+        return fail(str(exc))
     try:
         return trio.run(serve, manager, mountpoint, fuse_opts, read_only, ready, lambda: bool(stop))
     except KeyboardInterrupt:

@@ -94,6 +94,12 @@ def _text(text: str) -> str:
     return text
 
 
+def _free_text(text: str) -> str:
+    if "\n" in text:
+        raise InvalidConfigError("value may not contain a newline")
+    return text.strip()
+
+
 def _bool(text: str) -> bool:
     if _trim(text).lower() not in ("true", "false"):
         raise InvalidConfigError(f"expected true or false, got {text!r}")
@@ -148,6 +154,9 @@ TOPIC_SETTINGS: dict[str, tuple[Setting, str | None]] = {
         (Setting("max.message.bytes", _long(0, INT_MAX), "1048588"), "message.max.bytes"),
         (Setting("flush.messages", _long(1), str(LONG_MAX)), "log.flush.interval.messages"),
         (Setting("flush.ms", _long(0), str(LONG_MAX)), "log.flush.interval.ms"),
+        (Setting("remote.storage.enable", _bool, "false"), None),
+        (Setting("local.retention.ms", _long(-2), "-2"), "log.local.retention.ms"),
+        (Setting("local.retention.bytes", _long(-2), "-2"), "log.local.retention.bytes"),
         (Setting("logfs.key.separator", _text, None), "logfs.key.separator"),
         (Setting("logfs.null.marker", _text, None), "logfs.null.marker"),
     ]
@@ -177,6 +186,15 @@ BROKER_ONLY: dict[str, Setting] = {
         Setting("log.cleaner.threads", _long(0), "1"),
         Setting("log.cleaner.enable", _bool, "true"),
         Setting("log.initial.task.delay.ms", _long(0), "0"),
+        # Tiered storage (logfs.storage.tiered): the store is chosen by the service (logfs.service.tiering).
+        Setting("remote.log.storage.system.enable", _bool, "false"),
+        Setting("remote.log.manager.task.interval.ms", _long(1), "30000"),
+        Setting("logfs.remote.s3.bucket", _free_text, ""),
+        Setting("logfs.remote.s3.endpoint", _free_text, ""),
+        Setting("logfs.remote.s3.prefix", _free_text, ""),
+        Setting("logfs.remote.s3.region", _free_text, "us-east-1"),
+        Setting("logfs.remote.dir", _free_text, ""),
+        Setting("logfs.remote.cache.bytes", _long(0), str(1 << 30)),
         Setting("num.recovery.threads.per.data.dir", _only(
             _long(1, INT_MAX), lambda v: v == 1,
             "logfs loads and recovers partitions with one thread, before it mounts; only 1 is accepted"), "1"),
@@ -240,10 +258,35 @@ class BrokerConfig:
                 broker[name] = setting.parse(raw)
             except InvalidConfigError as exc:
                 raise InvalidConfigError(f"{name}: {exc}") from None
+        if broker["remote.log.storage.system.enable"]:
+            if not broker["logfs.remote.s3.bucket"] and not broker["logfs.remote.dir"]:
+                raise InvalidConfigError("remote.log.storage.system.enable=true needs logfs.remote.s3.bucket "
+                                         "(or logfs.remote.dir for a directory store)")
+            if broker["logfs.remote.s3.bucket"] and broker["logfs.remote.dir"]:
+                raise InvalidConfigError("logfs.remote.s3.bucket and logfs.remote.dir exclude each other")
         return cls(defaults, broker)
 
     def get(self, name: str):
         return self.broker[name]
+
+
+def check_tiering_change(old: "LogConfig", new: "LogConfig", system_enabled: bool) -> None:
+    """Kafka's rules for a topic's tiering settings: tiering needs the broker's remote storage system, is not
+    for compacted topics, cannot be turned off once on (the tiered data would be lost), and local retention
+    may not exceed whole-log retention."""
+    if not new.remote_storage_enable:
+        if old.remote_storage_enable:
+            raise InvalidConfigError("remote.storage.enable cannot be turned off on a tiered topic")
+        return
+    if not system_enabled:
+        raise InvalidConfigError("remote.storage.enable=true needs remote.log.storage.system.enable=true")
+    if new.compact:
+        raise InvalidConfigError("a compacted topic cannot be tiered (cleanup.policy compact with "
+                                 "remote.storage.enable=true)")
+    for local, whole, name in ((new.effective_local_retention_ms, new.retention_ms, "ms"),
+                               (new.effective_local_retention_bytes, new.retention_bytes, "bytes")):
+        if whole >= 0 and (local < 0 or local > whole):
+            raise InvalidConfigError(f"local.retention.{name} ({local}) must not exceed retention.{name} ({whole})")
 
 
 def validate_topic_setting(name: str, value: str) -> str:
@@ -274,6 +317,9 @@ class LogConfig:
     max_message_bytes: int = 1048588
     flush_messages: int = LONG_MAX
     flush_ms: int = LONG_MAX
+    remote_storage_enable: bool = False
+    local_retention_ms: int = -2
+    local_retention_bytes: int = -2
     key_separator: bytes | None = None
     null_marker: bytes | None = None
 
@@ -284,6 +330,14 @@ class LogConfig:
     @property
     def delete(self) -> bool:
         return "delete" in self.cleanup_policy
+
+    @property
+    def effective_local_retention_ms(self) -> int:
+        return self.retention_ms if self.local_retention_ms == -2 else self.local_retention_ms
+
+    @property
+    def effective_local_retention_bytes(self) -> int:
+        return self.retention_bytes if self.local_retention_bytes == -2 else self.local_retention_bytes
 
     @classmethod
     def build(cls, defaults: Mapping[str, str | None], overrides: Mapping[str, str]) -> "LogConfig":

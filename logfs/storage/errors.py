@@ -75,3 +75,8 @@ class StorageIOError(LogfsError):
 
 class DataLossError(LogfsError):
     """Records asked for are gone (below the log start offset: retention removed them)."""
+
+
+class FetchNeededError(LogfsError):
+    """A read of a tiered range needs data not yet in the local cache, on a thread that must not wait for the
+    object store (the FUSE request loop): the caller retries the same call in a worker thread."""

@@ -66,6 +66,9 @@ class Log:
         self.deleted_segments: list[tuple[int, LogSegment]] = []  # (unlink due ms, segment)
         self.closed = False
         self._layout_version = 0
+        # Tiered segments (read-only, logfs.storage.tiered publishes them): the view shows those below the first
+        # local segment, then the local ones; the log start offset is then the whole log's.
+        self.remote_segments: list = []
 
     @property
     def layout_version(self) -> int:
@@ -264,12 +267,30 @@ class Log:
             self.last_flush_ms = self.clock.time_ms()
             return self.recovery_point
 
-    # -- reading -----------------------------------------------------------------------------------
-    def snapshot(self, *, sealed_only: bool = False) -> LogSnapshot:
-        """The segments now (only the sealed ones with ``sealed_only``), pinned until the snapshot is released:
-        they stay readable whatever retention, compaction or truncation does meanwhile."""
+    # -- tiers -------------------------------------------------------------------------------------
+    def set_remote(self, segments: list, log_start_offset: int) -> None:
+        """Publish the tiered segments (ascending) and the whole log's start offset."""
         with self.lock:
-            segments = self.segments.as_list()
+            self.remote_segments = list(segments)
+            self.log_start_offset = log_start_offset
+            self._layout_changed()
+
+    def view_segments(self) -> list:
+        """What the whole log reads from: tiered segments below the first local one, then the local ones (a
+        segment both tiered and local is read locally). Caller holds the lock."""
+        local = self.segments.as_list()
+        if not self.remote_segments:
+            return local
+        first = local[0].base_offset
+        return [s for s in self.remote_segments if s.next_offset <= first] + local
+
+    # -- reading -----------------------------------------------------------------------------------
+    def snapshot(self, *, sealed_only: bool = False, tiers: bool = False) -> LogSnapshot:
+        """The segments now (only the sealed ones with ``sealed_only``; tiered ones too with ``tiers``), pinned
+        until the snapshot is released: they stay readable whatever retention, compaction or truncation does
+        meanwhile."""
+        with self.lock:
+            segments = self.view_segments() if tiers else self.segments.as_list()
             return pin(self, segments[:-1] if sealed_only else segments)
 
     def read(self, offset: int, max_bytes: int = 1 << 20, max_records: int | None = None) -> list[rec.Record]:
@@ -280,7 +301,7 @@ class Log:
             start, end = self.log_start_offset, self.log_end_offset
             if offset < start or offset > end:
                 raise OffsetOutOfRangeError(offset, start, end)
-            segments = self.segments.from_offset(offset)
+            segments = [s for s in self.view_segments() if s.next_offset > offset] or self.segments.as_list()[-1:]
         out: list[rec.Record] = []
         read_bytes = 0
         for segment in segments:
@@ -299,7 +320,7 @@ class Log:
     def offset_for_timestamp(self, timestamp: int) -> int | None:
         """Earliest offset whose timestamp >= ``timestamp`` (time index, then a bounded scan), or None."""
         with self.lock:
-            segments = self.segments.as_list()
+            segments = self.view_segments()
             start = self.log_start_offset
         for segment in segments:
             if segment.size and segment.max_timestamp >= timestamp:
@@ -334,16 +355,18 @@ class Log:
             self.recovery_point = min(self.recovery_point, self.log_end_offset)
             self._layout_changed()
 
-    def delete_segments(self, segments: Sequence[LogSegment]) -> None:
+    def delete_segments(self, segments: Sequence[LogSegment], *, tiered: bool = False) -> None:
         """Remove sealed segments from the log: renamed ``.deleted`` now, unlinked after
-        ``file.delete.delay.ms`` by :meth:`purge_deleted`. The log start offset moves past removed prefix."""
+        ``file.delete.delay.ms`` by :meth:`purge_deleted`. The log start offset moves past removed prefix,
+        unless they are ``tiered`` (local retention: the whole log still starts where it did)."""
         with self.lock:
             for segment in segments:
                 if segment is self.segments.active:
                     raise ValueError("the active segment is never deleted")
                 self.segments.remove(segment)
                 self._retire(segment, self.config.file_delete_delay_ms)
-            self.log_start_offset = max(self.log_start_offset, self.segments.first.base_offset)
+            if not tiered:
+                self.log_start_offset = max(self.log_start_offset, self.segments.first.base_offset)
             self.recovery_point = max(self.recovery_point, self.log_start_offset)
             self._layout_changed()
 

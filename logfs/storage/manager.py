@@ -22,7 +22,7 @@ from typing import Callable
 
 from . import checkpoints as ckpt
 from .clock import SYSTEM_CLOCK, Clock
-from .config import TOPIC_SETTINGS, BrokerConfig, LogConfig, validate_topic_setting
+from .config import TOPIC_SETTINGS, BrokerConfig, LogConfig, check_tiering_change, validate_topic_setting
 from .errors import (
     InvalidConfigError, InvalidPartitionError, InvalidTopicError, LockedError, LogfsError, NoSuchTopicError,
     ShuttingDownError, TopicExistsError, TopicNotEmptyError,
@@ -70,6 +70,7 @@ class LogManager:
         self.topics: dict[str, dict[str, str]] = {}  # topic -> overrides
         self.attrs: dict[str, tuple[int, int, int]] = {}  # "", "topic", "topic/N" -> (mode, uid, gid)
         self._deleted_dirs: list[tuple[int, str]] = []
+        self.remote = None  # the tiered storage RemoteLogManager, when the service turns it on
         # Set (from any thread, without the lock) when the daemon stops: a topic creation still running then
         # gives up and undoes itself, so the shutdown waits for at most one partition.
         self.stopping = threading.Event()
@@ -285,6 +286,8 @@ class LogManager:
                     log.warning("%s not updated before deleting the last partition of %r: %s", TOPICS_FILE,
                                 topic, exc.strerror or exc)
             new_path = os.path.join(self.data_dir, delete_dir_name(topic, partition))
+            if self.remote is not None and victim.config.remote_storage_enable:
+                self.remote.schedule_delete(topic, partition)  # its objects go too, even after a crash
             with victim.lock:
                 os.rename(victim.directory, new_path)
                 del self.logs[(topic, partition)]
@@ -381,6 +384,8 @@ class LogManager:
             else:
                 overrides[key] = validate_topic_setting(key, value)
             new_config = LogConfig.build(self.broker.topic_defaults, overrides)
+            check_tiering_change(self.topic_config(topic), new_config,
+                                 self.broker.get("remote.log.storage.system.enable"))
             self.topics[topic] = overrides
             self._save_topics()
             for (t, _), partition_log in self.logs.items():

@@ -144,8 +144,14 @@ CLEANER_OFFSET = "cleaner-offset-checkpoint"
 CLEAN_SHUTDOWN = ".kafka_cleanshutdown"
 TOPICS_FILE = "logfs-topics.json"  # topic overrides and modes (Kafka ignores it)
 LOCK_FILE = ".lock"
+# Tiered storage's local state. In each tiered partition's directory, a subdirectory (Kafka and the loader only
+# look at files there): the tiered segments' indexes, a copy of the manifest, and ``blocks/``, the cached ranges of
+# their .log objects. In DATA_DIR, the partitions deleted whose objects are still to be deleted from the store.
+REMOTE_CACHE_DIR = "logfs-remote"
+REMOTE_DELETES_FILE = "logfs-remote-deletes.json"
 TMP_SUFFIX = ".tmp"  # an atomic write's temporary, renamed over its target
-OWN_FILES = frozenset({RECOVERY_POINT, LOG_START_OFFSET, CLEANER_OFFSET, CLEAN_SHUTDOWN, TOPICS_FILE, LOCK_FILE})
+OWN_FILES = frozenset({RECOVERY_POINT, LOG_START_OFFSET, CLEANER_OFFSET, CLEAN_SHUTDOWN, TOPICS_FILE, LOCK_FILE,
+                       REMOTE_DELETES_FILE})
 
 
 def tmp_name(path: str) -> str:

@@ -233,12 +233,13 @@ def live_view(log: Log) -> SegmentView:
     cached = _live_views.get(log)
     if cached is not None and cached[0] == key:
         return cached[1]
-    view = SegmentView(log.segments.as_list(), log.log_start_offset, fmt)
+    with log.lock:
+        view = SegmentView(log.view_segments(), log.log_start_offset, fmt)
     _live_views[log] = (key, view)
     return view
 
 
 def open_view(log: Log) -> SegmentView:
     """A pinned view for a file handle: consistent under retention and compaction until released."""
-    snapshot = log.snapshot()
+    snapshot = log.snapshot(tiers=True)
     return SegmentView(snapshot.segments, snapshot.log_start_offset, LineFormat.of(log.config), snapshot)

@@ -38,10 +38,15 @@ RANGES = {
                        "partition_mb": (24, 24), "target_max": (3, 3)},
     "spark": {"mb": (32, 32), "s_logfs": (0.01, 900), "s_ext4": (0.01, 900), "ratio_vs_ext4": (0.001, 1000),
               "records": (1, 10**9), "target": (0.8, 0.8)},
+    "tiered": {"mb": (24, 24), **{f"p99_ms_{k}": (0.001, 60_000) for k in (
+                   "idle", "store_up_uploading", "store_down", "store_slow")},
+               **{f"ratio_{k}": (0.0001, 10_000) for k in ("store_up_uploading", "store_down", "store_slow")},
+               "target_ratio_max": (2, 2), "ttfb_ms_tiered_offset_cold": (0.01, 60_000),
+               "MBps_tiered_cold": (0.01, 1e5), "MBps_tiered_warm": (0.01, 1e5), "MBps_local": (0.01, 1e5)},
 }
 
 SCENARIOS = {"bulk_append", "bulk_append_fsync", "sequential_read", "sequential_read_warm", "small_writes",
-             "shell_appends", "read_at_offset", "mount_time", "memory", "responsiveness", "spark"}
+             "shell_appends", "read_at_offset", "mount_time", "memory", "responsiveness", "spark", "tiered"}
 SMALL_CASES = {(writers, length) for writers in (1, 4) for length in (25, 100, 1000)}
 NUMBER = re.compile(r"^-?[\d,]+(\.\d+)?(e[+-]?\d+)?$")
 

@@ -13,12 +13,14 @@ import xattr
 
 from logfs_e2e import expect_errno, sh, wait_for
 
-FIXED = ["log_start_offset", "log_end_offset", "recovery_point", "segment_count", "size_bytes"]
+FIXED = ["log_start_offset", "log_end_offset", "recovery_point", "segment_count", "size_bytes",
+         "local_log_start_offset", "remote_log_end_offset", "remote_segment_count", "remote_size_bytes"]
 TOPIC_KEYS = [
     "cleanup.policy", "retention.ms", "retention.bytes", "segment.bytes", "segment.ms", "segment.jitter.ms",
     "segment.index.bytes", "index.interval.bytes", "file.delete.delay.ms", "delete.retention.ms",
     "min.cleanable.dirty.ratio", "min.compaction.lag.ms", "max.compaction.lag.ms", "max.message.bytes",
-    "flush.messages", "flush.ms", "logfs.key.separator", "logfs.null.marker",
+    "flush.messages", "flush.ms", "remote.storage.enable", "local.retention.ms", "local.retention.bytes",
+    "logfs.key.separator", "logfs.null.marker",
 ]
 
 

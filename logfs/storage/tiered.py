@@ -1,0 +1,320 @@
+"""Tiered storage's mechanism (KIP-405's RemoteLogManager): upload, local retention, whole-log retention in the
+store, startup reconciliation, and publishing each tiered partition's remote segments to its log.
+
+Driven by the service (``logfs.service.tiering``) from worker threads, one partition at a time
+(:meth:`RemoteLogManager.sync`); every call here may block on the store. The store is any
+:class:`~logfs.remote.api.RemoteStore`: the engine never imports the S3 client.
+
+Per tiered partition, one pass:
+
+1. load: the manifest from the store (authoritative: one daemon owns a prefix); keys under the partition's
+   prefix that it does not name are orphans of a crashed upload or retention, and are deleted (only here, before
+   any upload of the partition runs);
+2. upload: each sealed, flushed local segment at or past the remote log end offset, in order: its ``.index``,
+   ``.timeindex``, ``.viewindex`` and ``.log`` objects, then its indexes copied to the local cache, then the
+   manifest naming it (the commit point), then the log is given the new remote segment;
+3. whole-log retention (``retention.ms``/``.bytes`` over the whole log): the manifest without the expired
+   segments and with the log start offset advanced first, then their objects deleted;
+4. local retention (``local.retention.*``): local segments deleted only once the manifest lists them.
+
+Local state, in each tiered partition's directory, under ``logfs-remote/`` (a subdirectory: Kafka and the loader
+look only at the files of a partition directory): each tiered segment's three indexes and a copy of the last
+manifest written or read (so a restart shows the whole log before the store answers), and ``blocks/``, the LRU
+cache of fetched ``.log`` ranges (one bound over all partitions). A tiered partition being deleted is first
+recorded in ``DATA_DIR/logfs-remote-deletes.json`` (before its directory is renamed), and removed from it only
+once its objects are deleted from the store: the deletion survives a crash, and a partition created again under
+the same name is not tiered until the old objects are gone.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+
+from ..remote.api import RemoteNotFoundError, RemoteStore, RemoteStoreError
+from ..remote.manifest import (
+    SEGMENT_EXTS, ManifestStore, PartitionManifest, RemoteFile, RemoteSegment, decode, encode, partition_prefix,
+)
+from .checkpoints import atomic_write
+from .log import Log
+from .names import REMOTE_CACHE_DIR, REMOTE_DELETES_FILE
+from .remote_segment import BlockCache, RemoteLogSegment, index_paths, install_index
+
+log = logging.getLogger(__name__)
+
+LOCAL_MANIFEST = "manifest.json"
+
+
+def tier_stats(plog: Log) -> dict[str, int]:
+    """A partition's tiering numbers, as its xattrs name them."""
+    with plog.lock:
+        local_start = max(plog.segments.first.base_offset, plog.log_start_offset)
+        remote = list(plog.remote_segments)
+    return {"local_log_start_offset": local_start,
+            "remote_log_end_offset": remote[-1].next_offset if remote else 0,
+            "remote_segment_count": len(remote), "remote_size_bytes": sum(s.size for s in remote)}
+
+
+class PartitionTier:
+    """The remote state of one partition: the manifest (None until read from the store) and its segments."""
+
+    def __init__(self, plog: Log):
+        self.log = plog
+        self.manifest: PartitionManifest | None = None
+        self.segments: dict[int, RemoteLogSegment] = {}
+
+
+class RemoteLogManager:
+    def __init__(self, data_dir: str, logs: dict, store: RemoteStore, *, read_store: RemoteStore | None = None,
+                 prefix: str = "", cache_bytes: int = 1 << 30, stopping: threading.Event | None = None):
+        self.logs = logs  # the LogManager's dict: (topic, partition) -> Log
+        self.store = store
+        self.read_store = read_store or store
+        self.manifests = ManifestStore(store, prefix)
+        self.prefix = prefix
+        self.deletes_path = os.path.join(data_dir, REMOTE_DELETES_FILE)
+        self.blocks = BlockCache(cache_bytes)
+        for plog in list(logs.values()):
+            self.blocks.scan(os.path.join(plog.directory, REMOTE_CACHE_DIR, "blocks"))
+        self.tiers: dict[tuple[str, int], PartitionTier] = {}
+        self.lock = threading.Lock()
+        self.stopping = stopping or threading.Event()  # set when the daemon stops: uploads end between segments
+
+    # -- which partitions ----------------------------------------------------------------------------
+    def tiered_logs(self) -> list[Log]:
+        return [plog for plog in list(self.logs.values()) if plog.config.remote_storage_enable and not plog.closed]
+
+    @staticmethod
+    def _index_dir(plog: Log) -> str:
+        return os.path.join(plog.directory, REMOTE_CACHE_DIR)
+
+    def _tier(self, plog: Log) -> PartitionTier:
+        with self.lock:
+            tier = self.tiers.get((plog.topic, plog.partition))
+            if tier is None or tier.log is not plog:
+                tier = self.tiers[(plog.topic, plog.partition)] = PartitionTier(plog)
+            return tier
+
+    # -- startup -----------------------------------------------------------------------------------
+    def attach_cached(self) -> None:
+        """At startup, before the store is asked anything: publish every tiered partition's remote segments from
+        the local copy of its manifest, so the mount shows the whole log at once (reads of tiered ranges then
+        need the store, the view does not)."""
+        for plog in self.tiered_logs():
+            path = os.path.join(self._index_dir(plog), LOCAL_MANIFEST)
+            try:
+                with open(path, "rb") as f:
+                    m = decode(f.read(), path)
+                self._publish(self._tier(plog), m, fetch=False)
+            except FileNotFoundError:
+                continue
+            except (OSError, RemoteStoreError) as exc:
+                log.warning("%s-%d: local copy of the manifest unusable (%s); waiting for the store", plog.topic,
+                            plog.partition, exc)
+
+    def load(self, tier: PartitionTier) -> None:
+        """Read the manifest from the store, delete orphans, publish. Raises RemoteStoreError (retried later)."""
+        plog = tier.log
+        m = self.manifests.read(plog.topic, plog.partition)
+        orphans = self.manifests.orphans(m)
+        if orphans:
+            log.info("%s-%d: deleting %d orphan object(s) of an interrupted upload or retention", plog.topic,
+                     plog.partition, len(orphans))
+            self.store.delete(orphans)
+        self._publish(tier, m, fetch=True)
+
+    def _publish(self, tier: PartitionTier, m: PartitionManifest, *, fetch: bool) -> None:
+        """Make ``m`` the partition's remote state: open its segments (indexes fetched if missing and ``fetch``),
+        give them to the log with the whole log's start offset, and keep a local copy of ``m``."""
+        plog = tier.log
+        index_dir = self._index_dir(plog)
+        opened: dict[int, RemoteLogSegment] = {}
+        for meta in m.segments:
+            seg = tier.segments.get(meta.base_offset)
+            if seg is None or seg.meta != meta:
+                paths = index_paths(index_dir, meta.base_offset)
+                for ext, path in paths.items():
+                    if not os.path.exists(path) or os.path.getsize(path) != meta.objects[ext].size:
+                        if not fetch:
+                            raise RemoteNotFoundError(f"{path} is not cached")
+                        install_index(path, data=self.store.get_bytes(meta.objects[ext].key))
+                seg = RemoteLogSegment(meta, index_dir, self.read_store, self.blocks)
+            opened[meta.base_offset] = seg
+        install_index(os.path.join(index_dir, LOCAL_MANIFEST), data=encode(m))
+        with plog.lock:
+            local_first = plog.segments.first.base_offset
+            if m.segments and m.remote_log_end_offset >= local_first:
+                start = m.log_start_offset
+            else:
+                start = max(m.log_start_offset, plog.log_start_offset, local_first)
+            plog.set_remote([opened[s.base_offset] for s in m.segments], start)
+        tier.manifest = m
+        # Segments dropped here are not closed: a handle's snapshot may still read them (their mappings go with
+        # the last reference).
+        tier.segments = opened
+
+    # -- one pass ----------------------------------------------------------------------------------
+    def sync(self, plog: Log, now_ms: int) -> int:
+        """One pass over a tiered partition: load (once), upload, whole-log then local retention. Returns the
+        number of segments uploaded. Raises RemoteStoreError or OSError for the service to back off."""
+        if (plog.topic, plog.partition) in self._pending_deletes():
+            return 0  # the objects of an earlier partition of that name go first
+        tier = self._tier(plog)
+        if tier.manifest is None:
+            self.load(tier)
+        uploaded = self.upload(tier)
+        self.expire(tier, now_ms)
+        self.local_retention(tier, now_ms)
+        return uploaded
+
+    def upload(self, tier: PartitionTier) -> int:
+        plog = tier.log
+        count = 0
+        if plog.recovery_point < plog.active_segment.base_offset:
+            plog.flush(plog.active_segment.base_offset)  # a segment is uploaded only once durable locally
+        with plog.snapshot(sealed_only=True) as snap:
+            for seg in snap.segments:
+                end = tier.manifest.remote_log_end_offset
+                if seg.next_offset <= (end if tier.manifest.segments else tier.manifest.log_start_offset):
+                    continue  # tiered already (the manifest decides: never uploaded twice), or expired
+                if (seg.deleted or seg.size == 0 or seg.next_offset > plog.recovery_point or plog.closed
+                        or self.stopping.is_set()):
+                    break  # not flushed yet (or going away): later, in order
+                if tier.manifest.segments and seg.base_offset != end:
+                    log.error("%s-%d: segment %d does not follow the remote log end %d; not uploaded",
+                              plog.topic, plog.partition, seg.base_offset, end)
+                    break
+                self._upload_one(tier, seg)
+                count += 1
+        return count
+
+    def _upload_one(self, tier: PartitionTier, seg) -> None:
+        plog = tier.log
+        keys = self.manifests.segment_keys(plog.topic, plog.partition, seg.base_offset)
+        sources = {"index": seg.offset_index.path, "timeindex": seg.time_index.path,
+                   "viewindex": seg.view_index.path, "log": f"/proc/self/fd/{seg.fd}"}
+        objects = {}
+        for ext in SEGMENT_EXTS:
+            objects[ext] = RemoteFile(keys[ext], self.store.put_file(keys[ext], sources[ext]))
+        if objects["log"].size != seg.size:
+            raise OSError(f"{seg.log_path}: uploaded {objects['log'].size} bytes of {seg.size}")
+        meta = RemoteSegment(seg.base_offset, seg.next_offset, seg.size, seg.max_timestamp, objects)
+        paths = index_paths(self._index_dir(plog), seg.base_offset)
+        for ext, path in paths.items():
+            install_index(path, source=sources[ext])
+        new = tier.manifest.with_segment(meta)
+        self.manifests.write(new)  # the commit point: from here the segment is tiered
+        log.debug("%s-%d: segment %d..%d tiered", plog.topic, plog.partition, seg.base_offset, seg.next_offset)
+        self._publish(tier, new, fetch=True)
+
+    # -- retention ---------------------------------------------------------------------------------
+    def expire(self, tier: PartitionTier, now_ms: int) -> int:
+        """Whole-log retention over the tiered segments: manifest first, then the objects."""
+        plog, m = tier.log, tier.manifest
+        if not m.segments:
+            return 0
+        c = plog.config
+        with plog.lock:
+            local_first = plog.segments.first.base_offset
+            start = plog.log_start_offset
+            local_size = plog.size_bytes
+        below = [s for s in m.segments if s.next_offset <= local_first]
+        excess = -1
+        if c.delete and c.retention_bytes >= 0:
+            excess = local_size + sum(s.size for s in below) - c.retention_bytes
+        cut = None
+        for s in m.segments:
+            breach = s.next_offset <= start
+            if not breach and c.delete:
+                if excess >= 0 and excess - s.size >= 0 and s in below:
+                    breach = True
+                elif c.retention_ms >= 0 and s.max_timestamp >= 0 and now_ms - s.max_timestamp > c.retention_ms:
+                    breach = True
+            if not breach:
+                break
+            if excess >= 0 and s in below:
+                excess -= s.size
+            cut = s.next_offset
+        if cut is None:
+            return 0
+        new, dropped = m.without_segments_below(cut)
+        self.manifests.write(new)
+        self._publish(tier, new, fetch=True)
+        self.store.delete([k for s in dropped for k in s.keys()])
+        index_dir = self._index_dir(plog)
+        for s in dropped:
+            self.blocks.drop(os.path.join(index_dir, "blocks"), s.objects["log"].key)
+            for path in index_paths(index_dir, s.base_offset).values():
+                try:
+                    os.unlink(path)
+                except FileNotFoundError:
+                    pass
+        log.info("%s-%d: retention deleted %d tiered segment(s); log start offset now %d", plog.topic,
+                 plog.partition, len(dropped), new.log_start_offset)
+        return len(dropped)
+
+    def local_retention(self, tier: PartitionTier, now_ms: int) -> int:
+        """Delete local segments past ``local.retention.*``, but only those the manifest lists."""
+        plog = tier.log
+        end = tier.manifest.remote_log_end_offset if tier.manifest.segments else -1
+        c = plog.config
+        limit_bytes, limit_ms = c.effective_local_retention_bytes, c.effective_local_retention_ms
+        with plog.lock:
+            sealed = plog.segments.as_list()[:-1]
+            excess = plog.size_bytes - limit_bytes if limit_bytes >= 0 else -1
+            victims = []
+            for s in sealed:
+                breach = s.next_offset <= plog.log_start_offset  # below the whole log's start: gone anyway
+                if not breach and s.next_offset > end:
+                    break  # not tiered yet: it waits for its upload
+                breach = (breach or (excess >= 0 and excess - s.size >= 0)
+                          or (limit_ms >= 0 and now_ms - s.largest_timestamp > limit_ms))
+                if not breach:
+                    break
+                if excess >= 0:
+                    excess -= s.size
+                victims.append(s)
+            if victims:
+                plog.delete_segments(victims, tiered=True)
+        return len(victims)
+
+    # -- deleted partitions ------------------------------------------------------------------------
+    def _pending_deletes(self) -> set[tuple[str, int]]:
+        try:
+            with open(self.deletes_path, encoding="utf-8") as f:
+                return {(str(t), int(p)) for t, p in json.load(f)}
+        except FileNotFoundError:
+            return set()
+        except (ValueError, TypeError) as exc:
+            log.error("%s is corrupt (%s); remote objects of deleted partitions may remain", self.deletes_path, exc)
+            return set()
+
+    def _write_deletes(self, pending: set[tuple[str, int]]) -> None:
+        atomic_write(self.deletes_path, json.dumps(sorted(pending)).encode())
+
+    def schedule_delete(self, topic: str, partition: int) -> None:
+        """Record, durably, that a tiered partition is being deleted (before its directory goes away)."""
+        with self.lock:
+            self._write_deletes(self._pending_deletes() | {(topic, partition)})
+
+    def purge_deleted(self) -> int:
+        """Delete the objects of the partitions recorded as deleted, then their record. Returns how many."""
+        done = 0
+        for topic, partition in sorted(self._pending_deletes()):
+            objects = self.store.list(partition_prefix(self.prefix, topic, partition))
+            self.store.delete([o.key for o in objects])
+            with self.lock:
+                self._write_deletes(self._pending_deletes() - {(topic, partition)})
+                tier = self.tiers.get((topic, partition))
+                if tier is not None and tier.log.closed:
+                    del self.tiers[(topic, partition)]
+            log.info("%s-%d: the deleted partition's %d remote object(s) removed", topic, partition, len(objects))
+            done += 1
+        return done
+
+    def close(self) -> None:
+        for tier in list(self.tiers.values()):
+            for seg in tier.segments.values():
+                seg.close()

@@ -1,0 +1,311 @@
+"""Tiered storage's mechanism over the directory store, without FUSE: upload, manifest, local and whole-log
+retention, reads across tiers, startup from the manifests, orphans."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from logfs.remote import DirectoryStore
+from logfs.remote.manifest import ManifestStore
+from logfs.storage import BrokerConfig, LogManager
+from logfs.storage.errors import InvalidConfigError
+from logfs.storage.remote_segment import RemoteLogSegment
+from logfs.storage.tiered import RemoteLogManager, tier_stats
+from logfs.view.text import live_view, open_view
+
+PROPS = {"log.segment.bytes": "4096", "log.index.interval.bytes": "512", "log.segment.delete.delay.ms": "0",
+         "remote.log.storage.system.enable": "true"}
+
+
+def lines(n, start=0):
+    return b"".join(b"record-%06d-%s\n" % (i, b"x" * (i % 37)) for i in range(start, start + n))
+
+
+@pytest.fixture
+def archive(tmp_path):
+    root = tmp_path / "archive"
+    root.mkdir()
+    return root
+
+
+def make(tmp_path, archive, clock, **extra):
+    props = dict(PROPS, **{"logfs.remote.dir": str(archive)}, **extra)
+    manager = LogManager(str(tmp_path / "data"), BrokerConfig.from_properties(props), clock=clock)
+    store = DirectoryStore(archive)
+    rlm = RemoteLogManager(manager.data_dir, manager.logs, store, cache_bytes=64 << 10)
+    manager.remote = rlm
+    return manager, rlm
+
+
+def tiered_topic(manager, local_bytes="8192"):
+    manager.create_topic("t", 1)
+    manager.set_topic_config("t", "remote.storage.enable", "true")
+    manager.set_topic_config("t", "local.retention.bytes", local_bytes)
+    return manager.get_log("t", 0)
+
+
+def view_text(plog):
+    view = open_view(plog)
+    try:
+        return view.read(0, view.length() + 10)
+    finally:
+        view.release()
+
+
+def test_upload_local_retention_and_whole_log_read(tmp_path, archive, clock):
+    manager, rlm = make(tmp_path, archive, clock)
+    plog = tiered_topic(manager)
+    data = lines(3000)
+    plog.append_lines(b"", data, len(data))
+    plog.roll()
+    plog.flush()
+    uploaded = rlm.sync(plog, clock.time_ms())
+    assert uploaded >= 10
+    m = ManifestStore(DirectoryStore(archive)).read("t", 0)
+    assert m.remote_log_end_offset == plog.log_end_offset
+    assert [s.base_offset for s in m.segments][0] == 0
+    assert sorted(os.listdir(archive / "t-0"))[-1] == "manifest.json"
+    # Local retention kept about local.retention.bytes; the log start offset is still 0.
+    assert plog.size_bytes <= 8192 + 4096
+    assert plog.log_start_offset == 0
+    assert plog.segments.first.base_offset > 0
+    assert any(isinstance(s, RemoteLogSegment) for s in plog.view_segments())
+    assert live_view(plog).length() == len(data)
+    assert view_text(plog) == data
+    # Positions and offsets across the tiers.
+    view = live_view(plog)
+    pos = view.position_of(1234)
+    assert data[pos:].startswith(b"record-001234-")
+    assert view.offset_at(pos + 3) == 1234
+    stats = tier_stats(plog)
+    assert stats["remote_log_end_offset"] == plog.log_end_offset
+    assert stats["remote_segment_count"] == len(m.segments)
+    assert stats["local_log_start_offset"] == plog.segments.first.base_offset
+    manager.close()
+    # Remount: the whole log again, first from the local copy of the manifest, then from the store.
+    manager, rlm = make(tmp_path, archive, clock)
+    plog = manager.get_log("t", 0)
+    rlm.attach_cached()
+    assert plog.log_start_offset == 0
+    assert view_text(plog) == data
+    rlm.sync(plog, clock.time_ms())
+    assert view_text(plog) == data
+    manager.close()
+
+
+def test_orphans_are_removed_and_sealed_segments_flushed_before_upload(tmp_path, archive, clock):
+    manager, rlm = make(tmp_path, archive, clock)
+    plog = tiered_topic(manager, local_bytes="0")
+    data = lines(1000)
+    plog.append_lines(b"", data, len(data))
+    plog.roll()
+    assert plog.recovery_point == 0
+    # An interrupted upload left objects the manifest does not name.
+    (archive / "t-0").mkdir(exist_ok=True)
+    (archive / "t-0" / ("%020d.log" % 999999)).write_bytes(b"junk")
+    rlm.sync(plog, clock.time_ms())
+    assert not (archive / "t-0" / ("%020d.log" % 999999)).exists()
+    assert plog.recovery_point == plog.active_segment.base_offset
+    assert len(plog.segments) == 1  # everything sealed is tiered and deleted locally
+    assert view_text(plog) == data
+    manager.close()
+
+
+def test_whole_log_retention_deletes_from_the_store(tmp_path, archive, clock):
+    manager, rlm = make(tmp_path, archive, clock)
+    plog = tiered_topic(manager, local_bytes="4096")
+    data = lines(3000)
+    plog.append_lines(b"", data, len(data))
+    plog.roll()
+    plog.flush()
+    rlm.sync(plog, clock.time_ms())
+    before = ManifestStore(DirectoryStore(archive)).read("t", 0)
+    manager.set_topic_config("t", "retention.bytes", "40000")
+    rlm.sync(plog, clock.time_ms())
+    after = ManifestStore(DirectoryStore(archive)).read("t", 0)
+    assert len(after.segments) < len(before.segments)
+    assert plog.log_start_offset == after.log_start_offset > 0
+    names = set(os.listdir(archive / "t-0"))
+    for s in before.segments[: len(before.segments) - len(after.segments)]:
+        assert "%020d.log" % s.base_offset not in names
+    text = view_text(plog)
+    assert data.endswith(text) and text.startswith(b"record-%06d-" % plog.log_start_offset)
+    rlm.sync(plog, clock.time_ms())  # a steady state: nothing expired is uploaded again
+    assert ManifestStore(DirectoryStore(archive)).read("t", 0).generation == after.generation
+    # Time-based whole-log retention empties the store; the log starts past everything tiered.
+    manager.set_topic_config("t", "retention.ms", "1000")
+    clock.advance(5000)
+    rlm.sync(plog, clock.time_ms())
+    emptied = ManifestStore(DirectoryStore(archive)).read("t", 0)
+    assert emptied.segments == () and emptied.log_start_offset == plog.log_start_offset
+    assert plog.log_start_offset >= after.remote_log_end_offset
+    assert plog.segments.first.base_offset >= plog.log_start_offset  # the local copies went too
+    gen = emptied.generation
+    rlm.sync(plog, clock.time_ms())
+    assert ManifestStore(DirectoryStore(archive)).read("t", 0).generation == gen
+    assert set(os.listdir(archive / "t-0")) == {"manifest.json"}
+    manager.close()
+
+
+def test_tiering_settings_are_checked(tmp_path, archive, clock):
+    manager, _ = make(tmp_path, archive, clock)
+    manager.create_topic("c", 1)
+    manager.set_topic_config("c", "cleanup.policy", "compact")
+    with pytest.raises(InvalidConfigError):
+        manager.set_topic_config("c", "remote.storage.enable", "true")
+    manager.create_topic("t", 1)
+    manager.set_topic_config("t", "remote.storage.enable", "true")
+    with pytest.raises(InvalidConfigError):
+        manager.set_topic_config("t", "cleanup.policy", "compact")
+    with pytest.raises(InvalidConfigError):
+        manager.set_topic_config("t", "remote.storage.enable", "false")
+    with pytest.raises(InvalidConfigError):
+        manager.set_topic_config("t", "local.retention.bytes", "-3")
+    manager.set_topic_config("t", "retention.bytes", "1000")
+    with pytest.raises(InvalidConfigError):
+        manager.set_topic_config("t", "local.retention.bytes", "2000")
+    manager.close()
+    with pytest.raises(InvalidConfigError):
+        BrokerConfig.from_properties({"remote.log.storage.system.enable": "true"})  # no bucket, no directory
+    with pytest.raises(InvalidConfigError):
+        BrokerConfig.from_properties({"logfs.remote.cache.bytes": "-1"})
+    with pytest.raises(InvalidConfigError):
+        BrokerConfig.from_properties({"remote.log.manager.task.interval.ms": "0"})
+    plain = LogManager(str(tmp_path / "plain"), BrokerConfig.from_properties({}), clock=clock)
+    plain.create_topic("t", 1)
+    with pytest.raises(InvalidConfigError):  # the broker's remote storage system is off
+        plain.set_topic_config("t", "remote.storage.enable", "true")
+    plain.close()
+
+
+def test_deleted_partition_objects_are_removed_and_the_cache_stays_bounded(tmp_path, archive, clock):
+    manager, rlm = make(tmp_path, archive, clock)
+    plog = tiered_topic(manager, local_bytes="0")
+    data = lines(4000)
+    plog.append_lines(b"", data, len(data))
+    plog.roll()
+    rlm.sync(plog, clock.time_ms())
+    assert view_text(plog) == data  # every tiered block fetched once...
+    assert rlm.blocks.used <= 64 << 10  # ...through a cache bounded by logfs.remote.cache.bytes
+    assert len(os.listdir(archive / "t-0")) > 4
+    manager.delete_partition("t", 0)
+    manager.abandon()  # a crash before the objects were deleted: the deletion is remembered
+    manager, rlm = make(tmp_path, archive, clock)
+    assert ("t", 0) not in manager.logs
+    replacement = manager.create_partition("t", 0)  # the same name again: not tiered before the old objects go
+    replacement.append_lines(b"", b"new\n", 4)
+    replacement.roll()
+    assert rlm.sync(replacement, clock.time_ms()) == 0
+    assert rlm.purge_deleted() == 1
+    assert os.listdir(archive / "t-0") == []
+    assert rlm.purge_deleted() == 0
+    rlm.sync(replacement, clock.time_ms())
+    assert view_text(replacement) == b"new\n"
+    assert sorted(os.listdir(archive / "t-0"))[-1] == "manifest.json"
+    manager.close()
+
+
+def test_a_tiered_read_on_the_request_thread_never_fetches(tmp_path, archive, clock):
+    from logfs.storage import remote_segment
+    from logfs.storage.errors import FetchNeededError
+    import threading
+
+    manager, rlm = make(tmp_path, archive, clock)
+    plog = tiered_topic(manager, local_bytes="0")
+    data = lines(2000)
+    plog.append_lines(b"", data, len(data))
+    plog.roll()
+    rlm.sync(plog, clock.time_ms())
+    result = {}
+
+    def request_thread():
+        remote_segment.mark_request_thread()
+        view = open_view(plog)
+        try:
+            view.read(0, 100)
+        except FetchNeededError:
+            result["raised"] = True
+        view.release()
+
+    t = threading.Thread(target=request_thread)
+    t.start()
+    t.join()
+    assert result == {"raised": True}
+    assert view_text(plog) == data  # a worker thread fetches
+    manager.close()
+
+
+def test_time_lookup_and_record_reads_across_tiers(tmp_path, archive, clock):
+    manager, rlm = make(tmp_path, archive, clock)
+    plog = tiered_topic(manager, local_bytes="4096")
+    starts = []
+    for k in range(5):
+        starts.append((clock.time_ms(), plog.log_end_offset))
+        data = lines(500, 500 * k)
+        plog.append_lines(b"", data, len(data))
+        clock.advance(1000)
+    plog.roll()
+    rlm.sync(plog, clock.time_ms())
+    first_local = plog.segments.first.base_offset
+    tiered = [(ts, off) for ts, off in starts if off < first_local and off > 0]
+    assert tiered, "some chunk must start in a tiered segment"
+    for ts, off in tiered:
+        assert plog.offset_for_timestamp(ts) == off
+    got = plog.read(700, max_records=3)  # records API over a tiered offset
+    assert [r.offset for r in got] == [700, 701, 702]
+    assert got[0].value == lines(1, 700)[:-1]
+    manager.close()
+
+
+def test_an_open_view_keeps_reading_while_segments_move_to_the_store(tmp_path, archive, clock):
+    manager, rlm = make(tmp_path, archive, clock)
+    plog = tiered_topic(manager, local_bytes="0")
+    data = lines(3000)
+    plog.append_lines(b"", data, len(data))
+    plog.roll()
+    view = open_view(plog)  # pins the local segments, as a file handle does
+    head = view.read(0, 5000)
+    rlm.sync(plog, clock.time_ms())
+    plog.purge_deleted(now_ms=1 << 62)  # their files are unlinked
+    assert len(plog.segments) == 1
+    assert not any(n.endswith(".log.deleted") for n in os.listdir(plog.directory))
+    rest = view.read(5000, len(data))
+    view.release()
+    assert head + rest == data
+    assert view_text(plog) == data  # a new open reads the same bytes from the store
+    manager.close()
+
+
+def test_a_small_tiered_read_costs_one_ranged_get_of_at_most_two_blocks(tmp_path, archive, clock):
+    from logfs.storage.remote_segment import BLOCK_BYTES
+
+    class Counting(DirectoryStore):
+        calls: list = []
+
+        def get_range(self, key, start, length):
+            self.calls.append(length)
+            return super().get_range(key, start, length)
+
+    props = dict(PROPS, **{"logfs.remote.dir": str(archive), "log.segment.bytes": str(4 << 20)})
+    manager = LogManager(str(tmp_path / "data"), BrokerConfig.from_properties(props), clock=clock)
+    store = Counting(archive)
+    rlm = RemoteLogManager(manager.data_dir, manager.logs, store, cache_bytes=64 << 20)
+    plog = tiered_topic(manager, local_bytes="0")
+    data = lines(60000) * 2
+    plog.append_lines(b"", data, len(data))
+    plog.roll()
+    rlm.sync(plog, clock.time_ms())
+    assert len(plog.segments) == 1 and len(data) > 3 * (1 << 20)
+    view = open_view(plog)
+    assert view.length() == len(data) and store.calls == []  # st_size: the local copies of the indexes
+    pos = view.position_of(91337)  # the index entry, then one interval's batches: one ranged GET
+    assert len(store.calls) == 1 and store.calls[0] <= 2 * BLOCK_BYTES
+    assert view.read(pos, 100) == data[pos:pos + 100]
+    assert len(store.calls) <= 2 and max(store.calls) <= 2 * BLOCK_BYTES
+    n = len(store.calls)
+    assert view.read(pos, 100) == data[pos:pos + 100]
+    assert len(store.calls) == n  # cached
+    view.release()
+    manager.close()

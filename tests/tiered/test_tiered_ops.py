@@ -1,0 +1,81 @@
+"""The FUSE Operations over a tiered log, without the kernel: a read or xattr that needs data not cached is
+repeated in a worker thread, and other requests are answered meanwhile."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from pathlib import Path
+
+import trio
+
+from logfs.fuse.operations import Operations
+from logfs.remote import DirectoryStore
+from logfs.storage import BrokerConfig, LogManager
+from logfs.storage.remote_segment import mark_request_thread
+from logfs.storage.tiered import RemoteLogManager
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "ops"))
+from ops_helpers import OpsFS, run_blocking  # noqa: E402
+
+
+class SlowStore(DirectoryStore):
+    delay = 0.0
+    fetched_on: set = set()
+
+    def get_range(self, key, start, length):
+        self.fetched_on.add(threading.current_thread().name)
+        time.sleep(self.delay)
+        return super().get_range(key, start, length)
+
+
+async def test_uncached_tiered_reads_run_in_a_worker_thread(tmp_path, clock):
+    archive = tmp_path / "archive"
+    archive.mkdir()
+    props = {"log.segment.bytes": "4096", "remote.log.storage.system.enable": "true",
+             "logfs.remote.dir": str(archive), "log.segment.delete.delay.ms": "0"}
+    manager = LogManager(str(tmp_path / "data"), BrokerConfig.from_properties(props), clock=clock)
+    store = SlowStore(archive)
+    manager.remote = rlm = RemoteLogManager(manager.data_dir, manager.logs, store, cache_bytes=1 << 20)
+    fs = OpsFS(Operations(manager, run_blocking=run_blocking))
+    mark_request_thread()
+    try:
+        await fs.mkdir("t")
+        await fs.setconfig("t", "remote.storage.enable", "true")
+        await fs.setconfig("t", "local.retention.bytes", "0")
+        data = b"".join(b"line %05d\n" % i for i in range(3000))
+        await fs.append("t/0", data)
+        plog = manager.get_log("t", 0)
+        plog.roll()
+        await trio.to_thread.run_sync(rlm.sync, plog, clock.time_ms())
+        assert len(plog.segments) == 1 and await fs.getx("t/0", "remote_segment_count") != "0"
+        assert (await fs.getattr("t/0")).st_size == len(data)  # no fetch needed for st_size
+        assert store.fetched_on == set()
+        pos = int(await fs.getx("t/0", "position.1234"))  # fetched in a worker thread
+        assert data[pos:].startswith(b"line 01234\n")
+        assert threading.main_thread().name not in store.fetched_on and store.fetched_on
+        assert await fs.cat("t/0") == data
+        # A slow fetch holds only its own request: a stat is answered meanwhile.
+        for path in (Path(plog.directory) / "logfs-remote" / "blocks").iterdir():
+            path.unlink()
+        rlm.blocks._lru.clear()
+        store.delay = 1.0
+        fh = await fs.open("t/0")
+        answered = []
+        async with trio.open_nursery() as nursery:
+            async def slow_read():
+                answered.append(("read", await fs.read(fh, 0, 100)))
+
+            nursery.start_soon(slow_read)
+            await trio.sleep(0.1)
+            start = trio.current_time()
+            st = await fs.getattr("t/0")
+            answered.append(("stat", trio.current_time() - start))
+        assert answered[0][0] == "stat" and answered[0][1] < 0.5 and st.st_size == len(data)
+        assert answered[1] == ("read", data[:100])
+        await fs.release(fh)
+    finally:
+        mark_request_thread(False)
+        fs.ops.release_all()
+        manager.close()
