@@ -172,6 +172,22 @@ class SeaweedS3:
                     raise
                 time.sleep(0.3)
 
+    def warm_up(self) -> None:
+        """One object written, read and deleted before any test: a fresh cluster allocates its first volumes on
+        the first write, which under load can take longer than a test's own client time-outs."""
+        client = self._client()
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                client.put_object(Bucket=self.bucket, Key="warm-up", Body=b"x")
+                client.get_object(Bucket=self.bucket, Key="warm-up")["Body"].read()
+                client.delete_object(Bucket=self.bucket, Key="warm-up")
+                return
+            except Exception:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+
     @staticmethod
     def _kill(proc: subprocess.Popen | None, sig: int = signal.SIGTERM) -> None:
         if proc is None or proc.poll() is not None:
@@ -303,6 +319,7 @@ def seaweed(tmp_path_factory):
     server.start()
     try:
         server.create_bucket()
+        server.warm_up()
         yield server
     finally:
         server.shutdown()
