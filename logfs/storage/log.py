@@ -153,8 +153,9 @@ class Log:
         topic also refuses the whole call if a line has no key (:class:`InvalidRecordError`). Plain lines take
         the bulk path: with the C accelerator, one call cuts and encodes whole batches straight from ``data``
         (no list of lines, no copy of the input)."""
-        fmt = lines.LineFormat.of(self.config)
-        if not fmt.plain or rec._speedups is None:
+        c = self.config
+        if c.key_separator or c.null_marker is not None or rec._speedups is None:  # not LineFormat.plain
+            fmt = lines.LineFormat.of(c)
             values, keys = fmt.parse_lines((prefix + bytes(data[: end - 1])).split(b"\n"))
             has_nulls = None if fmt.null_marker is not None else False
             return self.append(values, keys, has_nulls=has_nulls, require_keys=True)
@@ -197,7 +198,7 @@ class Log:
         if grown is None:
             return None
         count, payload, longest = grown
-        first = self.log_end_offset
+        first = active.next_offset
         c = self.config
         try:
             lines.check_record_size(c, longest)
@@ -250,7 +251,7 @@ class Log:
     def flush_due(self) -> bool:
         """``flush.messages`` records are unflushed: the appender calls :meth:`flush` next, in a thread that may
         block (an append never fsyncs itself)."""
-        return self.unflushed_messages >= self.config.flush_messages
+        return self.segments.active.next_offset - self.recovery_point >= self.config.flush_messages
 
     def append_raw_batch(self, batch: bytes) -> tuple[int, int]:
         """Append an already-encoded v2 batch (validated), re-stamping its base offset (tests, tools)."""
