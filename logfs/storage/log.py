@@ -15,6 +15,7 @@ does, so a reader may cache what it derives from the layout.
 from __future__ import annotations
 
 import bisect
+import mmap
 import operator
 from itertools import accumulate, repeat
 import threading
@@ -39,6 +40,7 @@ TARGET_BATCH_BYTES = 64 * 1024
 # size, so a line per write() costs its record (~9 bytes over the line), not a 61-byte header each; the cap
 # bounds the bytes rewritten per append (the CRC covers the whole batch) and a reader's skip into it.
 TAIL_BATCH_CAP = 4 * 1024
+PAGE_SIZE = mmap.PAGESIZE
 _RECORD_OVERHEAD = 12
 
 
@@ -177,8 +179,12 @@ class Log:
             first, last = self._append_batches(batches, None)
             batch, count, _ = encoded[-1]
             active = self.segments.active
-            if len(batch) < TAIL_BATCH_CAP and active.next_offset == last + 1 and active.size >= len(batch):
-                active.tail = TailBatch(batch, active.size - len(batch), last + 1 - count, self.last_append_ms)
+            position = active.size - len(batch)
+            if (len(batch) < TAIL_BATCH_CAP and active.next_offset == last + 1 and position >= 0
+                    and position % PAGE_SIZE <= PAGE_SIZE - rec.HEADER_SIZE):
+                # (A header across a page boundary is never rewritten: a kill can cut a write between pages,
+                # and a torn header would take the batch's earlier lines with it.)
+                active.tail = TailBatch(batch, position, last + 1 - count, self.last_append_ms)
             return first, last
 
     def _grow_tail(self, prefix: bytes, data, end: int) -> tuple[int, int] | None:

@@ -338,3 +338,22 @@ def test_the_spark_reader_between_the_writes_of_a_grow(open_log, tmp_path, caplo
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
     assert [r.value for r in reader.records(0, len(lines))] == lines
     assert len(seen) > 2 * len(lines)
+
+
+def test_a_batch_whose_header_crosses_a_page_is_never_grown(open_log):
+    """A kill can cut a write between two pages: a header rewritten across a page boundary could be left torn,
+    and with it the batch's earlier lines. Such a batch is left as it is; the next line starts a new batch."""
+    log = open_log(segment_bytes=1 << 20)
+    page = log_module.PAGE_SIZE
+    # A first batch ending 30 bytes before a page boundary: the next batch's header straddles it.
+    filler = b"f" * (page - 30 - rec.HEADER_SIZE - 9)  # 9: the record framing of a ~4000-byte value
+    log.append([filler])
+    assert log.active_segment.size == page - 30
+    append_line(log, b"straddling")
+    image = open(log.active_segment.log_path, "rb").read()
+    append_line(log, b"after")
+    after = open(log.active_segment.log_path, "rb").read()
+    assert after[: len(image)] == image  # nothing rewritten
+    assert [h.base_offset for _, _, h in batches_on_disk(log)] == [0, 1, 2]
+    append_line(log, b"grows")  # the batch after it grows again
+    assert [h.records_count for _, _, h in batches_on_disk(log)] == [1, 1, 2]
