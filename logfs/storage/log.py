@@ -1,6 +1,7 @@
 """One partition: an ordered set of segments, its offsets, and the append/read/roll/flush/truncate paths.
 
-Owns offset assignment (contiguous, from the log end offset), batching of appended records, the roll
+Owns offset assignment (contiguous, from the log end offset), batching of appended records (and when a small
+append grows the active segment's last batch in place instead), the roll
 decision (size, time minus jitter, full index, relative-offset overflow), the ``flush.messages`` policy (as
 :attr:`Log.flush_due`: an append never fsyncs), the log start offset and recovery point, and segment deletion
 (``.deleted`` rename; the unlink comes later).
@@ -206,19 +207,20 @@ class Log:
         count, payload, longest = grown
         first = active.next_offset
         c = self.config
+
+        def undo() -> None:
+            del batch[old_length:]
+            batch[: rec.HEADER_SIZE] = old_header
+
         try:
             lines.check_record_size(c, longest)
             lines.check_keys(c, None)
-            roll = active.should_roll(len(batch) - old_length, c.segment_bytes, c.segment_ms, now, first + count - 1)
-        except BaseException:
-            roll = True
+        except LogfsError:
+            undo()
             raise
-        finally:
-            if roll:
-                del batch[old_length:]
-                batch[: rec.HEADER_SIZE] = old_header
-        if roll:
-            return None
+        if active.should_roll(len(batch) - old_length, c.segment_bytes, c.segment_ms, now, first + count - 1):
+            undo()
+            return None  # the bulk path rolls
         max_timestamp = max(now, tail.max_timestamp)
         rec.restamp_batch(batch, max_timestamp)
         active.grow_tail(old_length, old_header, count, max_timestamp, LineStats(count, 0, 0, 0, payload))

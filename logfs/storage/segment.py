@@ -1,6 +1,7 @@
 """One log segment: a ``.log`` file of v2 batches and its three sparse indexes.
 
-Owns appending batches at the end of one file, the sparse index cadence (an entry once more than
+Owns appending batches at the end of one file (and writing the last one grown in place: :class:`TailBatch`,
+:meth:`LogSegment.grow_tail`), the sparse index cadence (an entry once more than
 ``index.interval.bytes`` have been appended since the last one), translating an offset or a timestamp to a
 file position (index lookup, then a forward scan bounded by the interval), truncation, and the roll-time
 bookkeeping. It never decides *when* to roll; the log does. Loading and recovery are in

@@ -357,3 +357,22 @@ def test_a_batch_whose_header_crosses_a_page_is_never_grown(open_log):
     assert [h.base_offset for _, _, h in batches_on_disk(log)] == [0, 1, 2]
     append_line(log, b"grows")  # the batch after it grows again
     assert [h.records_count for _, _, h in batches_on_disk(log)] == [1, 1, 2]
+
+
+def test_a_topic_turned_compacted_refuses_the_grow_and_changes_nothing(open_log):
+    import dataclasses
+
+    from logfs.storage.errors import InvalidRecordError
+
+    log = open_log(segment_bytes=1 << 20)
+    append_line(log, b"plain")
+    image = open(log.active_segment.log_path, "rb").read()
+    log.config = dataclasses.replace(log.config, cleanup_policy="compact")  # as the manager does on a change
+    with pytest.raises(InvalidRecordError):
+        append_line(log, b"no key")
+    assert open(log.active_segment.log_path, "rb").read() == image
+    assert log.active_segment.tail.batch == image  # the batch in memory is as it was too
+    log.config = dataclasses.replace(log.config, cleanup_policy="delete")
+    append_line(log, b"again")
+    assert [r.value for r in all_records(log)] == [b"plain", b"again"]
+    assert len(batches_on_disk(log)) == 1
