@@ -2,6 +2,8 @@
  *
  * encode_lines(prefix, data, end, target): the bulk append. Whole batches of plain lines straight from a write
  *     buffer.
+ * grow_lines(batch, prefix, data, end, ts_delta, cap): the small append. The same lines appended to the records of
+ *     the tail batch being grown.
  * encode_records(values, keys=None) -> bytes: the records section of an uncompressed Kafka v2 batch (record i:
  *     attributes 0, timestampDelta 0, offsetDelta i, the key or null, the value or null, no headers). The caller
  *     adds the 61-byte header and CRC (logfs.storage.records.build_batch).
@@ -456,34 +458,31 @@ done:
  * copy of the input. */
 #define RECORD_OVERHEAD 12
 
-static PyObject *encode_lines(PyObject *self, PyObject *args) {
-    Py_buffer pre, data;
-    Py_ssize_t end, target;
-    if (!PyArg_ParseTuple(args, "y*y*nn", &pre, &data, &end, &target))
-        return NULL;
-    PyObject *result = NULL, *batches = NULL;
-    Py_ssize_t *lens = NULL;
-    const unsigned char *buf = data.buf;
-    if (end <= 0 || end > data.len || buf[end - 1] != '\n' || memchr(pre.buf, '\n', pre.len) != NULL) {
+/* Line lengths of prefix + data[:end] (the first line includes the prefix), and the longest; NULL with an
+ * exception set on bad input. The caller frees the array. */
+static Py_ssize_t *line_lengths(const Py_buffer *pre, const Py_buffer *data, Py_ssize_t end, Py_ssize_t *n_out,
+                                Py_ssize_t *longest_out) {
+    const unsigned char *buf = data->buf;
+    if (end <= 0 || end > data->len || buf[end - 1] != '\n' || memchr(pre->buf, '\n', pre->len) != NULL) {
         PyErr_SetString(PyExc_ValueError, "encode_lines needs whole lines");
-        goto done;
+        return NULL;
     }
-    /* Pass 1: line lengths (the first line includes the prefix). */
-    Py_ssize_t n = 0, cap = 1024, pos = 0, longest = 0;
-    lens = PyMem_Malloc(cap * sizeof(Py_ssize_t));
+    Py_ssize_t n = 0, cap = 64, pos = 0, longest = 0;
+    Py_ssize_t *lens = PyMem_Malloc(cap * sizeof(Py_ssize_t));
     if (lens == NULL) {
         PyErr_NoMemory();
-        goto done;
+        return NULL;
     }
     while (pos < end) {
         const unsigned char *nl = memchr(buf + pos, '\n', end - pos);
-        Py_ssize_t len = (nl - buf) - pos + (n == 0 ? pre.len : 0);
+        Py_ssize_t len = (nl - buf) - pos + (n == 0 ? pre->len : 0);
         if (n == cap) {
             cap *= 2;
             Py_ssize_t *bigger = PyMem_Realloc(lens, cap * sizeof(Py_ssize_t));
             if (bigger == NULL) {
+                PyMem_Free(lens);
                 PyErr_NoMemory();
-                goto done;
+                return NULL;
             }
             lens = bigger;
         }
@@ -492,17 +491,63 @@ static PyObject *encode_lines(PyObject *self, PyObject *args) {
             longest = len;
         pos = (nl - buf) + 1;
     }
+    *n_out = n;
+    *longest_out = longest;
+    return lens;
+}
+
+static inline Py_ssize_t record_size(Py_ssize_t len, int64_t offset_delta, int64_t ts_delta) {
+    Py_ssize_t body = 1 + varint_size(ts_delta) + varint_size(offset_delta) + 1 + varint_size(len) + len + 1;
+    return varint_size(body) + body;
+}
+
+/* Records i..j-1 (offset deltas first_delta + k - i, timestamp delta ts_delta) at p; *src advances over the
+ * lines it copied. Returns the end of what was written. */
+static unsigned char *put_lines(unsigned char *p, const Py_ssize_t *lens, Py_ssize_t i, Py_ssize_t j,
+                                int64_t first_delta, int64_t ts_delta, const Py_buffer *pre,
+                                const unsigned char **src) {
+    for (Py_ssize_t k = i; k < j; k++) {
+        Py_ssize_t len = lens[k];
+        int64_t delta = first_delta + (k - i);
+        Py_ssize_t body = 1 + varint_size(ts_delta) + varint_size(delta) + 1 + varint_size(len) + len + 1;
+        p = put_varint(p, body);
+        *p++ = 0; /* attributes */
+        p = put_varint(p, ts_delta);
+        p = put_varint(p, delta);
+        *p++ = 1; /* key length -1 (null), zigzag */
+        p = put_varint(p, len);
+        if (k == 0 && pre->len) {
+            memcpy(p, pre->buf, pre->len);
+            p += pre->len;
+            len -= pre->len;
+        }
+        memcpy(p, *src, len);
+        p += len;
+        *src += len + 1; /* and the '\n' */
+        *p++ = 0; /* headers */
+    }
+    return p;
+}
+
+static PyObject *encode_lines(PyObject *self, PyObject *args) {
+    Py_buffer pre, data;
+    Py_ssize_t end, target;
+    if (!PyArg_ParseTuple(args, "y*y*nn", &pre, &data, &end, &target))
+        return NULL;
+    PyObject *result = NULL, *batches = NULL;
+    Py_ssize_t n = 0, longest = 0;
+    Py_ssize_t *lens = line_lengths(&pre, &data, end, &n, &longest);
+    if (lens == NULL)
+        goto done;
     batches = PyList_New(0);
     if (batches == NULL)
         goto done;
-    /* Pass 2: batches. */
-    const unsigned char *src = buf;
+    const unsigned char *src = data.buf;
     Py_ssize_t i = 0;
     while (i < n) {
         Py_ssize_t j = i, acc = 0, size = HEADER_SIZE, payload = 0;
         while (j < n && (j == i || acc + lens[j] + RECORD_OVERHEAD <= target)) {
-            Py_ssize_t body = 1 + 1 + varint_size(j - i) + 1 + varint_size(lens[j]) + lens[j] + 1;
-            size += varint_size(body) + body;
+            size += record_size(lens[j], j - i, 0);
             acc += lens[j] + RECORD_OVERHEAD;
             payload += lens[j];
             j++;
@@ -512,26 +557,7 @@ static PyObject *encode_lines(PyObject *self, PyObject *args) {
             goto done;
         unsigned char *p = (unsigned char *)PyByteArray_AS_STRING(batch);
         memset(p, 0, HEADER_SIZE);
-        p += HEADER_SIZE;
-        for (Py_ssize_t k = i; k < j; k++) {
-            Py_ssize_t len = lens[k];
-            Py_ssize_t body = 1 + 1 + varint_size(k - i) + 1 + varint_size(len) + len + 1;
-            p = put_varint(p, body);
-            *p++ = 0; /* attributes */
-            *p++ = 0; /* timestampDelta */
-            p = put_varint(p, k - i);
-            *p++ = 1; /* key length -1 (null), zigzag */
-            p = put_varint(p, len);
-            if (k == 0 && pre.len) {
-                memcpy(p, pre.buf, pre.len);
-                p += pre.len;
-                len -= pre.len;
-            }
-            memcpy(p, src, len);
-            p += len;
-            src += len + 1; /* and the '\n' */
-            *p++ = 0; /* headers */
-        }
+        put_lines(p + HEADER_SIZE, lens, i, j, 0, 0, &pre, &src);
         PyObject *item = Py_BuildValue("(Nnn)", batch, j - i, payload);
         if (item == NULL || PyList_Append(batches, item) < 0) {
             Py_XDECREF(item);
@@ -543,6 +569,57 @@ static PyObject *encode_lines(PyObject *self, PyObject *args) {
     result = Py_BuildValue("(On)", batches, longest);
 done:
     Py_XDECREF(batches);
+    PyMem_Free(lens);
+    PyBuffer_Release(&pre);
+    PyBuffer_Release(&data);
+    return result;
+}
+
+/* grow_lines(batch, prefix, data, end, ts_delta, cap) -> (count, payload_bytes, longest) or None
+ *
+ * The small append: the lines of prefix + data[:end] (as encode_lines) appended as records to ``batch``, a
+ * bytearray holding a whole v2 batch that encode_lines made (its records count at bytes 57..60): offset deltas
+ * continue from the batch's count, timestamp delta ``ts_delta``. None, and ``batch`` untouched, if the batch
+ * would grow past ``cap`` bytes. The new records count is written at 57..60; the rest of the header is the
+ * caller's to restamp (records.restamp_batch). */
+static PyObject *grow_lines(PyObject *self, PyObject *args) {
+    PyObject *batch;
+    Py_buffer pre, data;
+    Py_ssize_t end, cap;
+    long long ts_delta;
+    if (!PyArg_ParseTuple(args, "Yy*y*nLn", &batch, &pre, &data, &end, &ts_delta, &cap))
+        return NULL;
+    PyObject *result = NULL;
+    Py_ssize_t n = 0, longest = 0;
+    Py_ssize_t *lens = line_lengths(&pre, &data, end, &n, &longest);
+    if (lens == NULL)
+        goto done;
+    Py_ssize_t old = PyByteArray_GET_SIZE(batch);
+    if (old < HEADER_SIZE) {
+        PyErr_SetString(PyExc_ValueError, "grow_lines needs a whole batch");
+        goto done;
+    }
+    const unsigned char *h = (const unsigned char *)PyByteArray_AS_STRING(batch);
+    int64_t first = (int64_t)be32(h + 57);
+    Py_ssize_t size = old, payload = 0;
+    for (Py_ssize_t k = 0; k < n; k++) {
+        size += record_size(lens[k], first + k, ts_delta);
+        payload += lens[k];
+        if (size > cap) {
+            result = Py_None;
+            Py_INCREF(result);
+            goto done;
+        }
+    }
+    if (PyByteArray_Resize(batch, size) < 0)
+        goto done;
+    const unsigned char *src = data.buf;
+    unsigned char *b = (unsigned char *)PyByteArray_AS_STRING(batch);
+    put_lines(b + old, lens, 0, n, first, ts_delta, &pre, &src);
+    uint32_t count = (uint32_t)(first + n);
+    b[57] = count >> 24, b[58] = count >> 16, b[59] = count >> 8, b[60] = count;
+    result = Py_BuildValue("(nnn)", n, payload, longest);
+done:
     PyMem_Free(lens);
     PyBuffer_Release(&pre);
     PyBuffer_Release(&data);
@@ -762,6 +839,7 @@ static PyMethodDef methods[] = {
     {"batch_stats", batch_stats, METH_VARARGS, "Line statistics of one uncompressed batch."},
     {"render_window", render_window, METH_VARARGS, "Text-view bytes of a read request, from a skip, within a limit."},
     {"encode_lines", encode_lines, METH_VARARGS, "Whole batches of plain lines, for the bulk append."},
+    {"grow_lines", grow_lines, METH_VARARGS, "Plain lines appended to a batch's records, for the small append."},
     {"encode_records", encode_records, METH_VARARGS, "Records section of an uncompressed v2 batch."},
     {"render_records", render_records, METH_VARARGS, "Text-view lines of an uncompressed v2 batch."},
     {NULL, NULL, 0, NULL},

@@ -1,7 +1,8 @@
 """Count the function hops and layer crossings of one append and one random read, as ARCHITECTURE.md reports.
 
 Drives the FUSE ``Operations`` class directly (no kernel): a topic with one partition holding some records, then
-one ``write()`` of a 100-byte line on an ``O_APPEND`` handle, and one ``read()`` of 4 KiB at a position that is
+one ``write()`` of a 100-byte line on an ``O_APPEND`` handle (a new batch after bulk writes), a second one (it
+grows that batch in place), and one ``read()`` of 4 KiB at a position that is
 not where the previous read ended (so it goes through the index). A profiler counts every Python function of
 ``logfs`` entered during each call ("hops"), and every call whose callee is in a different layer than its caller
 ("crossings": fuse, view, storage, service; C functions of ``logfs._speedups`` count as storage).
@@ -83,6 +84,13 @@ async def _measure() -> dict[str, Counter]:
         finally:
             sys.setprofile(None)
         results["append"] = counter
+        counter = Counter()  # the next line: it grows the batch the previous one started (the everyday write)
+        sys.setprofile(counter)
+        try:
+            await ops.write(wfi.fh, 0, line)
+        finally:
+            sys.setprofile(None)
+        results["small append (tail batch grown)"] = counter
         counter = Counter()
         sys.setprofile(counter)
         try:

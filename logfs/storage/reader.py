@@ -13,9 +13,11 @@ What it relies on, all part of the on-disk contract:
 - ``.index``: an entry names the last offset of the batch starting at that position. An active index is
   preallocated, so it ends in all-zero slots. The index is only a hint: every position it gives is checked
   against the log, and a missing or inconsistent index means a scan from the segment start.
-- A batch is complete once all ``batchLength + 12`` bytes are in the file (the daemon writes each batch with
-  one ``pwrite`` and the kernel extends the size only over copied bytes); every batch is CRC-checked anyway,
-  and an invalid one ends what is read of that segment (the daemon's recovery would truncate it).
+- A batch is complete once all ``batchLength + 12`` bytes are in the file and its CRC holds. The daemon writes a
+  new batch with one ``pwrite``, and grows the last batch of the active segment in place: the new records past
+  the end first, then the rewritten header. So at the tail of the last segment an invalid batch is one being
+  written: it is read again, and if still not whole, reading stops before it (it is read on the next call).
+  Elsewhere an invalid batch ends what is read of that segment (the daemon's recovery would truncate it).
 
 Concurrent retention and compaction: a segment that is open keeps its bytes (the fd stays valid after the
 rename to ``.deleted`` and the unlink). A segment that disappeared between listing and opening makes the reader
@@ -45,6 +47,7 @@ _ENTRY = OffsetIndex.ENTRY
 _READ_CHUNK = 256 * 1024
 SWAP_WAIT_SECONDS = 1.0  # how long a listing waits for an in-flight compaction swap to finish
 _MAX_RELISTS = 1000
+_TAIL_RETRIES = 5  # re-reads of an invalid last batch of the last segment (being grown in place) before stopping
 
 
 def _base_of(name: str) -> int | None:
@@ -148,15 +151,35 @@ class SegmentReader(SegmentFile):
         return self._position_from(lambda index: index.count() - 1)
 
     # -- batches -------------------------------------------------------------------------------------
-    def batches(self, position: int) -> Iterator[tuple[rec.BatchHeader, bytes]]:
-        """Complete, CRC-valid batches from ``position`` to the end, each as (header, its bytes)."""
-        pos = position
-        try:
-            for pos, header, buf, at in self.batches_from(position, chunk=_READ_CHUNK):
-                rec.validate(buf, at)
-                yield header, bytes(buf[at : at + header.size])
-        except CorruptRecordError as exc:
-            log.warning("%s at %s:%d; reading no further in it", exc, self.log_path, pos)
+    def batches(self, position: int, *, tail: bool = False) -> Iterator[tuple[rec.BatchHeader, bytes]]:
+        """Complete, CRC-valid batches from ``position`` to the end, each as (header, its bytes).
+
+        The daemon grows the last batch of the active segment in place (records past the end first, then the
+        header), so ``tail`` (this is the partition's last segment) makes an invalid batch there "not complete
+        yet": it is read again a few times (with the file's size now), and if it is still not whole what is read
+        of the segment ends before it, quietly. Elsewhere an invalid batch is reported and ends the segment."""
+        pos, attempts = position, 0
+        while True:
+            try:
+                for pos, header, buf, at in self.batches_from(pos, chunk=_READ_CHUNK):
+                    rec.validate(buf, at)
+                    data = bytes(buf[at : at + header.size])
+                    attempts = 0
+                    yield header, data
+                    pos += header.size
+                return
+            except CorruptRecordError as exc:
+                if tail and attempts < _TAIL_RETRIES:
+                    attempts += 1
+                    time.sleep(0.001 * attempts)
+                    self.size = os.fstat(self.fd).st_size
+                    continue
+                if tail:
+                    log.debug("%s at %s:%d, the last batch being written; reading no further", exc, self.log_path,
+                              pos)
+                else:
+                    log.warning("%s at %s:%d; reading no further in it", exc, self.log_path, pos)
+                return
 
 
 class PartitionReader:
@@ -209,7 +232,7 @@ class PartitionReader:
                 continue
             with segment:
                 end = segment.base
-                for header, _ in segment.batches(segment.last_entry_position()):
+                for header, _ in segment.batches(segment.last_entry_position(), tail=True):
                     end = header.next_offset
                 return end
         raise RuntimeError(f"{self.directory}: segments keep disappearing")
@@ -270,7 +293,7 @@ class PartitionReader:
             progressed = False
             with segment:
                 position = segment.seek_position(next_offset) if next_offset > segment.base else 0
-                for header, data in segment.batches(position):
+                for header, data in segment.batches(position, tail=i == len(bases) - 1):
                     if header.base_offset >= end:
                         return
                     if header.last_offset < next_offset:

@@ -1,6 +1,7 @@
 """One log segment: a ``.log`` file of v2 batches and its three sparse indexes.
 
-Owns appending batches at the end of one file, the sparse index cadence (an entry once more than
+Owns appending batches at the end of one file (and writing the last one grown in place: :class:`TailBatch`,
+:meth:`LogSegment.grow_tail`), the sparse index cadence (an entry once more than
 ``index.interval.bytes`` have been appended since the last one), translating an offset or a timestamp to a
 file position (index lookup, then a forward scan bounded by the interval), truncation, and the roll-time
 bookkeeping. It never decides *when* to roll; the log does. Loading and recovery are in
@@ -30,6 +31,17 @@ from .names import (  # noqa: F401 (re-exported: the segment's own file names)
 )
 
 _READ_CHUNK = 64 * 1024
+
+
+class TailBatch:
+    """The last batch of the active segment while appends may still grow it in place: its bytes (a bytearray of
+    ``encode_lines``'s making), where it starts, its base offset, base timestamp and max timestamp."""
+
+    __slots__ = ("batch", "position", "base_offset", "base_timestamp", "max_timestamp")
+
+    def __init__(self, batch: bytearray, position: int, base_offset: int, timestamp: int):
+        self.batch, self.position, self.base_offset = batch, position, base_offset
+        self.base_timestamp = self.max_timestamp = timestamp
 
 
 class SegmentFile:
@@ -140,12 +152,14 @@ class LogSegment(SegmentRecovery, SegmentFile):
         self.rolling_based_timestamp: int | None = None
         self.stats = ZERO_STATS
         self.next_offset = base_offset
+        self.tail: TailBatch | None = None  # the last batch, while it may grow (set by the log, which decides)
         self.refs = 0  # snapshots pinning it (segment_set: the only code that counts them)
         self.deleted = False  # retired from its log (renamed .deleted)
         self.purged = False  # its files are unlinked
 
     # -- appending -------------------------------------------------------------------------------
     def append(self, batch: bytes, header: rec.BatchHeader, stats: LineStats) -> None:
+        self.tail = None
         position = self.size
         indexes = (self.offset_index, self.time_index, self.view_index)
         # What a failed append (ENOSPC...) rolls back: index entries added for this batch, and the bookkeeping.
@@ -159,12 +173,7 @@ class LogSegment(SegmentRecovery, SegmentFile):
                 self.time_index.maybe_append(self.max_timestamp, self.offset_of_max_timestamp)
                 self.view_index.append(header.base_offset, position, self.stats)
                 self.bytes_since_last_index_entry = 0
-            written = os.pwrite(self.fd, batch, position)
-            while written < len(batch):  # a short write: the next call reports why (ENOSPC, EIO...)
-                n = os.pwrite(self.fd, memoryview(batch)[written:], position + written)
-                if n <= 0:
-                    raise OSError(_errno.EIO, "short write")
-                written += n
+            self._pwrite(batch, position)
         except (OSError, StorageIOError) as exc:
             marks, self.max_timestamp, self.offset_of_max_timestamp, self.bytes_since_last_index_entry = saved
             for index, mark in zip(indexes, marks):
@@ -178,6 +187,47 @@ class LogSegment(SegmentRecovery, SegmentFile):
             raise StorageIOError(f"write to {self.log_path} failed: {exc.strerror}", exc.errno) from exc
         self._account(header, stats)
         self.size = position + len(batch)  # publish last: readers never see a half-written batch
+
+    def _pwrite(self, data, position: int) -> None:
+        written = os.pwrite(self.fd, data, position)
+        while written < len(data):  # a short write: the next call reports why (ENOSPC, EIO...)
+            n = os.pwrite(self.fd, memoryview(data)[written:], position + written)
+            if n <= 0:
+                raise OSError(_errno.EIO, "short write")
+            written += n
+
+    def grow_tail(self, old_length: int, old_header: bytes, count: int, max_timestamp: int,
+                  stats: LineStats) -> None:
+        """Write the tail batch grown in memory from ``old_length`` bytes (``_speedups.grow_lines`` appended
+        ``count`` records, ``records.restamp_batch`` rewrote its header, ``old_header`` is the header before):
+        the new records after the end first, then the header. A kill between the two leaves the old header,
+        which still describes a whole shorter batch, and bytes past it that recovery cuts. No index entry: the
+        ones naming this batch stay right (they name its start and offsets it still holds). On a disk error the
+        batch, in memory and on disk, is as it was."""
+        tail = self.tail
+        batch, position = tail.batch, tail.position
+        end = position + old_length
+        try:
+            with memoryview(batch) as view:
+                self._pwrite(view[old_length:], end)
+                self._pwrite(view[: rec.HEADER_SIZE], position)
+        except OSError as exc:
+            del batch[old_length:]
+            batch[: rec.HEADER_SIZE] = old_header
+            try:
+                os.pwrite(self.fd, old_header, position)
+                os.ftruncate(self.fd, end)
+            except OSError:
+                pass
+            raise StorageIOError(f"write to {self.log_path} failed: {exc.strerror}", exc.errno) from exc
+        added = len(batch) - old_length
+        self.stats = self.stats + stats
+        self.next_offset += count
+        self.bytes_since_last_index_entry += added
+        tail.max_timestamp = max_timestamp
+        if max_timestamp > self.max_timestamp:
+            self.max_timestamp, self.offset_of_max_timestamp = max_timestamp, self.next_offset - 1
+        self.size = end + added  # publish last
 
     def _account(self, header: rec.BatchHeader, stats: LineStats) -> None:
         """In-memory bookkeeping for one batch appended (or recovered) at the end of the segment."""
@@ -204,6 +254,7 @@ class LogSegment(SegmentRecovery, SegmentFile):
     def on_become_inactive(self) -> None:
         """Roll-time bookkeeping: the time index's reserved last slot gets the max timestamp; the view index
         gets its end entry; every index is trimmed to its entries."""
+        self.tail = None
         if self.max_timestamp >= 0:
             self.time_index.maybe_append(self.max_timestamp, self.offset_of_max_timestamp, skip_full_check=True)
         if self.size > 0:
@@ -252,6 +303,7 @@ class LogSegment(SegmentRecovery, SegmentFile):
     def truncate_to(self, offset: int) -> int:
         """Remove records with offset >= ``offset``; a batch straddling it is rewritten with its earlier
         records. Returns bytes removed."""
+        self.tail = None
         found = self.translate_offset(offset)
         if found is None:
             return 0

@@ -20,6 +20,7 @@ import mmap
 import os
 import struct
 import sys
+import time
 
 from ..storage import records as rec
 from ..storage.names import (
@@ -83,6 +84,22 @@ def read_file(path: str):
         raise DumpError(f"{path} does not exist") from None
     except OSError as exc:
         raise DumpError(f"cannot read {path}: {exc.strerror}") from None
+
+
+def read_log(path: str):
+    """A ``.log`` file's bytes, read again (a few times, briefly) while it ends in anything but whole, CRC-valid
+    batches: the daemon grows the last batch of an active segment in place (records past the end, then the
+    header), and a batch met mid-rewrite is not damage. A file that stays so is dumped as it is."""
+    for attempt in range(5):
+        buf = read_file(path)
+        whole = 0
+        last = None
+        for pos, header in batches(buf):
+            whole, last = pos + header.size, (pos, header)
+        if whole == len(buf) and (last is None or rec.crc_of(buf, last[0], last[1].size) == last[1].crc):
+            return buf
+        time.sleep(0.002 * (attempt + 1))
+    return buf
 
 
 def start_offset(path: str) -> int:
@@ -170,7 +187,7 @@ def record_line(h: rec.BatchHeader, r, print_data: bool) -> str:
 
 def dump_log(path: str, opts, errors: Errors) -> None:
     print(f"Log starting offset: {start_offset(path)}")
-    buf = read_file(path)
+    buf = read_log(path)
     deep = opts.deep_iteration or opts.print_data_log
     valid_bytes, last_offset = 0, -1
     for pos, header in batches(buf):

@@ -122,9 +122,11 @@ class SegmentView:
             skip = local - cum  # bytes of lines to pass over from file_pos: at most an index interval's worth
         parts: list = []
         got = 0
+        seen = -1
         while got < size and i < len(self.segments):
             segment = self.segments[i]
-            if file_pos >= segment.size:
+            seen = segment.size
+            if file_pos >= seen:
                 if i + 1 >= len(self.segments):
                     break
                 i, file_pos, skip = i + 1, 0, 0
@@ -136,7 +138,13 @@ class SegmentView:
                 parts.append(out)
                 got += len(out)
             file_pos, skip = file_pos + advanced, skip_after
-        self._cursor = (pos + got, i, file_pos, skip)
+        last = self.segments[-1]
+        if i == len(self.segments) - 1 and last.active and file_pos >= seen:
+            # The end of what the active segment had published: the end of its last batch, which an append may
+            # still grow in place (the next read locates its position again).
+            self._cursor = None
+        else:
+            self._cursor = (pos + got, i, file_pos, skip)
         if len(parts) == 1:
             return parts[0]
         return b"".join(parts)

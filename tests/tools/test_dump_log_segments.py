@@ -336,3 +336,44 @@ def test_missing_file_fails_clearly(tmp_path: Path):
     result = dump("--files", str(tmp_path / f"{0:020d}.index"))
     assert result.returncode != 0 and "does not exist" in result.stderr
     assert dump().returncode != 0  # --files is required
+
+
+def test_a_batch_met_mid_grow_is_read_again_not_reported(tmp_path: Path, monkeypatch):
+    """The daemon grows the active segment's last batch in place: the records past the end, then the header.
+    The dump meets the file between the two and a thread finishes the grow meanwhile: it reads the file again
+    and dumps the grown batch whole, with no invalid bytes reported."""
+    import threading
+    import time
+
+    from logfs.tools import dump as dump_module
+
+    directory = tmp_path / "t-0"
+    log = load_log(str(directory), "t", 0, LogConfig.for_tests(), clock=ManualClock(T0))
+    for i in range(5):
+        log.append_lines(b"", b"line %d\n" % i, 7)
+    path = Path(log.active_segment.log_path)
+    images = []
+    real = os.pwrite
+
+    def pwrite(fd, data, position):
+        images.append((bytes(data), position))
+        return len(data)  # only recorded: the test writes them itself
+
+    monkeypatch.setattr(os, "pwrite", pwrite)
+    log.append_lines(b"", b"line 5\n", 7)
+    monkeypatch.undo()
+    log.close_without_flush()
+    (records, end), (header, at) = images
+    assert at == 0 and end == path.stat().st_size
+    fd = os.open(path, os.O_WRONLY)
+    real(fd, records, end)  # the state between the two writes
+    finish = threading.Timer(0.003, lambda: real(fd, header, at))
+    finish.start()
+    buf = dump_module.read_log(str(path))
+    finish.join()
+    os.close(fd)
+    parsed = list(dump_module.batches(buf))
+    assert len(parsed) == 1 and parsed[0][1].records_count == 6 and parsed[0][1].size == len(buf)
+    result = dump("--deep-iteration", "--files", str(path))
+    assert "invalid bytes" not in result.stdout and "isvalid: true" in result.stdout
+    assert result.stdout.count("| offset: ") == 6
