@@ -212,11 +212,17 @@ class LogSegment(SegmentRecovery, SegmentFile):
                 self._pwrite(view[old_length:], end)
                 self._pwrite(view[: rec.HEADER_SIZE], position)
         except OSError as exc:
-            del batch[old_length:]
-            batch[: rec.HEADER_SIZE] = old_header
-            try:
-                os.pwrite(self.fd, old_header, position)
+            # A fresh buffer, not ``del batch[...]``: the failed write's frames (held by the traceback) still
+            # export views of ``batch``, and a bytearray with live exports cannot be resized.
+            restored = bytearray(memoryview(batch)[:old_length])
+            restored[: rec.HEADER_SIZE] = old_header
+            tail.batch = restored
+            try:  # the new records go first (needs no space), each step apart: one failing must not skip the other
                 os.ftruncate(self.fd, end)
+            except OSError:
+                pass
+            try:  # (only needed if the header write itself failed part way; the old header is then rewritten)
+                os.pwrite(self.fd, old_header, position)
             except OSError:
                 pass
             raise StorageIOError(f"write to {self.log_path} failed: {exc.strerror}", exc.errno) from exc

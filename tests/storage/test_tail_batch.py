@@ -376,3 +376,32 @@ def test_a_topic_turned_compacted_refuses_the_grow_and_changes_nothing(open_log)
     append_line(log, b"again")
     assert [r.value for r in all_records(log)] == [b"plain", b"again"]
     assert len(batches_on_disk(log)) == 1
+
+
+@pytest.mark.parametrize("short_first", [False, True])
+def test_a_grow_whose_write_fails_part_way_raises_the_disk_error_and_keeps_the_log(open_log, monkeypatch,
+                                                                                  short_first):
+    """The write of a grow fails with ENOSPC at once, or after a short write (the disk filled in the middle, as a
+    full tmpfs does it). The failed write's frames, kept by the traceback, still export views of the batch buffer:
+    restoring it must not resize that buffer (it raised BufferError, an internal error through the mount)."""
+    log = open_log(segment_bytes=1 << 20)
+    append_line(log, b"first")
+    real_pwrite = os.pwrite
+    calls = []
+
+    def failing(fd, data, position):
+        calls.append(len(data))
+        if short_first and len(calls) == 1 and len(data) > 1:
+            return real_pwrite(fd, memoryview(data)[: len(data) // 2], position)
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "pwrite", failing)
+    with pytest.raises(Exception) as failed:
+        append_line(log, b"second")
+    monkeypatch.undo()
+    assert getattr(failed.value, "errno", None) == 28, repr(failed.value)
+    assert [r.value for r in all_records(log)] == [b"first"]
+    batches_on_disk(log)
+    append_line(log, b"third")
+    assert [r.value for r in all_records(log)] == [b"first", b"third"]
+    batches_on_disk(log)
