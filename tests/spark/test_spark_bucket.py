@@ -1,0 +1,163 @@
+"""The ``logfs`` source reading a tiered log from its bucket (``load("s3://BUCKET/PREFIX")``): a daemon tiers a
+topic to SeaweedFS, then the 2-worker standalone cluster reads it from the bucket alone (no mount, no DATA_DIR);
+the error cases come back to the driver as clear errors."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import uuid
+
+import pytest
+
+pytest.importorskip("pyspark")
+from spark_standalone import ClusterJobError  # noqa: E402
+
+from logfs.remote.s3 import S3Store  # noqa: E402
+from logfs.spark.bucket import BucketPartitionReader  # noqa: E402
+from logfs.spark.options import OptionError, SourceOptions, plan_batch  # noqa: E402
+from logfs.spark.segments import TopicPartition  # noqa: E402
+from logfs.storage.records import decode_raw  # noqa: E402
+from logfs_e2e import wait_for  # noqa: E402
+
+SEGMENT = 64 * 1024
+
+
+@pytest.fixture
+def creds(aws_env, seaweed):
+    for k, v in seaweed.env().items():
+        aws_env.setenv(k, v)
+    return seaweed
+
+
+def records(start: int, n: int) -> bytes:
+    return b"".join(b"rec-%06d-%s\n" % (i, b"v" * (40 + i % 50)) for i in range(start, start + n))
+
+
+def bucket_records(seaweed, prefix: str, topic: str, partition: int) -> list[tuple]:
+    """(offset, timestamp, key, value) of every record in the partition's .log objects, parsed by kafka-python."""
+    from kafka.record.default_records import DefaultRecordBatch
+    from kafka.record.memory_records import MemoryRecords
+
+    client = seaweed._client()
+    out = []
+    listing = client.list_objects_v2(Bucket=seaweed.bucket, Prefix=f"{prefix}/{topic}-{partition}/")
+    for obj in sorted(listing.get("Contents", []), key=lambda o: o["Key"]):
+        if obj["Key"].endswith(".log"):
+            mr = MemoryRecords(client.get_object(Bucket=seaweed.bucket, Key=obj["Key"])["Body"].read())
+            while mr.has_next():
+                batch = mr.next_batch()
+                assert isinstance(batch, DefaultRecordBatch) and batch.validate_crc()
+                out += [(r.offset, r.timestamp, r.key, r.value) for r in batch]
+    return out
+
+
+class CountingS3Store(S3Store):
+    """The real store, counting the bytes its ranged GETs return per object kind."""
+
+    def __init__(self, *args, **kw):
+        super().__init__(*args, **kw)
+        self.fetched: dict[str, int] = {}
+
+    def get_range(self, key, start, length):
+        data = super().get_range(key, start, length)
+        ext = key.rsplit(".", 1)[-1]
+        self.fetched[ext] = self.fetched.get(ext, 0) + len(data)
+        return data
+
+
+def tier(mount_logfs, seaweed, prefix: str, n: int) -> tuple[int, int]:
+    """A daemon tiers ``n`` records of topic t (partition 0) to the bucket, then is unmounted (the bucket then
+    holds exactly what the manifest lists). Returns (remote log end offset, remote segment count)."""
+    fs = mount_logfs("remote.log.storage.system.enable=true", f"logfs.remote.s3.bucket={seaweed.bucket}",
+                     f"logfs.remote.s3.endpoint={seaweed.endpoint}", f"logfs.remote.s3.prefix={prefix}",
+                     f"log.segment.bytes={SEGMENT}", "log.index.interval.bytes=2048",
+                     "remote.log.manager.task.interval.ms=200", "log.segment.delete.delay.ms=0")
+    os.mkdir(fs.path("t"))
+    subprocess.run(["setfattr", "-n", "user.logfs.config.remote.storage.enable", "-v", "true", fs.path("t")],
+                   check=True)
+    for s in range(0, n, 40):  # a write is one batch: ~3 KB batches, several index entries per segment
+        fs.append("t/0", records(s, min(40, n - s)))
+    wait_for(lambda: int(fs.getx("t/0", "remote_segment_count")) >= int(fs.getx("t/0", "segment_count")) - 1 > 5,
+             60, interval=0.3, what="segments tiered")
+    end, count = int(fs.getx("t/0", "remote_log_end_offset")), int(fs.getx("t/0", "remote_segment_count"))
+    fs.unmount()
+    return end, count
+
+
+@pytest.mark.mount
+def test_cluster_reads_exactly_the_tiered_records_from_the_bucket(cluster_driver, mount_logfs, creds):
+    prefix = "spark-" + uuid.uuid4().hex[:8]
+    remote_end, segments = tier(mount_logfs, creds, prefix, 12_000)
+    assert remote_end > 5000
+    path = f"s3://{creds.bucket}/{prefix}"
+    expected = bucket_records(creds, prefix, "t", 0)
+    assert [r[0] for r in expected] == list(range(remote_end))
+
+    result = cluster_driver.run("read", path=path, options={
+        "s3.endpoint": creds.endpoint, "s3.region": "us-east-1", "subscribe": "t",
+        "maxRecordsPerPartition": "2500"}, columns=["offset", "timestamp", "key", "value", "topic", "partition"])
+    parts = result["partitions"]
+    rows = sorted((r for p in parts for r in p["rows"]), key=lambda r: r["offset"])
+    assert [(r["offset"], r["timestamp"], r["key"], r["value"]) for r in rows] == expected
+    assert {(r["topic"], r["partition"]) for r in rows} == {("t", 0)}
+    assert rows[7]["value"] == records(7, 1).rstrip(b"\n")
+    assert len({p["executor"]["executor_id"] for p in parts if p["rows"]}) == 2  # both workers read
+
+    # An offset range inside the log, by options, on the cluster too.
+    result = cluster_driver.run("read", path=path, options={
+        "s3.endpoint": creds.endpoint, "assign": '{"t":[0]}', "startingOffsets": '{"t":{"0":3001}}',
+        "endingOffsets": '{"t":{"0":3011}}'}, columns=["offset", "value"])
+    assert sorted((r["offset"], r["value"]) for p in result["partitions"] for r in p["rows"]) == [
+        (r[0], r[3]) for r in expected[3001:3011]]
+
+    # An executor fetches only the bytes of its range: ten records in a middle segment cost a few KB of one
+    # segment's .log (ranged GETs guided by its remote .index), not the segment, let alone the log.
+    store = CountingS3Store(creds.bucket, endpoint=creds.endpoint)
+    reader = BucketPartitionReader(store, prefix, TopicPartition("t", 0))
+    got = [(r.offset, r.value) for _, data in reader.batches(3001, 3011) for r in decode_raw(data)
+           if 3001 <= r.offset < 3011]
+    assert got == [(r[0], r[3]) for r in expected[3001:3011]]
+    assert 0 < store.fetched["log"] < 4 * 4096 < SEGMENT, store.fetched
+    assert reader.offsets() == (0, remote_end)
+
+
+def test_bucket_errors_reach_the_driver_clearly(cluster_driver, creds):
+    prefix = "err-" + uuid.uuid4().hex[:8]
+    path = f"s3://{creds.bucket}/{prefix}"
+    client = creds._client()
+    client.put_object(Bucket=creds.bucket, Key=f"{prefix}/bad-0/manifest.json", Body=b"{not json")
+    base = {"s3.endpoint": creds.endpoint}
+
+    # Unknown topic: subscribe/subscribePattern read nothing; assign names it.
+    for how in ({"subscribe": "nosuch"}, {"subscribePattern": "nos.*"}):
+        assert [r for p in cluster_driver.run("read", path=path, options={**base, **how})["partitions"]
+                for r in p["rows"]] == []
+    with pytest.raises(ClusterJobError, match=r"unknown topic or partition nosuch-0 \(no topic 'nosuch'\)"):
+        cluster_driver.run("read", path=path, options={**base, "assign": '{"nosuch":[0]}'})
+    # A corrupt manifest: named, with what is wrong.
+    with pytest.raises(ClusterJobError, match=rf"{prefix}/bad-0/manifest.json: not a valid logfs manifest"):
+        cluster_driver.run("read", path=path, options={**base, "subscribe": "bad"})
+    # A bad endpoint (nothing listens there): the store is unreachable, said with the endpoint.
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(ClusterJobError, match=rf"127.0.0.1:{port}") as caught:
+        cluster_driver.run("read", path=path, options={"s3.endpoint": f"http://127.0.0.1:{port}",
+                                                       "subscribe": "t"})
+    assert "RemoteUnavailableError" in str(caught.value) or "could not" in str(caught.value).lower()
+
+
+def test_missing_credentials_and_bad_paths_are_clear(aws_env, seaweed):
+    # No credentials in the chain at all: a RemoteAuthError naming the endpoint, nothing about keys.
+    options = SourceOptions.parse({"path": f"s3://{seaweed.bucket}/x", "s3.endpoint": seaweed.endpoint,
+                                   "subscribe": "t"})
+    with pytest.raises(Exception) as caught:
+        plan_batch(options)
+    assert type(caught.value).__name__ == "RemoteAuthError", caught.value
+    assert seaweed.endpoint in str(caught.value) or "credential" in str(caught.value).lower()
+    with pytest.raises(OptionError, match="no bucket"):
+        SourceOptions.parse({"path": "s3:///x", "subscribe": "t"})
+    with pytest.raises(OptionError, match="s3.endpoint and s3.region are for a path s3://"):
+        SourceOptions.parse({"path": "/var/lib/logfs", "s3.endpoint": "http://x", "subscribe": "t"})
