@@ -145,13 +145,17 @@ class BucketPartitionReader:
             index = self.store.get_bytes(seg.objects["index"].key)
             lo, hi = byte_range(index, seg, max(start, seg.base_offset), min(end, seg.next_offset))
             log = _RangeFile(self.store, seg.objects["log"].key, lo, hi)
-            for pos, header, buf, at in log.batches_from(lo, hi, chunk=READ_CHUNK):
-                try:
+            covered = lo
+            try:
+                for pos, header, buf, at in log.batches_from(lo, hi, chunk=READ_CHUNK):
                     rec.validate(buf, at)
-                except CorruptRecordError as exc:
-                    raise RemoteCorruptError(f"{log.key}: {exc} at position {pos}") from None
-                if header.last_offset < start:
-                    continue
-                if header.base_offset >= end:
-                    return
-                yield header, bytes(buf[at : at + header.size])
+                    covered = pos + header.size
+                    if header.last_offset < start:
+                        continue
+                    if header.base_offset >= end:
+                        return
+                    yield header, bytes(buf[at : at + header.size])
+            except CorruptRecordError as exc:
+                raise RemoteCorruptError(f"{log.key}: {exc} (after position {covered})") from None
+            if covered < hi:  # a tiered segment holds complete batches only, up to the size the manifest gives
+                raise RemoteCorruptError(f"{log.key}: no complete batch at position {covered} of {hi}")
