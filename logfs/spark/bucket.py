@@ -159,3 +159,46 @@ class BucketPartitionReader:
                 raise RemoteCorruptError(f"{log.key}: {exc} (after position {covered})") from None
             if covered < hi:  # a tiered segment holds complete batches only, up to the size the manifest gives
                 raise RemoteCorruptError(f"{log.key}: no complete batch at position {covered} of {hi}")
+
+
+class TieredPartitionReader:
+    """The whole log of one partition: the tiered part from the bucket, the rest from the daemon's DATA_DIR
+    (option ``localDataDir``), joined at the manifest's ``remote_log_end_offset`` as read when each part starts.
+
+    Segments are tiered and then deleted locally while this reads: the manifest is read again at each switch,
+    and the local part is read with data-loss detection on, so offsets deleted locally under the read (always
+    tiered first) are read from the bucket instead: no gap and no duplicate at the seam."""
+
+    def __init__(self, remote: BucketPartitionReader, local):
+        self.remote, self.local = remote, local
+        self.name = remote.name
+
+    def offsets(self) -> tuple[int, int]:
+        start, remote_end = self.remote.offsets()
+        local_start, local_end = self.local.offsets()
+        if remote_end == 0 and start == 0:  # nothing tiered: the local log alone
+            return local_start, local_end
+        return start, max(remote_end, local_end)
+
+    def batches(self, start: int, end: int, *, fail_on_data_loss: bool = False
+                ) -> Iterator[tuple[rec.BatchHeader, bytes]]:
+        next_offset = start
+        while next_offset < end:
+            seam = self.remote.manifest().remote_log_end_offset
+            if next_offset < seam:
+                for header, data in self.remote.batches(next_offset, min(end, seam),
+                                                        fail_on_data_loss=fail_on_data_loss):
+                    next_offset = max(next_offset, header.next_offset)
+                    yield header, data
+                next_offset = max(next_offset, min(end, seam))
+                continue
+            try:
+                for header, data in self.local.batches(next_offset, end, fail_on_data_loss=True):
+                    next_offset = max(next_offset, header.next_offset)
+                    yield header, data
+                return
+            except DataLossError:
+                if self.remote.manifest().remote_log_end_offset <= next_offset:
+                    if fail_on_data_loss:
+                        raise
+                    return  # removed by whole-log retention, not by tiering: as a local read, skip the rest

@@ -113,6 +113,7 @@ class SourceOptions:
     fail_on_data_loss: bool = False
     s3_endpoint: str | None = None  # with path s3://BUCKET/PREFIX: the tiered log in the bucket (bucket.py)
     s3_region: str | None = None
+    local_data_dir: str | None = None  # with a bucket path: the daemon's DATA_DIR, for what is not tiered yet
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> "SourceOptions":
@@ -126,8 +127,8 @@ class SourceOptions:
                 bucket.parse_bucket_path(data_dir)
             except ValueError as exc:
                 raise OptionError(f"option path: {exc}") from None
-        elif options.get("s3.endpoint") is not None or options.get("s3.region") is not None:
-            raise OptionError("options s3.endpoint and s3.region are for a path s3://BUCKET/PREFIX, "
+        elif any(options.get(n) is not None for n in ("s3.endpoint", "s3.region", "localDataDir")):
+            raise OptionError("options s3.endpoint, s3.region and localDataDir are for a path s3://BUCKET/PREFIX, "
                               f"not {data_dir!r}")
         subscribe = options.get("subscribe")
         pattern = options.get("subscribePattern")
@@ -174,6 +175,7 @@ class SourceOptions:
             fail_on_data_loss=_bool(options, "failOnDataLoss", False),
             s3_endpoint=options.get("s3.endpoint") or None,
             s3_region=options.get("s3.region") or None,
+            local_data_dir=options.get("localDataDir") or None,
         )
 
     # -- partitions and their offsets --------------------------------------------------------------------
@@ -186,9 +188,12 @@ class SourceOptions:
         if self.from_bucket:
             store = self.store()
             try:
-                return bucket.list_bucket_partitions(store, bucket.parse_bucket_path(self.data_dir)[1])
+                found = bucket.list_bucket_partitions(store, bucket.parse_bucket_path(self.data_dir)[1])
             finally:
                 store.close()
+            if self.local_data_dir:
+                found = {**list_partitions(self.local_data_dir), **found}
+            return found
         return list_partitions(self.data_dir)
 
     def partitions(self) -> dict[TopicPartition, str]:
@@ -202,7 +207,10 @@ class SourceOptions:
     def reader(self, tp: TopicPartition, directory: str | None = None, store=None):
         """The partition's reader: of the data directory, or of the bucket through ``store``."""
         if self.from_bucket:
-            return bucket.BucketPartitionReader(store, bucket.parse_bucket_path(self.data_dir)[1], tp)
+            remote = bucket.BucketPartitionReader(store, bucket.parse_bucket_path(self.data_dir)[1], tp)
+            if self.local_data_dir:
+                return bucket.TieredPartitionReader(remote, PartitionReader(self.local_data_dir, tp))
+            return remote
         return PartitionReader(self.data_dir, tp, directory)
 
     def bounds(self, *, starting: bool = False) -> dict[TopicPartition, tuple[int, int]]:

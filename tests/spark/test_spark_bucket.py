@@ -67,10 +67,11 @@ class CountingS3Store(S3Store):
         return data
 
 
-def tier(mount_logfs, seaweed, prefix: str, n: int) -> tuple[int, int]:
+def tier(mount_logfs, seaweed, prefix: str, n: int, *extra, unmount: bool = True):
     """A daemon tiers ``n`` records of topic t (partition 0) to the bucket, then is unmounted (the bucket then
-    holds exactly what the manifest lists). Returns (remote log end offset, remote segment count)."""
-    fs = mount_logfs("remote.log.storage.system.enable=true", f"logfs.remote.s3.bucket={seaweed.bucket}",
+    holds exactly what the manifest lists). Returns (remote log end offset, remote segment count) (and the
+    mount, with ``unmount=False``)."""
+    fs = mount_logfs(*extra, "remote.log.storage.system.enable=true", f"logfs.remote.s3.bucket={seaweed.bucket}",
                      f"logfs.remote.s3.endpoint={seaweed.endpoint}", f"logfs.remote.s3.prefix={prefix}",
                      f"log.segment.bytes={SEGMENT}", "log.index.interval.bytes=2048",
                      "remote.log.manager.task.interval.ms=200", "log.segment.delete.delay.ms=0")
@@ -79,9 +80,15 @@ def tier(mount_logfs, seaweed, prefix: str, n: int) -> tuple[int, int]:
                    check=True)
     for s in range(0, n, 40):  # a write is one batch: ~3 KB batches, several index entries per segment
         fs.append("t/0", records(s, min(40, n - s)))
-    wait_for(lambda: int(fs.getx("t/0", "remote_segment_count")) >= int(fs.getx("t/0", "segment_count")) - 1 > 5,
-             60, interval=0.3, what="segments tiered")
+    if unmount:  # every rolled segment tiered
+        wait_for(lambda: int(fs.getx("t/0", "remote_segment_count")) >= int(fs.getx("t/0", "segment_count")) - 1
+                 > 5, 60, interval=0.3, what="segments tiered")
+    else:  # tiered, and some deleted locally
+        wait_for(lambda: int(fs.getx("t/0", "remote_segment_count")) > 5
+                 and int(fs.getx("t/0", "local_log_start_offset")) > 0, 60, interval=0.3, what="segments tiered")
     end, count = int(fs.getx("t/0", "remote_log_end_offset")), int(fs.getx("t/0", "remote_segment_count"))
+    if not unmount:
+        return end, count, fs
     fs.unmount()
     return end, count
 
@@ -134,6 +141,29 @@ def test_cluster_reads_exactly_the_tiered_records_from_the_bucket(cluster_driver
     assert "CorruptRecordError" not in str(caught.value)
 
 
+@pytest.mark.mount
+def test_local_data_dir_reads_the_whole_log_as_cat_shows_it(cluster_driver, mount_logfs, creds):
+    prefix = "whole-" + uuid.uuid4().hex[:8]
+    remote_end, _, fs = tier(mount_logfs, creds, prefix, 9_000, f"log.local.retention.bytes={3 * SEGMENT}",
+                             unmount=False)
+    fs.append("t/0", records(9_000, 500))  # beyond the tiered offsets: only in the local segments
+    remote_end = int(fs.getx("t/0", "remote_log_end_offset"))
+    assert 0 < int(fs.getx("t/0", "local_log_start_offset")) <= remote_end < 9_500
+    options = {"s3.endpoint": creds.endpoint, "subscribe": "t", "maxRecordsPerPartition": "2000"}
+    path = f"s3://{creds.bucket}/{prefix}"
+
+    rows = sorted((r for p in cluster_driver.run("read", path=path, options={
+        **options, "localDataDir": str(fs.data)}, columns=["offset", "value"])["partitions"] for r in p["rows"]),
+        key=lambda r: r["offset"])
+    assert [r["offset"] for r in rows] == list(range(9_500))  # no gap, no duplicate at the seam
+    assert b"".join(r["value"] + b"\n" for r in rows) == fs.read("t/0")
+    # Without it, the tiered offsets only (the daemon may have tiered more meanwhile).
+    rows = [r for p in cluster_driver.run("read", path=path, options=options, columns=["offset"])["partitions"]
+            for r in p["rows"]]
+    offsets = sorted(r["offset"] for r in rows)
+    assert offsets == list(range(len(offsets))) and remote_end <= len(offsets) < 9_500
+
+
 def test_bucket_errors_reach_the_driver_clearly(cluster_driver, creds):
     prefix = "err-" + uuid.uuid4().hex[:8]
     path = f"s3://{creds.bucket}/{prefix}"
@@ -171,5 +201,5 @@ def test_missing_credentials_and_bad_paths_are_clear(aws_env, seaweed):
     assert seaweed.endpoint in str(caught.value) or "credential" in str(caught.value).lower()
     with pytest.raises(OptionError, match="no bucket"):
         SourceOptions.parse({"path": "s3:///x", "subscribe": "t"})
-    with pytest.raises(OptionError, match="s3.endpoint and s3.region are for a path s3://"):
+    with pytest.raises(OptionError, match="s3.endpoint, s3.region and localDataDir are for a path s3://"):
         SourceOptions.parse({"path": "/var/lib/logfs", "s3.endpoint": "http://x", "subscribe": "t"})
