@@ -4,6 +4,7 @@ the error cases come back to the driver as clear errors."""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -162,6 +163,31 @@ def test_local_data_dir_reads_the_whole_log_as_cat_shows_it(cluster_driver, moun
             for r in p["rows"]]
     offsets = sorted(r["offset"] for r in rows)
     assert offsets == list(range(len(offsets))) and remote_end <= len(offsets) < 9_500
+
+
+@pytest.mark.mount
+def test_a_stream_from_the_bucket_picks_up_new_segments_and_restarts_from_its_checkpoint(
+        cluster_driver, mount_logfs, creds, tmp_path):
+    prefix = "stream-" + uuid.uuid4().hex[:8]
+    first_end, segments, fs = tier(mount_logfs, creds, prefix, 6_000, f"log.local.retention.bytes={3 * SEGMENT}",
+                                   unmount=False)
+    path = f"s3://{creds.bucket}/{prefix}"
+    run = dict(path=path, options={"s3.endpoint": creds.endpoint, "subscribe": "t", "startingOffsets": "earliest",
+                                   "maxOffsetsPerTrigger": "2500"},
+               checkpoint=str(tmp_path / "ckpt"), output=str(tmp_path / "out"))
+    first = cluster_driver.run("stream", **run)
+    assert first["offsets"]["0"] == list(range(len(first["offsets"]["0"])))
+    assert len(first["offsets"]["0"]) >= first_end
+
+    # More records; once their segments are tiered, a restart from the checkpoint reads exactly those.
+    for s in range(6_000, 9_000, 40):
+        fs.append("t/0", records(s, 40))
+    wait_for(lambda: int(fs.getx("t/0", "remote_log_end_offset")) > len(first["offsets"]["0"]) + 1500, 30,
+             interval=0.3, what="the new segments tiered")
+    second = cluster_driver.run("stream", **run)
+    offsets = second["offsets"]["0"]
+    assert offsets == list(range(len(offsets))) and len(offsets) > len(first["offsets"]["0"]) + 1500  # once each
+    assert json.loads(second["end"]) == {"t": {"0": len(offsets)}}
 
 
 def test_bucket_errors_reach_the_driver_clearly(cluster_driver, creds):
