@@ -230,3 +230,25 @@ def test_missing_credentials_and_bad_paths_are_clear(aws_env, seaweed):
         SourceOptions.parse({"path": "s3:///x", "subscribe": "t"})
     with pytest.raises(OptionError, match="s3.endpoint, s3.region and localDataDir are for a path s3://"):
         SourceOptions.parse({"path": "/var/lib/logfs", "s3.endpoint": "http://x", "subscribe": "t"})
+
+
+def test_byte_range_from_the_remote_index():
+    """The bytes fetched for an offset range: from the greatest indexed batch below it to where the indexed batch
+    after the one reaching its last offset starts (segment of 10 batches x 10 records x 1000 bytes at base 100,
+    every other batch indexed)."""
+    from logfs.remote.api import RemoteCorruptError
+    from logfs.remote.manifest import RemoteFile, RemoteSegment
+    from logfs.spark.bucket import byte_range
+    from logfs.storage.index import OffsetIndex
+
+    seg = RemoteSegment(100, 200, 10_000, -1, {e: RemoteFile(f"k.{e}", 0) for e in
+                                              ("log", "index", "timeindex", "viewindex")})
+    index = b"".join(OffsetIndex.ENTRY.pack(rel, pos) for rel, pos in
+                     [(9, 0), (29, 2000), (49, 4000), (69, 6000), (89, 8000)]) + bytes(16)  # 2 empty slots
+    assert byte_range(index, seg, 135, 137) == (2000, 6000)
+    assert byte_range(index, seg, 100, 101) == (0, 2000)
+    assert byte_range(index, seg, 110, 130) == (0, 4000)
+    assert byte_range(index, seg, 185, 200) == (6000, 10_000)
+    assert byte_range(b"", seg, 150, 160) == (0, 10_000)  # no index: the whole segment, still correct
+    with pytest.raises(RemoteCorruptError, match="k.index: positions"):
+        byte_range(OffsetIndex.ENTRY.pack(9, 0) + OffsetIndex.ENTRY.pack(29, 20_000), seg, 100, 101)
