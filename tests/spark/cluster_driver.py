@@ -82,7 +82,8 @@ def stream(spark, path: str, options: dict, checkpoint: str, output: str) -> dic
     if query.exception() is not None:
         raise RuntimeError(str(query.exception()))
     rows = spark.read.parquet(output).collect()
-    return {"offsets": {str(p): sorted(r.offset for r in rows if r.partition == p) for p in {r.partition for r in rows}},
+    partitions = {r.partition for r in rows}
+    return {"offsets": {str(p): sorted(r.offset for r in rows if r.partition == p) for p in partitions},
             "end": query.lastProgress["sources"][0]["endOffset"] if query.lastProgress else None}
 
 
