@@ -8,6 +8,8 @@ import json
 import os
 import socket
 import subprocess
+import threading
+import time
 import uuid
 
 import pytest
@@ -163,6 +165,31 @@ def test_local_data_dir_reads_the_whole_log_as_cat_shows_it(cluster_driver, moun
             for r in p["rows"]]
     offsets = sorted(r["offset"] for r in rows)
     assert offsets == list(range(len(offsets))) and remote_end <= len(offsets) < 9_500
+
+    # Again while appends go on, so that segments are rolled, tiered and deleted locally under the read: every
+    # offset up to the planned end once, each its own line.
+    stop = threading.Event()
+
+    def append():
+        s = 9_500
+        while not stop.is_set():
+            fs.append("t/0", records(s, 40))
+            s += 40
+            time.sleep(0.01)  # ~5 segments a second: rolled, tiered and deleted while the read runs
+
+    writer = threading.Thread(target=append)
+    writer.start()
+    try:
+        wait_for(lambda: int(fs.getx("t/0", "remote_log_end_offset")) > remote_end + 500, 30, interval=0.2,
+                 what="tiering under the appends")
+        rows = sorted((r for p in cluster_driver.run("read", path=path, options={
+            **options, "localDataDir": str(fs.data)}, columns=["offset", "value"])["partitions"]
+            for r in p["rows"]), key=lambda r: r["offset"])
+    finally:
+        stop.set()
+        writer.join()
+    assert [r["offset"] for r in rows] == list(range(len(rows))) and len(rows) > 10_000
+    assert all(r["value"] == records(r["offset"], 1).rstrip(b"\n") for r in rows)
 
 
 @pytest.mark.mount
