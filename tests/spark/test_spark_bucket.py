@@ -4,6 +4,7 @@ the error cases come back to the driver as clear errors."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import socket
@@ -18,9 +19,9 @@ pytest.importorskip("pyspark")
 from spark_standalone import ClusterJobError  # noqa: E402
 
 from logfs.remote.s3 import S3Store  # noqa: E402
-from logfs.spark.bucket import BucketPartitionReader  # noqa: E402
+from logfs.spark.bucket import BucketPartitionReader, TieredPartitionReader  # noqa: E402
 from logfs.spark.options import OptionError, SourceOptions, plan_batch  # noqa: E402
-from logfs.spark.segments import TopicPartition  # noqa: E402
+from logfs.spark.segments import PartitionReader, TopicPartition  # noqa: E402
 from logfs.storage.records import decode_raw  # noqa: E402
 from logfs_e2e import wait_for  # noqa: E402
 
@@ -165,6 +166,36 @@ def test_local_data_dir_reads_the_whole_log_as_cat_shows_it(cluster_driver, moun
             for r in p["rows"]]
     offsets = sorted(r["offset"] for r in rows)
     assert offsets == list(range(len(offsets))) and remote_end <= len(offsets) < 9_500
+
+    # The seam moving under a read, made deterministic: the reader's first look at the manifest is the one the
+    # daemon wrote before its last uploads (its end below the local log start: those segments are gone locally
+    # by now); the local part then finds its start deleted and the rest comes from the bucket's current
+    # manifest. No offset is skipped or read twice.
+    local_start = int(fs.getx("t/0", "local_log_start_offset"))
+
+    class Local(PartitionReader):
+        started = False
+
+        def batches(self, *args, **kw):
+            Local.started = True
+            return super().batches(*args, **kw)
+
+    class Stale(BucketPartitionReader):
+        looks = 0
+
+        def manifest(self):
+            m = super().manifest()
+            Stale.looks += 1
+            if not Local.started:  # until the local part starts, the earlier manifest
+                m = dataclasses.replace(m, segments=tuple(s for s in m.segments if s.next_offset < local_start))
+                assert 0 < m.remote_log_end_offset < local_start
+            return m
+
+    store = S3Store(creds.bucket, endpoint=creds.endpoint)
+    tp = TopicPartition("t", 0)
+    whole = TieredPartitionReader(Stale(store, prefix, tp), Local(str(fs.data), tp))
+    got = [r.offset for _, data in whole.batches(0, 9_500) for r in decode_raw(data)]
+    assert got == list(range(9_500)) and Local.started
 
     # Again while appends go on, so that segments are rolled, tiered and deleted locally under the read: every
     # offset up to the planned end once, each its own line.
