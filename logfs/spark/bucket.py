@@ -17,15 +17,18 @@ types (:mod:`logfs.remote.api`), with messages naming the operation, key and end
 from __future__ import annotations
 
 import bisect
+import logging
 from typing import Iterator
 
-from ..remote.api import RemoteCorruptError, RemoteStore
+from ..remote.api import RemoteCorruptError, RemoteNotFoundError, RemoteStore
 from ..remote.manifest import MANIFEST_NAME, ManifestStore, PartitionManifest, RemoteSegment
 from ..storage import names
 from ..storage import records as rec
 from ..storage.errors import CorruptRecordError, DataLossError
 from ..storage.index import OffsetIndex
 from ..storage.segment import SegmentFile
+
+log = logging.getLogger(__name__)
 
 SCHEME = "s3://"
 READ_CHUNK = 4 << 20  # bytes per ranged GET of a .log (a range smaller than this is fetched in one)
@@ -139,15 +142,25 @@ class BucketPartitionReader:
                        f"(retention) before they could be read; the tiered log now starts at {first}")
             if fail_on_data_loss:
                 raise DataLossError(message)
+            log.info("%s", message)
         for seg in m.segments:
             if seg.next_offset <= start or seg.base_offset >= end:
                 continue
-            index = self.store.get_bytes(seg.objects["index"].key)
+            try:
+                index = self.store.get_bytes(seg.objects["index"].key)
+            except RemoteNotFoundError:
+                # Deleted by the bucket's retention since the manifest was read (the manifest drops a segment
+                # before its objects are deleted): as records removed before they could be read.
+                message = f"{self.name}: segment {seg.base_offset} was removed from the bucket before it was read"
+                if fail_on_data_loss:
+                    raise DataLossError(message) from None
+                log.info("%s", message)
+                continue
             lo, hi = byte_range(index, seg, max(start, seg.base_offset), min(end, seg.next_offset))
-            log = _RangeFile(self.store, seg.objects["log"].key, lo, hi)
+            segment_log = _RangeFile(self.store, seg.objects["log"].key, lo, hi)
             covered = lo
             try:
-                for pos, header, buf, at in log.batches_from(lo, hi, chunk=READ_CHUNK):
+                for pos, header, buf, at in segment_log.batches_from(lo, hi, chunk=READ_CHUNK):
                     rec.validate(buf, at)
                     covered = pos + header.size
                     if header.last_offset < start:
@@ -156,9 +169,9 @@ class BucketPartitionReader:
                         return
                     yield header, bytes(buf[at : at + header.size])
             except CorruptRecordError as exc:
-                raise RemoteCorruptError(f"{log.key}: {exc} (after position {covered})") from None
+                raise RemoteCorruptError(f"{segment_log.key}: {exc} (after position {covered})") from None
             if covered < hi:  # a tiered segment holds complete batches only, up to the size the manifest gives
-                raise RemoteCorruptError(f"{log.key}: no complete batch at position {covered} of {hi}")
+                raise RemoteCorruptError(f"{segment_log.key}: no complete batch at position {covered} of {hi}")
 
 
 class TieredPartitionReader:

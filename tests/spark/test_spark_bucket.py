@@ -22,6 +22,7 @@ from logfs.remote.s3 import S3Store  # noqa: E402
 from logfs.spark.bucket import BucketPartitionReader, TieredPartitionReader  # noqa: E402
 from logfs.spark.options import OptionError, SourceOptions, plan_batch  # noqa: E402
 from logfs.spark.segments import PartitionReader, TopicPartition  # noqa: E402
+from logfs.storage.errors import DataLossError  # noqa: E402
 from logfs.storage.records import decode_raw  # noqa: E402
 from logfs_e2e import wait_for  # noqa: E402
 
@@ -132,6 +133,16 @@ def test_cluster_reads_exactly_the_tiered_records_from_the_bucket(cluster_driver
     assert got == [(r[0], r[3]) for r in expected[3001:3011]]
     assert 0 < store.fetched["log"] < 4 * 4096 < SEGMENT, store.fetched
     assert reader.offsets() == (0, remote_end)
+
+    # A segment deleted from the bucket after its manifest was read (as the daemon's retention does: manifest
+    # first, objects next): skipped, or with failOnDataLoss a DataLossError naming it.
+    gone = reader.manifest().segments[1]
+    for key in gone.keys():
+        creds._client().delete_object(Bucket=creds.bucket, Key=key)
+    got = [r.offset for _, data in reader.batches(0, remote_end) for r in decode_raw(data)]
+    assert got == [o for o in range(remote_end) if not gone.base_offset <= o < gone.next_offset]
+    with pytest.raises(DataLossError, match=rf"t-0: segment {gone.base_offset} was removed from the bucket"):
+        list(reader.batches(0, remote_end, fail_on_data_loss=True))
 
     # A corrupt segment object (a flipped byte in a record of segment 2): a clear error naming the object, from
     # the executor that read it, and nothing returned.
