@@ -1,10 +1,11 @@
 """``spark.read.format("logfs")`` / ``spark.readStream.format("logfs")``: a PySpark Python data source that
-reads a logfs DATA_DIR's segments directly (no mount, no daemon needed, never the ``.lock``).
+reads a logfs DATA_DIR's segments directly (no mount, no daemon needed, never the ``.lock``), or the tiered log
+in its bucket (``load("s3://BUCKET/PREFIX")``, :mod:`logfs.spark.bucket`).
 
 The rows have Spark's Kafka source schema. Each input partition is one offset range of one topic-partition;
 the executors read segments with the storage's read-only reader (:mod:`logfs.storage.reader`) and hand Spark
 Arrow record batches. The data directory must be readable at the same path by the driver and every executor
-(local mode, or a shared filesystem).
+(local mode, or a shared filesystem); the bucket, by every executor's AWS credential chain.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from .options import (
     EARLIEST, LATEST, PartitionOffsets, OffsetRange, SourceOptions, check_data_loss, offsets_from_json, offsets_to_json,
     plan_batch, rate_limit, resolve_offset, split_ranges,
 )
-from .segments import PartitionReader, TopicPartition
+from .segments import TopicPartition
 from ..storage import records as rec
 
 try:  # the C accelerator: whole uncompressed batches to Arrow buffers
@@ -72,10 +73,19 @@ def read_range(options: SourceOptions, r: OffsetRange, schema: StructType) -> It
     Uncompressed batches (what logfs writes) go to Arrow without a Python object per record: runs of them, up to
     ``COLUMNS_GROUP_BYTES``, are decoded by one C call (``_speedups.decode_columns``) into Arrow buffers.
     Compressed batches, headers, or a build without the accelerator take the per-record path."""
+    store = options.store() if options.from_bucket else None
+    try:
+        yield from _read_batches(options, r, schema, options.reader(TopicPartition(r.topic, r.partition),
+                                                                     store=store))
+    finally:
+        if store is not None:
+            store.close()
+
+
+def _read_batches(options: SourceOptions, r: OffsetRange, schema: StructType, reader) -> Iterator[pa.RecordBatch]:
     arrow_schema = to_arrow_schema(schema, timezone="UTC")
     types = [f.type for f in arrow_schema]
     with_headers = "headers" in arrow_schema.names
-    reader = PartitionReader(options.data_dir, TopicPartition(r.topic, r.partition))
     keys: list = []
     values: list = []
     offsets: list = []

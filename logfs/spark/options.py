@@ -12,7 +12,8 @@ import re
 from dataclasses import dataclass
 from typing import Mapping
 
-from .segments import DataLossError, PartitionReader, TopicPartition, list_partitions, resolve_topics
+from . import bucket
+from .segments import DataLossError, PartitionReader, TopicPartition, list_partitions, select_partitions
 
 log = logging.getLogger(__name__)
 
@@ -110,6 +111,9 @@ class SourceOptions:
     min_partitions: int | None = None
     max_offsets_per_trigger: int | None = None
     fail_on_data_loss: bool = False
+    s3_endpoint: str | None = None  # with path s3://BUCKET/PREFIX: the tiered log in the bucket (bucket.py)
+    s3_region: str | None = None
+    local_data_dir: str | None = None  # with a bucket path: the daemon's DATA_DIR, for what is not tiered yet
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> "SourceOptions":
@@ -117,7 +121,15 @@ class SourceOptions:
         data_dir = options.get("path")
         if not data_dir:
             raise OptionError("the logfs source needs the data directory: option path "
-                              "(spark.read.format('logfs').load('/var/lib/logfs'))")
+                              "(spark.read.format('logfs').load('/var/lib/logfs'), or load('s3://BUCKET/PREFIX'))")
+        if bucket.is_bucket_path(data_dir):
+            try:
+                bucket.parse_bucket_path(data_dir)
+            except ValueError as exc:
+                raise OptionError(f"option path: {exc}") from None
+        elif any(options.get(n) is not None for n in ("s3.endpoint", "s3.region", "localDataDir")):
+            raise OptionError("options s3.endpoint, s3.region and localDataDir are for a path s3://BUCKET/PREFIX, "
+                              f"not {data_dir!r}")
         subscribe = options.get("subscribe")
         pattern = options.get("subscribePattern")
         assign_raw = options.get("assign")
@@ -161,14 +173,44 @@ class SourceOptions:
             min_partitions=_positive_int(options, "minPartitions", None),
             max_offsets_per_trigger=_positive_int(options, "maxOffsetsPerTrigger", None),
             fail_on_data_loss=_bool(options, "failOnDataLoss", False),
+            s3_endpoint=options.get("s3.endpoint") or None,
+            s3_region=options.get("s3.region") or None,
+            local_data_dir=options.get("localDataDir") or None,
         )
 
     # -- partitions and their offsets --------------------------------------------------------------------
-    def partitions(self) -> dict[TopicPartition, str]:
-        return resolve_topics(self.data_dir, subscribe=list(self.subscribe) if self.subscribe else None,
-                              pattern=self.pattern, assign=self.assign)
+    @property
+    def from_bucket(self) -> bool:
+        return bucket.is_bucket_path(self.data_dir)
 
-    def reader(self, tp: TopicPartition, directory: str | None = None) -> PartitionReader:
+    def all_partitions(self) -> dict[TopicPartition, str]:
+        """Every partition of the data directory (or bucket prefix) -> its directory (or manifest key)."""
+        if self.from_bucket:
+            store = self.store()
+            try:
+                found = bucket.list_bucket_partitions(store, bucket.parse_bucket_path(self.data_dir)[1])
+            finally:
+                store.close()
+            if self.local_data_dir:
+                found = {**list_partitions(self.local_data_dir), **found}
+            return found
+        return list_partitions(self.data_dir)
+
+    def partitions(self) -> dict[TopicPartition, str]:
+        return select_partitions(self.all_partitions(), subscribe=list(self.subscribe) if self.subscribe else None,
+                                 pattern=self.pattern, assign=self.assign)
+
+    def store(self):
+        """A new client of the bucket (credentials from this process's AWS chain); the caller closes it."""
+        return bucket.open_store(self.data_dir, self.s3_endpoint, self.s3_region)
+
+    def reader(self, tp: TopicPartition, directory: str | None = None, store=None):
+        """The partition's reader: of the data directory, or of the bucket through ``store``."""
+        if self.from_bucket:
+            remote = bucket.BucketPartitionReader(store, bucket.parse_bucket_path(self.data_dir)[1], tp)
+            if self.local_data_dir:
+                return bucket.TieredPartitionReader(remote, PartitionReader(self.local_data_dir, tp))
+            return remote
         return PartitionReader(self.data_dir, tp, directory)
 
     def bounds(self, *, starting: bool = False) -> dict[TopicPartition, tuple[int, int]]:
@@ -176,17 +218,24 @@ class SourceOptions:
         subscription (list or pattern) to topics that do not exist selects nothing; an assignment of a topic or
         partition that does not exist is an OptionError naming it when a query ``starting`` plans its offsets
         (later, a partition deleted under a running stream just stops growing)."""
-        found = self.partitions()
+        every = self.all_partitions()
+        found = select_partitions(every, subscribe=list(self.subscribe) if self.subscribe else None,
+                                  pattern=self.pattern, assign=self.assign)
         if starting and self.assign is not None:
             missing = sorted((t, p) for t, parts in self.assign.items() for p in parts
                              if TopicPartition(t, p) not in found)
             if missing:
-                topics = {tp.topic for tp in list_partitions(self.data_dir)}
+                topics = {tp.topic for tp in every}
                 raise OptionError("option assign: unknown topic or partition " + ", ".join(
                     f"{t}-{p}" if t in topics else f"{t}-{p} (no topic {t!r})" for t, p in missing)
                     + f" in {self.data_dir}")
-        return {tp: self.reader(tp, path).offsets() for tp, path in sorted(
-            found.items(), key=lambda kv: (kv[0].topic, kv[0].partition))}
+        store = self.store() if self.from_bucket else None
+        try:
+            return {tp: self.reader(tp, path, store).offsets() for tp, path in sorted(
+                found.items(), key=lambda kv: (kv[0].topic, kv[0].partition))}
+        finally:
+            if store is not None:
+                store.close()
 
 
 def resolve_offset(spec, tp: TopicPartition, bounds: tuple[int, int], default: int) -> int:

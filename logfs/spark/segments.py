@@ -16,7 +16,7 @@ from ..storage import reader as storage_reader
 from ..storage.errors import DataLossError
 
 __all__ = ["DataLossError", "PartitionReader", "TopicPartition", "list_partitions", "parse_partition_dir",
-           "resolve_topics"]
+           "resolve_topics", "select_partitions"]
 
 
 @dataclass(frozen=True)
@@ -65,10 +65,15 @@ class PartitionReader(storage_reader.PartitionReader):
 
 def resolve_topics(data_dir: str, *, subscribe: list[str] | None = None, pattern: str | None = None,
                    assign: dict[str, list[int]] | None = None) -> dict[TopicPartition, str]:
-    """The partitions of ``data_dir`` selected by exactly one of a topic list, a regex (full match, as
-    Kafka's ``subscribePattern``) or an explicit topic -> partitions assignment (what it names and the directory
+    """The partitions of ``data_dir`` selected as :func:`select_partitions` does."""
+    return select_partitions(list_partitions(data_dir), subscribe=subscribe, pattern=pattern, assign=assign)
+
+
+def select_partitions(partitions: dict, *, subscribe: list[str] | None = None, pattern: str | None = None,
+                      assign: dict[str, list[int]] | None = None) -> dict:
+    """The partitions selected by exactly one of a topic list, a regex (full match, as Kafka's
+    ``subscribePattern``) or an explicit topic -> partitions assignment (what it names and ``partitions``
     lacks is left out: see ``SourceOptions.bounds``)."""
-    partitions = list_partitions(data_dir)
     if subscribe is not None:
         wanted = set(subscribe)
         return {tp: p for tp, p in partitions.items() if tp.topic in wanted}

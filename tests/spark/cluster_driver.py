@@ -70,7 +70,24 @@ def read(spark, path: str, options: dict, columns: list | None = None) -> dict:
     return {"partitions": df.rdd.mapPartitionsWithIndex(tagged).collect()}
 
 
-JOBS = {"read": read}
+def stream(spark, path: str, options: dict, checkpoint: str, output: str) -> dict:
+    """One ``Trigger.AvailableNow`` run of a stream with the logfs source into a parquet sink (restarting from
+    ``checkpoint`` when it exists); returns every offset the sink holds (all runs), sorted, per partition."""
+    reader = spark.readStream.format("logfs")
+    for key, value in options.items():
+        reader = reader.option(key, value)
+    query = (reader.load(path).select("partition", "offset").writeStream.format("parquet")
+             .option("path", output).option("checkpointLocation", checkpoint).trigger(availableNow=True).start())
+    query.awaitTermination(300)
+    if query.exception() is not None:
+        raise RuntimeError(str(query.exception()))
+    rows = spark.read.parquet(output).collect()
+    partitions = {r.partition for r in rows}
+    return {"offsets": {str(p): sorted(r.offset for r in rows if r.partition == p) for p in partitions},
+            "end": query.lastProgress["sources"][0]["endOffset"] if query.lastProgress else None}
+
+
+JOBS = {"read": read, "stream": stream}
 
 
 def encode(obj):

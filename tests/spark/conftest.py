@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "e2e"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "remote"))
+from remote_store import aws_env, seaweed  # noqa: E402,F401  (fixtures)
 from logfs_e2e import fuse_unusable_reason, mount_factory  # noqa: E402
 from spark_standalone import ClusterDriver, SparkCluster, spark_class_unusable_reason  # noqa: E402
 
@@ -90,7 +92,7 @@ def spark_cluster(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def cluster_driver(spark_cluster):
+def cluster_driver(spark_cluster, request):
     """The driver for ``spark_cluster``: a separate Python process with ONE SparkSession on the cluster for the
     whole test session, running the jobs of tests/spark/cluster_driver.py (``cluster_driver.run("read", ...)``).
 
@@ -102,7 +104,14 @@ def cluster_driver(spark_cluster):
     The first job then takes ~10 s (Python workers start on the driver and on each executor), later ones ~1 s;
     a process per test would pay both again for every cluster test. Whole file (one test): ~30 s.
     """
-    driver = ClusterDriver(spark_cluster, spark_cluster.base / "driver.log")
+    # The driver and the executors get the session's SeaweedFS credentials in their AWS chain (the bucket tests),
+    # when SeaweedFS is available here.
+    try:
+        env = request.getfixturevalue("seaweed").env()
+    except pytest.skip.Exception:
+        env = {}
+    driver = ClusterDriver(spark_cluster, spark_cluster.base / "driver.log",
+                           {f"spark.executorEnv.{k}": v for k, v in env.items()}, env)
     try:
         yield driver
     finally:

@@ -279,15 +279,18 @@ class ClusterDriver:
 
     Its application holds every core of the cluster while it lives, so a second driver on the same cluster
     would get no executor: add jobs to cluster_driver.py instead. ``conf`` adds Spark settings to the session
-    (e.g. ``spark.executorEnv.AWS_ACCESS_KEY_ID``: executors inherit their Worker's environment plus these)."""
+    (e.g. ``spark.executorEnv.AWS_ACCESS_KEY_ID``: executors inherit their Worker's environment plus these);
+    ``env`` adds to the driver process's environment (its JVM, and the Python workers that plan data source
+    reads, inherit it)."""
 
-    def __init__(self, cluster: SparkCluster, log: Path, conf: dict[str, str] | None = None):
+    def __init__(self, cluster: SparkCluster, log: Path, conf: dict[str, str] | None = None,
+                 env: dict[str, str] | None = None):
         self.cluster = cluster
         self.log = log
         argv = [sys.executable, str(DRIVER_SCRIPT), cluster.master_url]
         for key, value in (conf or {}).items():
             argv += ["--conf", f"{key}={value}"]
-        self.proc = spawn(argv, log, cluster_env(SPARK_LOCAL_DIRS=str(cluster.base / "local")), cluster.reaper,
+        self.proc = spawn(argv, log, cluster_env(SPARK_LOCAL_DIRS=str(cluster.base / "local"), **(env or {})), cluster.reaper,
                           stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         self._buffer = b""
         self._stopped = False

@@ -1,7 +1,7 @@
 """The ``logfs`` source on a real Spark standalone cluster: a Master and two Workers on 127.0.0.1, each Worker
 launching its own executor JVM (fixtures ``spark_cluster`` and ``cluster_driver`` in conftest.py).
 
-Every executor sees the same local DATA_DIR path here, which is what the source needs today.
+Every executor sees the same local DATA_DIR path here; reading from a bucket instead is test_spark_bucket.py.
 """
 
 from __future__ import annotations

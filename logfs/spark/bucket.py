@@ -1,0 +1,217 @@
+"""The ``logfs`` source reading a tiered log straight from its bucket (``load("s3://BUCKET/PREFIX")``): no
+daemon, no mount, no DATA_DIR.
+
+What it reads is what the daemon's tiering wrote (:mod:`logfs.remote.manifest` owns the key names and the
+manifest format): a partition is a ``<prefix>/<topic>-<partition>/manifest.json``; its offsets are the
+manifest's ``log_start_offset`` up to ``remote_log_end_offset``. An executor reads an offset range of one
+partition with ranged GETs of only the bytes that hold it: per segment it overlaps, the segment's remote
+``.index`` (small: one entry per ``index.interval.bytes``) gives the byte positions of the range's first and
+last batches, and only the bytes between are fetched, in bounded chunks. Batches are parsed by the storage's one
+framing code (:class:`~logfs.storage.segment.SegmentFile`) and CRC-checked.
+
+Credentials come from the AWS chain of each process (driver and every executor), through
+:class:`~logfs.remote.s3.S3Store`; the options carry only the endpoint and the region. Store errors keep their
+types (:mod:`logfs.remote.api`), with messages naming the operation, key and endpoint.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+from typing import Iterator
+
+from ..remote.api import RemoteCorruptError, RemoteNotFoundError, RemoteStore
+from ..remote.manifest import MANIFEST_NAME, ManifestStore, PartitionManifest, RemoteSegment
+from ..storage import names
+from ..storage import records as rec
+from ..storage.errors import CorruptRecordError, DataLossError
+from ..storage.index import OffsetIndex
+from ..storage.segment import SegmentFile
+
+log = logging.getLogger(__name__)
+
+SCHEME = "s3://"
+READ_CHUNK = 4 << 20  # bytes per ranged GET of a .log (a range smaller than this is fetched in one)
+# A reader gives up sooner than the daemon's store would: a wrong endpoint should fail the query fast.
+MAX_ATTEMPTS = 2
+
+
+def is_bucket_path(path: str) -> bool:
+    return str(path).startswith(SCHEME)
+
+
+def parse_bucket_path(path: str) -> tuple[str, str]:
+    """``s3://bucket/some/prefix`` -> ("bucket", "some/prefix")."""
+    bucket, _, prefix = str(path)[len(SCHEME):].partition("/")
+    if not bucket:
+        raise ValueError(f"no bucket in {path!r} (expected s3://BUCKET/PREFIX)")
+    return bucket, prefix.strip("/")
+
+
+def open_store(path: str, endpoint: str | None, region: str | None) -> RemoteStore:
+    """The bucket of ``path`` as a store (credentials from this process's AWS chain)."""
+    from ..remote.s3 import DEFAULT_REGION, S3Store
+
+    bucket, _ = parse_bucket_path(path)
+    return S3Store(bucket, endpoint=endpoint, region=region or DEFAULT_REGION, max_attempts=MAX_ATTEMPTS)
+
+
+def list_bucket_partitions(store: RemoteStore, prefix: str) -> dict:
+    """Every partition with a manifest under ``prefix`` -> its manifest key."""
+    from .segments import TopicPartition
+
+    root = f"{prefix}/" if prefix else ""
+    out = {}
+    for obj in store.list(root):
+        rest = obj.key[len(root):]
+        directory, _, name = rest.partition("/")
+        if name != MANIFEST_NAME:
+            continue
+        parsed = names.parse_partition_dir(directory)
+        if parsed is None or names.is_internal_topic(parsed[0]):
+            continue
+        out[TopicPartition(*parsed)] = obj.key
+    return out
+
+
+class _RangeFile(SegmentFile):
+    """Bytes [lo, hi) of one remote ``.log``, fetched by ranged GETs of at most READ_CHUNK as the framing code
+    asks for them (never past ``hi``, so a small range never downloads the segment)."""
+
+    def __init__(self, store: RemoteStore, key: str, lo: int, hi: int):
+        self.store, self.key = store, key
+        self.size = hi
+        self.log_path = f"remote object {key}"
+        self._at, self._buf = lo, b""
+
+    def read(self, position: int, length: int) -> bytes:
+        end = min(position + length, self.size)
+        if position < self._at or end > self._at + len(self._buf):
+            want = min(max(end, position + READ_CHUNK), self.size) - position
+            self._buf = self.store.get_range(self.key, position, want)
+            self._at = position
+            if len(self._buf) != want:
+                raise RemoteCorruptError(f"{self.key}: {len(self._buf)} bytes at {position}, the manifest says "
+                                         f"the object has {self.size}")
+        return self._buf[position - self._at : end - self._at]
+
+
+def byte_range(index: bytes, seg: RemoteSegment, start: int, end: int) -> tuple[int, int]:
+    """The bytes of ``seg``'s .log that hold offsets [start, end), from its offset index: an entry names the
+    last offset of the batch (of the append) at its position, so the range starts at the greatest entry below
+    ``start`` and ends where the entry after the first one reaching ``end - 1`` starts."""
+    entries = [e for e in OffsetIndex.ENTRY.iter_unpack(index[: len(index) - len(index) % OffsetIndex.ENTRY.size])
+               if e != (0, 0)]
+    last = [seg.base_offset + rel for rel, _ in entries]
+    i = bisect.bisect_left(last, start) - 1  # entries[i]'s batch ends below start; unindexed ones after it may not
+    lo = entries[i][1] if i >= 0 else 0
+    hi = seg.size
+    j = bisect.bisect_left(last, end - 1)  # entries[j]'s batch holds end - 1 or ends after it
+    if j + 1 < len(entries):
+        hi = entries[j + 1][1]
+    if not (0 <= lo <= hi <= seg.size):
+        raise RemoteCorruptError(f"{seg.objects['index'].key}: positions {lo}..{hi} outside the segment's "
+                                 f"{seg.size} bytes")
+    return lo, hi
+
+
+class BucketPartitionReader:
+    """One partition of the bucket, with the local :class:`~logfs.storage.reader.PartitionReader`'s interface
+    (``offsets()``, ``batches(start, end)``)."""
+
+    def __init__(self, store: RemoteStore, prefix: str, tp):
+        self.store, self.tp = store, tp
+        self.manifests = ManifestStore(store, prefix)
+        self.name = str(tp)
+
+    def manifest(self) -> PartitionManifest:
+        return self.manifests.read(self.tp.topic, self.tp.partition)
+
+    def offsets(self) -> tuple[int, int]:
+        m = self.manifest()
+        end = m.remote_log_end_offset
+        start = max(m.log_start_offset, m.segments[0].base_offset) if m.segments else end
+        return min(start, end), end
+
+    def batches(self, start: int, end: int, *, fail_on_data_loss: bool = False
+                ) -> Iterator[tuple[rec.BatchHeader, bytes]]:
+        m = self.manifest()
+        first = m.segments[0].base_offset if m.segments else m.remote_log_end_offset
+        if start < first and start < end:
+            message = (f"{self.name}: offsets {start}..{min(first, end) - 1} were removed from the bucket "
+                       f"(retention) before they could be read; the tiered log now starts at {first}")
+            if fail_on_data_loss:
+                raise DataLossError(message)
+            log.info("%s", message)
+        for seg in m.segments:
+            if seg.next_offset <= start or seg.base_offset >= end:
+                continue
+            try:
+                index = self.store.get_bytes(seg.objects["index"].key)
+            except RemoteNotFoundError:
+                # Deleted by the bucket's retention since the manifest was read (the manifest drops a segment
+                # before its objects are deleted): as records removed before they could be read.
+                message = f"{self.name}: segment {seg.base_offset} was removed from the bucket before it was read"
+                if fail_on_data_loss:
+                    raise DataLossError(message) from None
+                log.info("%s", message)
+                continue
+            lo, hi = byte_range(index, seg, max(start, seg.base_offset), min(end, seg.next_offset))
+            segment_log = _RangeFile(self.store, seg.objects["log"].key, lo, hi)
+            covered = lo
+            try:
+                for pos, header, buf, at in segment_log.batches_from(lo, hi, chunk=READ_CHUNK):
+                    rec.validate(buf, at)
+                    covered = pos + header.size
+                    if header.last_offset < start:
+                        continue
+                    if header.base_offset >= end:
+                        return
+                    yield header, bytes(buf[at : at + header.size])
+            except CorruptRecordError as exc:
+                raise RemoteCorruptError(f"{segment_log.key}: {exc} (after position {covered})") from None
+            if covered < hi:  # a tiered segment holds complete batches only, up to the size the manifest gives
+                raise RemoteCorruptError(f"{segment_log.key}: no complete batch at position {covered} of {hi}")
+
+
+class TieredPartitionReader:
+    """The whole log of one partition: the tiered part from the bucket, the rest from the daemon's DATA_DIR
+    (option ``localDataDir``), joined at the manifest's ``remote_log_end_offset`` as read when each part starts.
+
+    Segments are tiered and then deleted locally while this reads: the manifest is read again at each switch,
+    and the local part is read with data-loss detection on, so offsets deleted locally under the read (always
+    tiered first) are read from the bucket instead: no gap and no duplicate at the seam."""
+
+    def __init__(self, remote: BucketPartitionReader, local):
+        self.remote, self.local = remote, local
+        self.name = remote.name
+
+    def offsets(self) -> tuple[int, int]:
+        start, remote_end = self.remote.offsets()
+        local_start, local_end = self.local.offsets()
+        if remote_end == 0 and start == 0:  # nothing tiered: the local log alone
+            return local_start, local_end
+        return start, max(remote_end, local_end)
+
+    def batches(self, start: int, end: int, *, fail_on_data_loss: bool = False
+                ) -> Iterator[tuple[rec.BatchHeader, bytes]]:
+        next_offset = start
+        while next_offset < end:
+            seam = self.remote.manifest().remote_log_end_offset
+            if next_offset < seam:
+                for header, data in self.remote.batches(next_offset, min(end, seam),
+                                                        fail_on_data_loss=fail_on_data_loss):
+                    next_offset = max(next_offset, header.next_offset)
+                    yield header, data
+                next_offset = max(next_offset, min(end, seam))
+                continue
+            try:
+                for header, data in self.local.batches(next_offset, end, fail_on_data_loss=True):
+                    next_offset = max(next_offset, header.next_offset)
+                    yield header, data
+                return
+            except DataLossError:
+                if self.remote.manifest().remote_log_end_offset <= next_offset:
+                    if fail_on_data_loss:
+                        raise
+                    return  # removed by whole-log retention, not by tiering: as a local read, skip the rest
