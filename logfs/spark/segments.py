@@ -15,7 +15,7 @@ from ..storage import names
 from ..storage import reader as storage_reader
 from ..storage.errors import DataLossError
 
-__all__ = ["DataLossError", "PartitionReader", "TopicPartition", "list_partitions", "parse_partition_dir",
+__all__ = ["DataLossError", "PartitionReader", "TopicPartition", "list_partitions", "topic_partition_of",
            "resolve_topics", "select_partitions"]
 
 
@@ -28,7 +28,7 @@ class TopicPartition:
         return f"{self.topic}-{self.partition}"
 
 
-def parse_partition_dir(name: str) -> TopicPartition | None:
+def topic_partition_of(name: str) -> TopicPartition | None:
     """``orders-3`` -> TopicPartition('orders', 3); None for anything else. The rule is the storage's own
     (:func:`logfs.storage.names.parse_partition_dir`), so the source reads exactly the partitions the daemon
     serves."""
@@ -46,7 +46,7 @@ def list_partitions(data_dir: str) -> dict[TopicPartition, str]:
     except FileNotFoundError:
         raise FileNotFoundError(f"logfs data directory {data_dir!r} does not exist") from None
     for name in names:
-        tp = parse_partition_dir(name)
+        tp = topic_partition_of(name)
         if tp is None:
             continue
         path = os.path.join(data_dir, name)

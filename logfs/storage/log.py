@@ -16,32 +16,27 @@ does, so a reader may cache what it derives from the layout.
 from __future__ import annotations
 
 import bisect
-import mmap
 import operator
 from itertools import accumulate, repeat
 import threading
 from typing import Callable, Iterator, Sequence
 
-from . import lines
+from . import lines, tail_batch
 from . import records as rec
 from .clock import SYSTEM_CLOCK, Clock
 from .config import LogConfig
 from .errors import LogfsError, OffsetOutOfRangeError, RecordTooLargeError, StorageIOError
 from .index import LineStats
 from .lifecycle import discard, open_segment, replace_segments
-from .segment import DELETED_SUFFIX, LogSegment, TailBatch
+from .segment import DELETED_SUFFIX, LogSegment
 from .segment_set import LogSegments, LogSnapshot, close_if_unused, pin
+from .tail_batch import PAGE_SIZE, TAIL_BATCH_CAP  # noqa: F401 (PAGE_SIZE: re-exported for tests)
 
 # Appended lines are grouped into batches of about this many bytes: small enough that a read positioned inside
 # a batch renders little (64 KiB renders in ~20 us with the C accelerator), large enough that per-batch costs
 # (header, CRC call, pwrite, index check) stay small: 16 KiB -> 64 KiB took the engine's append from 230 to
 # 295 MB/s here.
 TARGET_BATCH_BYTES = 64 * 1024
-# A small append grows the active segment's last batch in place while that batch is unflushed and under this
-# size, so a line per write() costs its record (~9 bytes over the line), not a 61-byte header each; the cap
-# bounds the bytes rewritten per append (the CRC covers the whole batch) and a reader's skip into it.
-TAIL_BATCH_CAP = 4 * 1024
-PAGE_SIZE = mmap.PAGESIZE
 _RECORD_OVERHEAD = 12
 
 
@@ -167,7 +162,7 @@ class Log:
             return self.append(values, keys, has_nulls=has_nulls, require_keys=True)
         if end + len(prefix) < TAIL_BATCH_CAP:
             with self.lock:
-                grown = self._grow_tail(prefix, data, end)
+                grown = tail_batch.grow(self, prefix, data, end)
                 if grown is not None:
                     return grown
         encoded, longest = rec._speedups.encode_lines(prefix, data, end, self._batch_target())
@@ -182,53 +177,8 @@ class Log:
         with self.lock:
             first, last = self._append_batches(batches, None)
             batch, count, _ = encoded[-1]
-            active = self.segments.active
-            position = active.size - len(batch)
-            if (len(batch) < TAIL_BATCH_CAP and active.next_offset == last + 1 and position >= 0
-                    and position % PAGE_SIZE <= PAGE_SIZE - rec.HEADER_SIZE):
-                # (A header across a page boundary is never rewritten: a kill can cut a write between pages,
-                # and a torn header would take the batch's earlier lines with it.)
-                active.tail = TailBatch(batch, position, last + 1 - count, self.last_append_ms)
+            tail_batch.keep(self, batch, count, last)
             return first, last
-
-    def _grow_tail(self, prefix: bytes, data, end: int) -> tuple[int, int] | None:
-        """The lines appended to the active segment's last batch, if it may grow (:class:`TailBatch`: above the
-        recovery point, room under TAIL_BATCH_CAP, no roll due, the clock not behind the batch): (first offset,
-        last offset), else None and nothing changed. Under the lock."""
-        active = self.segments.active
-        tail = active.tail
-        if tail is None or tail.base_offset < self.recovery_point:
-            return None
-        now = self.clock.time_ms()
-        if now < tail.base_timestamp:
-            return None
-        batch = tail.batch
-        old_length, old_header = len(batch), bytes(batch[: rec.HEADER_SIZE])
-        grown = rec._speedups.grow_lines(batch, prefix, data, end, now - tail.base_timestamp, TAIL_BATCH_CAP)
-        if grown is None:
-            return None
-        count, payload, longest = grown
-        first = active.next_offset
-        c = self.config
-
-        def undo() -> None:
-            del batch[old_length:]
-            batch[: rec.HEADER_SIZE] = old_header
-
-        try:
-            lines.check_record_size(c, longest)
-            lines.check_keys(c, None)
-        except LogfsError:
-            undo()
-            raise
-        if active.should_roll(len(batch) - old_length, c.segment_bytes, c.segment_ms, now, first + count - 1):
-            undo()
-            return None  # the bulk path rolls
-        max_timestamp = max(now, tail.max_timestamp)
-        rec.restamp_batch(batch, max_timestamp)
-        active.grow_tail(old_length, old_header, count, max_timestamp, LineStats(count, 0, 0, 0, payload))
-        self.last_append_ms = now
-        return first, first + count - 1
 
     def _batch_target(self) -> int:
         return min(TARGET_BATCH_BYTES, max(self.config.segment_bytes // 2, 1))

@@ -1,0 +1,74 @@
+"""Growing the active segment's last batch in place: a small append adds its records to that batch and rewrites its
+header, so a line per ``write()`` costs its record (~9 bytes over the line), not a batch header each.
+
+Owns when a batch may grow (above the recovery point: synced bytes are never rewritten; under
+:data:`TAIL_BATCH_CAP`; no roll due; the clock not behind the batch; its header not across a page boundary) and
+the grow itself; :meth:`LogSegment.grow_tail` writes it (records first, header last). Called by
+:meth:`Log.append_lines` under the log's lock.
+"""
+
+from __future__ import annotations
+
+import mmap
+
+from . import lines
+from . import records as rec
+from .errors import LogfsError
+from .index import LineStats
+from .segment import TailBatch
+
+# The cap bounds the bytes rewritten per append (the CRC covers the whole batch) and a reader's skip into it.
+TAIL_BATCH_CAP = 4 * 1024
+PAGE_SIZE = mmap.PAGESIZE
+
+
+def keep(log, batch: bytearray, count: int, last: int) -> None:
+    """After a bulk append, remember its last batch (``count`` records ending at ``last``) as the one later small
+    appends may grow, if it qualifies."""
+    active = log.segments.active
+    position = active.size - len(batch)
+    if (len(batch) < TAIL_BATCH_CAP and active.next_offset == last + 1 and position >= 0
+            and position % PAGE_SIZE <= PAGE_SIZE - rec.HEADER_SIZE):
+        # (A header across a page boundary is never rewritten: a kill can cut a write between pages, and a torn
+        # header would take the batch's earlier lines with it.)
+        active.tail = TailBatch(batch, position, last + 1 - count, log.last_append_ms)
+
+
+def grow(log, prefix: bytes, data, end: int) -> tuple[int, int] | None:
+    """The lines appended to the active segment's last batch, if it may grow (:class:`TailBatch`: above the
+    recovery point, room under TAIL_BATCH_CAP, no roll due, the clock not behind the batch): (first offset,
+    last offset), else None and nothing changed. Under the lock."""
+    active = log.segments.active
+    tail = active.tail
+    if tail is None or tail.base_offset < log.recovery_point:
+        return None
+    now = log.clock.time_ms()
+    if now < tail.base_timestamp:
+        return None
+    batch = tail.batch
+    old_length, old_header = len(batch), bytes(batch[: rec.HEADER_SIZE])
+    grown = rec._speedups.grow_lines(batch, prefix, data, end, now - tail.base_timestamp, TAIL_BATCH_CAP)
+    if grown is None:
+        return None
+    count, payload, longest = grown
+    first = active.next_offset
+    c = log.config
+
+    def undo() -> None:
+        del batch[old_length:]
+        batch[: rec.HEADER_SIZE] = old_header
+
+    try:
+        lines.check_record_size(c, longest)
+        lines.check_keys(c, None)
+    except LogfsError:
+        undo()
+        raise
+    if active.should_roll(len(batch) - old_length, c.segment_bytes, c.segment_ms, now, first + count - 1):
+        undo()
+        return None  # the bulk path rolls
+    max_timestamp = max(now, tail.max_timestamp)
+    rec.restamp_batch(batch, max_timestamp)
+    active.grow_tail(old_length, old_header, count, max_timestamp, LineStats(count, 0, 0, 0, payload))
+    log.last_append_ms = now
+    return first, first + count - 1
