@@ -48,6 +48,7 @@ _READ_CHUNK = 256 * 1024
 SWAP_WAIT_SECONDS = 1.0  # how long a listing waits for an in-flight compaction swap to finish
 _MAX_RELISTS = 1000
 _TAIL_RETRIES = 5  # re-reads of an invalid last batch of the last segment (being grown in place) before stopping
+_TAIL_REGROWS = 50  # times one walk of the last segment takes its size again because its last batch grew
 
 
 def _base_of(name: str) -> int | None:
@@ -158,7 +159,7 @@ class SegmentReader(SegmentFile):
         header), so ``tail`` (this is the partition's last segment) makes an invalid batch there "not complete
         yet": it is read again a few times (with the file's size now), and if it is still not whole what is read
         of the segment ends before it, quietly. Elsewhere an invalid batch is reported and ends the segment."""
-        pos, attempts = position, 0
+        pos, attempts, regrows = position, 0, 0
         while True:
             try:
                 for pos, header, buf, at in self.batches_from(pos, chunk=_READ_CHUNK):
@@ -167,6 +168,15 @@ class SegmentReader(SegmentFile):
                     attempts = 0
                     yield header, data
                     pos += header.size
+                if tail and regrows < _TAIL_REGROWS:
+                    # The walk stops at a batch longer than the size this reader knows: a header rewritten
+                    # after that size was taken (the batch grew; its records are written before its header, so
+                    # they are there). Take the size again and go on from that batch.
+                    size = os.fstat(self.fd).st_size
+                    if size > self.size and size > pos:
+                        self.size = size
+                        regrows += 1
+                        continue
                 return
             except CorruptRecordError as exc:
                 if tail and attempts < _TAIL_RETRIES:
