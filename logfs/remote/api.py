@@ -95,5 +95,12 @@ class RemoteStore(abc.ABC):
     def list(self, prefix: str) -> list[RemoteObject]:
         """Every object whose key starts with ``prefix``, sorted by key."""
 
+    @abc.abstractmethod
+    def list_dirs(self, prefix: str) -> list[str]:
+        """The names of the "directories" directly under ``prefix`` (which ends in "/", or is empty for the
+        top): each ``<name>`` such that some key starts with ``prefix + name + "/"``, sorted. One listing with a
+        delimiter, however many objects lie below: how a reader finds a bucket's partitions without listing
+        every segment."""
+
     def close(self) -> None:
         """Release connections; the store is not used afterwards."""

@@ -176,6 +176,27 @@ class DirectoryStore(RemoteStore):
             raise _error("list", prefix, e) from None
         return sorted(out, key=lambda o: o.key)
 
+    def list_dirs(self, prefix: str) -> list[str]:
+        base = self._path(prefix.rstrip("/")) if prefix.strip("/") else self.root
+
+        def holds_objects(path: str) -> bool:  # as S3, where a "directory" exists only while a key is under it
+            for dirpath, _dirs, files in os.walk(path):
+                if any(not (n.startswith(".") and _TMP_MARK in n) for n in files):
+                    return True
+            return False
+
+        try:
+            return sorted(e.name for e in os.scandir(base) if e.is_dir(follow_symlinks=False)
+                          and holds_objects(e.path))
+        except FileNotFoundError:
+            if not self.root.is_dir():
+                raise RemoteBucketMissingError(f"archive directory {self.root} does not exist") from None
+            return []
+        except NotADirectoryError:
+            return []
+        except OSError as e:
+            raise _error("list", prefix, e) from None
+
 
 def _raise(e: OSError) -> None:
     raise e

@@ -203,5 +203,16 @@ class S3Store(RemoteStore):
             raise self._error("list", prefix, e) from None
         return sorted(out, key=lambda o: o.key)
 
+    def list_dirs(self, prefix: str) -> list[str]:
+        out = []
+        try:
+            pages = self._client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix,
+                                                                           Delimiter="/")
+            for page in pages:
+                out.extend(p["Prefix"][len(prefix):].rstrip("/") for p in page.get("CommonPrefixes", []))
+        except (bx.BotoCoreError, bx.ClientError) as e:
+            raise self._error("list", prefix, e) from None
+        return sorted(name for name in out if name)
+
     def close(self) -> None:
         self._client.close()

@@ -57,20 +57,18 @@ def open_store(path: str, endpoint: str | None, region: str | None) -> RemoteSto
 
 
 def list_bucket_partitions(store: RemoteStore, prefix: str) -> dict:
-    """Every partition with a manifest under ``prefix`` -> its manifest key."""
+    """Every partition directory under ``prefix`` -> its manifest key. One listing with a delimiter (the
+    partitions, not their segments); a partition whose manifest is not there (yet, or no longer: a deletion in
+    progress) reads as empty."""
     from .segments import TopicPartition
 
     root = f"{prefix}/" if prefix else ""
     out = {}
-    for obj in store.list(root):
-        rest = obj.key[len(root):]
-        directory, _, name = rest.partition("/")
-        if name != MANIFEST_NAME:
-            continue
+    for directory in store.list_dirs(root):
         parsed = names.parse_partition_dir(directory)
         if parsed is None or names.is_internal_topic(parsed[0]):
             continue
-        out[TopicPartition(*parsed)] = obj.key
+        out[TopicPartition(*parsed)] = f"{root}{directory}/{MANIFEST_NAME}"
     return out
 
 
@@ -128,10 +126,14 @@ class BucketPartitionReader:
         return self.manifests.read(self.tp.topic, self.tp.partition)
 
     def offsets(self) -> tuple[int, int]:
+        return self.layout()[:2]
+
+    def layout(self) -> tuple[int, int, list[int]]:
+        """(first offset, remote log end offset, the tiered segments' base offsets), from one manifest read."""
         m = self.manifest()
         end = m.remote_log_end_offset
         start = max(m.log_start_offset, m.segments[0].base_offset) if m.segments else end
-        return min(start, end), end
+        return min(start, end), end, [s.base_offset for s in m.segments]
 
     def batches(self, start: int, end: int, *, fail_on_data_loss: bool = False
                 ) -> Iterator[tuple[rec.BatchHeader, bytes]]:
@@ -187,11 +189,16 @@ class TieredPartitionReader:
         self.name = remote.name
 
     def offsets(self) -> tuple[int, int]:
-        start, remote_end = self.remote.offsets()
-        local_start, local_end = self.local.offsets()
+        return self.layout()[:2]
+
+    def layout(self) -> tuple[int, int, list[int]]:
+        start, remote_end, remote_bases = self.remote.layout()
+        local_start, local_end, local_bases = self.local.layout()
         if remote_end == 0 and start == 0:  # nothing tiered: the local log alone
-            return local_start, local_end
-        return start, max(remote_end, local_end)
+            return local_start, local_end, local_bases
+        # The seam is a boundary too: below it the bucket's segments, above it the local ones.
+        return start, max(remote_end, local_end), sorted({*remote_bases, remote_end,
+                                                          *(b for b in local_bases if b > remote_end)})
 
     def batches(self, start: int, end: int, *, fail_on_data_loss: bool = False
                 ) -> Iterator[tuple[rec.BatchHeader, bytes]]:

@@ -196,10 +196,12 @@ class LogfsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.options = options
         self.schema = schema
         self._target: PartitionOffsets | None = None  # Trigger.AvailableNow: never read past this
+        self._boundaries: dict = {}  # segment base offsets seen by the last look, for splitting on them
 
     def _latest(self) -> tuple[PartitionOffsets, PartitionOffsets]:
-        bounds = self.options.bounds()
-        return {tp: b[0] for tp, b in bounds.items()}, {tp: b[1] for tp, b in bounds.items()}
+        layouts = self.options.layouts()
+        self._boundaries = {(tp.topic, tp.partition): layout[2] for tp, layout in layouts.items()}
+        return {tp: b[0] for tp, b in layouts.items()}, {tp: b[1] for tp, b in layouts.items()}
 
     def initialOffset(self) -> dict:
         bounds = self.options.bounds(starting=True)
@@ -254,7 +256,8 @@ class LogfsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                                 f"{tp}: the log end offset went back from {first} to {stop} (partition recreated?)")
                 continue
             ranges.append(OffsetRange(tp.topic, tp.partition, first, stop))
-        parts = split_ranges(ranges, self.options.max_records_per_partition, self.options.min_partitions)
+        parts = split_ranges(ranges, self.options.max_records_per_partition, self.options.min_partitions,
+                             self._boundaries)
         return [LogfsPartition(r) for r in parts]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:

@@ -10,7 +10,7 @@ import json
 import logging
 import re
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Mapping, Sequence
 
 from . import bucket
 from .segments import DataLossError, PartitionReader, TopicPartition, list_partitions, select_partitions
@@ -214,7 +214,12 @@ class SourceOptions:
         return PartitionReader(self.data_dir, tp, directory)
 
     def bounds(self, *, starting: bool = False) -> dict[TopicPartition, tuple[int, int]]:
-        """(log start offset, log end offset) of every selected partition, now. As Spark's Kafka source, a
+        """(log start offset, log end offset) of every selected partition, now (see :meth:`layouts`)."""
+        return {tp: layout[:2] for tp, layout in self.layouts(starting=starting).items()}
+
+    def layouts(self, *, starting: bool = False) -> dict[TopicPartition, tuple[int, int, list[int]]]:
+        """(log start offset, log end offset, segment base offsets) of every selected partition, now (one
+        listing or manifest read per partition). As Spark's Kafka source, a
         subscription (list or pattern) to topics that do not exist selects nothing; an assignment of a topic or
         partition that does not exist is an OptionError naming it when a query ``starting`` plans its offsets
         (later, a partition deleted under a running stream just stops growing)."""
@@ -231,7 +236,7 @@ class SourceOptions:
                     + f" in {self.data_dir}")
         store = self.store() if self.from_bucket else None
         try:
-            return {tp: self.reader(tp, path, store).offsets() for tp, path in sorted(
+            return {tp: self.reader(tp, path, store).layout() for tp, path in sorted(
                 found.items(), key=lambda kv: (kv[0].topic, kv[0].partition))}
         finally:
             if store is not None:
@@ -267,25 +272,55 @@ def check_data_loss(tp: TopicPartition, requested: int, log_start: int, fail: bo
     return requested
 
 
-def split_ranges(ranges: list[OffsetRange], max_records: int | None, min_partitions: int | None
-                 ) -> list[OffsetRange]:
+def split_ranges(ranges: list[OffsetRange], max_records: int | None, min_partitions: int | None,
+                 boundaries: Mapping[tuple[str, int], Sequence[int]] | None = None) -> list[OffsetRange]:
     """Spark's Kafka rule: ranges over ``max_records`` split evenly; then, while there are fewer than
-    ``min_partitions``, ranges split in proportion to their size. Empty ranges are dropped."""
+    ``min_partitions``, ranges split in proportion to their size. Empty ranges are dropped.
+
+    With ``boundaries`` (segment base offsets per (topic, partition)), cuts fall on segment boundaries where
+    they can: a range splits into runs of whole segments of at most the even share each, and only a segment
+    larger than the share is cut inside. So no two input partitions read parts of one segment unless it
+    must be split, and a reader of the bucket fetches each segment's bytes once in all. There may then be
+    more input partitions than the even split gives (never fewer than it, nor over ``max_records``)."""
+    boundaries = boundaries or {}
+
+    def split(r: OffsetRange, parts: int) -> list[OffsetRange]:
+        return _split(r, parts, boundaries.get((r.topic, r.partition), ()))
+
     ranges = [r for r in ranges if r.size > 0]
     if max_records:
-        ranges = [part for r in ranges for part in _split(r, -(-r.size // max_records))]
+        ranges = [part for r in ranges for part in split(r, -(-r.size // max_records))]
     if min_partitions and len(ranges) < min_partitions:
         total = sum(r.size for r in ranges)
         out = []
         for r in ranges:
             parts = max(1, round(r.size / total * min_partitions)) if total else 1
-            out += _split(r, parts)
+            out += split(r, parts)
         ranges = out
     return ranges
 
 
-def _split(r: OffsetRange, parts: int) -> list[OffsetRange]:
+def _split(r: OffsetRange, parts: int, boundaries: Sequence[int] = ()) -> list[OffsetRange]:
     parts = max(1, min(parts, r.size))
+    if parts == 1:
+        return [r]
+    inner = [b for b in boundaries if r.start < b < r.end]
+    if inner:
+        share = r.size // parts  # (rounded down: never fewer parts than the even split)
+        out: list[OffsetRange] = []
+        start = r.start  # of the run of whole segments being gathered
+        for lo, hi in zip([r.start, *inner], [*inner, r.end]):
+            if hi - lo > share:  # a segment over the share: the run so far, then the segment cut evenly
+                if lo > start:
+                    out.append(OffsetRange(r.topic, r.partition, start, lo))
+                out += _split(OffsetRange(r.topic, r.partition, lo, hi), -(-(hi - lo) // share))
+                start = hi
+            elif hi - start > share:  # the run is full: it ends where this segment starts
+                out.append(OffsetRange(r.topic, r.partition, start, lo))
+                start = lo
+        if r.end > start:
+            out.append(OffsetRange(r.topic, r.partition, start, r.end))
+        return out
     out = []
     for i in range(parts):
         s = r.start + r.size * i // parts
@@ -297,14 +332,17 @@ def _split(r: OffsetRange, parts: int) -> list[OffsetRange]:
 
 def plan_batch(options: SourceOptions) -> list[OffsetRange]:
     """The input partitions of a batch read: startingOffsets (default earliest) to endingOffsets (default
-    latest) of every selected partition, split by maxRecordsPerPartition / minPartitions."""
+    latest) of every selected partition, split by maxRecordsPerPartition / minPartitions on segment
+    boundaries where they can be."""
     ranges = []
-    for tp, bounds in options.bounds(starting=True).items():
-        start = resolve_offset(options.starting, tp, bounds, EARLIEST)
-        end = resolve_offset(options.ending, tp, bounds, LATEST)
-        start = check_data_loss(tp, start, bounds[0], options.fail_on_data_loss)
+    layouts = options.layouts(starting=True)
+    for tp, (first, last, _) in layouts.items():
+        start = resolve_offset(options.starting, tp, (first, last), EARLIEST)
+        end = resolve_offset(options.ending, tp, (first, last), LATEST)
+        start = check_data_loss(tp, start, first, options.fail_on_data_loss)
         ranges.append(OffsetRange(tp.topic, tp.partition, start, max(start, end)))
-    return split_ranges(ranges, options.max_records_per_partition, options.min_partitions)
+    return split_ranges(ranges, options.max_records_per_partition, options.min_partitions,
+                        {(tp.topic, tp.partition): layout[2] for tp, layout in layouts.items()})
 
 
 # -- streaming offsets: Kafka's JSON shape {"topic": {"0": 23}} ------------------------------------------

@@ -62,6 +62,12 @@ class PartitionReader(storage_reader.PartitionReader):
         super().__init__(data_dir, tp.topic, tp.partition, directory)
         self.tp = tp
 
+    def layout(self) -> tuple[int, int, list[int]]:
+        """(log start offset, log end offset, segment base offsets), from one listing: what planning needs."""
+        bases = self.segment_bases()
+        end = self.log_end_offset(bases)
+        return self.log_start_offset(bases, end), end, bases
+
 
 def resolve_topics(data_dir: str, *, subscribe: list[str] | None = None, pattern: str | None = None,
                    assign: dict[str, list[int]] | None = None) -> dict[TopicPartition, str]:

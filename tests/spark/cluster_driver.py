@@ -70,24 +70,64 @@ def read(spark, path: str, options: dict, columns: list | None = None) -> dict:
     return {"partitions": df.rdd.mapPartitionsWithIndex(tagged).collect()}
 
 
-def stream(spark, path: str, options: dict, checkpoint: str, output: str) -> dict:
-    """One ``Trigger.AvailableNow`` run of a stream with the logfs source into a parquet sink (restarting from
-    ``checkpoint`` when it exists); returns every offset the sink holds (all runs), sorted, per partition."""
+def _stream_writer(spark, path: str, options: dict, checkpoint: str, output: str):
     reader = spark.readStream.format("logfs")
     for key, value in options.items():
         reader = reader.option(key, value)
-    query = (reader.load(path).select("partition", "offset").writeStream.format("parquet")
-             .option("path", output).option("checkpointLocation", checkpoint).trigger(availableNow=True).start())
+    return (reader.load(path).select("partition", "offset").writeStream.format("parquet")
+            .option("path", output).option("checkpointLocation", checkpoint))
+
+
+def _sink_offsets(spark, output: str) -> dict:
+    rows = spark.read.parquet(output).collect()
+    partitions = {r.partition for r in rows}
+    return {str(p): sorted(r.offset for r in rows if r.partition == p) for p in partitions}
+
+
+def stream(spark, path: str, options: dict, checkpoint: str, output: str) -> dict:
+    """One ``Trigger.AvailableNow`` run of a stream with the logfs source into a parquet sink (restarting from
+    ``checkpoint`` when it exists); returns every offset the sink holds (all runs), sorted, per partition."""
+    query = _stream_writer(spark, path, options, checkpoint, output).trigger(availableNow=True).start()
     query.awaitTermination(300)
     if query.exception() is not None:
         raise RuntimeError(str(query.exception()))
-    rows = spark.read.parquet(output).collect()
-    partitions = {r.partition for r in rows}
-    return {"offsets": {str(p): sorted(r.offset for r in rows if r.partition == p) for p in partitions},
+    return {"offsets": _sink_offsets(spark, output),
             "end": query.lastProgress["sources"][0]["endOffset"] if query.lastProgress else None}
 
 
-JOBS = {"read": read, "stream": stream}
+RUNNING: dict = {}  # started continuous queries by id
+
+
+def stream_start(spark, path: str, options: dict, checkpoint: str, output: str, interval: str) -> dict:
+    """Start a stream with a processing-time trigger (``interval``, e.g. "1 second") into a parquet sink, from
+    ``checkpoint``; it runs until ``stream_stop``. Returns its id."""
+    query = _stream_writer(spark, path, options, checkpoint, output).trigger(processingTime=interval).start()
+    RUNNING[query.id] = query
+    return {"id": query.id}
+
+
+def stream_progress(spark, id: str) -> dict:
+    """The offsets a running stream has committed to its sink so far (its last micro-batch's end offsets,
+    Kafka's JSON, or None before the first), and whether it failed."""
+    query = RUNNING[id]
+    if query.exception() is not None:
+        raise RuntimeError(str(query.exception()))
+    last = query.lastProgress  # reported once a micro-batch has committed to the sink
+    end = last["sources"][0]["endOffset"] if last else None
+    return {"end": json.loads(end) if isinstance(end, str) else end, "batch": last["batchId"] if last else None}
+
+
+def stream_stop(spark, id: str, output: str) -> dict:
+    """Stop a running stream; every offset its sink holds (all runs), per partition."""
+    query = RUNNING.pop(id)
+    query.stop()
+    if query.exception() is not None:
+        raise RuntimeError(str(query.exception()))
+    return {"offsets": _sink_offsets(spark, output)}
+
+
+JOBS = {"read": read, "stream": stream, "stream_start": stream_start, "stream_progress": stream_progress,
+        "stream_stop": stream_stop}
 
 
 def encode(obj):

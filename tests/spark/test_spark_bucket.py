@@ -27,6 +27,7 @@ from logfs.storage.records import decode_raw  # noqa: E402
 from logfs_e2e import wait_for  # noqa: E402
 
 SEGMENT = 64 * 1024
+ROLL_MS = 2000  # segment.ms of the streaming test
 
 
 @pytest.fixture
@@ -134,6 +135,18 @@ def test_cluster_reads_exactly_the_tiered_records_from_the_bucket(cluster_driver
     assert 0 < store.fetched["log"] < 4 * 4096 < SEGMENT, store.fetched
     assert reader.offsets() == (0, remote_end)
 
+    # The plan cuts on segment boundaries (segments of ~650 records here, input partitions of at most 2500):
+    # reading every input partition fetches each segment's bytes exactly once in all, however the work spreads.
+    segments = reader.manifest().segments
+    plan = plan_batch(SourceOptions.parse({"path": path, "s3.endpoint": creds.endpoint, "subscribe": "t",
+                                           "maxRecordsPerPartition": "2500"}))
+    assert len(plan) >= remote_end // 2500 and max(r.size for r in plan) <= 2500
+    assert {r.start for r in plan} <= {s.base_offset for s in segments}
+    counting = CountingS3Store(creds.bucket, endpoint=creds.endpoint)
+    for r in plan:
+        assert sum(1 for _ in BucketPartitionReader(counting, prefix, TopicPartition("t", 0)).batches(r.start, r.end))
+    assert counting.fetched["log"] == sum(s.size for s in segments)
+
     # A segment deleted from the bucket after its manifest was read (as the daemon's retention does: manifest
     # first, objects next): skipped, or with failOnDataLoss a DataLossError naming it.
     gone = reader.manifest().segments[1]
@@ -239,7 +252,7 @@ def test_a_stream_from_the_bucket_picks_up_new_segments_and_restarts_from_its_ch
         cluster_driver, mount_logfs, creds, tmp_path):
     prefix = "stream-" + uuid.uuid4().hex[:8]
     first_end, segments, fs = tier(mount_logfs, creds, prefix, 6_000, f"log.local.retention.bytes={3 * SEGMENT}",
-                                   unmount=False)
+                                   f"log.roll.ms={ROLL_MS}", unmount=False)
     path = f"s3://{creds.bucket}/{prefix}"
     run = dict(path=path, options={"s3.endpoint": creds.endpoint, "subscribe": "t", "startingOffsets": "earliest",
                                    "maxOffsetsPerTrigger": "2500"},
@@ -257,6 +270,44 @@ def test_a_stream_from_the_bucket_picks_up_new_segments_and_restarts_from_its_ch
     offsets = second["offsets"]["0"]
     assert offsets == list(range(len(offsets))) and len(offsets) > len(first["offsets"]["0"]) + 1500  # once each
     assert json.loads(second["end"]) == {"t": {"0": len(offsets)}}
+
+    # A running query (processing-time trigger, 1 s), restarted from the same checkpoint, picks up each newly
+    # tiered segment within a bound: the trigger interval plus one micro-batch. And a line appended to a partition
+    # that then goes idle reaches the stream within segment.ms (the daemon rolls idle segments on time) + the
+    # upload interval + that bound.
+    started = cluster_driver.run("stream_start", interval="1 second", **run)["id"]
+    try:
+        def stream_end():
+            progress = cluster_driver.run("stream_progress", id=started)
+            return progress["end"]["t"]["0"] if progress["end"] else 0
+
+        wait_for(lambda: stream_end() >= int(fs.getx("t/0", "remote_log_end_offset")), 60, interval=0.2,
+                 what="the restarted stream catching up")
+        pickups = []
+        s = int(fs.getx("t/0", "log_end_offset"))
+        for _ in range(3):  # one segment at a time: append until a new segment is tiered, then time the pickup
+            tiered = int(fs.getx("t/0", "remote_log_end_offset"))
+            while int(fs.getx("t/0", "remote_log_end_offset")) == tiered:
+                fs.append("t/0", records(s, 40))
+                s += 40
+                time.sleep(0.02)
+            seen_tiered = time.monotonic()
+            tiered = int(fs.getx("t/0", "remote_log_end_offset"))
+            wait_for(lambda: stream_end() >= tiered, 30, interval=0.1, what=f"the stream reaching offset {tiered}")
+            pickups.append(time.monotonic() - seen_tiered)
+        marker = s
+        fs.append("t/0", records(marker, 1))
+        appended = time.monotonic()
+        wait_for(lambda: stream_end() > marker, 60, interval=0.1, what="the idle partition's last line")
+        lag = time.monotonic() - appended
+        print(f"pickup after tiering: {', '.join(f'{p:.2f}' for p in pickups)} s; append to stream: {lag:.2f} s")
+        # Bounds with room for a loaded 2-core machine: the trigger (1 s) + a micro-batch on the cluster.
+        assert max(pickups) < 12, pickups
+        assert lag < ROLL_MS / 1000 + 0.2 + 12, lag
+    finally:
+        final = cluster_driver.run("stream_stop", id=started, output=run["output"])
+    offsets = final["offsets"]["0"]
+    assert offsets == list(range(marker + 1))  # every offset once, over the three runs from one checkpoint
 
 
 def test_bucket_errors_reach_the_driver_clearly(cluster_driver, creds):

@@ -345,6 +345,48 @@ def test_split_ranges():
     assert covered == sorted([("a", 0, o) for o in range(100)] + [("b", 0, o) for o in range(5, 8)])
 
 
+def test_split_ranges_on_segment_boundaries():
+    """With the segments' base offsets, cuts fall between segments: runs of whole segments, at most the even
+    share each (so never fewer parts than the even split, and none over maxRecordsPerPartition); only a
+    segment bigger than the share is cut inside."""
+    bases = {("a", 0): [0, 100, 200, 300, 400, 500, 600, 700, 800, 900]}  # ten segments of 100 records
+
+    def cuts(ranges):
+        return [(x.start, x.end) for x in ranges]
+
+    whole = [OffsetRange("a", 0, 0, 1000)]
+    assert cuts(opts.split_ranges(whole, 250, None, bases)) == [(0, 200), (200, 400), (400, 600), (600, 800),
+                                                                (800, 1000)]
+    assert cuts(opts.split_ranges(whole, None, 3, bases)) == [(0, 300), (300, 600), (600, 900), (900, 1000)]
+    assert cuts(opts.split_ranges(whole, None, 2, bases)) == [(0, 500), (500, 1000)]
+    # A range starting and ending inside segments: its first and last runs hold partial segments; no cut is
+    # inside one (a run is at most the share, 400 here, so the last segment's 50 records are a run of their own).
+    assert cuts(opts.split_ranges([OffsetRange("a", 0, 150, 950)], None, 2, bases)) == [
+        (150, 500), (500, 900), (900, 950)]
+    # Segments bigger than the share: each is cut inside, evenly, and nothing is cut across one.
+    big = {("a", 0): [0, 600]}
+    assert cuts(opts.split_ranges(whole, 250, None, big)) == [(0, 200), (200, 400), (400, 600), (600, 800),
+                                                              (800, 1000)]
+    assert cuts(opts.split_ranges(whole, 300, None, {("a", 0): [0, 700]})) == [  # share 1000 // 4
+        (0, 233), (233, 466), (466, 700), (700, 850), (850, 1000)]
+    # Every offset once, no part over the limit, never fewer parts than the even split by the limit, nor than
+    # minPartitions (for one range), for many shapes.
+    import random
+
+    rnd = random.Random(7)
+    for _ in range(300):
+        lo = rnd.randrange(0, 500)
+        r = OffsetRange("a", 0, lo, lo + rnd.randrange(1, 3000))
+        seg_bases = sorted({0, *(rnd.randrange(0, 4000) for _ in range(rnd.randrange(0, 40)))})
+        limit, minimum = rnd.choice([None, 1, 7, 100, 999]), rnd.choice([None, 1, 3, 16])
+        out = opts.split_ranges([r], limit, minimum, {("a", 0): seg_bases})
+        assert [o for x in out for o in range(x.start, x.end)] == list(range(r.start, r.end))
+        assert not limit or max(x.size for x in out) <= limit
+        assert len(out) >= len(opts.split_ranges([r], limit, None))
+        if not limit and minimum:
+            assert len(out) >= min(minimum, r.size)
+
+
 def test_rate_limit_and_offset_json():
     a, b, c = TopicPartition("t", 0), TopicPartition("t", 1), TopicPartition("u", 0)
     start = {a: 0, b: 100, c: 7}
