@@ -15,7 +15,9 @@ Prints one line per figure as it goes, then markdown tables to paste into docs/b
 Scenarios: bulk_append (no sync) and bulk_append_fsync; sequential_read (page cache dropped) and
 sequential_read_warm; small_writes (one line per write(), 1 and 4 writers, 25/100/1000-byte lines);
 shell_appends, read_at_offset, mount_time, memory, responsiveness, spark, tiered (tools/bench_tiered.py: append
-p99 with the store up/down/slow, tiered reads cold/warm, time to first byte; starts its own SeaweedFS). Naming any of a group in --only runs
+p99 with the store up/down/slow, tiered reads cold/warm, time to first byte; starts its own SeaweedFS),
+spark_cluster (tools/bench_cluster.py: the Spark source on a 2-worker standalone cluster, count and groupBy of a
+tiered log from the bucket against the same offsets from the local DATA_DIR). Naming any of a group in --only runs
 the whole group.
 
 The issue-15 write-path figures alone (bulk append, sequential read, small writes), best of 3, ~4 minutes:
@@ -555,6 +557,11 @@ class Bench:
 
         tiered(self)
 
+    def spark_cluster(self):
+        from bench_cluster import spark_cluster
+
+        spark_cluster(self)
+
     @staticmethod
     def append_latencies(path: str, n: int) -> list[float]:
         out = []
@@ -651,6 +658,7 @@ SCENARIOS = {
     "responsiveness": "responsiveness",
     "spark": "spark",
     "tiered": "tiered",
+    "spark_cluster": "spark_cluster",
 }
 
 

@@ -43,10 +43,15 @@ RANGES = {
                **{f"ratio_{k}": (0.0001, 10_000) for k in ("store_up_uploading", "store_down", "store_slow")},
                "target_ratio_max": (2, 2), "ttfb_ms_tiered_offset_cold": (0.01, 60_000),
                "MBps_tiered_cold": (0.01, 1e5), "MBps_tiered_warm": (0.01, 1e5), "MBps_local": (0.01, 1e5)},
+    "spark_cluster": {"mb": (20, 40), "records": (100_000, 1_000_000),
+                      **{f"{k}_{q}_{src}": r for q in ("count", "groupby") for src in ("bucket", "local")
+                         for k, r in (("s", (0.01, 900)), ("MBps", (0.01, 1e5)))},
+                      "ratio_count": (0.001, 1000), "ratio_groupby": (0.001, 1000), "target": (0.5, 0.5)},
 }
 
 SCENARIOS = {"bulk_append", "bulk_append_fsync", "sequential_read", "sequential_read_warm", "small_writes",
-             "shell_appends", "read_at_offset", "mount_time", "memory", "responsiveness", "spark", "tiered"}
+             "shell_appends", "read_at_offset", "mount_time", "memory", "responsiveness", "spark", "tiered",
+             "spark_cluster"}
 SMALL_CASES = {(writers, length) for writers in (1, 4) for length in (25, 100, 1000)}
 NUMBER = re.compile(r"^-?[\d,]+(\.\d+)?(e[+-]?\d+)?$")
 
@@ -101,7 +106,7 @@ def check_figures(stdout: str, results: dict) -> None:
     table = printed_figures(stdout)
     assert set(RANGES) <= set(results) and set(table) == set(RANGES), (sorted(results), sorted(table))
     for name, expected in RANGES.items():
-        if name == "spark" and "skipped" in results[name]:
+        if name in ("spark", "spark_cluster") and "skipped" in results[name]:
             continue
         values, shown = results[name], table[name]
         assert set(values) == set(expected) == set(shown), (name, sorted(values), sorted(shown))

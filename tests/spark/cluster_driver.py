@@ -95,6 +95,27 @@ def stream(spark, path: str, options: dict, checkpoint: str, output: str) -> dic
             "end": query.lastProgress["sources"][0]["endOffset"] if query.lastProgress else None}
 
 
+def timed(spark, path: str, options: dict) -> dict:
+    """tools/bench.py's cluster scenario: the seconds of a ``count()`` and of a ``groupBy`` (of the JSON lines'
+    "user" field, by its fixed position: Spark's JSON parser would swamp the read) over the logfs source."""
+    import time
+
+    from pyspark.sql import functions as F
+
+    reader = spark.read.format("logfs")
+    for key, value in options.items():
+        reader = reader.option(key, value)
+    df = reader.load(path)
+    start = time.perf_counter()
+    count = df.count()
+    count_s = time.perf_counter() - start
+    start = time.perf_counter()
+    groups = (df.groupBy(F.expr("substring(cast(value as string), 25, 6)").alias("user")).count()
+              .agg(F.count("*").alias("groups"), F.sum("count").alias("rows")).collect()[0])
+    return {"count": count, "count_s": count_s, "groupby_s": time.perf_counter() - start,
+            "groups": groups["groups"], "groupby_rows": groups["rows"]}
+
+
 RUNNING: dict = {}  # started continuous queries by id
 
 
@@ -126,7 +147,7 @@ def stream_stop(spark, id: str, output: str) -> dict:
     return {"offsets": _sink_offsets(spark, output)}
 
 
-JOBS = {"read": read, "stream": stream, "stream_start": stream_start, "stream_progress": stream_progress,
+JOBS = {"read": read, "timed": timed, "stream": stream, "stream_start": stream_start, "stream_progress": stream_progress,
         "stream_stop": stream_stop}
 
 
