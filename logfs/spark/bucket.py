@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import bisect
 import logging
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Iterator
 
 from ..remote.api import RemoteCorruptError, RemoteNotFoundError, RemoteStore
@@ -31,7 +32,7 @@ from ..storage.segment import SegmentFile
 log = logging.getLogger(__name__)
 
 SCHEME = "s3://"
-READ_CHUNK = 4 << 20  # bytes per ranged GET of a .log (a range smaller than this is fetched in one)
+READ_CHUNK = 16 << 20  # bytes per ranged GET of a .log (a range smaller than this is fetched in one)
 # A reader gives up sooner than the daemon's store would: a wrong endpoint should fail the query fast.
 MAX_ATTEMPTS = 2
 
@@ -74,24 +75,50 @@ def list_bucket_partitions(store: RemoteStore, prefix: str) -> dict:
 
 class _RangeFile(SegmentFile):
     """Bytes [lo, hi) of one remote ``.log``, fetched by ranged GETs of at most READ_CHUNK as the framing code
-    asks for them (never past ``hi``, so a small range never downloads the segment)."""
+    asks for them (never past ``hi``, so a small range never downloads the segment). While the framing code works
+    through one chunk, the next is already being fetched (one worker thread), so the store's latency overlaps the
+    decoding. ``close()`` when done."""
 
     def __init__(self, store: RemoteStore, key: str, lo: int, hi: int):
         self.store, self.key = store, key
         self.size = hi
         self.log_path = f"remote object {key}"
         self._at, self._buf = lo, b""
+        self._next: tuple[int, Future] | None = None  # (position, the fetch of the chunk there)
+        self._pool: ThreadPoolExecutor | None = None
 
-    def read(self, position: int, length: int) -> bytes:
+    def _fetch(self, position: int, want: int) -> bytes:
+        data = self.store.get_range(self.key, position, want)
+        if len(data) != want:
+            raise RemoteCorruptError(f"{self.key}: {len(data)} bytes at {position}, the manifest says "
+                                     f"the object has {self.size}")
+        return data
+
+    def read(self, position: int, length: int) -> memoryview:
         end = min(position + length, self.size)
-        if position < self._at or end > self._at + len(self._buf):
-            want = min(max(end, position + READ_CHUNK), self.size) - position
-            self._buf = self.store.get_range(self.key, position, want)
-            self._at = position
-            if len(self._buf) != want:
-                raise RemoteCorruptError(f"{self.key}: {len(self._buf)} bytes at {position}, the manifest says "
-                                         f"the object has {self.size}")
-        return self._buf[position - self._at : end - self._at]
+        held = self._at + len(self._buf)
+        if position < self._at or end > held:
+            if self._next is not None and self._next[0] == held and self._at <= position <= held:
+                tail = memoryview(self._buf)[position - self._at:]
+                self._buf, self._at = tail.tobytes() + self._next[1].result(), position
+                self._next = None
+            if position < self._at or end > self._at + len(self._buf):
+                want = min(max(end, position + READ_CHUNK), self.size) - position
+                self._buf, self._at = self._fetch(position, want), position
+            held = self._at + len(self._buf)
+            if held < self.size and (self._next is None or self._next[0] != held):
+                if self._pool is None:
+                    self._pool = ThreadPoolExecutor(1, thread_name_prefix="logfs-prefetch")
+                self._next = (held, self._pool.submit(self._fetch, held, min(READ_CHUNK, self.size - held)))
+        return memoryview(self._buf)[position - self._at : end - self._at]
+
+    def close(self) -> None:
+        if self._pool is not None:
+            if self._next is not None:
+                self._next[1].cancel()
+            self._pool.shutdown(wait=True)
+            self._pool = None
+        self._next = None
 
 
 def byte_range(index: bytes, seg: RemoteSegment, start: int, end: int) -> tuple[int, int]:
@@ -172,6 +199,8 @@ class BucketPartitionReader:
                     yield header, bytes(buf[at : at + header.size])
             except CorruptRecordError as exc:
                 raise RemoteCorruptError(f"{segment_log.key}: {exc} (after position {covered})") from None
+            finally:
+                segment_log.close()
             if covered < hi:  # a tiered segment holds complete batches only, up to the size the manifest gives
                 raise RemoteCorruptError(f"{segment_log.key}: no complete batch at position {covered} of {hi}")
 
