@@ -346,6 +346,14 @@ def aws_env(monkeypatch, tmp_path):
 
 
 @pytest.fixture
+def creds(aws_env, seaweed):
+    """The session's SeaweedFS, with its credentials (and only those) in this test's AWS chain."""
+    for k, v in seaweed.env().items():
+        aws_env.setenv(k, v)
+    return seaweed
+
+
+@pytest.fixture
 def stall_proxy(seaweed):
     proxy = StallProxy(seaweed.s3)
     yield proxy

@@ -18,7 +18,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "e2e"))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "remote"))
-from remote_store import aws_env, seaweed  # noqa: E402,F401  (fixtures)
+from remote_store import aws_env, creds, seaweed  # noqa: E402,F401  (fixtures)
 from logfs_e2e import fuse_unusable_reason, mount_factory  # noqa: E402
 from spark_standalone import ClusterDriver, SparkCluster, spark_class_unusable_reason  # noqa: E402
 

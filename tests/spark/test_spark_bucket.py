@@ -30,13 +30,6 @@ SEGMENT = 64 * 1024
 ROLL_MS = 2000  # segment.ms of the streaming test
 
 
-@pytest.fixture
-def creds(aws_env, seaweed):
-    for k, v in seaweed.env().items():
-        aws_env.setenv(k, v)
-    return seaweed
-
-
 def records(start: int, n: int) -> bytes:
     return b"".join(b"rec-%06d-%s\n" % (i, b"v" * (40 + i % 50)) for i in range(start, start + n))
 

@@ -8,7 +8,7 @@ import pytest
 here = Path(__file__).resolve().parent
 sys.path.insert(0, str(here.parent / "remote"))
 sys.path.insert(0, str(here.parent / "e2e"))
-from remote_store import aws_env, seaweed, seaweed_outage, stall_proxy  # noqa: E402,F401  (fixtures)
+from remote_store import aws_env, creds, seaweed, seaweed_outage, stall_proxy  # noqa: E402,F401  (fixtures)
 from logfs_e2e import fuse_unusable_reason, mount_factory  # noqa: E402
 
 

@@ -10,8 +10,6 @@ import subprocess
 import time
 import uuid
 
-import pytest
-
 from logfs_e2e import daemon_env, expect_errno, sh, wait_for
 
 SEGMENT = 1 << 20
@@ -22,13 +20,6 @@ def opts(seaweed, prefix, *extra, endpoint=None, bucket=None):
             f"logfs.remote.s3.endpoint={endpoint or seaweed.endpoint}", f"logfs.remote.s3.prefix={prefix}",
             f"log.segment.bytes={SEGMENT}", "remote.log.manager.task.interval.ms=200",
             "log.segment.delete.delay.ms=0", "logfs.remote.cache.bytes=4194304") + extra
-
-
-@pytest.fixture
-def creds(aws_env, seaweed):
-    for k, v in seaweed.env().items():
-        aws_env.setenv(k, v)
-    return seaweed
 
 
 def records(start: int, n: int) -> bytes:
