@@ -102,15 +102,21 @@ def test_disk_full_enospc_then_resume(tmp_path, profile):
                     if failures >= 25:
                         break
             assert failures >= 25, "the disk never filled up"
-            # Take the last free bytes too, so that background work (checkpoints every 100 ms) fails as well.
-            with open(fs.data / "filler2", "ab", buffering=0) as f:
-                for chunk in (4096, 1):
-                    try:
-                        while True:
-                            f.write(b"\0" * chunk)
-                    except OSError as exc:
-                        assert exc.errno == errno.ENOSPC
-            wait_for(lambda: "writing checkpoints failed" in fs.stderr()[seen:], 10, what="a checkpoint to fail")
+            # Take the last free bytes too, so that background work (checkpoints every 100 ms) fails as well; and
+            # again while waiting, since the daemon may free a page meanwhile (a failed append's partial write cut
+            # off), which a checkpoint, replacing its file with one of the same size, could then use forever.
+            def take_the_rest() -> None:
+                with open(fs.data / "filler2", "ab", buffering=0) as f:
+                    for chunk in (4096, 1):
+                        try:
+                            while True:
+                                f.write(b"\0" * chunk)
+                        except OSError as exc:
+                            assert exc.errno == errno.ENOSPC
+
+            take_the_rest()
+            wait_for(lambda: take_the_rest() or "writing checkpoints failed" in fs.stderr()[seen:], 10,
+                     interval=0.2, what="a checkpoint to fail")
             for _ in range(5):  # (a failed append truncates its partial write: a small one may fit again)
                 one_write(rng.randrange(2))
             # Still serving: reads, stat, xattrs, listing; nothing acknowledged lost, nothing failed appended.
