@@ -353,7 +353,9 @@ class Operations(pyfuse3.Operations):
 
     @translate
     async def write(self, fh, off, buf):
-        handle = self._handle(fh)
+        handle = self._handles.get(fh)  # (as _handle(), inlined on the per-write() path)
+        if handle is None:
+            fail(errno.EBADF)
         if handle.log.closed:
             fail(errno.ENOENT)  # the partition was deleted while open
         written = handle.write(off, buf)

@@ -26,6 +26,16 @@ log = logging.getLogger(__name__)
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
+# glibc's malloc serves a FUSE request's data (pyfuse3 copies each WRITE, up to 1 MiB, into a new ``bytes``) and
+# the batches encoded from it from the heap only while they are under its mmap threshold, and it returns the freed
+# top of the heap to the kernel whenever that passes its trim threshold (by default 128 KiB, adjusted upwards to
+# twice the largest block freed). Both defaults made every 1 MiB append fault in ~500 fresh zeroed pages (half
+# the daemon's CPU for a bulk append, docs/benchmarks.md). Fixed thresholds keep those pages for the next request:
+# at most TRIM_THRESHOLD of freed memory stays in the daemon's RSS.
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
+MMAP_THRESHOLD = 4 << 20
+TRIM_THRESHOLD = 16 << 20
+
 
 async def serve(manager: LogManager, mountpoint: str, fuse_opts: list[str], read_only: bool, ready,
                 stop_requested: Callable[[], bool] = lambda: False) -> int:
@@ -42,6 +52,7 @@ async def serve(manager: LogManager, mountpoint: str, fuse_opts: list[str], read
             manager.close()
             return 0
         mark_request_thread()  # reads of tiered data never wait for the store on this thread
+        tune_malloc()
         ops = Operations(manager, read_only=read_only)
         log.debug("mounting %s on %s with FUSE options %s", manager.data_dir, mountpoint, ",".join(fuse_opts))
         try:
@@ -54,6 +65,18 @@ async def serve(manager: LogManager, mountpoint: str, fuse_opts: list[str], read
                 ready(message)
             return 1
         return await _serve_mounted(manager, ops, mountpoint, ready, signals)
+
+
+def tune_malloc() -> bool:
+    """Fixed malloc thresholds for this process (glibc; elsewhere a no-op). True if they were set."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None)
+        return bool(libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(
+            libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD))
+    except (OSError, AttributeError):
+        return False
 
 
 async def _serve_mounted(manager: LogManager, ops: Operations, mountpoint: str, ready, signals) -> int:

@@ -27,6 +27,8 @@ from .records import _speedups
 # Bytes of one record beyond its key and value, as a bound (length, attributes, deltas, lengths, header count):
 # a record that cannot fit a segment with them and its batch header is refused like one over the limit.
 _RECORD_FRAMING = 22
+# A segment holds a record of at most segment.bytes minus this (its batch header and framing).
+SEGMENT_SLACK = rec.HEADER_SIZE + _RECORD_FRAMING
 
 
 @dataclass(frozen=True)
@@ -169,7 +171,7 @@ def line_stats(values: list[bytes | None], keys: list[bytes | None] | None) -> L
 
 def max_record_size(config) -> int:
     """The largest record (key + value bytes) the topic accepts."""
-    return min(config.max_message_bytes, config.segment_bytes - rec.HEADER_SIZE - _RECORD_FRAMING)
+    return min(config.max_message_bytes, config.segment_bytes - SEGMENT_SLACK)
 
 
 def check_record_size(config, largest: int) -> None:

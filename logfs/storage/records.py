@@ -184,18 +184,18 @@ def finish_batch(batch: bytearray, base_offset: int, count: int, timestamp_ms: i
 
 _LAST_DELTA = struct.Struct(">i")  # at 23
 _MAX_TS = struct.Struct(">q")  # at 35
-_COUNT = struct.Struct(">i")  # at 57
+_LENGTH = struct.Struct(">i")  # at 8
+_CRC = struct.Struct(">I")  # at 17
 
 
-def restamp_batch(batch: bytearray, max_timestamp: int) -> None:
+def restamp_batch(batch: bytearray, last_delta: int, max_timestamp: int) -> None:
     """Rewrite, in place, the header fields of a batch of ``finish_batch``'s making whose records section
-    ``_speedups.grow_lines`` extended (offset deltas 0..count-1 with the count it left at bytes 57..60): the
+    ``_speedups.grow_lines`` extended (offset deltas 0..last_delta; it left the count at bytes 57..60): the
     length, the last offset delta, the max timestamp and the CRC-32C. The base offset and base timestamp stay."""
-    count = _COUNT.unpack_from(batch, 57)[0]
-    _LAST_DELTA.pack_into(batch, 23, count - 1)
+    _LAST_DELTA.pack_into(batch, 23, last_delta)
     _MAX_TS.pack_into(batch, 35, max_timestamp)
-    _BASE.pack_into(batch, 0, _BASE.unpack_from(batch, 0)[0], len(batch) - LOG_OVERHEAD)
-    struct.pack_into(">I", batch, 17, _crc32c.crc32c(memoryview(batch)[_CRC_START:]))
+    _LENGTH.pack_into(batch, 8, len(batch) - LOG_OVERHEAD)
+    _CRC.pack_into(batch, 17, _crc32c.crc32c(memoryview(batch)[_CRC_START:]))
 
 
 def build_batch_generic(

@@ -196,21 +196,26 @@ class LogSegment(SegmentRecovery, SegmentFile):
                 raise OSError(_errno.EIO, "short write")
             written += n
 
-    def grow_tail(self, old_length: int, old_header: bytes, count: int, max_timestamp: int,
-                  stats: LineStats) -> None:
+    def grow_tail(self, old_length: int, old_header: bytearray, count: int, payload: int, max_timestamp: int) -> None:
         """Write the tail batch grown in memory from ``old_length`` bytes (``_speedups.grow_lines`` appended
-        ``count`` records, ``records.restamp_batch`` rewrote its header, ``old_header`` is the header before):
-        the new records after the end first, then the header. A kill between the two leaves the old header,
-        which still describes a whole shorter batch, and bytes past it that recovery cuts. No index entry: the
-        ones naming this batch stay right (they name its start and offsets it still holds). On a disk error the
-        batch, in memory and on disk, is as it was."""
+        ``count`` records of ``payload`` value bytes, ``records.restamp_batch`` rewrote its header, ``old_header``
+        is the header before): the new records after the end first, then the header. A kill between the two
+        leaves the old header, which still describes a whole shorter batch, and bytes past it that recovery cuts.
+        No index entry: the ones naming this batch stay right (they name its start and offsets it still holds). On
+        a disk error the batch, in memory and on disk, is as it was."""
         tail = self.tail
         batch, position = tail.batch, tail.position
         end = position + old_length
+        added = len(batch) - old_length
         try:
             with memoryview(batch) as view:
-                self._pwrite(view[old_length:], end)
-                self._pwrite(view[: rec.HEADER_SIZE], position)
+                # (os.pwrite itself, not _pwrite, on this once-per-write() path; _pwrite finishes a short write.)
+                written = os.pwrite(self.fd, view[old_length:], end)
+                if written < added:
+                    self._pwrite(view[old_length + written :], end + written)
+                written = os.pwrite(self.fd, view[: rec.HEADER_SIZE], position)
+                if written < rec.HEADER_SIZE:
+                    self._pwrite(view[written : rec.HEADER_SIZE], position + written)
         except OSError as exc:
             # A fresh buffer, not ``del batch[...]``: the failed write's frames (held by the traceback) still
             # export views of ``batch``, and a bytearray with live exports cannot be resized.
@@ -226,8 +231,8 @@ class LogSegment(SegmentRecovery, SegmentFile):
             except OSError:
                 pass
             raise StorageIOError(f"write to {self.log_path} failed: {exc.strerror}", exc.errno) from exc
-        added = len(batch) - old_length
-        self.stats = self.stats + stats
+        s = self.stats
+        self.stats = LineStats(s.records + count, s.keyed, s.nulls, s.key_bytes, s.value_bytes + payload)
         self.next_offset += count
         self.bytes_since_last_index_entry += added
         tail.max_timestamp = max_timestamp

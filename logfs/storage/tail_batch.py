@@ -14,7 +14,6 @@ import mmap
 from . import lines
 from . import records as rec
 from .errors import LogfsError
-from .index import LineStats
 from .segment import TailBatch
 
 # The cap bounds the bytes rewritten per append (the CRC covers the whole batch) and a reader's skip into it.
@@ -46,29 +45,32 @@ def grow(log, prefix: bytes, data, end: int) -> tuple[int, int] | None:
     if now < tail.base_timestamp:
         return None
     batch = tail.batch
-    old_length, old_header = len(batch), bytes(batch[: rec.HEADER_SIZE])
+    old_length, old_header = len(batch), batch[: rec.HEADER_SIZE]
     grown = rec._speedups.grow_lines(batch, prefix, data, end, now - tail.base_timestamp, TAIL_BATCH_CAP)
     if grown is None:
         return None
     count, payload, longest = grown
     first = active.next_offset
     c = log.config
-
-    def undo() -> None:
-        del batch[old_length:]
-        batch[: rec.HEADER_SIZE] = old_header
-
-    try:
-        lines.check_record_size(c, longest)
-        lines.check_keys(c, None)
-    except LogfsError:
-        undo()
-        raise
-    if active.should_roll(len(batch) - old_length, c.segment_bytes, c.segment_ms, now, first + count - 1):
-        undo()
+    # (The checks of lines.check_record_size and check_keys, inlined: this runs once per write().)
+    if longest > c.max_message_bytes or longest > c.segment_bytes - lines.SEGMENT_SLACK or c.compact:
+        try:
+            lines.check_record_size(c, longest)
+            lines.check_keys(c, None)
+        except LogfsError:
+            _undo(batch, old_length, old_header)
+            raise
+    last = first + count - 1
+    if active.should_roll(len(batch) - old_length, c.segment_bytes, c.segment_ms, now, last):
+        _undo(batch, old_length, old_header)
         return None  # the bulk path rolls
-    max_timestamp = max(now, tail.max_timestamp)
-    rec.restamp_batch(batch, max_timestamp)
-    active.grow_tail(old_length, old_header, count, max_timestamp, LineStats(count, 0, 0, 0, payload))
+    max_timestamp = now if now > tail.max_timestamp else tail.max_timestamp
+    rec.restamp_batch(batch, last - tail.base_offset, max_timestamp)
+    active.grow_tail(old_length, old_header, count, payload, max_timestamp)
     log.last_append_ms = now
-    return first, first + count - 1
+    return first, last
+
+
+def _undo(batch: bytearray, old_length: int, old_header: bytearray) -> None:
+    del batch[old_length:]
+    batch[: rec.HEADER_SIZE] = old_header
