@@ -92,6 +92,7 @@ async def _serve_mounted(manager: LogManager, ops: Operations, mountpoint: str, 
                 await pyfuse3.main()
                 unmounted_externally = True
                 log.info("%s was unmounted", mountpoint)
+                manager.stopping.set()
                 nursery.cancel_scope.cancel()
 
             nursery.start_soon(fuse_loop)

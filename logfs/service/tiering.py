@@ -143,7 +143,10 @@ class TieringTask:
 
     async def _guarded(self, what: str, fn, *args) -> bool:
         try:
-            await trio.to_thread.run_sync(fn, *args)
+            # Abandoned when the daemon stops: a call to a stalled store may take its whole time bound (~50 s),
+            # and shutdown does not wait for it. The pass sees manager.stopping and changes nothing local after
+            # that (RemoteLogManager.sync); what it leaves in the bucket is an orphan, removed at the next start.
+            await trio.to_thread.run_sync(fn, *args, abandon_on_cancel=True)
         except (RemoteStoreError, OSError, LogfsError, ValueError) as exc:
             message = f"{type(exc).__name__}: {exc}"
             if self._failing.get(what) != message:

@@ -165,8 +165,10 @@ class RemoteLogManager:
         if tier.manifest is None:
             self.load(tier)
         uploaded = self.upload(tier)
-        self.expire(tier, now_ms)
-        self.local_retention(tier, now_ms)
+        if not self.stopping.is_set():  # (see _upload_one)
+            self.expire(tier, now_ms)
+        if not self.stopping.is_set():
+            self.local_retention(tier, now_ms)
         return uploaded
 
     def upload(self, tier: PartitionTier) -> int:
@@ -198,6 +200,10 @@ class RemoteLogManager:
         objects = {}
         for ext in SEGMENT_EXTS:
             objects[ext] = RemoteFile(keys[ext], self.store.put_file(keys[ext], sources[ext]))
+            if self.stopping.is_set():
+                # The daemon stopped without waiting for this thread (a store call can take its whole time
+                # bound): commit nothing. The objects are orphans, deleted at the next start.
+                return
         if objects["log"].size != seg.size:
             raise OSError(f"{seg.log_path}: uploaded {objects['log'].size} bytes of {seg.size}")
         meta = RemoteSegment(seg.base_offset, seg.next_offset, seg.size, seg.max_timestamp, objects)
@@ -262,6 +268,8 @@ class RemoteLogManager:
         c = plog.config
         limit_bytes, limit_ms = c.effective_local_retention_bytes, c.effective_local_retention_ms
         with plog.lock:
+            if plog.closed or self.stopping.is_set():
+                return 0
             sealed = plog.segments.as_list()[:-1]
             excess = plog.size_bytes - limit_bytes if limit_bytes >= 0 else -1
             victims = []

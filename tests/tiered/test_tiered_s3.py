@@ -256,3 +256,34 @@ def test_a_stalled_store_at_mount_is_logged_and_the_mount_comes_up(mount_logfs, 
     fs.append("t/0", b"x\n")
     assert fs.read("t/0") == b"x\n"
     stall_proxy.stalled = False
+
+
+def test_unmount_does_not_wait_for_an_upload_stalled_midway(mount_logfs, creds, stall_proxy):
+    """A store that stops answering in the middle of an upload holds that call for its whole time bound (~50 s);
+    a clean unmount does not wait for it: nothing is committed for that segment, and after a remount it is
+    uploaded again, with nothing lost or doubled."""
+    prefix = "unmount-" + uuid.uuid4().hex[:8]
+    fs = mount_logfs(*opts(creds, prefix, endpoint=stall_proxy.endpoint), foreground=True)
+    tier_topic(fs, local_bytes=SEGMENT)
+    data = append_in_chunks(fs, 0, 10_000)
+    wait_for(lambda: int(fs.getx("t/0", "remote_segment_count")) >= 1, 60, interval=0.2, what="a first upload")
+    stall_proxy.stall_after_bytes = 64 * 1024  # every connection, once it has sent 64 KiB more, goes quiet
+    data += append_in_chunks(fs, 10_000, 20_000)
+    tiered = int(fs.getx("t/0", "remote_segment_count"))
+    time.sleep(2)  # the next upload has started (every 200 ms) and stalled
+    assert int(fs.getx("t/0", "remote_segment_count")) == tiered
+    start = time.monotonic()
+    fs.unmount()
+    took = time.monotonic() - start
+    assert took < 10, f"the unmount took {took:.1f} s"
+    assert "clean shutdown complete" in fs.stderr()
+
+    stall_proxy.stall_after_bytes = None
+    fs.mount(*fs.options, foreground=True)
+    # 30,000 records of ~120 bytes in 1 MiB segments: three rolled ones, the last ending past offset 20,000.
+    wait_for(lambda: int(fs.getx("t/0", "remote_log_end_offset")) > 20_000, 60, interval=0.3,
+             what="the uploads after the remount")
+    assert fs.read("t/0") == data
+    end = int(fs.getx("t/0", "remote_log_end_offset"))
+    assert kafka_offsets(bucket_logs(creds, prefix)) == list(range(end))  # once each: no orphan left over
+    fs.unmount()
