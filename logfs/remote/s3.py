@@ -16,8 +16,10 @@ connection errors) with a random backoff below 2**i s before attempt i+1. So a s
 refused at once) or stalled (accepts and never answers) fails with RemoteUnavailableError within
 ``worst_case_seconds`` = attempts x (connect + read) + backoffs (below min(2**i, 20) + 5 s before retry i), 52 s
 with the defaults (3 attempts, 3 s, 10 s); a service wanting a shorter bound for reads builds its own S3Store
-with fewer attempts. A multipart upload has that bound per part. A server that keeps trickling bytes faster than
-one per ``read_timeout`` is not cut short by these timeouts.
+with fewer attempts. A multipart upload has that bound per part. An object's body must also arrive at
+``MIN_TRANSFER_RATE`` at least: a GET whose body is not complete within ``read_timeout`` + its length at that rate
+is cut off (RemoteUnavailableError), so a server that trickles bytes (each within ``read_timeout``) cannot hold
+a read for ever.
 
 Compatibility: request and response checksums only "when_required", because boto3's default trailing CRC
 (aws-chunked uploads) is refused by some S3-compatible services.
@@ -26,11 +28,13 @@ Compatibility: request and response checksums only "when_required", because boto
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterable
 from pathlib import Path
 
 import boto3
 import botocore.exceptions as bx
+import urllib3.exceptions
 from botocore.config import Config
 
 from .api import (
@@ -41,6 +45,7 @@ from .api import (
 DEFAULT_PART_SIZE = 8 << 20
 MIN_PART_SIZE = 5 << 20  # S3 (AWS, SeaweedFS, MinIO) refuses smaller parts but the last (EntityTooSmall)
 DEFAULT_REGION = "us-east-1"
+MIN_TRANSFER_RATE = 64 << 10  # bytes/s: an object body arriving slower than this is cut off
 
 _AUTH_CODES = {
     "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken", "InvalidToken",
@@ -66,6 +71,7 @@ class S3Store(RemoteStore):
         if max_attempts < 1 or connect_timeout <= 0 or read_timeout <= 0:
             raise ValueError("max_attempts and the timeouts must be positive")
         self.bucket = bucket
+        self.read_timeout = read_timeout
         self.endpoint = endpoint or None
         self.region = region or DEFAULT_REGION
         self.part_size = part_size
@@ -152,11 +158,33 @@ class S3Store(RemoteStore):
         self._call("put", key, self._client.put_object, Bucket=self.bucket, Key=key, Body=data)
 
     def _read_body(self, op: str, key: str, r) -> bytes:
+        """The response's body, complete, within ``read_timeout`` + its length at MIN_TRANSFER_RATE."""
+        expected = r.get("ContentLength")
+        deadline = time.monotonic() + self.read_timeout + (expected or 0) / MIN_TRANSFER_RATE
         try:
-            with r["Body"] as body:
-                return body.read()
+            with r["Body"] as raw:  # (botocore's StreamingBody enters as urllib3's response)
+                if expected is None or not hasattr(raw, "read1"):
+                    return raw.read()
+                chunks, got = [], 0
+                while got < expected:
+                    chunk = raw.read1(min(expected - got, 1 << 20))
+                    if not chunk:
+                        break
+                    chunks.append(chunk)
+                    got += len(chunk)
+                    if got < expected and time.monotonic() > deadline:
+                        raise RemoteUnavailableError(
+                            f"{op} s3://{self.bucket}/{key} at {self._where}: cut off after {got} of {expected} "
+                            f"bytes, slower than {MIN_TRANSFER_RATE >> 10} KiB/s")
+                if got != expected:
+                    raise RemoteUnavailableError(f"{op} s3://{self.bucket}/{key} at {self._where}: the body ended "
+                                                 f"after {got} of {expected} bytes")
+                return chunks[0] if len(chunks) == 1 else b"".join(chunks)
         except (bx.BotoCoreError, bx.ClientError) as e:
             raise self._error(op, key, e) from None
+        except (urllib3.exceptions.HTTPError, OSError) as e:
+            raise RemoteUnavailableError(f"{op} s3://{self.bucket}/{key} at {self._where}: "
+                                         f"unreachable ({type(e).__name__})") from None
 
     def get_bytes(self, key: str) -> bytes:
         return self._read_body("get", key, self._call("get", key, self._client.get_object,

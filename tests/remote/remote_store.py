@@ -46,13 +46,27 @@ def weed_binary() -> str:
     return found
 
 
+# Servers get ports below the kernel's ephemeral range (ip_local_port_range, 32768-60999 by default): a port the
+# kernel hands out for bind(0) is also one it may give any outgoing connection's local end a moment later, and
+# SeaweedFS's volume server once lost its port that way ("bind: address already in use").
+_SERVER_PORTS = range(20000, 32000)
+
+
 def free_ports(n: int) -> list[int]:
-    """n distinct free TCP ports on 127.0.0.1 (held open together so they differ; a tiny race remains)."""
+    """n distinct free TCP ports on 127.0.0.1, outside the ephemeral range (held open together so they differ; a
+    race with another process choosing the same one remains, far smaller than with ephemeral ports)."""
+    import random
+
     socks = []
+    rng = random.SystemRandom()
     try:
-        for _ in range(n):
+        while len(socks) < n:
             s = socket.socket()
-            s.bind(("127.0.0.1", 0))
+            try:
+                s.bind(("127.0.0.1", rng.choice(_SERVER_PORTS)))
+            except OSError:
+                s.close()
+                continue
             socks.append(s)
         return [s.getsockname()[1] for s in socks]
     finally:
@@ -236,6 +250,9 @@ class StallProxy:
         #: When set, a connection that has carried more than this many bytes upstream goes quiet for good (new
         #: connections still pass): a transfer that dies midway while the store stays reachable.
         self.stall_after_bytes: int | None = None
+        #: When set, a connection's answer passes its first 4 KiB (the headers) at once, then one byte every this
+        #: many seconds: a store that trickles, each byte well within any read timeout.
+        self.trickle: float | None = None
         self._listener = socket.socket()
         self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._listener.bind(("127.0.0.1", 0))
@@ -286,6 +303,14 @@ class StallProxy:
                     time.sleep(0.05)  # an open connection goes quiet too (a read that starts then stalls)
                 if self._closed.is_set():
                     break
+                if not upstream and self.trickle is not None and sent > 4096:
+                    head = max(0, 4096 - (sent - len(data)))
+                    dst.sendall(data[:head])
+                    for i in range(head, len(data)):
+                        if self._closed.wait(self.trickle):
+                            break
+                        dst.sendall(data[i : i + 1])
+                    continue
                 dst.sendall(data)
         except OSError:
             pass

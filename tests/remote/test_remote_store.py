@@ -277,6 +277,24 @@ def test_s3_stalled_endpoint_fails_within_the_bound(seaweed, stall_proxy, aws_en
     assert s.get_range(f"{pfx}/seg", 5, 5) == b"56789"
 
 
+def test_s3_a_trickling_store_is_cut_off_by_the_minimum_rate(seaweed, stall_proxy, aws_env, pfx):
+    """A store that sends one byte every 0.2 s, each well within the read timeout (2 s), cannot hold a GET for
+    ever: a 256 KiB body must arrive within read_timeout + 256 KiB at 64 KiB/s."""
+    from logfs.remote.s3 import MIN_TRANSFER_RATE
+
+    s = s3_store(seaweed, aws_env, endpoint=stall_proxy.endpoint)
+    body = os.urandom(256 << 10)
+    s.put_bytes(f"{pfx}/seg", body)
+    stall_proxy.trickle = 0.2
+    bound = FAST["read_timeout"] + len(body) / MIN_TRANSFER_RATE
+    elapsed, err = _timed(lambda: s.get_range(f"{pfx}/seg", 0, len(body)))
+    assert isinstance(err, RemoteUnavailableError) and bound <= elapsed < bound + 3, (elapsed, err)
+    assert f"cut off after " in str(err) and f"of {len(body)} bytes, slower than 64 KiB/s" in str(err)
+    stall_proxy.trickle = None
+    assert s.get_range(f"{pfx}/seg", 0, len(body)) == body  # the next GET, at full speed, completes
+    assert s.get_bytes(f"{pfx}/seg") == body
+
+
 def test_s3_a_multipart_upload_that_fails_midway_is_aborted(seaweed, stall_proxy, aws_env, pfx, tmp_path):
     src = tmp_path / "big.log"
     src.write_bytes(os.urandom(2 * PART + 100))
