@@ -74,6 +74,15 @@ def free_ports(n: int) -> list[int]:
             s.close()
 
 
+def _die_with_parent() -> None:
+    """In the child before exec: SIGKILL when the process that started it dies, so that a test run killed
+    before its fixtures' teardown (a timeout, kill -9) leaves no server behind (Linux prctl PR_SET_PDEATHSIG)."""
+    import ctypes
+
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
 def _port_open(port: int) -> bool:
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=0.5):
@@ -132,7 +141,7 @@ class SeaweedS3:
     def _spawn(self, argv: list[str]) -> subprocess.Popen:
         with open(self.log, "ab") as log:
             return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=self.workdir,
-                                    start_new_session=True)
+                                    start_new_session=True, preexec_fn=_die_with_parent)
 
     def start(self) -> None:
         """Start the cluster (once) and the S3 gateway, and wait until an authenticated S3 call is answered."""
