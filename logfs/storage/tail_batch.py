@@ -52,8 +52,9 @@ def grow(log, prefix: bytes, data, end: int) -> tuple[int, int] | None:
     count, payload, longest = grown
     first = active.next_offset
     c = log.config
-    # (The checks of lines.check_record_size and check_keys, inlined: this runs once per write().)
-    if longest > c.max_message_bytes or longest > c.segment_bytes - lines.SEGMENT_SLACK or c.compact:
+    # (Only a line the size rule or the key rule may refuse goes through the checks and their messages: this
+    # runs once per write().)
+    if longest > lines.max_record_size(c) or c.compact:
         try:
             lines.check_record_size(c, longest)
             lines.check_keys(c, None)
