@@ -50,6 +50,14 @@ def records_sections(path: str, block: int) -> list[bytes]:
 def candidates() -> dict[str, tuple]:
     """name -> (codec, compress(data) -> bytes, decompress(data, size) -> bytes)."""
     found: dict[str, tuple] = {}
+    try:  # what logfs does (logfs.storage.codecs, the chosen libraries with Kafka's framing), at Kafka's defaults
+        from logfs.storage import codecs as ours
+
+        for codec in (ours.ZSTD, ours.LZ4, ours.SNAPPY, ours.GZIP):
+            found[f"logfs.storage.codecs {ours.NAMES[codec]}"] = (
+                ours.NAMES[codec], lambda d, c=codec: ours.compress(c, d), lambda d, n, c=codec: ours.decompress(c, d))
+    except ImportError:
+        pass
     try:
         import zstandard
 
@@ -185,7 +193,7 @@ def timed(fn, items, rounds: int) -> float:
     return best
 
 
-def gil_free(fn, prepare, text: bytes, trials: int = 3) -> float:
+def gil_free(fn, prepare, text: bytes, trials: int = 5) -> float:
     """How far a pure-Python counting thread gets during one call ``fn(*prepare(data))`` on ``text`` repeated until
     the call lasts 40 ms or more, against an idle wait as long (the median of ``trials``; the switch interval is
     0.5 ms meanwhile): near 0 when the call holds the GIL throughout, near 1 when it releases it."""
