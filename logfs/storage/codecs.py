@@ -154,22 +154,33 @@ def _zstd_decompress(data, max_size: int) -> bytes:
             return d.decompress(data, allow_extra_data=False)
         except zstandard.ZstdError:
             pass  # several frames, or a damaged one: the general path says which
-    out, total, rest = [], 0, memoryview(data)
+    return _zstd_frames(d, memoryview(data).cast("B"), max_size)
+
+
+_ZSTD_STEP = 4096  # compressed bytes fed per call on the general path: bounds the output between two checks
+
+
+def _zstd_frames(d, view: memoryview, max_size: int) -> bytes:
+    """Frames in a row, each with or without its content size, the output checked against ``max_size`` as it
+    grows (a frame without a content size says nothing of its size up front)."""
+    parts, total, pos = [], 0, 0
     while True:
-        if bytes(rest[:4]) != _ZSTD_MAGIC:
+        if bytes(view[pos : pos + 4]) != _ZSTD_MAGIC:
             raise CorruptRecordError("corrupt zstd data: no frame where one should start")
         obj = d.decompressobj()
-        part = obj.decompress(rest)
-        total += len(part)
-        if total > max_size:
-            raise CorruptRecordError(f"zstd data holds more than {max_size} bytes")
-        if not obj.eof:
-            raise CorruptRecordError("corrupt zstd data: truncated frame")
-        out.append(part)
-        unused = obj.unused_data
-        if not unused:
-            return out[0] if len(out) == 1 else b"".join(out)
-        rest = memoryview(unused)
+        while not obj.eof:
+            if pos >= len(view):
+                raise CorruptRecordError("corrupt zstd data: truncated frame")
+            chunk = view[pos : pos + _ZSTD_STEP]
+            pos += len(chunk)
+            part = obj.decompress(chunk)
+            total += len(part)
+            if total > max_size:
+                raise CorruptRecordError(f"zstd data holds more than {max_size} bytes")
+            parts.append(part)
+        pos -= len(obj.unused_data)  # what was fed past this frame's end: the next frame's
+        if pos >= len(view):
+            return b"".join(parts)
 
 
 # -- lz4 -------------------------------------------------------------------------------------------------------
@@ -201,9 +212,13 @@ def _lz4_decompress(data, max_size: int) -> bytes:
         size = struct.unpack_from("<Q", head, 6)[0]
         if size > max_size:
             raise CorruptRecordError(f"lz4 frame claims {size} bytes, more than {max_size}")
-    out = lz4f.decompress(data)  # the first frame, as Kafka's reader; sized by the content size when recorded
+        return lz4f.decompress(data)  # the first frame, as Kafka's reader; one allocation of the content size
+    dec = lz4f.LZ4FrameDecompressor()  # no content size: stopped one byte past the limit
+    out = dec.decompress(data, max_length=max_size + 1)
     if len(out) > max_size:
         raise CorruptRecordError(f"lz4 data holds more than {max_size} bytes")
+    if not dec.eof:
+        raise CorruptRecordError("corrupt lz4 data: truncated frame")
     return out
 
 

@@ -206,6 +206,10 @@ def test_reads_zstd_without_content_size_and_several_frames():
     assert codecs.decompress(codecs.ZSTD, two) == data[:1000] + data
     with pytest.raises(CorruptRecordError, match="zstd"):
         codecs.decompress(codecs.ZSTD, two + b"junk")
+    with pytest.raises(CorruptRecordError, match="truncated"):
+        codecs.decompress(codecs.ZSTD, two[:-1])
+    with pytest.raises(CorruptRecordError, match="truncated"):
+        codecs.decompress(codecs.ZSTD, codecs.compress(codecs.ZSTD, data[:1000]) + streamed[:100])
 
 
 def test_reads_lz4_with_checksums_and_refuses_linked_blocks():
@@ -251,6 +255,22 @@ def test_decompression_is_bounded(codec):
     with pytest.raises(CorruptRecordError, match="more than"):
         codecs.decompress(codec, codecs.compress(codec, data), max_size=MiB - 1)
     assert codecs.decompress(codec, codecs.compress(codec, data), max_size=MiB) == data
+
+
+def test_frames_without_their_size_are_bounded_as_they_decompress():
+    """A frame that does not record its content size (zstd and lz4 from streaming producers) is stopped once its
+    output passes the limit, not after."""
+    import lz4.frame
+
+    data = b"\x00" * (8 * MiB)  # ~1000x: a small frame, a large output
+    zstd = zstandard.ZstdCompressor(level=3, write_content_size=False).compress(data)
+    lz4 = lz4.frame.compress(data, block_linked=False, store_size=False)
+    for codec, frame in ((codecs.ZSTD, zstd), (codecs.LZ4, lz4)):
+        assert codecs.decompress(codec, frame) == data
+        with pytest.raises(CorruptRecordError, match="more than"):
+            codecs.decompress(codec, frame, max_size=MiB)
+    with pytest.raises(CorruptRecordError, match="truncated"):
+        codecs.decompress(codecs.LZ4, lz4[:-4])
 
 
 def test_a_zstd_frame_claiming_a_huge_size_is_refused_before_allocating():
