@@ -402,11 +402,15 @@ def test_control_and_empty_batches_stay_uncompressed():
         assert records.compress_batch(batch, codecs.ZSTD) == batch
 
 
-def test_compress_batch_needs_exactly_one_whole_batch():
+def test_compress_batch_needs_exactly_one_whole_sound_batch():
     plain = BATCHES["one record"]
     for bad in (plain[:-1], plain + plain, plain[:40]):
         with pytest.raises(CorruptRecordError):
             records.compress_batch(bad, codecs.ZSTD)
+    damaged = bytearray(plain)
+    damaged[-3] ^= 1  # a flipped bit on disk: compressing must not give it a fresh, valid CRC
+    with pytest.raises(CorruptRecordError, match="CRC"):
+        records.compress_batch(bytes(damaged), codecs.ZSTD)
 
 
 def test_decompress_batch_returns_plain_batches_without_a_copy():
