@@ -305,17 +305,21 @@ def compress_batch(batch, codec: int, level: int | None = None) -> bytes:
     A batch already in ``codec`` is returned as it is (Kafka, too, keeps a batch whose codec is the target, at
     whatever level); one in another codec is decompressed first; ``codec`` 0 gives the plain batch
     (:func:`decompress_batch`). Control batches and batches without records stay uncompressed, as Kafka writes
-    them. Raises CorruptRecordError if ``batch`` is not one whole, valid batch."""
+    them. The input's CRC-32C is checked first, so that a damaged batch is never given a fresh, valid CRC. Raises
+    CorruptRecordError if ``batch`` is not one whole batch or its CRC does not match, ValueError for an unknown
+    ``codec``."""
+    if codec not in codecs.NAMES:
+        raise ValueError(f"no codec with id {codec}")
     view = memoryview(batch).cast("B")
     header = _whole_batch(view)
+    if crc_of(view, 0, header.size) != header.crc:
+        raise CorruptRecordError(f"CRC mismatch in the batch at offset {header.base_offset}")
     if header.compression == codec:
         return bytes(view)
     if header.compression:
         view = memoryview(decompress_batch(view)).cast("B")
     if codec == 0 or header.is_control or header.records_count == 0:
         return bytes(view)
-    if codec not in codecs.NAMES:
-        raise ValueError(f"no codec with id {codec}")
     return _rebuild(view, header, (header.attributes & ~ATTR_COMPRESSION_MASK) | codec,
                     codecs.compress(codec, view[HEADER_SIZE:], level))
 

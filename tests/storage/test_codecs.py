@@ -1,7 +1,8 @@
 """The codecs of Kafka v2 batches (logfs.storage.codecs) and compressed batches (records.compress_batch /
 decompress_batch): round trips per codec and level, the framing Kafka's Java reader requires (checked on the bytes,
-field by field), batches read back by two independent Kafka parsers (kafka-python's pure-Python reader and
-aiokafka's compiled one, each with its own codecs), the framings other producers write, and corrupt input."""
+field by field, and by the Java stream classes Kafka reads them with), batches read back by two independent Kafka
+parsers (kafka-python's pure-Python reader and aiokafka's compiled one, each with its own codecs), the framings
+other producers write, and corrupt input."""
 
 from __future__ import annotations
 
@@ -402,11 +403,15 @@ def test_control_and_empty_batches_stay_uncompressed():
         assert records.compress_batch(batch, codecs.ZSTD) == batch
 
 
-def test_compress_batch_needs_exactly_one_whole_batch():
+def test_compress_batch_needs_exactly_one_whole_sound_batch():
     plain = BATCHES["one record"]
     for bad in (plain[:-1], plain + plain, plain[:40]):
         with pytest.raises(CorruptRecordError):
             records.compress_batch(bad, codecs.ZSTD)
+    damaged = bytearray(plain)
+    damaged[-3] ^= 1  # a flipped bit on disk: compressing must not give it a fresh, valid CRC
+    with pytest.raises(CorruptRecordError, match="CRC"):
+        records.compress_batch(bytes(damaged), codecs.ZSTD)
 
 
 def test_decompress_batch_returns_plain_batches_without_a_copy():
@@ -446,3 +451,78 @@ def test_corrupt_compressed_batch_is_a_corrupt_record_error(codec):
         records.decompress_batch(bytes(unknown))
     with pytest.raises(CorruptRecordError):
         list(records.decode(bytes(damaged)))
+
+
+# -- the Java readers Kafka itself uses -------------------------------------------------------------------------
+
+JAVA_READER = r"""
+import java.io.*;
+import java.nio.file.*;
+import java.util.zip.GZIPInputStream;
+
+public class CodecReader {
+    // args: codec in out [codec in out ...]; each input decompressed with the stream class Kafka's broker and
+    // clients use for that codec (lz4: lz4-java's frame reader, Kafka's own reader being built on lz4-java).
+    public static void main(String[] args) throws Exception {
+        for (int i = 0; i < args.length; i += 3) {
+            InputStream raw = new ByteArrayInputStream(Files.readAllBytes(Paths.get(args[i + 1])));
+            InputStream in;
+            switch (args[i]) {
+                case "gzip": in = new GZIPInputStream(raw); break;
+                case "snappy": in = new org.xerial.snappy.SnappyInputStream(raw); break;
+                case "lz4": in = new net.jpountz.lz4.LZ4FrameInputStream(raw); break;
+                case "zstd": in = new com.github.luben.zstd.ZstdInputStreamNoFinalizer(raw); break;
+                default: throw new IllegalArgumentException(args[i]);
+            }
+            try (OutputStream out = Files.newOutputStream(Paths.get(args[i + 2]))) {
+                in.transferTo(out);
+            }
+        }
+    }
+}
+"""
+
+
+def java_codec_jars() -> list[str] | None:
+    import shutil
+
+    try:
+        import pyspark
+    except ImportError:
+        return None
+    jars = os.path.join(os.path.dirname(pyspark.__file__), "jars")
+    found = []
+    for prefix in ("snappy-java-", "zstd-jni-", "lz4-java-"):
+        match = sorted(f for f in os.listdir(jars) if f.startswith(prefix) and f.endswith(".jar"))
+        if not match:
+            return None
+        found.append(os.path.join(jars, match[-1]))
+    return found if shutil.which("javac") and shutil.which("java") else None
+
+
+def test_java_readers_kafka_uses_read_every_codec(tmp_path):
+    """snappy-java's SnappyInputStream and zstd-jni's ZstdInputStreamNoFinalizer (the classes Kafka reads snappy
+    and zstd with), Java's GZIPInputStream (Kafka's gzip reader) and lz4-java's frame reader, from the jars PySpark
+    ships (the test extra), read what codecs.compress writes, at several levels."""
+    import subprocess
+
+    jars = java_codec_jars()
+    if jars is None:
+        pytest.fail("javac/java or PySpark's snappy-java, zstd-jni and lz4-java jars are missing (the test extra "
+                    "and tools/dev.sh install them)")
+    (tmp_path / "CodecReader.java").write_text(JAVA_READER)
+    cp = os.pathsep.join(jars + [str(tmp_path)])
+    subprocess.run(["javac", "-cp", cp, "-d", str(tmp_path), str(tmp_path / "CodecReader.java")], check=True,
+                   timeout=120)
+    args, expected = [], {}
+    for codec, level in [(codecs.GZIP, -1), (codecs.GZIP, 9), (codecs.SNAPPY, None), (codecs.LZ4, 9),
+                         (codecs.LZ4, 12), (codecs.ZSTD, 3), (codecs.ZSTD, -5), (codecs.ZSTD, 19)]:
+        for name in ("one byte", "1 MiB of log text", "1 MiB random"):
+            stem = f"{codecs.NAMES[codec]}-{level}-{name.replace(' ', '_')}"
+            (tmp_path / (stem + ".in")).write_bytes(codecs.compress(codec, DATA[name], level))
+            args += [codecs.NAMES[codec], str(tmp_path / (stem + ".in")), str(tmp_path / (stem + ".out"))]
+            expected[stem] = DATA[name]
+    r = subprocess.run(["java", "-cp", cp, "CodecReader", *args], capture_output=True, timeout=300)
+    assert r.returncode == 0, r.stderr.decode(errors="replace")
+    for stem, data in expected.items():
+        assert (tmp_path / (stem + ".out")).read_bytes() == data, stem
