@@ -202,6 +202,13 @@ def restamp_batch(batch: bytearray, last_delta: int, max_timestamp: int) -> None
     _CRC.pack_into(batch, 17, _crc32c.crc32c(memoryview(batch)[_CRC_START:]))
 
 
+def stamp_crc(batch: bytes | bytearray) -> bytes:
+    """``batch`` with its CRC-32C computed (over attributes to the end) and written in."""
+    out = batch if isinstance(batch, bytearray) else bytearray(batch)
+    _CRC.pack_into(out, 17, _crc32c.crc32c(memoryview(out)[_CRC_START:]))
+    return bytes(out)
+
+
 def build_batch_generic(
     base_offset: int,
     timestamp_ms: int,

@@ -46,6 +46,7 @@ from ..remote.manifest import (
     SEGMENT_EXTS, ManifestStore, PartitionManifest, RemoteFile, RemoteSegment, decode, encode, partition_prefix,
 )
 from .checkpoints import atomic_write
+from .compression import needs_rewrite
 from .log import Log
 from .names import REMOTE_CACHE_DIR, REMOTE_DELETES_FILE
 from .remote_segment import BlockCache, RemoteLogSegment, index_paths, install_index
@@ -234,6 +235,8 @@ class RemoteLogManager:
                     break  # not flushed yet (or going away): later, in order
                 if seg.size == 0 or seg.next_offset <= seg.base_offset:
                     continue  # no records (a power cut took all of a rolled segment's): nothing to tier
+                if needs_rewrite(seg, plog.config):
+                    break  # the bucket gets it compressed: after its rewrite (logfs.storage.compression)
                 if m.segments and seg.base_offset < end:
                     # Cannot happen (a tiered segment is flushed, so no later load changes its range): refuse
                     # rather than tier an offset twice, and say so.
