@@ -111,6 +111,12 @@ def load_log(
             except CorruptRecordError as exc:
                 log.warning("%s; rebuilding indexes of %s", exc, segment.log_path)
                 needs_recovery = True
+            else:
+                if not segment.active and not segment.sealed_on_disk():
+                    # Rolled, its records flushed, but the roll's index work (trim, the view index's end entry)
+                    # lost in a power cut: sealed again now, so nothing (tiering) ever sees a preallocated index.
+                    segment.on_become_inactive()
+                    segment.flush()
         if needs_recovery:
             # The segment holding the recovery point is re-validated from its last flushed index entry only.
             truncated = segment.recover(recovery_point if base == recover_from and not index_trouble else None)

@@ -18,17 +18,20 @@ fails the read with a :class:`~logfs.remote.api.RemoteStoreError`).
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
+import queue
 import struct
 import shutil
 import threading
 import uuid
 from collections import OrderedDict
+from concurrent.futures import Future, InvalidStateError
 from typing import Callable
 
 from crc32c import crc32c
 
-from ..remote.api import RemoteCorruptError, RemoteStore
+from ..remote.api import RemoteCorruptError, RemoteStore, RemoteUnavailableError
 from ..remote.manifest import RemoteSegment
 from .checkpoints import fsync_dir
 from .errors import CorruptRecordError, FetchNeededError
@@ -38,9 +41,20 @@ from .segment import LogSegment, SegmentFile
 
 #: Unit of fetching and caching a remote .log: a small read costs one ranged GET of at most this many bytes.
 BLOCK_BYTES = 256 * 1024
+#: Memory kept of the most recently used blocks, over all partitions (on top of the disk cache).
+HOT_BYTES = 32 << 20
+#: Read-ahead for a sequential reader of a tiered segment: the window starts at READ_AHEAD_FIRST past what it read
+#: and doubles with each sequential read up to READ_AHEAD_MAX (and a quarter of the cache); a read elsewhere ends
+#: it. GETs of at most READ_AHEAD_GET bytes, READ_AHEAD_THREADS in flight at once over the whole daemon.
+READ_AHEAD_FIRST = 1 << 20
+READ_AHEAD_AFTER = 4  # blocks (1 MiB) a reader must move forward by, read after read, before read-ahead starts
+READ_AHEAD_MAX = 16 << 20
+READ_AHEAD_GET = 4 << 20
+READ_AHEAD_THREADS = 4
 _CRC = struct.Struct(">I")  # the trailer of a cached block file
 
 _thread = threading.local()
+log = logging.getLogger(__name__)
 
 
 def mark_request_thread(on: bool = True) -> None:
@@ -54,18 +68,30 @@ def _may_fetch() -> bool:
 
 class BlockCache:
     """Blocks of remote objects as files (in each partition's ``logfs-remote/blocks/``), least recently used
-    evicted beyond ``limit`` bytes over all partitions.
+    evicted beyond ``limit`` bytes over all partitions; the most recently used also in memory (:data:`HOT_BYTES`),
+    so small reads inside a block cost no file read; and read-ahead (:meth:`prefetch`) in worker threads.
 
     Thread-safe. A block file is the block's bytes and their CRC-32C (4 bytes, big-endian), written to a
     temporary and renamed, not fsynced: a block torn or emptied by a power cut fails its CRC when read, is
-    removed, and is fetched again. It is named by a hash of the object key and the block number. The cache survives restarts: :meth:`scan` takes in a directory's
-    blocks, oldest modification time first."""
+    removed, and is fetched again. It is named by a hash of the object key and the block number. The cache
+    survives restarts: :meth:`scan` takes in a directory's blocks, oldest modification time first.
+
+    A block being fetched (on demand or ahead) is in flight once: a reader that needs it waits for that fetch
+    instead of sending its own request, so concurrent readers of one segment share fetches. Blocks fetched ahead
+    and not read yet are the first evicted."""
 
     def __init__(self, limit: int):
         self.limit = limit
         self.lock = threading.Lock()
-        self._lru: OrderedDict[str, int] = OrderedDict()
+        self._lru: OrderedDict[str, int] = OrderedDict()  # path -> bytes on disk; the oldest first
         self.used = 0
+        self._hot: OrderedDict[str, bytes] = OrderedDict()  # path -> the block, in memory
+        self._hot_used = 0
+        self._ahead: set[str] = set()  # fetched ahead, not read yet
+        self._inflight: dict[str, Future] = {}
+        self._pool: _DaemonPool | None = None
+        self.requests = 0  # ranged GETs sent (demand and ahead), and their bytes: for tests and the bench
+        self.fetched_bytes = 0
 
     def scan(self, directory: str) -> None:
         try:
@@ -90,28 +116,47 @@ class BlockCache:
     def _path(directory: str, key: str, block: int) -> str:
         return os.path.join(directory, f"{hashlib.sha1(key.encode()).hexdigest()[:24]}.{block}")
 
-    def _cached(self, directory: str, key: str, block: int, length: int) -> bytes | None:
-        path = self._path(directory, key, block)
+    def _cached(self, path: str, length: int) -> bytes | None:
         with self.lock:
+            data = self._hot.get(path)
+            if data is not None:
+                self._hot.move_to_end(path)
+                self._read(path)
+                return data
             if path not in self._lru:
                 return None
-            self._lru.move_to_end(path)
+            self._read(path)
         try:
             with open(path, "rb") as f:
                 data = f.read()
         except FileNotFoundError:
             return None  # evicted meanwhile
         if len(data) == length + _CRC.size and _CRC.unpack_from(data, length)[0] == crc32c(data[:length]):
-            return data[:length]
+            data = data[:length]
+            with self.lock:
+                self._keep_hot(path, data)
+            return data
         # Torn by a power cut (blocks are not fsynced: a lost one is fetched again) or damaged: never used.
         self._forget(path)
         return None
 
-    def _store(self, directory: str, key: str, block: int, data: bytes) -> None:
+    def _read(self, path: str) -> None:
+        """(lock held) ``path`` was read: most recently used, no longer 'ahead'."""
+        if path in self._lru:
+            self._lru.move_to_end(path)
+        self._ahead.discard(path)
+
+    def _keep_hot(self, path: str, data: bytes) -> None:
+        """(lock held)"""
+        self._hot_used += len(data) - len(self._hot.pop(path, b""))
+        self._hot[path] = data
+        while self._hot_used > HOT_BYTES and self._hot:
+            self._hot_used -= len(self._hot.popitem(last=False)[1])
+
+    def _store(self, path: str, data: bytes, ahead: bool = False) -> None:
         if len(data) > self.limit:
             return
-        path = self._path(directory, key, block)
-        os.makedirs(directory, exist_ok=True)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
         tmp = f"{path}.tmp-{uuid.uuid4().hex}"
         with open(tmp, "wb") as f:
             f.write(data)
@@ -120,47 +165,127 @@ class BlockCache:
         with self.lock:
             self.used += len(data) + _CRC.size - self._lru.pop(path, 0)
             self._lru[path] = len(data) + _CRC.size
+            if ahead:  # not read yet: first in line for eviction
+                self._lru.move_to_end(path, last=False)
+                self._ahead.add(path)
+            self._keep_hot(path, data)
             self._evict()
 
     def _forget(self, path: str) -> None:
         with self.lock:
             self.used -= self._lru.pop(path, 0)
+            self._hot_used -= len(self._hot.pop(path, b""))
+            self._ahead.discard(path)
         try:
             os.unlink(path)
         except FileNotFoundError:
             pass
 
+    def _fetch_run(self, paths: list[str], futures: list[Future], a: int, b: int,
+                   fetch: Callable[[int, int], list[bytes]], ahead: bool) -> None:
+        """Fetch blocks a..b (one request), store them, and settle their futures (with the error, if it failed)."""
+        try:
+            blocks = fetch(a, b)
+            with self.lock:
+                self.requests += 1
+                self.fetched_bytes += sum(len(d) for d in blocks)
+            for path, future, data in zip(paths, futures, blocks):
+                self._store(path, data, ahead=ahead)
+                _settle(future, data)
+        except BaseException as exc:
+            for future in futures:
+                _settle(future, exc=exc)
+            if not ahead:
+                raise
+            log.debug("read-ahead of blocks %d..%d failed: %s", a, b, exc)
+        finally:
+            with self.lock:
+                for path, future in zip(paths, futures):
+                    if self._inflight.get(path) is future:
+                        del self._inflight[path]
+
     def get_blocks(self, directory: str, key: str, first: int, last: int, length_of: Callable[[int], int],
                    fetch: Callable[[int, int], list[bytes]]) -> list[bytes]:
-        """Blocks ``first..last`` of ``key``: from the cache, the missing ones by ``fetch(a, b)`` (blocks a..b in
-        one request) per run of consecutive missing blocks, then cached. On the request thread a missing block
-        raises FetchNeededError before anything is fetched."""
+        """Blocks ``first..last`` of ``key``: from memory or the disk cache; the missing ones by ``fetch(a, b)``
+        (blocks a..b in one request) per run of consecutive missing blocks not already in flight, then cached; a
+        block in flight (another reader's fetch, or read-ahead) is waited for. On the request thread a missing
+        block raises FetchNeededError before anything is fetched or waited for."""
         found: dict[int, bytes] = {}
         missing: list[int] = []
         for block in range(first, last + 1):
-            data = self._cached(directory, key, block, length_of(block))
+            data = self._cached(self._path(directory, key, block), length_of(block))
             if data is None:
                 missing.append(block)
             else:
                 found[block] = data
-        if missing and not _may_fetch():
+        if not missing:
+            return [found[block] for block in range(first, last + 1)]
+        if not _may_fetch():
             raise FetchNeededError(f"{key} blocks {missing[0]}..{missing[-1]} are not cached")
-        runs: list[list[int]] = []
-        for block in missing:
-            if runs and runs[-1][-1] == block - 1:
-                runs[-1].append(block)
+        waits: dict[int, Future] = {}
+        mine: list[tuple[int, str, Future]] = []
+        with self.lock:
+            for block in missing:
+                path = self._path(directory, key, block)
+                future = self._inflight.get(path)
+                if future is None:
+                    future = self._inflight[path] = Future()
+                    mine.append((block, path, future))
+                waits[block] = future
+        runs: list[list[tuple[int, str, Future]]] = []
+        for item in mine:
+            if runs and runs[-1][-1][0] == item[0] - 1:
+                runs[-1].append(item)
             else:
-                runs.append([block])
-        for run in runs:
-            for block, data in zip(run, fetch(run[0], run[-1])):
-                found[block] = data
-                self._store(directory, key, block, data)
+                runs.append([item])
+        try:
+            for run in runs:
+                self._fetch_run([p for _, p, _ in run], [f for _, _, f in run], run[0][0], run[-1][0], fetch, False)
+        finally:
+            for block, path, future in mine:  # a run not reached (an earlier one failed): nobody waits in vain
+                if not future.done():
+                    _settle(future, exc=FetchNeededError(f"{key} block {block}: its fetch was not made"))
+                    with self.lock:
+                        if self._inflight.get(path) is future:
+                            del self._inflight[path]
+        for block, future in waits.items():
+            found[block] = future.result()  # read-ahead's GETs have the store's own time bounds
+            with self.lock:
+                self._read(self._path(directory, key, block))
         return [found[block] for block in range(first, last + 1)]
 
+    def prefetch(self, directory: str, key: str, first: int, last: int, fetch: Callable[[int, int], list[bytes]]
+                 ) -> int:
+        """Fetch blocks ``first..last`` of ``key`` ahead of a sequential reader, in worker threads (at most
+        :data:`READ_AHEAD_THREADS` GETs of up to :data:`READ_AHEAD_GET` bytes in flight), skipping blocks cached or
+        already in flight. Never blocks; never on the caller's thread. Returns the number of GETs started."""
+        per_get = max(1, READ_AHEAD_GET // BLOCK_BYTES)
+        runs: list[list[tuple[int, str, Future]]] = []
+        with self.lock:
+            for block in range(first, last + 1):
+                path = self._path(directory, key, block)
+                if path in self._hot or path in self._lru or path in self._inflight:
+                    continue
+                future = self._inflight[path] = Future()
+                if runs and runs[-1][-1][0] == block - 1 and len(runs[-1]) < per_get:
+                    runs[-1].append((block, path, future))
+                else:
+                    runs.append([(block, path, future)])
+            if runs and self._pool is None:
+                self._pool = _DaemonPool(READ_AHEAD_THREADS, "logfs-read-ahead")
+            pool = self._pool
+        for run in runs:
+            pool.submit(self._fetch_run, [p for _, p, _ in run], [f for _, _, f in run], run[0][0], run[-1][0],
+                        fetch, True)
+        return len(runs)
+
     def _evict(self) -> None:
+        """(lock held) Oldest first; blocks fetched ahead and not read are kept at the old end."""
         while self.used > self.limit and self._lru:
             path, size = self._lru.popitem(last=False)
             self.used -= size
+            self._hot_used -= len(self._hot.pop(path, b""))
+            self._ahead.discard(path)
             try:
                 os.unlink(path)
             except FileNotFoundError:
@@ -172,10 +297,68 @@ class BlockCache:
         with self.lock:
             for path in [p for p in self._lru if p.startswith(stem)]:
                 self.used -= self._lru.pop(path)
+                self._hot_used -= len(self._hot.pop(path, b""))
+                self._ahead.discard(path)
                 try:
                     os.unlink(path)
                 except FileNotFoundError:
                     pass
+
+    def close(self) -> None:
+        """Stop read-ahead (fetches under way finish in their threads; nothing waits for them)."""
+        with self.lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown()
+        with self.lock:
+            inflight, self._inflight = self._inflight, {}
+        for future in inflight.values():  # a fetch cancelled before it ran: its waiters must not wait for ever
+            _settle(future, exc=RemoteUnavailableError("the daemon is stopping"))
+
+
+class _DaemonPool:
+    """Worker threads for read-ahead that never hold up the daemon's exit (a GET to a stalled store can take its
+    whole time bound; concurrent.futures' threads are joined at interpreter exit). Queued work is dropped at
+    shutdown."""
+
+    def __init__(self, threads: int, name: str):
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        for i in range(threads):
+            threading.Thread(target=self._work, name=f"{name}-{i}", daemon=True).start()
+
+    def submit(self, fn, *args) -> None:
+        self._queue.put((fn, args))
+
+    def _work(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            fn, args = item
+            try:
+                fn(*args)
+            except BaseException:  # noqa: BLE001 - _fetch_run settles its futures; nothing else to tell
+                pass
+
+    def shutdown(self) -> None:
+        while True:  # drop what is queued; the threads end after what they are doing
+            try:
+                self._queue.get_nowait()
+            except queue.Empty:
+                break
+        for _ in range(READ_AHEAD_THREADS):
+            self._queue.put(None)
+
+
+def _settle(future: Future, data: bytes | None = None, exc: BaseException | None = None) -> None:
+    """Set a block fetch's outcome once (a fetch and a stop may both try)."""
+    try:
+        if exc is not None:
+            future.set_exception(exc)
+        else:
+            future.set_result(data)
+    except InvalidStateError:
+        pass
 
 
 def index_paths(index_dir: str, base_offset: int) -> dict[str, str]:
@@ -229,6 +412,12 @@ class RemoteLogSegment(SegmentFile):
         self.blocks_dir = os.path.join(index_dir, "blocks")
         self.refs = 0
         self.deleted = self.purged = self.broken = False
+        # Read-ahead state (shared by every reader of this segment; a race only resets the window).
+        self._prev_first: int | None = None
+        self._next_block = 0
+        self._window = 0
+        self._ahead_to = -1  # the last block read-ahead was asked for
+        self._run = 0  # blocks a forward run of reads has moved on by
         self._paths = index_paths(index_dir, meta.base_offset)
         for ext, path in self._paths.items():
             if os.path.getsize(path) != meta.objects[ext].size:
@@ -305,10 +494,36 @@ class RemoteLogSegment(SegmentFile):
             return b""
         first, last = position // BLOCK_BYTES, (end - 1) // BLOCK_BYTES
         blocks = self.cache.get_blocks(self.blocks_dir, self.key, first, last, self._block_length, self._fetch)
+        self._read_ahead(first, last)
         skip = position - first * BLOCK_BYTES
         if len(blocks) == 1:
             return blocks[0][skip:skip + end - position]
         return b"".join(blocks)[skip:skip + end - position]
+
+    def _read_ahead(self, first: int, last: int) -> None:
+        """A read of blocks first..last was served: if it continues the previous one (from the block that one
+        ended in), widen the read-ahead window and fetch that far ahead in the background; anything else (a
+        jump) ends the window, so a random read fetches only what it needs."""
+        prev_first, prev_last = self._prev_first, self._next_block - 1
+        if prev_first is not None and prev_first <= first <= prev_last + 1 and last > prev_last:
+            self._run += last - prev_last  # moving forward from where the last read was
+            if self._run >= READ_AHEAD_AFTER:  # (a random read and its neighbour, e.g. a position lookup, are not)
+                window = max(READ_AHEAD_FIRST, self._window * 2)
+                self._window = min(window, READ_AHEAD_MAX, max(BLOCK_BYTES, self.cache.limit // 4))
+        elif prev_first is None or not prev_first <= first <= last <= prev_last:
+            self._window, self._ahead_to, self._run = 0, -1, 0  # a jump (reading inside the last range is not)
+        self._prev_first, self._next_block = first, last + 1
+        if not self._window:
+            return
+        blocks = -(-self._window // BLOCK_BYTES)
+        end_block = (self.size - 1) // BLOCK_BYTES
+        if self._ahead_to - last >= blocks // 2 or self._ahead_to >= end_block:
+            return  # enough is on its way: read-ahead goes in large GETs, not one block per read
+        start = max(last + 1, self._ahead_to + 1)
+        stop = min(max(last + blocks, start + READ_AHEAD_GET // BLOCK_BYTES - 1), end_block)
+        if stop >= start:
+            self.cache.prefetch(self.blocks_dir, self.key, start, stop, self._fetch)
+            self._ahead_to = stop
 
     def read_into(self, scratch: bytearray, position: int, length: int) -> memoryview:
         return memoryview(self.read(position, length))

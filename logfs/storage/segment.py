@@ -276,6 +276,15 @@ class LogSegment(SegmentRecovery, SegmentFile):
             index.trim_to_valid_size()
         self.active = False
 
+    def sealed_on_disk(self) -> bool:
+        """Whether the files are in the shape a roll leaves them: every index trimmed to its entries, and the
+        view index ending with its end entry (a segment with records)."""
+        for index in (self.offset_index, self.time_index, self.view_index):
+            if os.path.getsize(index.path) != index.entries * index.entry_size:
+                return False
+        last = self.view_index.last() if self.size > 0 else None
+        return self.size == 0 or (last is not None and last.position == self.size)
+
     def become_active(self, max_index_size: int) -> None:
         # The end entry written when the segment became inactive is only for sealed segments: the next
         # indexed append lands at that very position.

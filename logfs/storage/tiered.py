@@ -118,6 +118,12 @@ class RemoteLogManager:
         for plog in self.tiered_logs():
             path = os.path.join(self._index_dir(plog), LOCAL_MANIFEST)
             tier = self._tier(plog)
+            try:  # temporaries of installs a crash interrupted
+                for name in os.listdir(self._index_dir(plog)):
+                    if ".tmp-" in name:
+                        os.unlink(os.path.join(self._index_dir(plog), name))
+            except FileNotFoundError:
+                pass
             try:
                 with open(path, "rb") as f:
                     m = decode(f.read(), path)
@@ -252,11 +258,26 @@ class RemoteLogManager:
     def _upload_one(self, tier: PartitionTier, seg) -> None:
         plog = tier.log
         keys = self.manifests.segment_keys(plog.topic, plog.partition, seg.base_offset)
-        sources = {"index": seg.offset_index.path, "timeindex": seg.time_index.path,
-                   "viewindex": seg.view_index.path, "log": f"/proc/self/fd/{seg.fd}"}
+        indexes = {"index": seg.offset_index, "timeindex": seg.time_index, "viewindex": seg.view_index}
+        # An index object is exactly its entries, whatever the file's size (never a preallocated tail), and the
+        # view index must end with its end entry: a reader of the bucket relies on both.
+        end = seg.view_index.last()
+        if end is None or end.position != seg.size:
+            raise OSError(f"{seg.log_path}: its view index has no end entry; not uploaded")
+        contents = {}
+        for ext, index in indexes.items():
+            with open(index.path, "rb") as f:
+                contents[ext] = f.read(index.entries * index.entry_size)
+            if len(contents[ext]) != index.entries * index.entry_size:
+                raise OSError(f"{index.path}: shorter than its {index.entries} entries; not uploaded")
         objects = {}
         for ext in SEGMENT_EXTS:
-            objects[ext] = RemoteFile(keys[ext], self.store.put_file(keys[ext], sources[ext]))
+            if ext == "log":
+                size = self.store.put_file(keys[ext], f"/proc/self/fd/{seg.fd}")
+            else:
+                self.store.put_bytes(keys[ext], contents[ext])
+                size = len(contents[ext])
+            objects[ext] = RemoteFile(keys[ext], size)
             if self.stopping.is_set():
                 # The daemon stopped without waiting for this thread (a store call can take its whole time
                 # bound): commit nothing. The objects are orphans, deleted at the next start.
@@ -266,7 +287,7 @@ class RemoteLogManager:
         meta = RemoteSegment(seg.base_offset, seg.next_offset, seg.size, seg.max_timestamp, objects)
         paths = index_paths(self._index_dir(plog), seg.base_offset)
         for ext, path in paths.items():
-            install_index(path, source=sources[ext])
+            install_index(path, data=contents[ext])
         new = tier.manifest.with_segment(meta)
         self.manifests.write(new)  # the commit point: from here the segment is tiered
         log.debug("%s-%d: segment %d..%d tiered", plog.topic, plog.partition, seg.base_offset, seg.next_offset)
@@ -380,6 +401,7 @@ class RemoteLogManager:
         return done
 
     def close(self) -> None:
+        self.blocks.close()
         for tier in list(self.tiers.values()):
             for seg in tier.segments.values():
                 seg.close()

@@ -60,6 +60,7 @@ async def test_uncached_tiered_reads_run_in_a_worker_thread(tmp_path, clock):
         for path in (Path(plog.directory) / "logfs-remote" / "blocks").iterdir():
             path.unlink()
         rlm.blocks._lru.clear()
+        rlm.blocks._hot.clear()  # (and the blocks kept in memory)
         store.delay = 1.0
         fh = await fs.open("t/0")
         answered = []

@@ -275,3 +275,45 @@ def test_tiered_state_is_written_durably_before_it_is_relied_on(tmp_path, monkey
                       ("fsync", "file"), ("rename", LOCAL_MANIFEST), ("fsync", "dir")]
     assert (tmp_path / "copy" / "a.index").read_bytes() == src.read_bytes()
     assert sorted(os.listdir(tmp_path / "copy")) == sorted(["a.index", LOCAL_MANIFEST])
+
+
+def test_a_roll_whose_index_work_was_lost_is_sealed_again_before_it_is_tiered(tiered, tmp_path, clock):
+    """The cut lands after a roll whose records were flushed but whose index work (trim to the entries, the view
+    index's end entry) was not: the loader seals the segment again, and tiering uploads indexes that are exactly
+    their entries, the view index ending with its end entry (found by the LazyFS run: a 47 MB preallocated view
+    index uploaded, its end entry missing, and every later pass refused it)."""
+    manager, rlm, plog, appended, archive = tiered
+    plog.roll()
+    sealed = plog.segments.as_list()[-2]
+    more = lines(2100, 50)
+    plog.append_lines(b"", more, len(more))
+    plog.flush()
+    manager.checkpoint()  # the recovery point is past the sealed segment: the loader does not recover it
+    image = crash_image(manager, tmp_path / "image")
+    stem = str(image / "t-0" / os.path.basename(sealed.log_path))[: -len(".log")]
+    for suffix, entry, keep_last in ((".index", 8, True), (".timeindex", 12, True), (".viewindex", 36, False)):
+        with open(stem + suffix, "r+b") as f:
+            valid = f.read()
+            if not keep_last:
+                valid = valid[:-entry]  # the end entry never reached the disk
+            f.seek(0)
+            f.write(valid)
+            f.truncate(len(valid))
+            f.truncate(10 << 20)  # the preallocated size the roll's trim would have cut
+    m2, rlm2, plog2 = _reload(image, archive, clock)
+    try:
+        assert view_text(plog2) == appended + more
+        seg = next(s for s in plog2.segments.as_list() if s.base_offset == sealed.base_offset)
+        assert seg.sealed_on_disk()
+        assert os.path.getsize(stem + ".viewindex") == seg.view_index.entries * 36
+        m2.set_topic_config("t", "local.retention.bytes", "0")
+        rlm2.sync(plog2, clock.time_ms())
+        m = ManifestStore(DirectoryStore(archive)).read("t", 0)
+        meta = next(s for s in m.segments if s.base_offset == sealed.base_offset)
+        vi = (archive / meta.objects["viewindex"].key).read_bytes()
+        assert len(vi) == meta.objects["viewindex"].size and len(vi) % 36 == 0 and len(vi) < 10 << 20
+        rel, position = int.from_bytes(vi[-36:-32], "big"), int.from_bytes(vi[-32:-28], "big")
+        assert (sealed.base_offset + rel, position) == (meta.next_offset, meta.size)
+        assert view_text(plog2) == appended + more
+    finally:
+        m2.close()
