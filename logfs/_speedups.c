@@ -14,6 +14,7 @@
  * batch_stats(batch): line statistics of one batch (recovery, cleaning).
  * index_ok(kind, buf, n, log_size): the sanity checks of an index's entries (loading a store).
  * decode_columns(batches, start, end): Arrow column buffers of plain batches (the Spark data source).
+ * merge_batches(batches, last_offset): plain batches merged into one (the rewrite of a sealed segment in its codec).
  *
  * Each is documented where it is defined. All are optional accelerators: logfs.storage.records and
  * logfs.view.text have pure-Python paths producing identical bytes (tests compare them). Compressed and control
@@ -676,7 +677,8 @@ static PyObject *index_ok(PyObject *self, PyObject *args) {
         for (Py_ssize_t i = 0; i < n && ok; i++, b += 36) {
             uint64_t e[7] = {be32(b), be32(b + 4), be32(b + 8), be32(b + 12), be32(b + 16), be64(b + 20),
                              be64(b + 28)};
-            ok = e[2] <= e[0] && e[3] <= e[2] && e[4] <= e[2] && e[5] + e[6] >= e[5] && e[5] + e[6] <= e[1];
+            /* (no bound of key + value bytes by the position: a compressed segment holds more than its size) */
+            ok = e[2] <= e[0] && e[3] <= e[2] && e[4] <= e[2] && e[5] + e[6] >= e[5];
             if (i > 0)
                 ok = ok && e[0] > prev[0] && e[1] > prev[1] && e[2] >= prev[2] && e[3] >= prev[3] &&
                      e[4] >= prev[4] && e[5] >= prev[5] && e[6] >= prev[6];
@@ -833,7 +835,130 @@ done:
     return result;
 }
 
+/* merge_batches(batches, last_offset) -> bytes: plain uncompressed v2 batches (one timestamp type, no producer
+ * id, not transactional, not control; in offset order) merged into one, for the rewrite of a sealed segment in its
+ * topic's codec. The merged batch has the first one's base offset, first timestamp, attributes and leader epoch,
+ * the largest max timestamp, the record counts summed and last offset delta = last_offset - base. Each record's
+ * timestamp and offset deltas are re-based on it; its other bytes (attributes, key, value, headers) are copied.
+ * The CRC is left 0: the caller stamps it. ValueError for a malformed batch. */
+typedef struct {
+    int64_t base_offset, first_ts;
+} merge_base;
+
+static Py_ssize_t merge_walk(const unsigned char *b, Py_ssize_t size, const merge_base *m, unsigned char *out) {
+    /* With out == NULL, measures; else writes. Returns the bytes of records, or -1 if malformed. */
+    int64_t boff = (int64_t)be64(b), bts = (int64_t)be64(b + 27);
+    int32_t count = (int32_t)be32(b + 57);
+    const unsigned char *p = b + HEADER_SIZE, *end = b + size;
+    Py_ssize_t total = 0;
+    for (int32_t i = 0; i < count; i++) {
+        int64_t len, tsd, od;
+        if (get_varint(&p, end, &len) < 0 || len < 1 || len > end - p)
+            return -1;
+        const unsigned char *rec_end = p + len, *attr = p;
+        p += 1;
+        if (get_varint(&p, rec_end, &tsd) < 0 || get_varint(&p, rec_end, &od) < 0)
+            return -1;
+        int64_t ntsd = bts + tsd - m->first_ts, nod = boff + od - m->base_offset;
+        Py_ssize_t rest = rec_end - p;
+        int64_t nlen = 1 + varint_size(ntsd) + varint_size(nod) + rest;
+        if (out != NULL) {
+            unsigned char *q = put_varint(out + total, nlen);
+            *q++ = *attr;
+            q = put_varint(q, ntsd);
+            q = put_varint(q, nod);
+            memcpy(q, p, rest);
+        }
+        total += varint_size(nlen) + nlen;
+        p = rec_end;
+    }
+    return p == end ? total : -1;
+}
+
+static inline void put_be32(unsigned char *p, uint32_t v) {
+    p[0] = v >> 24; p[1] = v >> 16; p[2] = v >> 8; p[3] = v;
+}
+
+static inline void put_be64(unsigned char *p, uint64_t v) {
+    put_be32(p, (uint32_t)(v >> 32));
+    put_be32(p + 4, (uint32_t)v);
+}
+
+static PyObject *merge_batches(PyObject *self, PyObject *args) {
+    PyObject *batches, *seq = NULL, *out = NULL;
+    long long last_offset;
+    if (!PyArg_ParseTuple(args, "OL", &batches, &last_offset))
+        return NULL;
+    seq = PySequence_Fast(batches, "batches must be a sequence");
+    if (seq == NULL)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq), done = 0, total = HEADER_SIZE;
+    Py_buffer *views = PyMem_Calloc(n ? n : 1, sizeof(Py_buffer));
+    if (views == NULL) {
+        Py_DECREF(seq);
+        return PyErr_NoMemory();
+    }
+    merge_base m = {0, 0};
+    int64_t max_ts = -1, count = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(seq, i), &views[i], PyBUF_SIMPLE) < 0)
+            goto fail;
+        done = i + 1;
+        const unsigned char *b = views[i].buf;
+        Py_ssize_t len = views[i].len;
+        /* no codec, not transactional, not control, no delete horizon; the first's timestamp type */
+        if (len < HEADER_SIZE || b[16] != 2 || (Py_ssize_t)be32(b + 8) + 12 != len || b[21] || (b[22] & 0x77)
+            || (int64_t)be64(b + 43) >= 0 || (i && (b[22] & 0x08) != (((unsigned char *)views[0].buf)[22] & 0x08)))
+            goto bad;
+        if (i == 0) {
+            m.base_offset = (int64_t)be64(b);
+            m.first_ts = (int64_t)be64(b + 27);
+        }
+        int64_t ts = (int64_t)be64(b + 35);
+        if (ts > max_ts)
+            max_ts = ts;
+        count += (int32_t)be32(b + 57);
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_ssize_t size = merge_walk(views[i].buf, views[i].len, &m, NULL);
+        if (size < 0)
+            goto bad;
+        total += size;
+    }
+    if (n == 0 || total - 12 > INT32_MAX || count > INT32_MAX || last_offset - m.base_offset > INT32_MAX
+        || last_offset < m.base_offset)
+        goto bad;
+    out = PyBytes_FromStringAndSize(NULL, total);
+    if (out == NULL)
+        goto fail;
+    unsigned char *o = (unsigned char *)PyBytes_AS_STRING(out);
+    const unsigned char *first = views[0].buf;
+    memcpy(o, first, HEADER_SIZE);
+    put_be32(o + 8, (uint32_t)(total - 12));
+    put_be32(o + 17, 0); /* CRC: stamped by the caller */
+    o[21] = 0;
+    o[22] = first[22] & 0x08; /* the timestamp type */
+    put_be32(o + 23, (uint32_t)(last_offset - m.base_offset));
+    put_be64(o + 35, (uint64_t)max_ts);
+    put_be32(o + 57, (uint32_t)count);
+    Py_ssize_t at = HEADER_SIZE;
+    for (Py_ssize_t i = 0; i < n; i++)
+        at += merge_walk(views[i].buf, views[i].len, &m, o + at);
+    goto release;
+bad:
+    PyErr_SetString(PyExc_ValueError, "not plain uncompressed v2 batches in offset order");
+fail:
+    Py_CLEAR(out);
+release:
+    for (Py_ssize_t i = 0; i < done; i++)
+        PyBuffer_Release(&views[i]);
+    PyMem_Free(views);
+    Py_DECREF(seq);
+    return out;
+}
+
 static PyMethodDef methods[] = {
+    {"merge_batches", merge_batches, METH_VARARGS, "Plain batches merged into one (the compressed rewrite)."},
     {"decode_columns", decode_columns, METH_VARARGS, "Arrow column buffers of plain batches (Spark source)."},
     {"index_ok", index_ok, METH_VARARGS, "Sanity checks of an index's entries, in one pass."},
     {"batch_stats", batch_stats, METH_VARARGS, "Line statistics of one uncompressed batch."},

@@ -20,7 +20,9 @@ Manifest (JSON, UTF-8)
      "topic": "orders", "partition": 0,
      "generation": 7,                  # +1 at every write: tells a stale copy from a fresh one in logs
      "log_start_offset": 0,            # whole-log start: retention advances it before deleting objects
-     "segments": [                     # ascending, contiguous: each base_offset is the previous next_offset
+     "segments": [                     # ascending, never overlapping: each base_offset is at or after the
+                                       # previous next_offset (offsets may skip: records lost unflushed in a
+                                       # power cut, or removed by compaction)
        {"base_offset": 0,              # first offset in the segment
         "next_offset": 1000,           # the offset after its last record (Kafka's end offset + 1)
         "size": 1048576,               # bytes of the .log
@@ -120,9 +122,11 @@ class PartitionManifest:
         return sum(s.size for s in self.segments)
 
     def with_segment(self, seg: RemoteSegment) -> PartitionManifest:
-        """The next manifest, with ``seg`` appended: it must start where the tiered log ends (no gap, no overlap)."""
-        if self.segments and seg.base_offset != self.remote_log_end_offset:
-            raise ValueError(f"segment {seg.base_offset} does not follow the remote log end "
+        """The next manifest, with ``seg`` appended: it must start at or after the end of the tiered log (no
+        overlap). It may start after it: offsets can skip (records lost in a power cut before they were
+        flushed, or removed by compaction), and a gap in offsets is not a gap in data."""
+        if self.segments and seg.base_offset < self.remote_log_end_offset:
+            raise ValueError(f"segment {seg.base_offset} overlaps the remote log, which ends at "
                              f"{self.remote_log_end_offset}")
         if seg.next_offset <= seg.base_offset:
             raise ValueError(f"segment {seg.base_offset} is empty")

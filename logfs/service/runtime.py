@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import logging
 import os
+import weakref
 
 import trio
 
 from ..storage.log import Log
 from ..storage.manager import LogManager
 from ..storage.cleaner import OffsetMap, clean, grab_filthiest
-from ..storage.cleaner_process import clean_in_subprocess
+from ..storage import compression
+from ..storage.cleaner_process import clean_in_subprocess, compress_in_subprocess, compress_in_thread
+from ..storage.tiered import tier_stats
 from ..storage.errors import LogfsError
 from ..storage.retention import delete_old_segments
 
@@ -25,6 +28,8 @@ log = logging.getLogger(__name__)
 
 MAX_TICK_MS = 1000
 MIN_TICK_MS = 10
+COMPRESSION_TICK_S = 0.2  # how often sealed segments are looked at for compression when none was due
+COMPRESSION_SEGMENTS_PER_PASS = 4  # per child process: bounds the time one partition holds the compressor
 
 
 class LogService:
@@ -43,6 +48,7 @@ class LogService:
         # Where compaction's CPU work runs: a child process (default; it never competes with request handling
         # for the GIL, see docs/benchmarks.md) or a worker thread of the daemon.
         self.cleaner_mode = os.environ.get("LOGFS_CLEANER_MODE", "process")
+        self._compress_failed: weakref.WeakSet = weakref.WeakSet()  # segments not compressed, and not retried
         self._wakeup = trio.Event()
         self._failing: dict[str, str] = {}  # background step -> the error it last failed with
 
@@ -72,6 +78,7 @@ class LogService:
         async with trio.open_nursery() as nursery:
             if self.manager.broker.get("log.cleaner.enable") and self.manager.broker.get("log.cleaner.threads"):
                 nursery.start_soon(self.cleaner_loop)
+            nursery.start_soon(self.compression_loop)
             if self.manager.remote is not None:
                 from .tiering import TieringTask
 
@@ -87,6 +94,43 @@ class LogService:
             cleaned = await self._guarded("cleaning", self.clean_once, self.clock.time_ms())
             if not cleaned:
                 await trio.sleep(backoff)
+
+    async def compression_loop(self) -> None:
+        """Rewrite sealed segments in their topic's codec (:mod:`logfs.storage.compression`), one partition's
+        backlog at a time, in the cleaner's child process; wait a tick when none is due."""
+        while True:
+            done = await self._guarded("compressing sealed segments", self.compress_once, self.clock.time_ms())
+            if not done:
+                await trio.sleep(COMPRESSION_TICK_S)
+
+    def compress_once(self, now_ms: int) -> bool:
+        """Compress the due segments of one partition (worker thread). False when no partition has any."""
+        remote = self.manager.remote
+        for plog in list(self.manager.logs.values()):
+            if plog.closed or not compression.codec_of(plog.config)[0]:
+                continue
+            tiered_end = tier_stats(plog)["remote_log_end_offset"] if remote is not None else 0
+            with plog.snapshot(sealed_only=True) as snap:
+                due = [s for s in snap.segments if s.next_offset > tiered_end and s not in self._compress_failed
+                       and compression.needs_rewrite(s, plog.config)][:COMPRESSION_SEGMENTS_PER_PASS]
+                if not due or not plog.rewrite_lock.acquire(blocking=False):
+                    continue
+                try:
+                    if self.cleaner_mode == "process":
+                        result = compress_in_subprocess(plog, due, now_ms)
+                    else:
+                        result = compress_in_thread(plog, due, now_ms)
+                except LogfsError as exc:
+                    log.error("compressing %s-%d failed, its segments stay uncompressed: %s", plog.topic,
+                              plog.partition, exc)
+                    self._compress_failed.update(due)
+                    return False
+                finally:
+                    plog.rewrite_lock.release()
+            log.info("compressed %d segment(s) of %s-%d: %d -> %d bytes", result.segments_replaced, plog.topic,
+                     plog.partition, result.bytes_before, result.bytes_after)
+            return True
+        return False
 
     async def _guarded(self, what: str, fn, *args):
         """Background work in a worker thread. A failure of the disk (ENOSPC, EIO, EMFILE...) is logged, once
@@ -115,6 +159,14 @@ class LogService:
         if target is None:
             return False
         plog = target.log
+        if not plog.rewrite_lock.acquire(blocking=False):
+            return False  # its sealed segments are being compressed: later
+        try:
+            return self._clean(plog, target, now_ms)
+        finally:
+            plog.rewrite_lock.release()
+
+    def _clean(self, plog, target, now_ms: int) -> bool:
         buffer = self.manager.broker.get("log.cleaner.dedupe.buffer.size")
         threads = max(1, self.manager.broker.get("log.cleaner.threads"))
         offset_map = OffsetMap.for_buffer(buffer // threads, self.manager.broker.get("log.cleaner.io.buffer.load.factor"))

@@ -72,8 +72,10 @@ def setup(manager: LogManager) -> RemoteLogManager | None:
     if not broker.get("remote.log.storage.system.enable"):
         return None
     store, read_store, where = make_stores(broker)
+    reachable = False
     try:
         _check(read_store, CHECK_TIMEOUT_S)
+        reachable = True
     except RemoteUnavailableError as exc:
         log.warning("tiered storage: %s cannot be reached (%s); mounting anyway, uploads retry", where, exc)
     except RemoteAuthError as exc:
@@ -83,7 +85,7 @@ def setup(manager: LogManager) -> RemoteLogManager | None:
     rlm = RemoteLogManager(manager.data_dir, manager.logs, store, read_store=read_store,
                            prefix=broker.get("logfs.remote.s3.prefix"),
                            cache_bytes=broker.get("logfs.remote.cache.bytes"), stopping=manager.stopping)
-    rlm.attach_cached()
+    rlm.attach_cached(store_reachable=reachable)
     log.info("tiered storage to %s", where)
     return rlm
 

@@ -247,7 +247,15 @@ class TieredPartitionReader:
                     yield header, data
                 return
             except DataLossError:
-                if self.remote.manifest().remote_log_end_offset <= next_offset:
-                    if fail_on_data_loss:
-                        raise
-                    return  # removed by whole-log retention, not by tiering: as a local read, skip the rest
+                m = self.remote.manifest()
+                if m.remote_log_end_offset > next_offset:
+                    continue  # tiered, then deleted locally under the read: read from the bucket
+                bases = self.local.segment_bases()
+                if m.log_start_offset <= next_offset and bases and bases[0] > next_offset:
+                    # Neither tiering nor retention removed these offsets: they were never written (a batch lost
+                    # unflushed in a power cut before a roll). A gap in offsets at the seam, as Kafka's can have.
+                    next_offset = bases[0]
+                    continue
+                if fail_on_data_loss:
+                    raise
+                return  # removed by whole-log retention, not by tiering: as a local read, skip the rest

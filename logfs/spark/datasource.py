@@ -70,9 +70,10 @@ class LogfsPartition(InputPartition):
 def read_range(options: SourceOptions, r: OffsetRange, schema: StructType) -> Iterator[pa.RecordBatch]:
     """Arrow record batches of the records in ``r`` (what an executor runs for one input partition).
 
-    Uncompressed batches (what logfs writes) go to Arrow without a Python object per record: runs of them, up to
-    ``COLUMNS_GROUP_BYTES``, are decoded by one C call (``_speedups.decode_columns``) into Arrow buffers.
-    Compressed batches, headers, or a build without the accelerator take the per-record path."""
+    Batches go to Arrow without a Python object per record: runs of them, up to ``COLUMNS_GROUP_BYTES``, are
+    decoded by one C call (``_speedups.decode_columns``) into Arrow buffers; a compressed batch is decompressed
+    once first (:func:`~logfs.storage.records.decompress_batch`). Headers, or a build without the accelerator,
+    take the per-record path."""
     store = options.store() if options.from_bucket else None
     try:
         yield from _read_batches(options, r, schema, options.reader(TopicPartition(r.topic, r.partition),
@@ -138,9 +139,11 @@ def _read_batches(options: SourceOptions, r: OffsetRange, schema: StructType, re
     for header, data in reader.batches(r.start, r.end, fail_on_data_loss=options.fail_on_data_loss):
         if header.is_control:
             continue
-        if fast and not header.compression:
+        if fast:
             if offsets:
                 yield flush()
+            if header.compression:
+                data = rec.decompress_batch(data)  # once per batch; then the same C decoder as plain batches
             group.append(data)
             group_bytes += len(data)
             if group_bytes >= COLUMNS_GROUP_BYTES:

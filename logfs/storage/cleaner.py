@@ -26,6 +26,7 @@ import os
 from dataclasses import dataclass
 
 from . import records as rec
+from .compression import codec_of
 from .lifecycle import discard, open_segment
 from .log import Log
 from .segment import CLEANED_SUFFIX, LogSegment, batch_stats
@@ -225,6 +226,7 @@ def _clean_group(directory: str, config, group: list[LogSegment], offset_map: Of
         os.ftruncate(cleaned.fd, 0)
         cleaned.size = 0
     dropped = 0
+    codec, level = codec_of(config)
     try:
         for segment in group:
             for _, header, buf, at in segment.batches_from(0):
@@ -252,7 +254,11 @@ def _clean_group(directory: str, config, group: list[LogSegment], offset_map: Of
                 if horizon is None and any(r.value is None for r in kept):
                     horizon = now_ms + config.delete_retention_ms
                 batch = encode_batch(header, kept, horizon)
-                cleaned.append(batch, rec.parse_header(batch), batch_stats(batch))
+                stats = batch_stats(batch)
+                target = header.compression or codec  # as Kafka's cleaner, a batch keeps its own codec
+                if target:
+                    batch = rec.compress_batch(batch, target, level if target == codec else None)
+                cleaned.append(batch, rec.parse_header(batch), stats)
         group_end = group[-1].next_offset
         if cleaned.next_offset < group_end:
             # The group's last records were all removed: keep an empty batch at its last offset (as Kafka's

@@ -7,6 +7,9 @@ skipping a group whose segments retention removed meanwhile. Protocol: one JSON 
     parent: {"directory", "bases", "first_dirty", "first_uncleanable", "config", "capacity", "now_ms", "parent"}
     child:  {"end": offset, "groups": [{"old": [base, ...], "base": base, "dropped": n}]}
 
+With ``"mode": "compress"`` the child instead rewrites each of ``bases`` in the topic's codec
+(:func:`~logfs.storage.compression.write_compressed`), one group per segment.
+
 The child dies with the daemon (``PR_SET_PDEATHSIG``): a pass orphaned by a crash of the daemon could otherwise
 go on writing ``.cleaned`` files after the next daemon has loaded the directory, under the names that daemon's
 own cleaner writes.
@@ -21,13 +24,16 @@ import subprocess
 import sys
 
 from .cleaner import CleanableLog, CleanResult, OffsetMap, write_cleaned
+from .compression import write_compressed
 from .config import LogConfig
 from .errors import LogfsError
 from .lifecycle import open_segment
 from .log import Log
 from .segment import CLEANED_SUFFIX
 
-_CONFIG_FIELDS = ("segment_bytes", "segment_index_bytes", "index_interval_bytes", "delete_retention_ms")
+_CONFIG_FIELDS = ("segment_bytes", "segment_index_bytes", "index_interval_bytes", "delete_retention_ms",
+                  "max_message_bytes", "compression_type", "compression_zstd_level", "compression_lz4_level",
+                  "compression_gzip_level")
 
 
 def clean_in_subprocess(plog: Log, target: CleanableLog, capacity: int, now_ms: int) -> CleanResult:
@@ -48,15 +54,48 @@ def _clean(plog: Log, sealed: list, target: CleanableLog, capacity: int, now_ms:
         "now_ms": now_ms,
         "parent": os.getpid(),
     }
+    reply = _run(request)
+    return _swap_in(plog, sealed, reply)
+
+
+def compress_in_subprocess(plog: Log, segments: list, now_ms: int) -> CleanResult:
+    """Rewrite sealed ``segments`` in the topic's codec (:mod:`~logfs.storage.compression`) in a child process,
+    then swap each in. Blocks the calling thread, not the GIL."""
+    request = {
+        "mode": "compress",
+        "directory": plog.directory,
+        "bases": [s.base_offset for s in segments],
+        "config": {f: getattr(plog.config, f) for f in _CONFIG_FIELDS},
+        "now_ms": now_ms,
+        "parent": os.getpid(),
+    }
+    return _swap_in(plog, segments, _run(request))
+
+
+def compress_in_thread(plog: Log, segments: list, now_ms: int) -> CleanResult:
+    """The same as :func:`compress_in_subprocess` in this process (``LOGFS_CLEANER_MODE=thread``, and tests)."""
+    groups = []
+    for segment in segments:
+        cleaned = write_compressed(plog.directory, plog.config, segment, now_ms)
+        groups.append({"old": [segment.base_offset], "base": cleaned.base_offset, "dropped": 0})
+        cleaned.close()
+    return _swap_in(plog, segments, {"end": segments[-1].next_offset if segments else 0, "groups": groups})
+
+
+def _run(request: dict) -> dict:
     proc = subprocess.run([sys.executable, "-m", "logfs.storage.cleaner_process"], input=json.dumps(request),
                           capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         raise LogfsError(f"cleaner process failed: {proc.stderr.strip().splitlines()[-1:] or proc.returncode}")
-    reply = json.loads(proc.stdout)
+    return json.loads(proc.stdout)
+
+
+def _swap_in(plog: Log, sealed: list, reply: dict) -> CleanResult:
+    """Swap each segment the child wrote in for the ones it replaces (skipping a group the log lost meanwhile)."""
     before = after = removed = replaced = 0
     by_base = {s.base_offset: s for s in sealed}
     for group in reply["groups"]:
-        cleaned = open_segment(plog.directory, group["base"], config, suffix=CLEANED_SUFFIX, active=False)
+        cleaned = open_segment(plog.directory, group["base"], plog.config, suffix=CLEANED_SUFFIX, active=False)
         cleaned.load_state()
         old = [by_base[b] for b in group["old"]]
         try:
@@ -79,6 +118,13 @@ def _worker(request: dict) -> dict:
             segment = open_segment(directory, base, config, active=False)
             segment.load_state()
             segments.append(segment)
+        if request.get("mode") == "compress":
+            groups = []
+            for segment in segments:
+                cleaned = write_compressed(directory, config, segment, request["now_ms"])
+                groups.append({"old": [segment.base_offset], "base": cleaned.base_offset, "dropped": 0})
+                cleaned.close()
+            return {"end": segments[-1].next_offset if segments else 0, "groups": groups}
         end, written = write_cleaned(directory, config, segments, request["first_dirty"],
                                      request["first_uncleanable"], OffsetMap(request["capacity"]),
                                      request["now_ms"])

@@ -11,6 +11,7 @@ import dataclasses
 import re
 from typing import Callable, Mapping
 
+from . import codecs
 from .errors import InvalidConfigError
 
 LONG_MAX = (1 << 63) - 1
@@ -100,6 +101,30 @@ def _free_text(text: str) -> str:
     return text.strip()
 
 
+def _compression_type(text: str) -> str:
+    # Kafka's STRING type with ValidString.in(...): trimmed, then one of the names exactly (case matters).
+    value = _trim(text)
+    if value not in codecs.COMPRESSION_TYPES:
+        raise InvalidConfigError(f"expected one of {', '.join(codecs.COMPRESSION_TYPES)}, "
+                                 f"got {text!r}")
+    return value
+
+
+def _level(codec: int) -> Callable[[str], int]:
+    """A KIP-390 level setting: an INT (Integer.parseInt) in the codec's range (gzip: also -1)."""
+    lo, hi = codecs.LEVEL_RANGES[codec]
+
+    def parse(text: str) -> int:
+        value = parse_long(text)
+        try:
+            return codecs.check_level(codec, value)
+        except ValueError:
+            extra = " or -1" if codec == codecs.GZIP else ""
+            raise InvalidConfigError(f"value {value} is out of range [{lo}, {hi}]{extra}") from None
+
+    return parse
+
+
 def _bool(text: str) -> bool:
     if _trim(text).lower() not in ("true", "false"):
         raise InvalidConfigError(f"expected true or false, got {text!r}")
@@ -157,6 +182,11 @@ TOPIC_SETTINGS: dict[str, tuple[Setting, str | None]] = {
         (Setting("remote.storage.enable", _bool, "false"), None),
         (Setting("local.retention.ms", _long(-2), "-2"), "log.local.retention.ms"),
         (Setting("local.retention.bytes", _long(-2), "-2"), "log.local.retention.bytes"),
+        # Compression (KIP-390 levels, Kafka 3.8): the broker settings have the topic names.
+        (Setting("compression.type", _compression_type, "producer"), "compression.type"),
+        (Setting("compression.zstd.level", _level(codecs.ZSTD), "3"), "compression.zstd.level"),
+        (Setting("compression.lz4.level", _level(codecs.LZ4), "9"), "compression.lz4.level"),
+        (Setting("compression.gzip.level", _level(codecs.GZIP), "-1"), "compression.gzip.level"),
         (Setting("logfs.key.separator", _text, None), "logfs.key.separator"),
         (Setting("logfs.null.marker", _text, None), "logfs.null.marker"),
     ]
@@ -320,6 +350,10 @@ class LogConfig:
     remote_storage_enable: bool = False
     local_retention_ms: int = -2
     local_retention_bytes: int = -2
+    compression_type: str = "producer"
+    compression_zstd_level: int = 3
+    compression_lz4_level: int = 9
+    compression_gzip_level: int = -1
     key_separator: bytes | None = None
     null_marker: bytes | None = None
 
@@ -330,6 +364,18 @@ class LogConfig:
     @property
     def delete(self) -> bool:
         return "delete" in self.cleanup_policy
+
+    @property
+    def codec(self) -> int:
+        """The codec of the batches logfs writes for this topic (a Kafka attribute id, :mod:`.codecs`): 0 for
+        ``uncompressed``, and for ``producer`` too (lines appended through the mount arrive as text)."""
+        return codecs.COMPRESSION_TYPES[self.compression_type] or codecs.NONE
+
+    @property
+    def codec_level(self) -> int | None:
+        """The level for :attr:`codec` (its ``compression.<codec>.level``); None for snappy and uncompressed."""
+        return {codecs.ZSTD: self.compression_zstd_level, codecs.LZ4: self.compression_lz4_level,
+                codecs.GZIP: self.compression_gzip_level}.get(self.codec)
 
     @property
     def effective_local_retention_ms(self) -> int:

@@ -62,6 +62,9 @@ class Log:
         self.log_start_offset = log_start_offset
         self.recovery_point = recovery_point
         self.lock = threading.RLock()
+        # Held by whatever rewrites sealed segments (the cleaner, the compression of sealed segments) for a whole
+        # pass: they write the same .cleaned names, so one at a time per log.
+        self.rewrite_lock = threading.Lock()
         self.last_append_ms = max((s.largest_timestamp for s in segments), default=clock.time_ms())
         self.last_flush_ms = clock.time_ms()
         self.on_roll: Callable[[LogSegment], None] | None = None

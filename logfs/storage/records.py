@@ -4,7 +4,9 @@ Owns the byte format of ``.log`` files (magic 2, CRC-32C over attributes..end). 
 for plain records, else the one Python encoder here (:func:`build_batch_generic`, also the cleaner's); record
 decoding uses aiokafka's compiled codec (~7M records/s here, against ~0.3M/s for kafka-python's pure-Python
 reader); CRC-32C uses the ``crc32c`` package (hardware, ~20 GB/s here).
-Compressed batches (gzip, snappy, lz4, zstd) from other producers decode through the same codec (cramjam).
+Compressed batches (gzip, snappy, lz4, zstd): :func:`compress_batch` makes one from a plain batch, and
+:func:`decompress_batch` turns one back into the equivalent plain batch, once per batch, so that every reader
+keeps its paths for plain batches; the framing of each codec is :mod:`.codecs`'s alone.
 
 Batch header layout (61 bytes, big-endian)::
 
@@ -22,6 +24,7 @@ from typing import Iterator, NamedTuple, Sequence
 
 import crc32c as _crc32c
 
+from . import codecs
 from .errors import CorruptRecordError
 
 try:  # the C accelerator (logfs/_speedups.c); optional, with identical pure-Python fallbacks
@@ -56,7 +59,7 @@ ATTR_TRANSACTIONAL = 0x10
 ATTR_CONTROL = 0x20
 ATTR_DELETE_HORIZON = 0x40
 
-COMPRESSION_NAMES = {0: "none", 1: "gzip", 2: "snappy", 3: "lz4", 4: "zstd"}
+COMPRESSION_NAMES = codecs.NAMES
 
 Headers = Sequence[tuple[str, bytes | None]]
 
@@ -186,6 +189,7 @@ _LAST_DELTA = struct.Struct(">i")  # at 23
 _MAX_TS = struct.Struct(">q")  # at 35
 _LENGTH = struct.Struct(">i")  # at 8
 _CRC = struct.Struct(">I")  # at 17
+_ATTRIBUTES = struct.Struct(">h")  # at 21
 
 
 def restamp_batch(batch: bytearray, last_delta: int, max_timestamp: int) -> None:
@@ -196,6 +200,13 @@ def restamp_batch(batch: bytearray, last_delta: int, max_timestamp: int) -> None
     _MAX_TS.pack_into(batch, 35, max_timestamp)
     _LENGTH.pack_into(batch, 8, len(batch) - LOG_OVERHEAD)
     _CRC.pack_into(batch, 17, _crc32c.crc32c(memoryview(batch)[_CRC_START:]))
+
+
+def stamp_crc(batch: bytes | bytearray) -> bytes:
+    """``batch`` with its CRC-32C computed (over attributes to the end) and written in."""
+    out = batch if isinstance(batch, bytearray) else bytearray(batch)
+    _CRC.pack_into(out, 17, _crc32c.crc32c(memoryview(out)[_CRC_START:]))
+    return bytes(out)
 
 
 def build_batch_generic(
@@ -267,7 +278,8 @@ def with_base_offset(batch: bytes | bytearray, base_offset: int) -> bytes:
 
 
 def decode(buf, pos: int = 0, size: int | None = None) -> Iterator[Record]:
-    """Records of the batch at ``pos`` (control batches yield nothing)."""
+    """Records of the batch at ``pos`` (control batches yield nothing); a compressed batch is decompressed once,
+    by :func:`decompress_batch`."""
     if size is None:
         size = peek_size(buf, pos) or 0
     view = memoryview(buf)[pos : pos + size]
@@ -275,14 +287,93 @@ def decode(buf, pos: int = 0, size: int | None = None) -> Iterator[Record]:
     if header.is_control:
         return
     ts_type = header.timestamp_type
-    for r in _codec()(bytes(view)):
+    for r in _codec()(bytes(decompress_batch(view))):
         yield Record(r.offset, r.timestamp, r.key, r.value, tuple(r.headers), ts_type)
 
 
 def decode_raw(buf: bytes):
     """The codec's own record objects for one batch: the fast path for rendering (attributes .key, .value,
-    .offset, .timestamp). ``buf`` must hold exactly one batch."""
+    .offset, .timestamp). ``buf`` must hold exactly one batch; a compressed one is decompressed once, by
+    :func:`decompress_batch`."""
+    if len(buf) >= HEADER_SIZE and buf[22] & ATTR_COMPRESSION_MASK:  # the low byte of the attributes
+        buf = bytes(decompress_batch(buf))
     return _codec()(buf)
+
+
+_INT_MAX = (1 << 31) - 1
+
+
+def compress_batch(batch, codec: int, level: int | None = None) -> bytes:
+    """The v2 batch ``batch`` (bytes-like, exactly one batch) with its records section compressed as one block of
+    ``codec`` (1 gzip, 2 snappy, 3 lz4, 4 zstd) at ``level`` (None: Kafka's default for the codec). Every header
+    field is kept (base offset, leader epoch, last offset delta, timestamps, producer fields, records count, the
+    other attribute bits); the codec bits are set and the length and CRC-32C recomputed.
+
+    A batch already in ``codec`` is returned as it is (Kafka, too, keeps a batch whose codec is the target, at
+    whatever level); one in another codec is decompressed first; ``codec`` 0 gives the plain batch
+    (:func:`decompress_batch`). Control batches and batches without records stay uncompressed, as Kafka writes
+    them. The input's CRC-32C is checked first, so that a damaged batch is never given a fresh, valid CRC. Raises
+    CorruptRecordError if ``batch`` is not one whole batch or its CRC does not match, ValueError for an unknown
+    ``codec``."""
+    if codec not in codecs.NAMES:
+        raise ValueError(f"no codec with id {codec}")
+    view = memoryview(batch).cast("B")
+    header = _whole_batch(view)
+    if crc_of(view, 0, header.size) != header.crc:
+        raise CorruptRecordError(f"CRC mismatch in the batch at offset {header.base_offset}")
+    if header.compression == codec:
+        return bytes(view)
+    if header.compression:
+        view = memoryview(decompress_batch(view)).cast("B")
+    if codec == 0 or header.is_control or header.records_count == 0:
+        return bytes(view)
+    return _rebuild(view, header, (header.attributes & ~ATTR_COMPRESSION_MASK) | codec,
+                    codecs.compress(codec, view[HEADER_SIZE:], level))
+
+
+def decompress_batch(buf, pos: int = 0):
+    """The batch at ``pos`` in ``buf`` as the equivalent uncompressed batch: the records section decompressed
+    (once, sized from what the frame records), the codec bits cleared, the length and CRC-32C recomputed, every
+    other header field kept. An uncompressed batch is returned as it is, without a copy: ``buf`` itself when it
+    holds exactly that batch, else a memoryview of it; a decompressed one is new ``bytes``.
+
+    The compressed batch's CRC-32C is checked first (it covers the compressed bytes, and a damaged zstd or lz4
+    block can decompress without error into wrong bytes). Raises CorruptRecordError for a truncated batch, a CRC
+    mismatch, an unknown codec or data its codec cannot read."""
+    view = memoryview(buf).cast("B")
+    header = parse_header(view, pos)
+    if len(view) - pos < header.size:
+        raise CorruptRecordError(f"truncated batch at position {pos}")
+    if not header.compression:
+        return buf if pos == 0 and len(view) == header.size else view[pos : pos + header.size]
+    view = view[pos : pos + header.size]
+    if crc_of(view, 0, header.size) != header.crc:
+        raise CorruptRecordError(f"CRC mismatch in batch at position {pos}")
+    if header.compression not in codecs.NAMES:
+        raise CorruptRecordError(f"unknown compression codec {header.compression} in batch at position {pos}")
+    records = codecs.decompress(header.compression, view[HEADER_SIZE:], _INT_MAX - (HEADER_SIZE - LOG_OVERHEAD))
+    return _rebuild(view, header, header.attributes & ~ATTR_COMPRESSION_MASK, records)
+
+
+def _whole_batch(view: memoryview) -> BatchHeader:
+    header = parse_header(view)
+    if len(view) != header.size:
+        raise CorruptRecordError(f"expected one whole batch of {header.size} bytes, got {len(view)}")
+    return header
+
+
+def _rebuild(view: memoryview, header: BatchHeader, attributes: int, records) -> bytes:
+    """The batch of ``view`` (its header ``header``) with ``attributes`` and the records section ``records``: the
+    header's other fields copied, the length and CRC-32C computed; one copy of ``records``."""
+    length = HEADER_SIZE - LOG_OVERHEAD + len(records)
+    if length > _INT_MAX:
+        raise CorruptRecordError(f"batch at offset {header.base_offset} would exceed 2 GiB")
+    head = bytearray(view[:HEADER_SIZE])
+    _ATTRIBUTES.pack_into(head, 21, attributes)
+    _LENGTH.pack_into(head, 8, length)
+    crc = _crc32c.crc32c(records, _crc32c.crc32c(memoryview(head)[_CRC_START:]))
+    _CRC.pack_into(head, 17, crc)
+    return b"".join((head, records))
 
 
 def iter_headers(buf, start: int = 0) -> Iterator[tuple[int, BatchHeader]]:

@@ -19,21 +19,26 @@ from __future__ import annotations
 
 import hashlib
 import os
+import struct
 import shutil
 import threading
 import uuid
 from collections import OrderedDict
 from typing import Callable
 
+from crc32c import crc32c
+
 from ..remote.api import RemoteCorruptError, RemoteStore
 from ..remote.manifest import RemoteSegment
-from .errors import FetchNeededError
+from .checkpoints import fsync_dir
+from .errors import CorruptRecordError, FetchNeededError
 from .index import LineStats, OffsetIndex, TimeIndex, ViewIndex
 from .names import INDEX_SUFFIX, TIME_INDEX_SUFFIX, VIEW_INDEX_SUFFIX, filename_prefix
 from .segment import LogSegment, SegmentFile
 
 #: Unit of fetching and caching a remote .log: a small read costs one ranged GET of at most this many bytes.
 BLOCK_BYTES = 256 * 1024
+_CRC = struct.Struct(">I")  # the trailer of a cached block file
 
 _thread = threading.local()
 
@@ -51,8 +56,9 @@ class BlockCache:
     """Blocks of remote objects as files (in each partition's ``logfs-remote/blocks/``), least recently used
     evicted beyond ``limit`` bytes over all partitions.
 
-    Thread-safe. A block file is complete or absent (written to a temporary, then renamed). It is named by a hash
-    of the object key and the block number. The cache survives restarts: :meth:`scan` takes in a directory's
+    Thread-safe. A block file is the block's bytes and their CRC-32C (4 bytes, big-endian), written to a
+    temporary and renamed, not fsynced: a block torn or emptied by a power cut fails its CRC when read, is
+    removed, and is fetched again. It is named by a hash of the object key and the block number. The cache survives restarts: :meth:`scan` takes in a directory's
     blocks, oldest modification time first."""
 
     def __init__(self, limit: int):
@@ -95,7 +101,11 @@ class BlockCache:
                 data = f.read()
         except FileNotFoundError:
             return None  # evicted meanwhile
-        return data if len(data) == length else None
+        if len(data) == length + _CRC.size and _CRC.unpack_from(data, length)[0] == crc32c(data[:length]):
+            return data[:length]
+        # Torn by a power cut (blocks are not fsynced: a lost one is fetched again) or damaged: never used.
+        self._forget(path)
+        return None
 
     def _store(self, directory: str, key: str, block: int, data: bytes) -> None:
         if len(data) > self.limit:
@@ -105,11 +115,20 @@ class BlockCache:
         tmp = f"{path}.tmp-{uuid.uuid4().hex}"
         with open(tmp, "wb") as f:
             f.write(data)
+            f.write(_CRC.pack(crc32c(data)))
         os.replace(tmp, path)
         with self.lock:
-            self.used += len(data) - self._lru.pop(path, 0)
-            self._lru[path] = len(data)
+            self.used += len(data) + _CRC.size - self._lru.pop(path, 0)
+            self._lru[path] = len(data) + _CRC.size
             self._evict()
+
+    def _forget(self, path: str) -> None:
+        with self.lock:
+            self.used -= self._lru.pop(path, 0)
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
 
     def get_blocks(self, directory: str, key: str, first: int, last: int, length_of: Callable[[int], int],
                    fetch: Callable[[int, int], list[bytes]]) -> list[bytes]:
@@ -166,16 +185,23 @@ def index_paths(index_dir: str, base_offset: int) -> dict[str, str]:
 
 
 def install_index(path: str, source: str | None = None, data: bytes | None = None) -> None:
-    """Put an index file in place atomically, copied from ``source`` or written from ``data``."""
-    os.makedirs(os.path.dirname(path), exist_ok=True)
+    """Put a file of the tiered state (an index copy, the manifest copy) in place, durably: written to a
+    temporary from ``source`` or ``data``, fsynced, renamed over ``path``, directory fsynced. A power cut leaves
+    the old file or the new one, never a torn or empty one that the next start would trust."""
+    directory = os.path.dirname(path)
+    os.makedirs(directory, exist_ok=True)
     tmp = f"{path}.tmp-{uuid.uuid4().hex}"
     try:
-        if source is not None:
-            shutil.copyfile(source, tmp)
-        else:
-            with open(tmp, "wb") as f:
+        with open(tmp, "wb") as f:
+            if source is not None:
+                with open(source, "rb") as src:
+                    shutil.copyfileobj(src, f, 1 << 20)
+            else:
                 f.write(data or b"")
+            f.flush()
+            os.fsync(f.fileno())
         os.replace(tmp, path)
+        fsync_dir(directory)
     except BaseException:
         try:
             os.unlink(tmp)
@@ -202,7 +228,7 @@ class RemoteLogSegment(SegmentFile):
         self.cache = cache
         self.blocks_dir = os.path.join(index_dir, "blocks")
         self.refs = 0
-        self.deleted = self.purged = False
+        self.deleted = self.purged = self.broken = False
         self._paths = index_paths(index_dir, meta.base_offset)
         for ext, path in self._paths.items():
             if os.path.getsize(path) != meta.objects[ext].size:
@@ -225,11 +251,24 @@ class RemoteLogSegment(SegmentFile):
 
     def _mapped(self) -> tuple:
         if self._indexes is None:
+            if self.broken:
+                raise RemoteCorruptError(f"{self._paths['index']}: the local copies of {self.key}'s indexes failed "
+                                         "their check; fetched again at the next tiering pass")
             size = self.meta.objects
-            self._indexes = (
+            indexes = (
                 OffsetIndex(self._paths["index"], self.base_offset, size["index"].size, active=False),
                 TimeIndex(self._paths["timeindex"], self.base_offset, size["timeindex"].size, active=False),
                 ViewIndex(self._paths["viewindex"], self.base_offset, size["viewindex"].size, active=False))
+            try:
+                for index in indexes:  # one C pass each, on first use only: a copy that fails is never used
+                    index.sanity_check(self.size)
+            except CorruptRecordError as exc:
+                for index in indexes:
+                    index.close_handler()
+                self.broken = True
+                raise RemoteCorruptError(f"{exc} (the local copy of a tiered segment's index; fetched again at "
+                                         "the next tiering pass)") from None
+            self._indexes = indexes
         return self._indexes
 
     @property

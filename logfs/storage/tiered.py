@@ -20,7 +20,15 @@ Per tiered partition, one pass:
 Local state, in each tiered partition's directory, under ``logfs-remote/`` (a subdirectory: Kafka and the loader
 look only at the files of a partition directory): each tiered segment's three indexes and a copy of the last
 manifest written or read (so a restart shows the whole log before the store answers), and ``blocks/``, the LRU
-cache of fetched ``.log`` ranges (one bound over all partitions). A tiered partition being deleted is first
+cache of fetched ``.log`` ranges (one bound over all partitions). The index and manifest copies are written
+durably (temporary, fsync, rename, directory fsync) before anything relies on them, and validated when used: a
+copy that fails is never used but fetched again. Cached blocks carry a CRC-32C and are not fsynced: a block a
+power cut tore is fetched again.
+
+Offsets may skip: a batch lost unflushed in a power cut just before a roll, or records removed by compaction,
+leave a segment starting past the previous one's end. Such a segment is uploaded all the same; the manifest
+records each segment's real range, and readers (the view, the Spark source, ``localDataDir``'s seam) read across
+the gap. A tiered partition being deleted is first
 recorded in ``DATA_DIR/logfs-remote-deletes.json`` (before its directory is renamed), and removed from it only
 once its objects are deleted from the store: the deletion survives a crash, and a partition created again under
 the same name is not tiered until the old objects are gone.
@@ -33,11 +41,12 @@ import logging
 import os
 import threading
 
-from ..remote.api import RemoteNotFoundError, RemoteStore, RemoteStoreError
+from ..remote.api import RemoteCorruptError, RemoteNotFoundError, RemoteStore, RemoteStoreError
 from ..remote.manifest import (
     SEGMENT_EXTS, ManifestStore, PartitionManifest, RemoteFile, RemoteSegment, decode, encode, partition_prefix,
 )
 from .checkpoints import atomic_write
+from .compression import needs_rewrite
 from .log import Log
 from .names import REMOTE_CACHE_DIR, REMOTE_DELETES_FILE
 from .remote_segment import BlockCache, RemoteLogSegment, index_paths, install_index
@@ -62,7 +71,8 @@ class PartitionTier:
 
     def __init__(self, plog: Log):
         self.log = plog
-        self.manifest: PartitionManifest | None = None
+        self.manifest: PartitionManifest | None = None  # from the local copy, until ``loaded``
+        self.loaded = False  # the store's manifest was read (and orphans deleted) since this daemon started
         self.segments: dict[int, RemoteLogSegment] = {}
 
 
@@ -98,21 +108,39 @@ class RemoteLogManager:
             return tier
 
     # -- startup -----------------------------------------------------------------------------------
-    def attach_cached(self) -> None:
-        """At startup, before the store is asked anything: publish every tiered partition's remote segments from
-        the local copy of its manifest, so the mount shows the whole log at once (reads of tiered ranges then
-        need the store, the view does not)."""
+    def attach_cached(self, *, store_reachable: bool = False) -> None:
+        """At startup, before the mount serves anything: publish every tiered partition's remote segments from the
+        local copy of its manifest and of their indexes (written durably), so the mount shows the whole log at
+        once, whatever crash came before (reads of tiered ranges need the store, the view does not). A copy that
+        fails validation is never used: with ``store_reachable`` (the store answered the check at mount) the
+        partition's state is read from the store instead; otherwise it waits for the first tiering pass, and the
+        log says so."""
         for plog in self.tiered_logs():
             path = os.path.join(self._index_dir(plog), LOCAL_MANIFEST)
+            tier = self._tier(plog)
             try:
                 with open(path, "rb") as f:
                     m = decode(f.read(), path)
-                self._publish(self._tier(plog), m, fetch=False)
-            except FileNotFoundError:
+                if (m.topic, m.partition) != (plog.topic, plog.partition):
+                    raise RemoteCorruptError(f"{path}: names {m.topic}-{m.partition}")
+                self._publish(tier, m, fetch=False)
                 continue
+            except FileNotFoundError as exc:
+                if not os.path.isdir(os.path.dirname(path)):
+                    continue  # nothing was ever tiered from this partition
+                problem = exc  # its directory is there: the copy was lost
             except (OSError, RemoteStoreError) as exc:
-                log.warning("%s-%d: local copy of the manifest unusable (%s); waiting for the store", plog.topic,
-                            plog.partition, exc)
+                problem = exc
+            if store_reachable:
+                try:
+                    self.load(tier)
+                    log.warning("%s-%d: local tiered state unusable (%s); read again from the store", plog.topic,
+                                plog.partition, problem)
+                    continue
+                except (OSError, RemoteStoreError) as exc:
+                    problem = f"{problem}; and from the store: {exc}"
+            log.error("%s-%d: local tiered state unusable (%s): the mount shows the tiered part of this log once "
+                      "the store answers", plog.topic, plog.partition, problem)
 
     def load(self, tier: PartitionTier) -> None:
         """Read the manifest from the store, delete orphans, publish. Raises RemoteStoreError (retried later)."""
@@ -124,6 +152,7 @@ class RemoteLogManager:
                      plog.partition, len(orphans))
             self.store.delete(orphans)
         self._publish(tier, m, fetch=True)
+        tier.loaded = True
 
     def _publish(self, tier: PartitionTier, m: PartitionManifest, *, fetch: bool) -> None:
         """Make ``m`` the partition's remote state: open its segments (indexes fetched if missing and ``fetch``),
@@ -133,27 +162,45 @@ class RemoteLogManager:
         opened: dict[int, RemoteLogSegment] = {}
         for meta in m.segments:
             seg = tier.segments.get(meta.base_offset)
-            if seg is None or seg.meta != meta:
-                paths = index_paths(index_dir, meta.base_offset)
-                for ext, path in paths.items():
-                    if not os.path.exists(path) or os.path.getsize(path) != meta.objects[ext].size:
-                        if not fetch:
-                            raise RemoteNotFoundError(f"{path} is not cached")
-                        install_index(path, data=self.store.get_bytes(meta.objects[ext].key))
-                seg = RemoteLogSegment(meta, index_dir, self.read_store, self.blocks)
+            if seg is None or seg.meta != meta or seg.broken:
+                seg = self._open_remote(index_dir, meta, fetch, refetch=seg is not None and seg.broken)
             opened[meta.base_offset] = seg
         install_index(os.path.join(index_dir, LOCAL_MANIFEST), data=encode(m))
         with plog.lock:
-            local_first = plog.segments.first.base_offset
-            if m.segments and m.remote_log_end_offset >= local_first:
+            if m.segments:
+                # The manifest is the whole log's start. Offsets may skip between the tiered and the local part
+                # (a batch lost in a power cut, compaction): that is a gap in offsets, never a reason to hide the
+                # tiered part. Local segments are deleted only once a durable manifest lists them.
                 start = m.log_start_offset
             else:
-                start = max(m.log_start_offset, plog.log_start_offset, local_first)
+                start = max(m.log_start_offset, plog.log_start_offset, plog.segments.first.base_offset)
             plog.set_remote([opened[s.base_offset] for s in m.segments], start)
         tier.manifest = m
         # Segments dropped here are not closed: a handle's snapshot may still read them (their mappings go with
         # the last reference).
         tier.segments = opened
+
+    def _open_remote(self, index_dir: str, meta: RemoteSegment, fetch: bool, refetch: bool = False
+                     ) -> RemoteLogSegment:
+        """A tiered segment over its local index copies. Copies that are missing, of the wrong size, or fail the
+        segment's checks are fetched from the store again when ``fetch`` (else RemoteStoreError): a copy that
+        fails validation is never used."""
+        paths = index_paths(index_dir, meta.base_offset)
+        for attempt in range(2):
+            for ext, path in paths.items():
+                stale = (refetch or attempt > 0 or not os.path.exists(path)
+                         or os.path.getsize(path) != meta.objects[ext].size)
+                if stale:
+                    if not fetch:
+                        raise RemoteNotFoundError(f"{path} is not cached")
+                    install_index(path, data=self.store.get_bytes(meta.objects[ext].key))
+            try:
+                return RemoteLogSegment(meta, index_dir, self.read_store, self.blocks)
+            except RemoteCorruptError as exc:
+                if not fetch or attempt:
+                    raise
+                log.warning("%s; fetching the indexes of segment %d again", exc, meta.base_offset)
+        raise AssertionError("unreachable")
 
     # -- one pass ----------------------------------------------------------------------------------
     def sync(self, plog: Log, now_ms: int) -> int:
@@ -162,8 +209,10 @@ class RemoteLogManager:
         if (plog.topic, plog.partition) in self._pending_deletes():
             return 0  # the objects of an earlier partition of that name go first
         tier = self._tier(plog)
-        if tier.manifest is None:
-            self.load(tier)
+        if not tier.loaded:
+            self.load(tier)  # the store's manifest is the authority (the local copy may be one upload behind)
+        elif any(seg.broken for seg in tier.segments.values()):
+            self._publish(tier, tier.manifest, fetch=True)  # index copies that failed their check: fetched again
         uploaded = self.upload(tier)
         if not self.stopping.is_set():  # (see _upload_one)
             self.expire(tier, now_ms)
@@ -178,16 +227,24 @@ class RemoteLogManager:
             plog.flush(plog.active_segment.base_offset)  # a segment is uploaded only once durable locally
         with plog.snapshot(sealed_only=True) as snap:
             for seg in snap.segments:
-                end = tier.manifest.remote_log_end_offset
-                if seg.next_offset <= (end if tier.manifest.segments else tier.manifest.log_start_offset):
+                m = tier.manifest
+                end = m.remote_log_end_offset if m.segments else m.log_start_offset
+                if seg.next_offset <= end:
                     continue  # tiered already (the manifest decides: never uploaded twice), or expired
-                if (seg.deleted or seg.size == 0 or seg.next_offset > plog.recovery_point or plog.closed
-                        or self.stopping.is_set()):
+                if seg.deleted or seg.next_offset > plog.recovery_point or plog.closed or self.stopping.is_set():
                     break  # not flushed yet (or going away): later, in order
-                if tier.manifest.segments and seg.base_offset != end:
-                    log.error("%s-%d: segment %d does not follow the remote log end %d; not uploaded",
-                              plog.topic, plog.partition, seg.base_offset, end)
+                if seg.size == 0 or seg.next_offset <= seg.base_offset:
+                    continue  # no records (a power cut took all of a rolled segment's): nothing to tier
+                if needs_rewrite(seg, plog.config):
+                    break  # the bucket gets it compressed: after its rewrite (logfs.storage.compression)
+                if m.segments and seg.base_offset < end:
+                    # Cannot happen (a tiered segment is flushed, so no later load changes its range): refuse
+                    # rather than tier an offset twice, and say so.
+                    log.error("%s-%d: segment %d..%d overlaps the tiered log, which ends at %d; not uploaded",
+                              plog.topic, plog.partition, seg.base_offset, seg.next_offset, end)
                     break
+                # A segment past the remote log end (offsets lost with unsynced records, or removed by
+                # compaction) is uploaded: the manifest records each segment's real range, gaps included.
                 self._upload_one(tier, seg)
                 count += 1
         return count

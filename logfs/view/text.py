@@ -19,6 +19,7 @@ from __future__ import annotations
 import bisect
 import weakref
 
+from ..storage import records as rec
 from ..storage.records import _speedups
 from ..storage.index import ZERO_STATS
 from ..storage.lines import LineFormat
@@ -49,6 +50,8 @@ class SegmentView:
         self._prefix = self._prefix_length(self.segments[0], start_offset) if self.segments else 0
         self._cursor: tuple[int, int, int, int] | None = None  # (view pos, segment idx, batch position, skip)
         self._scratch = bytearray()  # reused read buffer for sequential reads
+        # (segment, position, the batch decompressed, its size as stored): the compressed batch the last read was in
+        self._decompressed: tuple | None = None
 
     # -- layout ------------------------------------------------------------------------------------
     def _prefix_length(self, segment: LogSegment, offset: int) -> int:
@@ -152,6 +155,9 @@ class SegmentView:
     def _render(self, segment: LogSegment, file_pos: int, skip: int, want: int) -> tuple[bytes, int, int]:
         """At most ``want`` bytes of lines of the batches from ``file_pos``, after passing over ``skip`` bytes of
         their lines: (lines, file bytes advanced, skip from there). Reads only as far as the window needs."""
+        cached = self._decompressed
+        if cached is not None and cached[0] is segment and cached[1] == file_pos:
+            return self._render_plain(cached[2], cached[3], skip, want)  # inside the batch the last read was in
         if _speedups is not None:
             length = (skip + want) * 9 // 8 + _READ_SLACK
             for _attempt in range(2):
@@ -169,6 +175,8 @@ class SegmentView:
                 length = need  # a batch larger than the window's guess: read it whole
         # A compressed or control batch, or no accelerator: one batch the generic way.
         for _, header, buf, at in segment.batches_from(file_pos):
+            if header.compression and _speedups is not None:
+                return self._render_compressed(segment, file_pos, header, buf, at, skip, want)
             lines, _ = self.fmt.render(buf, at, header.size)
             if skip >= len(lines):
                 return b"", header.size, skip - len(lines)
@@ -177,6 +185,22 @@ class SegmentView:
                 return lines[skip:end], header.size, 0
             return lines[skip:end], 0, end
         return b"", 0, skip
+
+    def _render_compressed(self, segment, file_pos: int, header, buf, at: int, skip: int, want: int
+                           ) -> tuple[bytes, int, int]:
+        """One compressed batch: decompressed once (kept while reads go on inside it: a reader of 8 KiB requests
+        does not decompress a 256 KiB batch 32 times), then the same C renderer as plain batches."""
+        plain = rec.decompress_batch(buf, at)
+        self._decompressed = (segment, file_pos, plain, header.size)
+        return self._render_plain(plain, header.size, skip, want)
+
+    def _render_plain(self, plain: bytes, stored_size: int, skip: int, want: int) -> tuple[bytes, int, int]:
+        out, advanced, skip_after, _ = _speedups.render_window(plain, skip, want, self.fmt.separator,
+                                                               self.fmt.null_marker)
+        if advanced >= len(plain):
+            self._decompressed = None
+            return out, stored_size, skip_after  # the batch is done: on to the next one, in the file
+        return out, 0, skip_after
 
     def offset_at(self, pos: int) -> int | None:
         """Offset of the record whose line holds byte ``pos``, or None if out of range."""

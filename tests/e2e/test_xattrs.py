@@ -6,12 +6,14 @@ from __future__ import annotations
 import errno
 import os
 import shlex
+import subprocess
+import sys
 import time
 
 import pytest
 import xattr
 
-from logfs_e2e import expect_errno, sh, wait_for
+from logfs_e2e import daemon_env, daemon_pids, expect_errno, mounted_at, sh, wait_for
 
 FIXED = ["log_start_offset", "log_end_offset", "recovery_point", "segment_count", "size_bytes",
          "local_log_start_offset", "remote_log_end_offset", "remote_segment_count", "remote_size_bytes"]
@@ -20,6 +22,7 @@ TOPIC_KEYS = [
     "segment.index.bytes", "index.interval.bytes", "file.delete.delay.ms", "delete.retention.ms",
     "min.cleanable.dirty.ratio", "min.compaction.lag.ms", "max.compaction.lag.ms", "max.message.bytes",
     "flush.messages", "flush.ms", "remote.storage.enable", "local.retention.ms", "local.retention.bytes",
+    "compression.type", "compression.zstd.level", "compression.lz4.level", "compression.gzip.level",
     "logfs.key.separator", "logfs.null.marker",
 ]
 
@@ -288,3 +291,44 @@ def test_fixed_attributes_are_read_only_and_unknown_keys_einval(fs):
     assert fs.getx("t/0", "log_end_offset") == "0"
     assert fs.getx("t", "partitions") == "1"
     assert set(os.listxattr(part)) == {px(n) for n in FIXED}
+
+
+def test_compression_settings_through_setfattr_survive_remount(mount_logfs, tmp_path):
+    """CONTRACT section 8: `setfattr -n user.logfs.config.compression.type -v zstd` works and persists; bad values
+    are EINVAL and change nothing; the broker default comes from -o, and a bad one fails the mount clearly."""
+    fs = mount_logfs("compression.type=gzip", "compression.gzip.level=4")
+    os.mkdir(fs.path("t"))
+    t = fs.path("t")
+    assert getfattr(t, px("config.compression.type")) == "gzip"  # the broker default
+    assert getfattr(t, px("config.compression.gzip.level")) == "4"
+    assert getfattr(t, px("config.compression.zstd.level")) == "3"
+    setfattr(t, px("config.compression.type"), "zstd")
+    setfattr(t, px("config.compression.zstd.level"), "19")
+    assert getfattr(t, px("config.compression.type")) == "zstd"
+    assert getfattr(t, px("config.compression.zstd.level")) == "19"
+    for name, value in (("compression.type", "bogus"), ("compression.type", "ZSTD"), ("compression.zstd.level", "23"),
+                        ("compression.lz4.level", "0"), ("compression.gzip.level", "10")):
+        r = setfattr(t, px("config." + name), value, check=False)
+        assert r.returncode != 0 and b"Invalid argument" in r.stderr, (name, value, r.stderr)
+        expect_errno(errno.EINVAL, xattr.setxattr, t, px("config." + name), value.encode())
+    assert getfattr(t, px("config.compression.type")) == "zstd"
+    fs.append("t/0", "one\ntwo\n")
+    assert fs.read("t/0") == b"one\ntwo\n"
+
+    fs.remount()
+    assert getfattr(t, px("config.compression.type")) == "zstd"
+    assert getfattr(t, px("config.compression.zstd.level")) == "19"
+    sh(f"setfattr -x {px('config.compression.type')} {shlex.quote(t)}")
+    assert getfattr(t, px("config.compression.type")) == "gzip"
+    assert fs.read("t/0") == b"one\ntwo\n"
+
+    data, mnt = tmp_path / "bad-data", tmp_path / "bad-mnt"
+    mnt.mkdir()
+    for opts in ("compression.type=bogus", "compression.zstd.level=99"):
+        r = subprocess.run([sys.executable, "-m", "logfs.cli", str(data), str(mnt), "-o", opts],
+                           capture_output=True, timeout=30, env=daemon_env())
+        err = r.stderr.decode()
+        assert r.returncode != 0 and opts.split("=")[0] in err, err
+        assert "Traceback" not in err
+        assert not mounted_at(mnt)
+        assert not daemon_pids(data)

@@ -7,7 +7,7 @@ import errno
 import pytest
 
 from ops_helpers import fuse_errno
-from logfs.storage import TOPIC_SETTINGS
+from logfs.storage import TOPIC_SETTINGS, codecs
 
 FIXED = ["log_start_offset", "log_end_offset", "recovery_point", "segment_count", "size_bytes"]
 
@@ -114,6 +114,13 @@ async def test_config_set_applies_at_once_survives_restart_and_reverts(ops_fs, o
     ("config.max.message.bytes", "é"),
     ("config.no.such.key", "1"),
     ("config.log.retention.ms", "1000"),  # a broker name is not a topic setting
+    ("config.compression.type", "bogus"),
+    ("config.compression.type", "ZSTD"),
+    ("config.compression.type", "none"),
+    ("config.compression.zstd.level", "23"),
+    ("config.compression.lz4.level", "0"),
+    ("config.compression.gzip.level", "0"),
+    ("config.compression.gzip.level", "10"),
 ])
 async def test_topic_config_invalid_value_or_unknown_key_is_einval(fs, name, value):
     await fs.mkdir("t")
@@ -165,3 +172,33 @@ async def test_config_values_parse_as_kafka_and_read_back_effective(ops_fs, open
     fs = ops_fs(manager=open_manager())
     assert await fs.getx("t", "config.retention.ms") == "100"
     assert fs.manager.get_log("t", 0).config.retention_ms == 100
+
+
+async def test_compression_settings_defaults_set_survive_restart_and_revert(ops_fs, open_manager):
+    """CONTRACT section 8: compression.type and the KIP-390 levels as topic xattrs over broker defaults; the
+    partition's LogConfig resolves the codec and level the writer will use."""
+    fs = ops_fs()
+    await fs.mkdir("t")
+    assert await fs.getx("t", "config.compression.type") == "producer"  # Kafka's default
+    assert await fs.getx("t", "config.compression.zstd.level") == "3"
+    assert await fs.getx("t", "config.compression.lz4.level") == "9"
+    assert await fs.getx("t", "config.compression.gzip.level") == "-1"
+    assert fs.manager.get_log("t", 0).config.codec == codecs.NONE
+    await fs.setconfig("t", "compression.type", " zstd ")
+    await fs.setconfig("t", "compression.zstd.level", "+19")
+    assert await fs.getx("t", "config.compression.type") == "zstd"
+    assert await fs.getx("t", "config.compression.zstd.level") == "19"
+    config = fs.manager.get_log("t", 0).config
+    assert (config.codec, config.codec_level) == (codecs.ZSTD, 19)
+    fs.ops.release_all()
+    fs.manager.close()
+
+    fs = ops_fs(manager=open_manager({"compression.type": "lz4", "compression.zstd.level": "5"}))
+    assert await fs.getx("t", "config.compression.type") == "zstd"
+    assert await fs.getx("t", "config.compression.zstd.level") == "19"
+    await fs.removexattr("t", "user.logfs.config.compression.type")
+    await fs.removexattr("t", "user.logfs.config.compression.zstd.level")
+    assert await fs.getx("t", "config.compression.type") == "lz4"  # the broker default
+    assert await fs.getx("t", "config.compression.zstd.level") == "5"
+    config = fs.manager.get_log("t", 0).config
+    assert (config.codec, config.codec_level) == (codecs.LZ4, 9)

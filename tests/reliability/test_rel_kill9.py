@@ -53,6 +53,11 @@ SCENARIOS = {
 }
 # The on-disk event a triggered kill waits for (else a random moment).
 TRIGGERS = {"appends": (".log",), "retention": (".deleted",), "compaction": (".cleaned", ".swap", ".deleted")}
+# The same with compression.type=zstd: sealed segments are rewritten in the background (the cleaner's swap), so
+# kills also land inside those rewrites.
+for _name in list(SCENARIOS):
+    SCENARIOS[f"{_name}-zstd"] = SCENARIOS[_name] + ["compression.type=zstd"]
+    TRIGGERS[f"{_name}-zstd"] = (".cleaned", ".swap", ".deleted")
 
 
 class PartitionState:
@@ -307,8 +312,8 @@ def test_kill9_at_random_moments(mount_logfs, tmp_path, profile, scenario):
     seed = SEED * 1000 + list(SCENARIOS).index(scenario)
     rng = random.Random(seed)
     options = SCENARIOS[scenario]
-    cycles = scale(6, 30)
-    compacted = scenario == "compaction"
+    cycles = scale(6 if "zstd" not in scenario else 3, 30)
+    compacted = scenario.startswith("compaction")
     fs = mount_logfs(*options, foreground=True)
     os.mkdir(fs.path("t"))
     states = {rel: PartitionState(rel, compacted) for rel in ("t/0", "t/1")}
@@ -362,7 +367,7 @@ def test_kill9_at_random_moments(mount_logfs, tmp_path, profile, scenario):
             by_partition = {rel: [w for w in writers if w.partition == rel] for rel in states}
             for rel, state in states.items():
                 got = _verify_partition(fs, state, by_partition[rel], rng, after_recovery=True,
-                                        samples=scale(8, 25), retention=scenario == "retention")
+                                        samples=scale(8, 25), retention=scenario.startswith("retention"))
                 stats["lines_verified"] += got["lines"]
                 stats["lines_write_acked"] += got["acked_written"]
                 stats["lines_fsync_acked"] += got["acked_synced"]
@@ -379,13 +384,16 @@ def test_kill9_at_random_moments(mount_logfs, tmp_path, profile, scenario):
         err = fs.stderr()
         stats["cleaning_passes"] = err.count(" cleaned t-")
         stats["retention_deletions"] = err.count("retention deleted")
+        stats["compressions"] = err.count("compressed ")
         stats["recoveries_logged"] = err.count("was not shut down cleanly")
         record_stats(f"kill9[{scenario}]", **stats)
     assert "Traceback" not in err, err[-3000:]
-    if scenario == "compaction":
+    if scenario.startswith("compaction"):
         assert stats["cleaning_passes"] > 0, "the cleaner never ran: the scenario tests nothing"
-    if scenario == "retention":
+    if scenario.startswith("retention"):
         assert stats["retention_deletions"] > 0, "retention never ran: the scenario tests nothing"
+    if scenario.endswith("zstd"):
+        assert stats["compressions"] > 0, "no segment was compressed: the scenario tests nothing"
 
 
 def test_cleaner_child_dies_with_the_daemon(mount_logfs):

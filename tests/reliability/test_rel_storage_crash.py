@@ -22,6 +22,7 @@ import pytest
 
 from logfs.storage import LogConfig, ManualClock, load_log
 from logfs.storage import records as rec
+from logfs.storage.cleaner_process import compress_in_thread
 from logfs.view.text import LineFormat, live_view
 
 from rel_helpers import record_stats, scale
@@ -32,12 +33,14 @@ VARIANTS = {
     "keyed-interval100-rpactive": (b"=", b"NULL", 100, "active"),
     "keyed-interval0-rpactive": (b" :: ", None, 0, "active"),
     "plain-interval4096-rp0": (None, b"~", 4096, "zero"),
+    # sealed segments rewritten in zstd before the image (recovery from 0 re-validates them too)
+    "zstd-keyed-interval100-rp0": (b"=", b"NULL", 100, "zero"),
 }
 
 
-def _config(sep, marker, interval):
+def _config(sep, marker, interval, compression="producer"):
     return LogConfig.for_tests(segment_bytes=2000, index_interval_bytes=interval, segment_index_bytes=4096,
-                               key_separator=sep, null_marker=marker)
+                               key_separator=sep, null_marker=marker, compression_type=compression)
 
 
 def _build(directory, config, rng, clock, one_batch_active=False):
@@ -147,17 +150,23 @@ def _reopen_and_check(image, work, config, sep, marker, expected, rng, rp, what,
         log.close()
 
 
-@pytest.mark.parametrize("variant", scale(["plain-interval0-rp0", "keyed-interval100-rpactive"], list(VARIANTS)))
+@pytest.mark.parametrize("variant", scale(["plain-interval0-rp0", "keyed-interval100-rpactive",
+                                            "zstd-keyed-interval100-rp0"], list(VARIANTS)))
 def test_cut_and_flip_last_batch_of_active_segment(tmp_path, profile, variant):
     sep, marker, interval, rp_kind = VARIANTS[variant]
     rng = random.Random(f"{variant}-7")
     clock = ManualClock()
-    config = _config(sep, marker, interval)
+    config = _config(sep, marker, interval, "zstd" if variant.startswith("zstd") else "producer")
     stats = {"images": 0, "cuts": 0, "flips": 0, "flips_detected": 0, "flips_base_offset_shifted": 0,
              "flips_epoch_harmless": 0, "reopens": 0, "losses": 0}
     for one_batch_active in (False, True):
         src = str(tmp_path / f"src-{one_batch_active}" / "t-0")
         log, batches = _build(src, config, rng, clock, one_batch_active)
+        if config.codec:
+            sealed = log.segments.as_list()[:-1]
+            assert compress_in_thread(log, sealed, clock.time_ms()).segments_replaced == len(sealed)
+            assert all(h.compression == config.codec for s in log.segments.as_list()[:-1]
+                       for _, h, _, _ in s.batches_from(0) if h.records_count)
         image = str(tmp_path / f"image-{one_batch_active}")
         shutil.copytree(src, image)  # the crash image: taken while the log is open
         active = log.active_segment

@@ -228,7 +228,9 @@ def test_local_data_dir_reads_the_whole_log_as_cat_shows_it(cluster_driver, moun
     writer = threading.Thread(target=append)
     writer.start()
     try:
-        wait_for(lambda: int(fs.getx("t/0", "remote_log_end_offset")) > remote_end + 500, 30, interval=0.2,
+        # Both: the tiering of what was there before the writer started can alone move the remote end.
+        wait_for(lambda: int(fs.getx("t/0", "remote_log_end_offset")) > remote_end + 500
+                 and int(fs.getx("t/0", "log_end_offset")) > 9_500 + 200, 30, interval=0.2,
                  what="tiering under the appends")
         appended = int(fs.getx("t/0", "log_end_offset"))  # the read plans at least this far
         rows = sorted((r for p in cluster_driver.run("read", path=path, options={
@@ -366,3 +368,42 @@ def test_byte_range_from_the_remote_index():
     assert byte_range(b"", seg, 150, 160) == (0, 10_000)  # no index: the whole segment, still correct
     with pytest.raises(RemoteCorruptError, match="k.index: positions"):
         byte_range(OffsetIndex.ENTRY.pack(9, 0) + OffsetIndex.ENTRY.pack(29, 20_000), seg, 100, 101)
+
+
+@pytest.mark.mount
+def test_a_compressed_tiered_topic_reads_whole_through_the_mount_and_from_the_bucket(cluster_driver, mount_logfs,
+                                                                                      creds):
+    """compression.type=zstd on a tiered topic: the bucket holds the rewritten (compressed) segments, and both the
+    mount (tiered part fetched from the bucket) and the cluster reading the bucket see every record once."""
+    from kafka.record.memory_records import MemoryRecords
+
+    prefix = "zstd-" + uuid.uuid4().hex[:8]
+    n = 12_000
+    remote_end, _, fs = tier(mount_logfs, creds, prefix, n, "compression.type=zstd",
+                             f"log.local.retention.bytes={2 * SEGMENT}", unmount=False)
+    appended = records(0, n)
+    assert fs.read("t/0") == appended  # the whole log from offset 0, most of it read back from the bucket
+    assert int(fs.getx("t/0", "local_log_start_offset")) > 0
+    client = creds._client()
+    listing = client.list_objects_v2(Bucket=creds.bucket, Prefix=f"{prefix}/t-0/")
+    codecs_seen, stored = set(), 0
+    for obj in listing.get("Contents", []):
+        if obj["Key"].endswith(".log"):
+            body = client.get_object(Bucket=creds.bucket, Key=obj["Key"])["Body"].read()
+            stored += len(body)
+            mr = MemoryRecords(body)
+            while mr.has_next():
+                batch = mr.next_batch()
+                assert batch.validate_crc()
+                codecs_seen.add(batch.compression_type)
+    assert codecs_seen == {4}  # zstd: tiering waited for the rewrite
+    assert stored == int(fs.getx("t/0", "remote_size_bytes"))
+    tiered_text = len(b"".join(appended.splitlines(keepends=True)[:remote_end]))
+    assert stored * 2 < tiered_text, (stored, tiered_text)
+    expected = bucket_records(creds, prefix, "t", 0)
+    assert [r[0] for r in expected] == list(range(remote_end))
+    result = cluster_driver.run("read", path=f"s3://{creds.bucket}/{prefix}", options={
+        "s3.endpoint": creds.endpoint, "subscribe": "t"}, columns=["offset", "value"])
+    rows = sorted((r["offset"], r["value"]) for p in result["partitions"] for r in p["rows"])
+    assert rows == [(r[0], r[3]) for r in expected]
+    fs.unmount()

@@ -3,8 +3,8 @@ String.trim()), stored and shown as the effective value; broker settings logfs h
 
 import pytest
 
-from logfs.storage import BrokerConfig, InvalidConfigError, validate_topic_setting
-from logfs.storage.config import BROKER_ONLY, parse_double, parse_long
+from logfs.storage import BrokerConfig, InvalidConfigError, LogConfig, codecs, validate_topic_setting
+from logfs.storage.config import BROKER_ONLY, broker_keys, parse_double, parse_long
 
 
 @pytest.mark.parametrize("text,value", [
@@ -112,3 +112,78 @@ def test_stored_overrides_are_normalised_or_dropped_at_load(open_manager, tmp_pa
     assert m.topic_overrides("t") == {"retention.ms": "100"}
     assert m.get_log("t", 0).config.segment_ms == 604800000
     assert "dropping invalid override segment.ms='1_000'" in caplog.text
+
+
+# -- compression (CONTRACT section 8; Kafka 3.8's TopicConfig / ServerTopicConfigSynonyms, KIP-390) ---------------
+
+@pytest.mark.parametrize("name,text,shown", [
+    ("compression.type", "zstd", "zstd"), ("compression.type", " lz4 ", "lz4"), ("compression.type", "snappy", "snappy"),
+    ("compression.type", "gzip", "gzip"), ("compression.type", "uncompressed", "uncompressed"),
+    ("compression.type", "producer", "producer"),
+    ("compression.zstd.level", "-131072", "-131072"), ("compression.zstd.level", "22", "22"),
+    ("compression.zstd.level", "+3", "3"), ("compression.zstd.level", "0", "0"),
+    ("compression.lz4.level", "1", "1"), ("compression.lz4.level", "17", "17"),
+    ("compression.gzip.level", "-1", "-1"), ("compression.gzip.level", "1", "1"), ("compression.gzip.level", "9", "9"),
+])
+def test_compression_settings_accepted(name, text, shown):
+    assert validate_topic_setting(name, text) == shown
+
+
+@pytest.mark.parametrize("name,text", [
+    ("compression.type", "bogus"), ("compression.type", "ZSTD"), ("compression.type", "none"),  # case matters
+    ("compression.type", ""), ("compression.type", "zstd,lz4"), ("compression.type", "lz4hc"),
+    ("compression.zstd.level", "23"), ("compression.zstd.level", "-131073"), ("compression.zstd.level", "3.0"),
+    ("compression.zstd.level", "-0.1"), ("compression.zstd.level", "fast"),
+    ("compression.lz4.level", "0"), ("compression.lz4.level", "18"), ("compression.lz4.level", "-1"),
+    ("compression.gzip.level", "0"), ("compression.gzip.level", "10"), ("compression.gzip.level", "-2"),
+    ("compression.gzip.level", "1_0"),
+])
+def test_compression_settings_refused(name, text):
+    with pytest.raises(InvalidConfigError):
+        validate_topic_setting(name, text)
+
+
+def test_compression_defaults_resolve_to_uncompressed():
+    """Kafka's default is `producer`: keep the producer's codec. Lines through the mount arrive as text, so the
+    codec of what logfs writes is none."""
+    config = LogConfig.build(BrokerConfig.from_properties({}).topic_defaults, {})
+    assert (config.compression_type, config.compression_zstd_level, config.compression_lz4_level,
+            config.compression_gzip_level) == ("producer", 3, 9, -1)
+    assert (config.codec, config.codec_level) == (codecs.NONE, None)
+
+
+@pytest.mark.parametrize("overrides,codec,level", [
+    ({"compression.type": "zstd"}, codecs.ZSTD, 3),
+    ({"compression.type": "zstd", "compression.zstd.level": "-7"}, codecs.ZSTD, -7),
+    ({"compression.type": "lz4"}, codecs.LZ4, 9),
+    ({"compression.type": "lz4", "compression.lz4.level": "12"}, codecs.LZ4, 12),
+    ({"compression.type": "gzip"}, codecs.GZIP, -1),
+    ({"compression.type": "gzip", "compression.gzip.level": "9", "compression.zstd.level": "19"}, codecs.GZIP, 9),
+    ({"compression.type": "snappy"}, codecs.SNAPPY, None),
+    ({"compression.type": "uncompressed", "compression.zstd.level": "19"}, codecs.NONE, None),
+])
+def test_log_config_resolves_codec_and_level(overrides, codec, level):
+    config = LogConfig.build(BrokerConfig.from_properties({}).topic_defaults, overrides)
+    assert (config.codec, config.codec_level) == (codec, level)
+
+
+def test_broker_compression_settings_are_topic_defaults():
+    """Kafka 3.8 names the broker settings as the topic ones (ServerTopicConfigSynonyms.sameName)."""
+    broker = BrokerConfig.from_properties({"compression.type": " gzip", "compression.gzip.level": "+4",
+                                           "compression.zstd.level": "19", "compression.lz4.level": "3"})
+    assert broker.topic_defaults["compression.type"] == "gzip"
+    assert broker.topic_defaults["compression.gzip.level"] == "4"
+    config = LogConfig.build(broker.topic_defaults, {})
+    assert (config.codec, config.codec_level) == (codecs.GZIP, 4)
+    topic = LogConfig.build(broker.topic_defaults, {"compression.type": "zstd"})
+    assert (topic.codec, topic.codec_level) == (codecs.ZSTD, 19)
+    assert "log.compression.type" not in broker_keys()
+
+
+@pytest.mark.parametrize("key,text", [
+    ("compression.type", "bogus"), ("compression.zstd.level", "99"), ("compression.lz4.level", "0"),
+    ("compression.gzip.level", "0"),
+])
+def test_broker_compression_setting_refused_with_its_name(key, text):
+    with pytest.raises(InvalidConfigError, match=key.replace(".", r"\.")):
+        BrokerConfig.from_properties({key: text})

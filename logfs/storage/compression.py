@@ -1,0 +1,158 @@
+"""Where compression happens (CONTRACT section 8): sealed segments rewritten in the topic's codec, in the
+background, through the cleaner's crash-safe swap.
+
+Appends stay uncompressed: a small append keeps growing the active segment's last batch in place, and a bulk
+append keeps writing whole batches straight from the write buffer, at the cost they have without compression.
+Once a segment is sealed (rolled) and the topic has a codec, :func:`write_compressed` reads it and writes it again
+as ``<base>.log.cleaned`` (+ indexes): runs of plain batches (no producer id, not transactional, not control, no
+delete horizon, one timestamp type) merged into batches of about :data:`TARGET_BATCH_BYTES` of records, each
+compressed as one standard Kafka v2 batch (:func:`~logfs.storage.records.compress_batch`: the codecs' framing
+lives in :mod:`~logfs.storage.codecs` alone); other batches are kept as they are, and control batches are never
+compressed. Every record keeps its offset, timestamp, key, value and headers; the new segment spans exactly the
+offsets of the old one (its last batch keeps the old last offset). The log then swaps it in for the old one by
+:meth:`~logfs.storage.log.Log.replace_segments` (``.cleaned`` -> ``.swap`` -> live, the commit point being the
+``.log.swap`` rename): after a crash at any point each offset is in exactly one segment.
+
+The file work runs in the cleaner's child process (:mod:`~logfs.storage.cleaner_process`), so neither the
+re-encoding nor the codec competes with request handling for the GIL. Tiering waits for a segment's rewrite, so
+the bucket holds compressed segments.
+
+Which segments: sealed, not yet tiered, whose first batch is uncompressed while the topic's codec is set; a
+segment already in some codec is never rewritten (a change of ``compression.type`` applies to what is sealed from
+then on, as Kafka never recompresses what is on disk).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from . import records as rec
+from .records import _speedups
+from .lifecycle import discard, open_segment
+from .segment import CLEANED_SUFFIX, LogSegment, batch_stats
+
+log = logging.getLogger(__name__)
+
+#: Bytes of records (uncompressed) per rewritten batch. zstd on log lines gains little past this (docs/compression.md)
+#: and a read of one line decompresses at most one batch.
+TARGET_BATCH_BYTES = 256 << 10
+
+_NOT_MERGED = rec.ATTR_CONTROL | rec.ATTR_TRANSACTIONAL | rec.ATTR_DELETE_HORIZON | rec.ATTR_COMPRESSION_MASK
+
+
+def codec_of(config) -> tuple[int, int]:
+    """(Kafka codec id, level) the topic's sealed segments are written in; (0, 0) for none."""
+    return getattr(config, "codec", 0), getattr(config, "codec_level", 0)
+
+
+def first_header(segment) -> rec.BatchHeader | None:
+    """The header of a segment's first batch (one small read), or None when it has none."""
+    if segment.size < rec.HEADER_SIZE:
+        return None
+    try:
+        return rec.parse_header(segment.read(0, rec.HEADER_SIZE))
+    except Exception:  # noqa: BLE001 - a damaged header is recovery's business, not this one's
+        return None
+
+
+def needs_rewrite(segment, config) -> bool:
+    """Whether a sealed segment is still to be written in the topic's codec."""
+    codec, _ = codec_of(config)
+    if not codec or segment.active or segment.size == 0:
+        return False
+    first = getattr(segment, "first_codec", None)  # a sealed segment's first batch never changes: read once
+    if first is None:
+        header = first_header(segment)
+        first = segment.first_codec = -1 if header is None or header.is_control else header.compression
+    return first == 0
+
+
+def _mergeable(header: rec.BatchHeader) -> bool:
+    return not header.attributes & _NOT_MERGED and header.producer_id < 0
+
+
+class _Pending:
+    """Consecutive plain batches waiting to become one compressed batch."""
+
+    def __init__(self) -> None:
+        self.batches: list[bytes] = []
+        self.bytes = 0
+        self.records = 0
+        self.last_offset = -1
+        self.ts_type = 0
+
+    def take(self, header: rec.BatchHeader, batch: bytes) -> None:
+        if not self.batches:
+            self.ts_type = header.attributes & rec.ATTR_TIMESTAMP_TYPE
+        self.batches.append(batch)
+        self.bytes += len(batch)
+        self.records += header.records_count
+        self.last_offset = header.last_offset
+
+    def fits(self, header: rec.BatchHeader, limit: int) -> bool:
+        return not self.batches or (self.bytes + header.size <= limit
+                                    and header.attributes & rec.ATTR_TIMESTAMP_TYPE == self.ts_type)
+
+    def merged(self) -> bytes:
+        """One uncompressed batch of all the records (C: no Python object per record)."""
+        if _speedups is not None:
+            return rec.stamp_crc(_speedups.merge_batches(self.batches, self.last_offset))
+        first = rec.parse_header(self.batches[0])
+        rs = [r for b in self.batches for r in rec.decode(b)]
+        return rec.build_batch_generic(
+            first.base_offset, first.base_timestamp, [r.value for r in rs], [r.key for r in rs],
+            [r.headers for r in rs], [r.timestamp for r in rs], [r.offset - first.base_offset for r in rs],
+            base_timestamp=first.base_timestamp, last_offset_delta=self.last_offset - first.base_offset,
+            attributes=self.ts_type, leader_epoch=first.partition_leader_epoch)
+
+
+def write_compressed(directory: str, config, segment: LogSegment, now_ms: int) -> LogSegment:
+    """Write ``segment`` again in the topic's codec as a ``.cleaned`` segment (flushed, sealed), touching no live
+    state. Runs in the cleaner process (or a worker thread)."""
+    codec, level = codec_of(config)
+    limit = max(1, min(TARGET_BATCH_BYTES, config.max_message_bytes))
+    cleaned = open_segment(directory, segment.base_offset, config, created_ms=now_ms, suffix=CLEANED_SUFFIX)
+    for index in (cleaned.offset_index, cleaned.time_index, cleaned.view_index):
+        index.reset()  # a stray .cleaned file from an abandoned pass
+    if cleaned.size:
+        os.ftruncate(cleaned.fd, 0)
+        cleaned.size = 0
+
+    def put(batch: bytes, compress: bool) -> None:
+        stats = batch_stats(batch)
+        if compress:
+            batch = rec.compress_batch(batch, codec, level)
+        cleaned.append(batch, rec.parse_header(batch), stats)
+
+    pending = _Pending()
+
+    def flush_pending() -> None:
+        nonlocal pending
+        if pending.batches:
+            put(pending.merged(), pending.records > 0)  # (empty batches, kept for the range they span, stay plain)
+        pending = _Pending()
+
+    try:
+        for _, header, buf, at in segment.batches_from(0):
+            batch = bytes(buf[at : at + header.size])
+            if _mergeable(header):
+                if not pending.fits(header, limit):
+                    flush_pending()
+                pending.take(header, batch)
+                continue
+            flush_pending()
+            if header.compression or header.is_control or header.records_count == 0:
+                put(batch, False)  # kept as it is: already in a codec, or a control or empty batch
+            else:
+                put(batch, True)  # a producer's or transactional batch: compressed alone, its fields kept
+        flush_pending()
+        if cleaned.next_offset != segment.next_offset:
+            raise ValueError(f"{segment.log_path}: the rewrite ends at {cleaned.next_offset}, the segment at "
+                             f"{segment.next_offset}")
+        cleaned.on_become_inactive()
+        cleaned.flush()
+    except BaseException:
+        discard(cleaned)
+        raise
+    return cleaned
