@@ -32,7 +32,9 @@ import json
 import multiprocessing
 import os
 import platform
+import re
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -662,39 +664,110 @@ SCENARIOS = {
 }
 
 
+def _mountpoints_under(root: str) -> list[str]:
+    """Mountpoints at or below ``root`` (from /proc/self/mountinfo, octal escapes undone), deepest first."""
+    root = os.path.abspath(root)
+    found = []
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            point = line.split()[4]
+            point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), point)
+            if point == root or point.startswith(root + "/"):
+                found.append(point)
+    return sorted(found, key=len, reverse=True)
+
+
+def _processes_naming(root: str) -> list[int]:
+    """This user's processes (other than this one) whose command line names a path at or below ``root``: the
+    logfs daemons (detached, so not our children), nullfs, SeaweedFS, Spark JVMs a run started there."""
+    me, uid, out = os.getpid(), os.getuid(), []
+    needle = os.path.abspath(root).encode()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == me:
+            continue
+        try:
+            if os.stat(f"/proc/{entry}").st_uid != uid:
+                continue
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmdline = f.read()
+        except OSError:
+            continue
+        if any(arg == needle or arg.startswith(needle + b"/") or (b"=" + needle) in arg
+               for arg in cmdline.split(b"\0")):
+            out.append(int(entry))
+    return out
+
+
+def leave_nothing(workdir: str, remove: bool) -> None:
+    """Undo what a run left under ``workdir``, whether it finished or failed: writer processes, mounts (logfs and
+    nullfs; a plain unmount first, so a daemon can shut down cleanly, then a lazy one), every process still naming
+    the directory (terminated, then killed), and, with ``remove``, the directory itself. Signals that would end
+    the run are ignored meanwhile, so a second Ctrl-C or SIGTERM does not cut the clean-up short."""
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
+    for child in multiprocessing.active_children():
+        child.terminate()
+        child.join(5)
+    for point in _mountpoints_under(workdir):
+        subprocess.run(["fusermount3", "-u", point], check=False, stderr=subprocess.DEVNULL)
+        if mounted(point):
+            subprocess.run(["fusermount3", "-uz", point], check=False, stderr=subprocess.DEVNULL)
+    for sig, grace in ((signal.SIGTERM, 60.0), (signal.SIGKILL, 10.0)):
+        pids = _processes_naming(workdir)
+        if sig == signal.SIGKILL and pids:
+            print(f"bench: killing {pids}, still running after the clean-up", file=sys.stderr, flush=True)
+        for pid in pids:  # SIGTERM to a logfs daemon is its clean shutdown
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + grace
+        while _processes_naming(workdir) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    if remove:
+        shutil.rmtree(workdir, ignore_errors=True)
+        if os.path.exists(workdir):
+            print(f"bench: could not remove {workdir}", file=sys.stderr, flush=True)
+
+
+def _raise_on_signal(signum, _frame):
+    """SIGTERM and SIGHUP end the run through the same clean-up as an error (SIGINT already does)."""
+    raise SystemExit(128 + signum)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true",
                         help="tiny sizes for bulk append, sequential read and small writes (seconds), small ones "
                              "for the rest (about 2 minutes in all, mostly the compaction and Spark scenarios)")
     parser.add_argument("--json", default=None, help="write results here (default: print only)")
-    parser.add_argument("--workdir", default=None, help="scratch directory on the disk to measure")
+    parser.add_argument("--workdir", default=None,
+                        help="scratch directory on the disk to measure (kept; default: a new /var/tmp/logfs-bench-* "
+                             "removed at the end, also when the run fails or is interrupted)")
     parser.add_argument("--only", default=None, help="comma-separated scenario names")
     parser.add_argument("--rounds", type=int, default=None,
                         help="best of N for bulk append, sequential read and small writes (default 3, 1 with --quick)")
     parser.add_argument("--markdown", default=None, help="also write the markdown tables here")
     args = parser.parse_args(argv)
-    workdir = args.workdir or tempfile.mkdtemp(prefix="logfs-bench-", dir="/var/tmp")
-    os.makedirs(workdir, exist_ok=True)
     wanted = args.only.split(",") if args.only else list(SCENARIOS)
     unknown = set(wanted) - set(SCENARIOS)
     if unknown:
         parser.error(f"unknown scenario(s): {', '.join(sorted(unknown))}")
-    bench = Bench(workdir, args.quick, args.rounds)
-    ran = set()
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _raise_on_signal)
+    workdir = os.path.abspath(args.workdir or tempfile.mkdtemp(prefix="logfs-bench-", dir="/var/tmp"))
     try:
+        os.makedirs(workdir, exist_ok=True)
+        print(f"workdir {workdir}", flush=True)
+        bench = Bench(workdir, args.quick, args.rounds)
+        ran = set()
         for name in wanted:
             method = SCENARIOS[name]
             if method not in ran:
                 ran.add(method)
                 getattr(bench, method)()
     finally:
-        for entry in os.listdir(workdir):
-            for mnt in (os.path.join(workdir, entry, "mnt"), os.path.join(workdir, entry, "nullmnt")):
-                if os.path.isdir(mnt) and mounted(mnt):
-                    subprocess.run(["fusermount3", "-uz", mnt], check=False)
-        if not args.workdir:
-            shutil.rmtree(workdir, ignore_errors=True)
+        leave_nothing(workdir, remove=not args.workdir)
     report = {
         "machine": {"cpus": os.cpu_count(), "kernel": platform.release(), "python": platform.python_version()},
         "quick": args.quick,
