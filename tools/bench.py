@@ -14,7 +14,8 @@ Prints one line per figure as it goes, then markdown tables to paste into docs/b
 
 Scenarios: bulk_append (no sync) and bulk_append_fsync; sequential_read (page cache dropped) and
 sequential_read_warm; small_writes (one line per write(), 1 and 4 writers, 25/100/1000-byte lines);
-shell_appends, read_at_offset, mount_time, memory, responsiveness, spark, tiered (tools/bench_tiered.py: append
+shell_appends, read_at_offset, mount_time, memory, responsiveness, spark, metrics (tools/bench_options.py: small
+writes with the metrics file off and on), tiered (tools/bench_tiered.py: append
 p99 with the store up/down/slow, tiered reads cold/warm, time to first byte; starts its own SeaweedFS),
 spark_cluster (tools/bench_cluster.py: the Spark source on a 2-worker standalone cluster, count and groupBy of a
 tiered log from the bucket against the same offsets from the local DATA_DIR). Naming any of a group in --only runs
@@ -554,6 +555,11 @@ class Bench:
         self.record("spark", mb=size >> 20, s_logfs=t_logfs, s_ext4=t_ext4, ratio_vs_ext4=t_ext4 / t_logfs,
                     records=n_logfs, target=0.8)
 
+    def metrics(self):
+        from bench_options import metrics
+
+        metrics(self)
+
     def tiered(self):
         from bench_tiered import tiered
 
@@ -659,6 +665,7 @@ SCENARIOS = {
     "memory": "mount_time_and_memory",
     "responsiveness": "responsiveness",
     "spark": "spark",
+    "metrics": "metrics",
     "tiered": "tiered",
     "spark_cluster": "spark_cluster",
 }

@@ -32,10 +32,11 @@ from .errors import fail
 log = logging.getLogger(__name__)
 
 class PartitionHandle:
-    __slots__ = ("log", "view", "append_mode", "writable", "pending", "skipping", "dropped", "inode")
+    __slots__ = ("log", "counters", "view", "append_mode", "writable", "pending", "skipping", "dropped", "inode")
 
     def __init__(self, log: Log, inode: int, flags: int):
         self.log = log
+        self.counters = log.counters  # the partition's traffic counters (Operations adds to them)
         self.inode = inode
         self.view: SegmentView = open_view(log)
         self.append_mode = bool(flags & os.O_APPEND)
@@ -51,10 +52,12 @@ class PartitionHandle:
             view.extend()
         return view.length()
 
-    def read(self, offset: int, size: int) -> bytes:
-        if offset >= self.view.length():
+    def read(self, offset: int, size: int) -> tuple[bytes, int]:
+        """(the bytes, how many records' lines end in them)."""
+        view = self.view
+        if offset >= view.length():
             self.length()
-        return self.view.read(offset, size)
+        return view.read(offset, size), view.lines
 
     def write(self, offset: int, data: bytes) -> int:
         if not self.append_mode and offset != self.length() + len(self.pending) + self.dropped:

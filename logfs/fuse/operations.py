@@ -76,6 +76,11 @@ class Operations(pyfuse3.Operations):
         for topic in manager.list_topics():
             self._topic_inode(topic)
 
+    @property
+    def open_files(self) -> int:
+        """Partition files open through the mount (for the metrics)."""
+        return len(self._handles)
+
     # -- inode bookkeeping ---------------------------------------------------------------------------
     def _topic_inode(self, topic: str) -> int:
         ino = self._topic_ino.get(topic)
@@ -333,12 +338,18 @@ class Operations(pyfuse3.Operations):
     @translate
     async def read(self, fh, off, size):
         handle = self._handle(fh)
+        data = None
         if fh not in self._fetching:
             try:
-                return handle.read(off, size)
+                data, lines = handle.read(off, size)
             except FetchNeededError:
                 pass
-        return await self._fetch(fh, handle.read, off, size)
+        if data is None:
+            data, lines = await self._fetch(fh, handle.read, off, size)
+        counters = handle.counters  # (here, on the trio thread, also after a read in a worker thread)
+        counters.read_bytes += len(data)
+        counters.read_records += lines
+        return data
 
     async def _fetch(self, fh, fn, *args):
         """A read of tiered data that is not cached: in a worker thread (the store may take up to its time
@@ -359,6 +370,7 @@ class Operations(pyfuse3.Operations):
         if handle.log.closed:
             fail(errno.ENOENT)  # the partition was deleted while open
         written = handle.write(off, buf)
+        handle.counters.appended_bytes += written
         if handle.log.flush_due:  # flush.messages: durable before the write() returns, as Kafka's flush
             await self.run_blocking(handle.log.flush)
         return written

@@ -100,6 +100,13 @@ def _free_text(text: str) -> str:
     return text.strip()
 
 
+def _absolute_path(text: str) -> str:
+    path = _free_text(text)
+    if path and (not path.startswith("/") or "\0" in path or path.endswith("/")):
+        raise InvalidConfigError(f"expected an absolute file path, got {text!r}")
+    return path
+
+
 def _bool(text: str) -> bool:
     if _trim(text).lower() not in ("true", "false"):
         raise InvalidConfigError(f"expected true or false, got {text!r}")
@@ -195,6 +202,9 @@ BROKER_ONLY: dict[str, Setting] = {
         Setting("logfs.remote.s3.region", _free_text, "us-east-1"),
         Setting("logfs.remote.dir", _free_text, ""),
         Setting("logfs.remote.cache.bytes", _long(0), str(1 << 30)),
+        # Metrics (logfs.service.metrics): Prometheus's text format, written to this file (none when empty).
+        Setting("logfs.metrics.file", _absolute_path, ""),
+        Setting("logfs.metrics.interval.ms", _long(100, INT_MAX), "10000"),
         Setting("num.recovery.threads.per.data.dir", _only(
             _long(1, INT_MAX), lambda v: v == 1,
             "logfs loads and recovers partitions with one thread, before it mounts; only 1 is accepted"), "1"),

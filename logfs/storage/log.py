@@ -25,6 +25,7 @@ from . import lines, tail_batch
 from . import records as rec
 from .clock import SYSTEM_CLOCK, Clock
 from .config import LogConfig
+from .counters import PartitionCounters
 from .errors import LogfsError, OffsetOutOfRangeError, RecordTooLargeError, StorageIOError
 from .index import LineStats
 from .lifecycle import discard, open_segment, replace_segments
@@ -71,6 +72,7 @@ class Log:
         # Tiered segments (read-only, logfs.storage.tiered publishes them): the view shows those below the first
         # local segment, then the local ones; the log start offset is then the whole log's.
         self.remote_segments: list = []
+        self.counters = PartitionCounters(self.log_end_offset)  # traffic, for the metrics
 
     @property
     def layout_version(self) -> int:

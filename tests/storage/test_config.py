@@ -112,3 +112,20 @@ def test_stored_overrides_are_normalised_or_dropped_at_load(open_manager, tmp_pa
     assert m.topic_overrides("t") == {"retention.ms": "100"}
     assert m.get_log("t", 0).config.segment_ms == 604800000
     assert "dropping invalid override segment.ms='1_000'" in caplog.text
+
+
+@pytest.mark.parametrize("key,text", [
+    ("logfs.metrics.file", "metrics.prom"), ("logfs.metrics.file", "/var/lib/node_exporter/"),
+    ("logfs.metrics.interval.ms", "50"), ("logfs.metrics.interval.ms", "10s"),
+])
+def test_metrics_settings_refused_with_their_name(key, text):
+    with pytest.raises(InvalidConfigError, match=key.replace(".", r"\.")):
+        BrokerConfig.from_properties({key: text})
+
+
+def test_metrics_settings():
+    broker = BrokerConfig.from_properties({})
+    assert (broker.get("logfs.metrics.file"), broker.get("logfs.metrics.interval.ms")) == ("", 10000)
+    broker = BrokerConfig.from_properties({"logfs.metrics.file": " /run/logfs.prom ",
+                                           "logfs.metrics.interval.ms": "1000"})
+    assert (broker.get("logfs.metrics.file"), broker.get("logfs.metrics.interval.ms")) == ("/run/logfs.prom", 1000)
