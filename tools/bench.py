@@ -15,7 +15,7 @@ Prints one line per figure as it goes, then markdown tables to paste into docs/b
 Scenarios: bulk_append (no sync) and bulk_append_fsync; sequential_read (page cache dropped) and
 sequential_read_warm; small_writes (one line per write(), 1 and 4 writers, 25/100/1000-byte lines);
 shell_appends, read_at_offset, mount_time, memory, responsiveness, spark, metrics (tools/bench_options.py: small
-writes with the metrics file off and on), tiered (tools/bench_tiered.py: append
+writes with the metrics file off and on), writer_headers (the same with logfs.writer.headers off and on), tiered (tools/bench_tiered.py: append
 p99 with the store up/down/slow, tiered reads cold/warm, time to first byte; starts its own SeaweedFS),
 spark_cluster (tools/bench_cluster.py: the Spark source on a 2-worker standalone cluster, count and groupBy of a
 tiered log from the bucket against the same offsets from the local DATA_DIR). Naming any of a group in --only runs
@@ -560,6 +560,11 @@ class Bench:
 
         metrics(self)
 
+    def writer_headers(self):
+        from bench_options import writer_headers
+
+        writer_headers(self)
+
     def tiered(self):
         from bench_tiered import tiered
 
@@ -666,6 +671,7 @@ SCENARIOS = {
     "responsiveness": "responsiveness",
     "spark": "spark",
     "metrics": "metrics",
+    "writer_headers": "writer_headers",
     "tiered": "tiered",
     "spark_cluster": "spark_cluster",
 }

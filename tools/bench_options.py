@@ -7,6 +7,9 @@ land on one side only.
   without metrics, one writing ``-o logfs.metrics.file`` every 250 ms (forty times the default rate). The figures
   say what the render thread takes from the request loop; the per-request counters are the same on both sides
   (they cannot be turned off), their cost is the comparison with the commit before them in docs/benchmarks.md.
+- ``writer_headers``: one mount, two topics, the second with ``logfs.writer.headers=true`` (each record then
+  carries the writer's pid, uid and command name, and goes through the record encoder instead of the bulk path
+  and the tail-batch growth). Also the ``.log`` bytes per byte of text on each side.
 """
 
 from __future__ import annotations
@@ -60,3 +63,24 @@ def metrics(bench) -> None:
     bench.record("metrics", partitions=partitions, lines=lines, interval_ms=interval_ms,
                  lines_per_s_off=best["off"], lines_per_s_on=best["on"], ratio_on_vs_off=best["on"] / best["off"],
                  render_ms=render * 1000, file_kb=len(text) / 1024, best_of=bench.rounds)
+
+
+def writer_headers(bench) -> None:
+    lines = 5000 if bench.quick else 40000
+    data, mnt = bench.dirs("writer-headers")
+    mount_logfs(data, mnt)
+    try:
+        for topic in ("off", "on"):
+            os.mkdir(f"{mnt}/{topic}")
+        os.setxattr(f"{mnt}/on", "user.logfs.config.logfs.writer.headers", b"true")
+        best = _best_rates({"off": f"{mnt}/off/0", "on": f"{mnt}/on/0"}, lines, bench.rounds)
+    finally:
+        unmount(mnt, data)
+    text = lines * bench.rounds * LINE
+    disk = {side: sum(os.path.getsize(os.path.join(data, f"{side}-0", name))
+                      for name in os.listdir(os.path.join(data, f"{side}-0")) if name.endswith(".log")) / text
+            for side in ("off", "on")}
+    bench.record("writer_headers", lines=lines, line_bytes=LINE, lines_per_s_off=best["off"],
+                 lines_per_s_on=best["on"], ratio_on_vs_off=best["on"] / best["off"],
+                 log_bytes_per_text_byte_off=disk["off"], log_bytes_per_text_byte_on=disk["on"],
+                 best_of=bench.rounds)

@@ -310,7 +310,7 @@ class Operations(pyfuse3.Operations):
             fail(errno.EINVAL)
         await self.run_blocking(self.manager.create_partition, topic, number)
         inode = self._partition_inode(topic, number)
-        info = self._open_handle(inode, topic, number, flags & ~os.O_TRUNC)
+        info = self._open_handle(inode, topic, number, flags & ~os.O_TRUNC, ctx)
         return info, self._attrs(inode)
 
     @translate
@@ -321,10 +321,13 @@ class Operations(pyfuse3.Operations):
             fail(errno.EROFS)
         if flags & os.O_TRUNC and live_view(self.manager.logs[(topic, partition)]).length() > 0:
             fail(errno.EPERM)
-        return self._open_handle(inode, topic, partition, flags)
+        return self._open_handle(inode, topic, partition, flags, ctx)
 
-    def _open_handle(self, inode: int, topic: str, partition: int, flags: int) -> pyfuse3.FileInfo:
-        handle = PartitionHandle(self.manager.logs[(topic, partition)], inode, flags)
+    def _open_handle(self, inode: int, topic: str, partition: int, flags: int, ctx) -> pyfuse3.FileInfo:
+        # The opener's identity, for logfs.writer.headers (handler calls without a kernel pass no context: then
+        # this process is the opener).
+        pid, uid = (ctx.pid, ctx.uid) if ctx is not None else (os.getpid(), os.getuid())
+        handle = PartitionHandle(self.manager.logs[(topic, partition)], inode, flags, pid, uid)
         fh = next(self._next_fh)
         self._handles[fh] = handle
         return pyfuse3.FileInfo(fh=fh, direct_io=True, keep_cache=False, nonseekable=False)

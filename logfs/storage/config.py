@@ -166,6 +166,7 @@ TOPIC_SETTINGS: dict[str, tuple[Setting, str | None]] = {
         (Setting("local.retention.bytes", _long(-2), "-2"), "log.local.retention.bytes"),
         (Setting("logfs.key.separator", _text, None), "logfs.key.separator"),
         (Setting("logfs.null.marker", _text, None), "logfs.null.marker"),
+        (Setting("logfs.writer.headers", _bool, "false"), "logfs.writer.headers"),
     ]
 }
 
@@ -332,6 +333,7 @@ class LogConfig:
     local_retention_bytes: int = -2
     key_separator: bytes | None = None
     null_marker: bytes | None = None
+    writer_headers: bool = False  # records appended through the mount carry logfs.pid/uid/comm headers
 
     @property
     def compact(self) -> bool:
