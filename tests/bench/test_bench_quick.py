@@ -57,8 +57,8 @@ RANGES = {
 }
 
 SCENARIOS = {"bulk_append", "bulk_append_fsync", "sequential_read", "sequential_read_warm", "small_writes",
-             "shell_appends", "read_at_offset", "mount_time", "memory", "responsiveness", "spark", "metrics", "writer_headers", "tiered",
-             "spark_cluster"}
+             "shell_appends", "read_at_offset", "mount_time", "memory", "responsiveness", "spark", "metrics",
+             "writer_headers", "tiered", "spark_cluster"}
 SMALL_CASES = {(writers, length) for writers in (1, 4) for length in (25, 100, 1000)}
 NUMBER = re.compile(r"^-?[\d,]+(\.\d+)?(e[+-]?\d+)?$")
 

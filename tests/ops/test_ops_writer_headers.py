@@ -68,7 +68,8 @@ async def test_small_appends_with_headers_never_grow_a_headerless_batch(fs):
         await fs.append("t/0", b"plain again %d\n" % i)
     got = records(fs)
     assert [bool(r.headers) for r in got] == [False] * 3 + [True] * 3 + [False] * 3
-    assert await fs.cat("t/0") == b"".join([b"plain %d\n" % i for i in range(3)] + [b"tagged %d\n" % i for i in range(3)]
+    assert await fs.cat("t/0") == b"".join([b"plain %d\n" % i for i in range(3)]
+                                           + [b"tagged %d\n" % i for i in range(3)]
                                            + [b"plain again %d\n" % i for i in range(3)])
 
 
