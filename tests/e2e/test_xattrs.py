@@ -20,7 +20,7 @@ TOPIC_KEYS = [
     "segment.index.bytes", "index.interval.bytes", "file.delete.delay.ms", "delete.retention.ms",
     "min.cleanable.dirty.ratio", "min.compaction.lag.ms", "max.compaction.lag.ms", "max.message.bytes",
     "flush.messages", "flush.ms", "remote.storage.enable", "local.retention.ms", "local.retention.bytes",
-    "logfs.key.separator", "logfs.null.marker",
+    "logfs.key.separator", "logfs.null.marker", "logfs.writer.headers",
 ]
 
 
