@@ -274,7 +274,7 @@ static inline uint32_t be32(const unsigned char *p) {
     return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3];
 }
 
-/* render_window(buf, skip, want, separator=None, null_marker=None) -> (out, advanced, skip_after, need)
+/* render_window(buf, skip, want, separator=None, null_marker=None) -> (out, advanced, skip_after, need, lines)
  *
  * The read path's one call per request: the text-view lines of the plain batches at the start of ``buf``, from
  * byte ``skip`` of those lines, at most ``want`` bytes. Lines before ``skip`` are measured, not copied, and the
@@ -282,10 +282,12 @@ static inline uint32_t be32(const unsigned char *p) {
  * (``advanced``: the buf position of the batch holding the next unread byte; ``skip_after``: bytes of that
  * batch's lines already passed). ``need`` is why it stopped early: 0 (``want`` reached, or the buffer ended at
  * a batch boundary), N > 0 (the batch at ``advanced`` is not whole in ``buf``, and its lines were rendered as
- * far as its whole records go: read N bytes from there to go on), -1 (the batch at ``advanced`` is compressed, a control batch or not v2: the caller renders it). */
+ * far as its whole records go: read N bytes from there to go on), -1 (the batch at ``advanced`` is compressed, a control batch or not v2: the caller renders it).
+ * ``lines`` is how many of ``out``'s bytes are a line's "\n" (records whose line ends in this window: the read
+ * counter of the metrics, counted here for free instead of scanning ``out`` again). */
 typedef struct {
     render_ctx fmt;
-    Py_ssize_t skip, room, consumed;
+    Py_ssize_t skip, room, consumed, lines;
     int stopped;
 } window_ctx;
 
@@ -327,7 +329,9 @@ static int emit_window(const parsed_record *r, void *c) {
         window_put(w, (const unsigned char *)w->fmt.marker, w->fmt.markerlen);
         line += w->fmt.markerlen;
     }
+    Py_ssize_t room = w->room;
     window_put(w, (const unsigned char *)"\n", 1);
+    w->lines += w->room < room; /* the "\n" was copied, not passed over */
     if (w->consumed - before < line) { /* out of room inside this line */
         w->stopped = 1;
         return 1;
@@ -341,7 +345,7 @@ static PyObject *render_window(PyObject *self, PyObject *args) {
     PyObject *sep = Py_None, *marker = Py_None;
     if (!PyArg_ParseTuple(args, "y*nn|OO", &view, &skip, &want, &sep, &marker))
         return NULL;
-    window_ctx w = {{NULL, NULL, 0, 0, 0, NULL}, skip, want, 0, 0};
+    window_ctx w = {{NULL, NULL, 0, 0, 0, NULL}, skip, want, 0, 0, 0};
     PyObject *out = NULL, *result = NULL;
     const unsigned char *buf = view.buf;
     if (skip < 0 || want < 0) {
@@ -396,7 +400,7 @@ static PyObject *render_window(PyObject *self, PyObject *args) {
     Py_ssize_t produced = want - w.room;
     if (produced < want && _PyBytes_Resize(&out, produced) < 0)
         goto done;
-    result = Py_BuildValue("(Nnnn)", out, pos, skip_after, need);
+    result = Py_BuildValue("(Nnnnn)", out, pos, skip_after, need, w.lines);
     out = NULL;
 done:
     Py_XDECREF(out);

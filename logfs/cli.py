@@ -19,7 +19,7 @@ from .service.logsetup import journal_stderr, setup_logging, user_error
 from .service.startup import run
 from .storage import BrokerConfig, InvalidConfigError
 from .storage.config import broker_keys
-from .service.mountpoint import check_mount_paths
+from .service.mountpoint import check_metrics_file, check_mount_paths
 
 log = logging.getLogger("logfs")
 
@@ -146,6 +146,8 @@ def main(argv: list[str] | None = None) -> int:
         user_error(f"data directory {args.data_dir} is not a directory")
         return 2
     refused = check_mount_paths(data_dir, mountpoint)
+    if not refused and broker.get("logfs.metrics.file"):
+        refused = check_metrics_file(broker.get("logfs.metrics.file"), data_dir, mountpoint)
     if refused:
         user_error(refused)
         return 2

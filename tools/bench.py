@@ -14,11 +14,12 @@ Prints one line per figure as it goes, then markdown tables to paste into docs/b
 
 Scenarios: bulk_append (no sync) and bulk_append_fsync; sequential_read (page cache dropped) and
 sequential_read_warm; small_writes (one line per write(), 1 and 4 writers, 25/100/1000-byte lines);
-shell_appends, read_at_offset, mount_time, memory, responsiveness, spark, tiered (tools/bench_tiered.py: append
-p99 with the store up/down/slow, tiered reads cold/warm, time to first byte; starts its own SeaweedFS),
-spark_cluster (tools/bench_cluster.py: the Spark source on a 2-worker standalone cluster, count and groupBy of a
-tiered log from the bucket against the same offsets from the local DATA_DIR). Naming any of a group in --only runs
-the whole group.
+shell_appends, read_at_offset, mount_time, memory, responsiveness, spark, metrics (tools/bench_options.py: small
+writes with the metrics file off and on), writer_headers (the same with logfs.writer.headers off and on), tiered
+(tools/bench_tiered.py: append p99 with the store up/down/slow, tiered reads cold/warm, time to first byte;
+starts its own SeaweedFS), spark_cluster (tools/bench_cluster.py: the Spark source on a 2-worker standalone
+cluster, count and groupBy of a tiered log from the bucket against the same offsets from the local DATA_DIR).
+Naming any of a group in --only runs the whole group.
 
 The issue-15 write-path figures alone (bulk append, sequential read, small writes), best of 3, ~4 minutes:
 
@@ -32,7 +33,9 @@ import json
 import multiprocessing
 import os
 import platform
+import re
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -552,6 +555,16 @@ class Bench:
         self.record("spark", mb=size >> 20, s_logfs=t_logfs, s_ext4=t_ext4, ratio_vs_ext4=t_ext4 / t_logfs,
                     records=n_logfs, target=0.8)
 
+    def metrics(self):
+        from bench_options import metrics
+
+        metrics(self)
+
+    def writer_headers(self):
+        from bench_options import writer_headers
+
+        writer_headers(self)
+
     def tiered(self):
         from bench_tiered import tiered
 
@@ -657,9 +670,82 @@ SCENARIOS = {
     "memory": "mount_time_and_memory",
     "responsiveness": "responsiveness",
     "spark": "spark",
+    "metrics": "metrics",
+    "writer_headers": "writer_headers",
     "tiered": "tiered",
     "spark_cluster": "spark_cluster",
 }
+
+
+def _mountpoints_under(root: str) -> list[str]:
+    """Mountpoints at or below ``root`` (from /proc/self/mountinfo, octal escapes undone), deepest first."""
+    root = os.path.abspath(root)
+    found = []
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            point = line.split()[4]
+            point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), point)
+            if point == root or point.startswith(root + "/"):
+                found.append(point)
+    return sorted(found, key=len, reverse=True)
+
+
+def _processes_naming(root: str) -> list[int]:
+    """This user's processes (other than this one) whose command line names a path at or below ``root``: the
+    logfs daemons (detached, so not our children), nullfs, SeaweedFS, Spark JVMs a run started there."""
+    me, uid, out = os.getpid(), os.getuid(), []
+    needle = os.path.abspath(root).encode()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == me:
+            continue
+        try:
+            if os.stat(f"/proc/{entry}").st_uid != uid:
+                continue
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmdline = f.read()
+        except OSError:
+            continue
+        if any(arg == needle or arg.startswith(needle + b"/") or (b"=" + needle) in arg
+               for arg in cmdline.split(b"\0")):
+            out.append(int(entry))
+    return out
+
+
+def leave_nothing(workdir: str, remove: bool) -> None:
+    """Undo what a run left under ``workdir``, whether it finished or failed: writer processes, mounts (logfs and
+    nullfs; a plain unmount first, so a daemon can shut down cleanly, then a lazy one), every process still naming
+    the directory (terminated, then killed), and, with ``remove``, the directory itself. Signals that would end
+    the run are ignored meanwhile, so a second Ctrl-C or SIGTERM does not cut the clean-up short."""
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
+    for child in multiprocessing.active_children():
+        child.terminate()
+        child.join(5)
+    for point in _mountpoints_under(workdir):
+        subprocess.run(["fusermount3", "-u", point], check=False, stderr=subprocess.DEVNULL)
+        if mounted(point):
+            subprocess.run(["fusermount3", "-uz", point], check=False, stderr=subprocess.DEVNULL)
+    for sig, grace in ((signal.SIGTERM, 60.0), (signal.SIGKILL, 10.0)):
+        pids = _processes_naming(workdir)
+        if sig == signal.SIGKILL and pids:
+            print(f"bench: killing {pids}, still running after the clean-up", file=sys.stderr, flush=True)
+        for pid in pids:  # SIGTERM to a logfs daemon is its clean shutdown
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + grace
+        while _processes_naming(workdir) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    if remove:
+        shutil.rmtree(workdir, ignore_errors=True)
+        if os.path.exists(workdir):
+            print(f"bench: could not remove {workdir}", file=sys.stderr, flush=True)
+
+
+def _raise_on_signal(signum, _frame):
+    """SIGTERM and SIGHUP end the run through the same clean-up as an error (SIGINT already does)."""
+    raise SystemExit(128 + signum)
 
 
 def main(argv=None) -> int:
@@ -668,33 +754,33 @@ def main(argv=None) -> int:
                         help="tiny sizes for bulk append, sequential read and small writes (seconds), small ones "
                              "for the rest (about 2 minutes in all, mostly the compaction and Spark scenarios)")
     parser.add_argument("--json", default=None, help="write results here (default: print only)")
-    parser.add_argument("--workdir", default=None, help="scratch directory on the disk to measure")
+    parser.add_argument("--workdir", default=None,
+                        help="scratch directory on the disk to measure (kept; default: a new /var/tmp/logfs-bench-* "
+                             "removed at the end, also when the run fails or is interrupted)")
     parser.add_argument("--only", default=None, help="comma-separated scenario names")
     parser.add_argument("--rounds", type=int, default=None,
                         help="best of N for bulk append, sequential read and small writes (default 3, 1 with --quick)")
     parser.add_argument("--markdown", default=None, help="also write the markdown tables here")
     args = parser.parse_args(argv)
-    workdir = args.workdir or tempfile.mkdtemp(prefix="logfs-bench-", dir="/var/tmp")
-    os.makedirs(workdir, exist_ok=True)
     wanted = args.only.split(",") if args.only else list(SCENARIOS)
     unknown = set(wanted) - set(SCENARIOS)
     if unknown:
         parser.error(f"unknown scenario(s): {', '.join(sorted(unknown))}")
-    bench = Bench(workdir, args.quick, args.rounds)
-    ran = set()
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _raise_on_signal)
+    workdir = os.path.abspath(args.workdir or tempfile.mkdtemp(prefix="logfs-bench-", dir="/var/tmp"))
     try:
+        os.makedirs(workdir, exist_ok=True)
+        print(f"workdir {workdir}", flush=True)
+        bench = Bench(workdir, args.quick, args.rounds)
+        ran = set()
         for name in wanted:
             method = SCENARIOS[name]
             if method not in ran:
                 ran.add(method)
                 getattr(bench, method)()
     finally:
-        for entry in os.listdir(workdir):
-            for mnt in (os.path.join(workdir, entry, "mnt"), os.path.join(workdir, entry, "nullmnt")):
-                if os.path.isdir(mnt) and mounted(mnt):
-                    subprocess.run(["fusermount3", "-uz", mnt], check=False)
-        if not args.workdir:
-            shutil.rmtree(workdir, ignore_errors=True)
+        leave_nothing(workdir, remove=not args.workdir)
     report = {
         "machine": {"cpus": os.cpu_count(), "kernel": platform.release(), "python": platform.python_version()},
         "quick": args.quick,

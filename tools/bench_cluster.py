@@ -15,10 +15,9 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
-from bench import ROOT, getx, mount_logfs, timed_shell, unmount, wait
+from bench import getx, mount_logfs, timed_shell, unmount, wait
 
 PARTITIONS = 2
 
@@ -29,9 +28,7 @@ def spark_cluster(bench) -> None:
     except ImportError:
         bench.record("spark_cluster", skipped="pyspark not installed")
         return
-    for sub in ("remote", "spark"):
-        sys.path.insert(0, os.path.join(ROOT, "tests", sub))
-    from remote_store import SeaweedS3
+    from seaweed import SeaweedS3
     from spark_standalone import ClusterDriver, SparkCluster
 
     size = (32 << 20) if bench.quick else (1 << 30)

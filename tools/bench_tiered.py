@@ -1,5 +1,5 @@
-"""The tiered storage scenario of tools/bench.py (``--only tiered``), against a SeaweedFS it starts itself (the
-test suite's ``tests/remote/remote_store.py``), reached through a stalling proxy for the "slow" figures.
+"""The tiered storage scenario of tools/bench.py (``--only tiered``), against a SeaweedFS it starts itself
+(tools/seaweed.py), reached through a stalling proxy for the "slow" figures.
 
 - append p99 (one ~10-byte line per write) on a tiered partition: idle (nothing to upload), store up while a
   fresh batch of segments is uploaded, store down (S3 gateway stopped), store slow (proxy stalled);
@@ -15,10 +15,10 @@ import os
 import shutil
 import statistics
 import subprocess
-import sys
 import time
 
-from bench import ROOT, getx, mount_logfs, timed_shell, unmount, wait
+from bench import getx, mount_logfs, timed_shell, unmount, wait
+from seaweed import SeaweedS3, StallProxy
 
 
 def _p99_ms(latencies: list[float]) -> float:
@@ -26,9 +26,6 @@ def _p99_ms(latencies: list[float]) -> float:
 
 
 def tiered(bench) -> None:
-    sys.path.insert(0, os.path.join(ROOT, "tests", "remote"))
-    from remote_store import SeaweedS3, StallProxy
-
     size = (24 << 20) if bench.quick else (256 << 20)
     sw = SeaweedS3(os.path.join(bench.work, "seaweed"))
     sw.start()

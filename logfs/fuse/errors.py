@@ -1,7 +1,10 @@
-"""Engine exceptions -> errno, in exactly one place.
+"""Engine exceptions -> errno, in exactly one place, and the count of errors answered, by handler and errno.
 
 Every Operations handler is wrapped by :func:`translate`; handlers raise engine errors (or ``FUSEError``
-directly for purely FUSE-level refusals) and never pick an errno for an engine condition themselves.
+directly for purely FUSE-level refusals) and never pick an errno for an engine condition themselves. Each
+errno a handler answers is counted here (:func:`error_counts`, the metrics' ``logfs_fuse_errors_total``): an
+element of a list the wrapper holds, indexed by errno, so counting costs no lookup. The counts are per process,
+for every Operations object in it.
 """
 
 from __future__ import annotations
@@ -16,6 +19,15 @@ from ..remote.api import RemoteStoreError
 from ..storage import errors as e
 
 log = logging.getLogger(__name__)
+
+_ERRNO_SLOTS = 256  # Linux errno values are below 134; a larger one would be counted in the last slot
+# handler name -> its counts, indexed by errno (filled in when a handler is wrapped)
+_ERRORS: dict[str, list[int]] = {}
+
+
+def error_counts() -> dict[tuple[str, int], int]:
+    """{(handler, errno): errors answered} for every non-zero count (safe to call from another thread)."""
+    return {(op, code): n for op, counts in list(_ERRORS.items()) for code, n in enumerate(list(counts)) if n}
 
 ERRNO_OF: list[tuple[type[BaseException], int]] = [
     (e.InvalidTopicError, errno.EINVAL),
@@ -48,11 +60,14 @@ def translate(fn):
     """Wrap an async handler: FUSEError passes through, engine errors map to their errno, anything else is
     logged with its traceback (a bug, not a user error) and becomes EIO."""
 
+    counts = _ERRORS.setdefault(fn.__name__, [0] * _ERRNO_SLOTS)
+
     @functools.wraps(fn)
     async def wrapper(*args, **kwargs):
         try:
             return await fn(*args, **kwargs)
-        except pyfuse3.FUSEError:
+        except pyfuse3.FUSEError as exc:
+            counts[min(exc.errno, _ERRNO_SLOTS - 1)] += 1
             raise
         except e.LogfsError as exc:
             code = errno_for(exc)
@@ -60,17 +75,18 @@ def translate(fn):
                 log.error("%s: %s", fn.__name__, exc)
             else:
                 log.debug("%s: %s -> %s", fn.__name__, exc, errno.errorcode.get(code))
-            raise pyfuse3.FUSEError(code) from None
         except RemoteStoreError as exc:
             # A tiered range the store could not give (down, stalled past its time bound, refusing, corrupt).
             log.error("%s: %s", fn.__name__, exc)
-            raise pyfuse3.FUSEError(errno.EIO) from None
+            code = errno.EIO
         except OSError as exc:
             log.error("%s: %s", fn.__name__, exc)
-            raise pyfuse3.FUSEError(errno_for(exc)) from None
+            code = errno_for(exc)
         except Exception:
             log.exception("internal error in %s", fn.__name__)
-            raise pyfuse3.FUSEError(errno.EIO) from None
+            code = errno.EIO
+        counts[min(code, _ERRNO_SLOTS - 1)] += 1
+        raise pyfuse3.FUSEError(code)
 
     return wrapper
 

@@ -15,6 +15,12 @@ and a write that carries the end of it again (a writer resending after a short w
 append that end as a line of its own. Until that ``\\n``, writes fail with ``EFBIG``; the write that carries
 it succeeds, and the lines after it in that write are appended as usual. (A line refused for having no key
 needs no skipping: any ending of it has no key either.)
+
+With the topic setting ``logfs.writer.headers``, each record the handle appends carries the headers
+``logfs.pid``, ``logfs.uid`` and ``logfs.comm``: the process that opened the file (pyfuse3 hands the FUSE
+request's pid and uid to ``open()``/``create()``, not to ``write()``), and that process's command name, read from
+``/proc/<pid>/comm`` at the handle's first append and again when it is more than a second old (so the ``comm`` of
+``cmd >> file`` is ``cmd``: the shell's child opens the file, then execs the command).
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import time
 
 from ..storage import lines
 from ..storage.errors import InvalidRecordError, LogfsError, RecordTooLargeError
@@ -32,10 +39,15 @@ from .errors import fail
 log = logging.getLogger(__name__)
 
 class PartitionHandle:
-    __slots__ = ("log", "view", "append_mode", "writable", "pending", "skipping", "dropped", "inode")
+    __slots__ = ("log", "counters", "view", "append_mode", "writable", "pending", "skipping", "dropped", "inode",
+                 "pid", "uid", "_headers", "_headers_at")
 
-    def __init__(self, log: Log, inode: int, flags: int):
+    def __init__(self, log: Log, inode: int, flags: int, pid: int = 0, uid: int = 0):
         self.log = log
+        self.pid, self.uid = pid, uid  # the opener (the FUSE request of open/create)
+        self._headers: tuple | None = None  # the writer headers, as last built
+        self._headers_at = 0.0
+        self.counters = log.counters  # the partition's traffic counters (Operations adds to them)
         self.inode = inode
         self.view: SegmentView = open_view(log)
         self.append_mode = bool(flags & os.O_APPEND)
@@ -51,10 +63,12 @@ class PartitionHandle:
             view.extend()
         return view.length()
 
-    def read(self, offset: int, size: int) -> bytes:
-        if offset >= self.view.length():
+    def read(self, offset: int, size: int) -> tuple[bytes, int]:
+        """(the bytes, how many records' lines end in them)."""
+        view = self.view
+        if offset >= view.length():
             self.length()
-        return self.view.read(offset, size)
+        return view.read(offset, size), view.lines
 
     def write(self, offset: int, data: bytes) -> int:
         if not self.append_mode and offset != self.length() + len(self.pending) + self.dropped:
@@ -90,7 +104,10 @@ class PartitionHandle:
         try:
             if rest:
                 lines.check_partial(config, rest)
-            self.log.append_lines(self.pending, data, cut + 1)
+            if config.writer_headers:
+                self.log.append_lines(self.pending, data, cut + 1, self.writer_headers())
+            else:
+                self.log.append_lines(self.pending, data, cut + 1)
         except (RecordTooLargeError, InvalidRecordError):
             if self.pending:  # is the refused line (also) the held one?
                 try:
@@ -113,7 +130,24 @@ class PartitionHandle:
         """Append the held partial line as a record (the handle is closing)."""
         if self.pending:
             line, self.pending = self.pending, b""
-            self.log.append_lines(line, b"\n", 1)
+            headers = self.writer_headers() if self.log.config.writer_headers else None
+            self.log.append_lines(line, b"\n", 1, headers)
+
+    def writer_headers(self) -> tuple:
+        """``((logfs.pid, b"<pid>"), (logfs.uid, b"<uid>"), (logfs.comm, b"<comm>"))``, rebuilt at most once a
+        second (the command name may change with an exec; a process gone keeps the last name read, or "")."""
+        now = time.monotonic()
+        headers = self._headers
+        if headers is None or now - self._headers_at > 1.0:
+            try:
+                with open(f"/proc/{self.pid}/comm", "rb") as f:
+                    comm = f.read().rstrip(b"\n")
+            except OSError:
+                comm = headers[2][1] if headers is not None else b""
+            headers = self._headers = (("logfs.pid", b"%d" % self.pid), ("logfs.uid", b"%d" % self.uid),
+                                       ("logfs.comm", comm))
+            self._headers_at = now
+        return headers
 
     def release(self) -> None:
         self.view.release()

@@ -76,6 +76,11 @@ class Operations(pyfuse3.Operations):
         for topic in manager.list_topics():
             self._topic_inode(topic)
 
+    @property
+    def open_files(self) -> int:
+        """Partition files open through the mount (for the metrics)."""
+        return len(self._handles)
+
     # -- inode bookkeeping ---------------------------------------------------------------------------
     def _topic_inode(self, topic: str) -> int:
         ino = self._topic_ino.get(topic)
@@ -305,7 +310,7 @@ class Operations(pyfuse3.Operations):
             fail(errno.EINVAL)
         await self.run_blocking(self.manager.create_partition, topic, number)
         inode = self._partition_inode(topic, number)
-        info = self._open_handle(inode, topic, number, flags & ~os.O_TRUNC)
+        info = self._open_handle(inode, topic, number, flags & ~os.O_TRUNC, ctx)
         return info, self._attrs(inode)
 
     @translate
@@ -316,10 +321,13 @@ class Operations(pyfuse3.Operations):
             fail(errno.EROFS)
         if flags & os.O_TRUNC and live_view(self.manager.logs[(topic, partition)]).length() > 0:
             fail(errno.EPERM)
-        return self._open_handle(inode, topic, partition, flags)
+        return self._open_handle(inode, topic, partition, flags, ctx)
 
-    def _open_handle(self, inode: int, topic: str, partition: int, flags: int) -> pyfuse3.FileInfo:
-        handle = PartitionHandle(self.manager.logs[(topic, partition)], inode, flags)
+    def _open_handle(self, inode: int, topic: str, partition: int, flags: int, ctx) -> pyfuse3.FileInfo:
+        # The opener's identity, for logfs.writer.headers (handler calls without a kernel pass no context: then
+        # this process is the opener).
+        pid, uid = (ctx.pid, ctx.uid) if ctx is not None else (os.getpid(), os.getuid())
+        handle = PartitionHandle(self.manager.logs[(topic, partition)], inode, flags, pid, uid)
         fh = next(self._next_fh)
         self._handles[fh] = handle
         return pyfuse3.FileInfo(fh=fh, direct_io=True, keep_cache=False, nonseekable=False)
@@ -333,12 +341,18 @@ class Operations(pyfuse3.Operations):
     @translate
     async def read(self, fh, off, size):
         handle = self._handle(fh)
+        data = None
         if fh not in self._fetching:
             try:
-                return handle.read(off, size)
+                data, lines = handle.read(off, size)
             except FetchNeededError:
                 pass
-        return await self._fetch(fh, handle.read, off, size)
+        if data is None:
+            data, lines = await self._fetch(fh, handle.read, off, size)
+        counters = handle.counters  # (here, on the trio thread, also after a read in a worker thread)
+        counters.read_bytes += len(data)
+        counters.read_records += lines
+        return data
 
     async def _fetch(self, fh, fn, *args):
         """A read of tiered data that is not cached: in a worker thread (the store may take up to its time
@@ -359,6 +373,7 @@ class Operations(pyfuse3.Operations):
         if handle.log.closed:
             fail(errno.ENOENT)  # the partition was deleted while open
         written = handle.write(off, buf)
+        handle.counters.appended_bytes += written
         if handle.log.flush_due:  # flush.messages: durable before the write() returns, as Kafka's flush
             await self.run_blocking(handle.log.flush)
         return written

@@ -19,6 +19,7 @@ import trio
 from ..fuse.operations import Operations
 from ..storage.manager import LogManager
 from ..storage.remote_segment import mark_request_thread
+from .metrics import Metrics, MetricsFile
 from .notify import notify, watchdog_interval_s
 from .runtime import LogService
 
@@ -38,12 +39,13 @@ TRIM_THRESHOLD = 16 << 20
 
 
 async def serve(manager: LogManager, mountpoint: str, fuse_opts: list[str], read_only: bool, ready,
-                stop_requested: Callable[[], bool] = lambda: False) -> int:
+                stop_requested: Callable[[], bool] = lambda: False, startup: dict | None = None) -> int:
     """Mount and serve until a signal or an unmount; returns the exit status.
 
     ``ready(error=None)`` (or None) is called once: with None when the mount answers, with a message if
     mounting failed. ``stop_requested()`` says whether a stop signal arrived before this function took over
-    signal handling (then nothing is mounted and the manager is closed cleanly)."""
+    signal handling (then nothing is mounted and the manager is closed cleanly). ``startup``: how loading went
+    (:meth:`StartupProgress.summary`), for the metrics."""
     # Take over SIGTERM/SIGINT first: from here on a stop signal always means a clean shutdown.
     with trio.open_signal_receiver(*STOP_SIGNALS, signal.SIGHUP) as signals:
         if stop_requested():
@@ -64,7 +66,7 @@ async def serve(manager: LogManager, mountpoint: str, fuse_opts: list[str], read
             if ready:
                 ready(message)
             return 1
-        return await _serve_mounted(manager, ops, mountpoint, ready, signals)
+        return await _serve_mounted(manager, ops, mountpoint, ready, signals, startup)
 
 
 def tune_malloc() -> bool:
@@ -79,12 +81,18 @@ def tune_malloc() -> bool:
         return False
 
 
-async def _serve_mounted(manager: LogManager, ops: Operations, mountpoint: str, ready, signals) -> int:
+async def _serve_mounted(manager: LogManager, ops: Operations, mountpoint: str, ready, signals,
+                         startup: dict | None) -> int:
     unmounted_externally = False
     status = 0
+    service = LogService(manager)
+    metrics = None
+    if manager.broker.get("logfs.metrics.file"):
+        metrics = MetricsFile(manager.broker.get("logfs.metrics.file"),
+                              Metrics(manager, ops, service, startup or {}),
+                              manager.broker.get("logfs.metrics.interval.ms") / 1000)
     try:
         async with trio.open_nursery() as nursery:
-            service = LogService(manager)
             await nursery.start(service.run)
 
             async def fuse_loop():
@@ -114,6 +122,8 @@ async def _serve_mounted(manager: LogManager, ops: Operations, mountpoint: str, 
             notify(f"READY=1\nSTATUS=serving {partitions} partitions of {manager.data_dir} on {mountpoint}")
             if ready:
                 ready(None)
+            if metrics is not None:
+                nursery.start_soon(metrics.run)
             interval = watchdog_interval_s()
             if interval:
                 log.debug("watchdog enabled: WATCHDOG=1 every %.3f s", interval)
@@ -126,6 +136,8 @@ async def _serve_mounted(manager: LogManager, ops: Operations, mountpoint: str, 
             pyfuse3.close(unmount=not unmounted_externally)
         except Exception as exc:  # already unmounted underneath us
             log.debug("close: %s", exc)
+        if metrics is not None:
+            metrics.write()  # the final figures (every partial line committed), before the logs close
         manager.close()
         notify("STATUS=stopped: clean shutdown complete")
         log.info("clean shutdown complete")

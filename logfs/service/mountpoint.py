@@ -41,6 +41,25 @@ def _inside(path: str, directory: str) -> bool:
     return path != directory and os.path.commonpath([path, directory]) == directory
 
 
+def check_metrics_file(path: str, data_dir: str, mountpoint: str) -> str | None:
+    """Why ``logfs.metrics.file`` cannot be used (one line), or None: its directory must exist and be writable
+    (the file is replaced by a rename from a temporary file beside it), and it must not be inside the mount (the
+    daemon would write through itself) or the data directory."""
+    real = os.path.join(os.path.realpath(os.path.dirname(path)), os.path.basename(path))
+    for directory, what in ((os.path.realpath(mountpoint), "the mount point"),
+                            (os.path.realpath(data_dir), "the data directory")):
+        if real == directory or _inside(real, directory):
+            return f"logfs.metrics.file {path} is inside {what} {directory}"
+    parent = os.path.dirname(real)
+    if not os.path.isdir(parent):
+        return f"logfs.metrics.file {path}: directory {parent} does not exist"
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f"logfs.metrics.file {path}: directory {parent} is not writable"
+    if os.path.isdir(real):
+        return f"logfs.metrics.file {path} is a directory"
+    return None
+
+
 def check_mount_paths(data_dir: str, mountpoint: str, mountinfo: str = MOUNTINFO) -> str | None:
     """Why mounting ``data_dir`` on ``mountpoint`` must be refused (one line), or None when it may go ahead."""
     data, mnt = os.path.realpath(data_dir), os.path.realpath(mountpoint)

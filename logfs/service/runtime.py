@@ -32,6 +32,18 @@ COMPRESSION_TICK_S = 0.2  # how often sealed segments are looked at for compress
 COMPRESSION_SEGMENTS_PER_PASS = 4  # per child process: bounds the time one partition holds the compressor
 
 
+class ServiceStats:
+    """What the background work did since the daemon started (for the metrics); updated by the one task or worker
+    thread doing that work, read from anywhere."""
+
+    __slots__ = ("cleaner_runs", "cleaner_failures", "cleaner_removed_records", "cleaner_reclaimed_bytes",
+                 "retention_deleted_segments")
+
+    def __init__(self):
+        self.cleaner_runs = self.cleaner_failures = self.cleaner_removed_records = 0
+        self.cleaner_reclaimed_bytes = self.retention_deleted_segments = 0
+
+
 class LogService:
     def __init__(self, manager: LogManager):
         self.manager = manager
@@ -51,6 +63,8 @@ class LogService:
         self._compress_failed: weakref.WeakSet = weakref.WeakSet()  # segments not compressed, and not retried
         self._wakeup = trio.Event()
         self._failing: dict[str, str] = {}  # background step -> the error it last failed with
+        self.tiering = None  # the TieringTask, when tiered storage is on
+        self.stats = ServiceStats()
 
     def _on_roll(self, key):
         def callback(_segment):
@@ -82,7 +96,8 @@ class LogService:
             if self.manager.remote is not None:
                 from .tiering import TieringTask
 
-                nursery.start_soon(TieringTask(self.manager, self.manager.remote).run)
+                self.tiering = TieringTask(self.manager, self.manager.remote)
+                nursery.start_soon(self.tiering.run)
             task_status.started()
             await self._housekeeping_loop()
 
@@ -139,6 +154,8 @@ class LogService:
         try:
             result = await trio.to_thread.run_sync(fn, *args)
         except (OSError, LogfsError) as exc:
+            if what == "cleaning":
+                self.stats.cleaner_failures += 1
             self._failed(what, exc)
             return None
         self._recovered(what)
@@ -179,6 +196,10 @@ class LogService:
             log.info("cleaning %s-%d skipped: %s", plog.topic, plog.partition, exc)
             return False
         self.manager.update_cleaner_checkpoint(plog.topic, plog.partition, result.end_offset)
+        stats = self.stats
+        stats.cleaner_runs += 1
+        stats.cleaner_removed_records += result.records_removed
+        stats.cleaner_reclaimed_bytes += max(0, result.bytes_before - result.bytes_after)
         log.info("cleaned %s-%d up to offset %d: %d -> %d bytes, %d records removed", plog.topic, plog.partition,
                  result.end_offset, result.bytes_before, result.bytes_after, result.records_removed)
         return True
@@ -229,6 +250,7 @@ class LogService:
             if plog.closed or (self.manager.remote is not None and plog.config.remote_storage_enable):
                 continue  # tiered: retention is the tiering task's (it never deletes what is not uploaded)
             count = delete_old_segments(plog, now_ms)
+            self.stats.retention_deleted_segments += count
             if count:
                 log.info("retention deleted %d segment(s) of %s-%d; log start offset now %d",
                          count, plog.topic, plog.partition, plog.log_start_offset)

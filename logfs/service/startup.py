@@ -53,6 +53,11 @@ class StartupProgress:
         self.segments = (done, total)
         self._report(final=False)
 
+    def summary(self) -> dict:
+        """What the metrics report of the start: seconds taken so far, whether it recovered, segments."""
+        return {"seconds": self.clock() - self.started, "recovering": self.recovering,
+                "segments": self.segments[1], "partitions": self.partitions[1]}
+
     def describe(self) -> str:
         verb = "recovering after an unclean shutdown" if self.recovering else "loading"
         (s_done, s_total), (p_done, p_total) = self.segments, self.partitions
@@ -124,6 +129,7 @@ def run(data_dir, mountpoint, broker, fuse_opts, read_only, ready) -> int:
     finally:
         for s in previous:
             signal.signal(s, stop_after_loading)
+    startup = progress.summary()  # loading or recovery, before the store check below
     from .tiering import RemoteSetupError, setup
 
     try:
@@ -132,7 +138,7 @@ def run(data_dir, mountpoint, broker, fuse_opts, read_only, ready) -> int:
         manager.close()
         return fail(str(exc))
     try:
-        return trio.run(serve, manager, mountpoint, fuse_opts, read_only, ready, lambda: bool(stop))
+        return trio.run(serve, manager, mountpoint, fuse_opts, read_only, ready, lambda: bool(stop), startup)
     except KeyboardInterrupt:
         manager.close()
         return 0

@@ -118,7 +118,8 @@ class TieringTask:
         self.manager = manager
         self.rlm = rlm
         self.interval_s = manager.broker.get("remote.log.manager.task.interval.ms") / 1000
-        self._failures: dict[tuple[str, int], int] = {}
+        self._failures: dict[tuple[str, int], int] = {}  # consecutive failed passes (the backoff)
+        self.failed_passes: dict[tuple[str, int], int] = {}  # all failed passes (for the metrics)
         self._next_try: dict[tuple[str, int], float] = {}
         self._failing: dict[str, str] = {}
 
@@ -140,6 +141,7 @@ class TieringTask:
                 self._next_try.pop(key, None)
             else:
                 n = self._failures[key] = self._failures.get(key, 0) + 1
+                self.failed_passes[key] = self.failed_passes.get(key, 0) + 1
                 self._next_try[key] = now + min(self.interval_s * 2 ** n, max(MAX_BACKOFF_S, self.interval_s))
         await self._guarded("deleting the remote objects of deleted partitions", self.rlm.purge_deleted)
 

@@ -124,6 +124,12 @@ def _level(codec: int) -> Callable[[str], int]:
 
     return parse
 
+def _absolute_path(text: str) -> str:
+    path = _free_text(text)
+    if path and (not path.startswith("/") or "\0" in path or path.endswith("/")):
+        raise InvalidConfigError(f"expected an absolute file path, got {text!r}")
+    return path
+
 
 def _bool(text: str) -> bool:
     if _trim(text).lower() not in ("true", "false"):
@@ -189,6 +195,7 @@ TOPIC_SETTINGS: dict[str, tuple[Setting, str | None]] = {
         (Setting("compression.gzip.level", _level(codecs.GZIP), "-1"), "compression.gzip.level"),
         (Setting("logfs.key.separator", _text, None), "logfs.key.separator"),
         (Setting("logfs.null.marker", _text, None), "logfs.null.marker"),
+        (Setting("logfs.writer.headers", _bool, "false"), "logfs.writer.headers"),
     ]
 }
 
@@ -225,6 +232,9 @@ BROKER_ONLY: dict[str, Setting] = {
         Setting("logfs.remote.s3.region", _free_text, "us-east-1"),
         Setting("logfs.remote.dir", _free_text, ""),
         Setting("logfs.remote.cache.bytes", _long(0), str(1 << 30)),
+        # Metrics (logfs.service.metrics): Prometheus's text format, written to this file (none when empty).
+        Setting("logfs.metrics.file", _absolute_path, ""),
+        Setting("logfs.metrics.interval.ms", _long(100, INT_MAX), "10000"),
         Setting("num.recovery.threads.per.data.dir", _only(
             _long(1, INT_MAX), lambda v: v == 1,
             "logfs loads and recovers partitions with one thread, before it mounts; only 1 is accepted"), "1"),
@@ -356,6 +366,7 @@ class LogConfig:
     compression_gzip_level: int = -1
     key_separator: bytes | None = None
     null_marker: bytes | None = None
+    writer_headers: bool = False  # records appended through the mount carry logfs.pid/uid/comm headers
 
     @property
     def compact(self) -> bool:

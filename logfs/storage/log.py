@@ -25,6 +25,7 @@ from . import lines, tail_batch
 from . import records as rec
 from .clock import SYSTEM_CLOCK, Clock
 from .config import LogConfig
+from .counters import PartitionCounters
 from .errors import LogfsError, OffsetOutOfRangeError, RecordTooLargeError, StorageIOError
 from .index import LineStats
 from .lifecycle import discard, open_segment, replace_segments
@@ -74,6 +75,7 @@ class Log:
         # Tiered segments (read-only, logfs.storage.tiered publishes them): the view shows those below the first
         # local segment, then the local ones; the log start offset is then the whole log's.
         self.remote_segments: list = []
+        self.counters = PartitionCounters(self.log_end_offset)  # traffic, for the metrics
 
     @property
     def layout_version(self) -> int:
@@ -150,19 +152,21 @@ class Log:
 
         return self._append_batches(batches, timestamp_ms)
 
-    def append_lines(self, prefix: bytes, data, end: int) -> tuple[int, int]:
+    def append_lines(self, prefix: bytes, data, end: int, headers: rec.Headers | None = None) -> tuple[int, int]:
         """Append the lines of ``prefix + data[:end]`` (``data[end - 1]`` is the last line's ``\n``; ``prefix``,
         the start of the first line, holds none), one record per line in the topic's line format
-        (:mod:`logfs.storage.lines`), the ``\n`` not included. All-or-nothing like :meth:`append`; a compacted
-        topic also refuses the whole call if a line has no key (:class:`InvalidRecordError`). Plain lines take
-        the bulk path: with the C accelerator, one call cuts and encodes whole batches straight from ``data``
-        (no list of lines, no copy of the input)."""
+        (:mod:`logfs.storage.lines`), the ``\n`` not included, each with the record ``headers`` if given. All-or-
+        nothing like :meth:`append`; a compacted topic also refuses the whole call if a line has no key
+        (:class:`InvalidRecordError`). Plain lines without headers take the bulk path: with the C accelerator,
+        one call cuts and encodes whole batches straight from ``data`` (no list of lines, no copy of the input);
+        the others go through :meth:`append` (which never grows a tail batch: that is for headerless records)."""
         c = self.config
-        if c.key_separator or c.null_marker is not None or rec._speedups is None:  # not LineFormat.plain
+        if headers or c.key_separator or c.null_marker is not None or rec._speedups is None:  # not the bulk path
             fmt = lines.LineFormat.of(c)
             values, keys = fmt.parse_lines((prefix + bytes(data[: end - 1])).split(b"\n"))
             has_nulls = None if fmt.null_marker is not None else False
-            return self.append(values, keys, has_nulls=has_nulls, require_keys=True)
+            return self.append(values, keys, headers=[headers] * len(values) if headers else None,
+                               has_nulls=has_nulls, require_keys=True)
         if end + len(prefix) < TAIL_BATCH_CAP:
             with self.lock:
                 grown = tail_batch.grow(self, prefix, data, end)

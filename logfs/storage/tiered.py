@@ -74,6 +74,8 @@ class PartitionTier:
         self.manifest: PartitionManifest | None = None  # from the local copy, until ``loaded``
         self.loaded = False  # the store's manifest was read (and orphans deleted) since this daemon started
         self.segments: dict[int, RemoteLogSegment] = {}
+        self.copied_segments = 0  # uploads committed by this daemon (for the metrics)
+        self.copied_bytes = 0
 
 
 class RemoteLogManager:
@@ -290,6 +292,8 @@ class RemoteLogManager:
             install_index(path, data=contents[ext])
         new = tier.manifest.with_segment(meta)
         self.manifests.write(new)  # the commit point: from here the segment is tiered
+        tier.copied_segments += 1
+        tier.copied_bytes += seg.size
         log.debug("%s-%d: segment %d..%d tiered", plog.topic, plog.partition, seg.base_offset, seg.next_offset)
         self._publish(tier, new, fetch=True)
 

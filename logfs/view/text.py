@@ -52,6 +52,7 @@ class SegmentView:
         self._scratch = bytearray()  # reused read buffer for sequential reads
         # (segment, position, the batch decompressed, its size as stored): the compressed batch the last read was in
         self._decompressed: tuple | None = None
+        self.lines = 0  # records whose line ends in what the last read() returned (the metrics' read counter)
 
     # -- layout ------------------------------------------------------------------------------------
     def _prefix_length(self, segment: LogSegment, offset: int) -> int:
@@ -112,6 +113,7 @@ class SegmentView:
         returned), so it neither looks anything up nor keeps rendered bytes between calls. Each request is one
         read of the segment and one C call that copies only the requested bytes of lines."""
         total = self.length()
+        self.lines = 0
         if pos >= total or size <= 0:
             return b""
         size = min(size, total - pos)
@@ -124,7 +126,7 @@ class SegmentView:
             file_pos, cum = (entry.position, self.fmt.length(entry.stats)) if entry else (0, 0)
             skip = local - cum  # bytes of lines to pass over from file_pos: at most an index interval's worth
         parts: list = []
-        got = 0
+        got = lines = 0
         seen = -1
         while got < size and i < len(self.segments):
             segment = self.segments[i]
@@ -134,12 +136,13 @@ class SegmentView:
                     break
                 i, file_pos, skip = i + 1, 0, 0
                 continue
-            out, advanced, skip_after = self._render(segment, file_pos, skip, size - got)
+            out, advanced, skip_after, ended = self._render(segment, file_pos, skip, size - got)
             if not out and not advanced and skip_after == skip:
                 break  # only an incomplete batch remains (an append in progress)
             if out:
                 parts.append(out)
                 got += len(out)
+                lines += ended
             file_pos, skip = file_pos + advanced, skip_after
         last = self.segments[-1]
         if i == len(self.segments) - 1 and last.active and file_pos >= seen:
@@ -148,13 +151,15 @@ class SegmentView:
             self._cursor = None
         else:
             self._cursor = (pos + got, i, file_pos, skip)
+        self.lines = lines
         if len(parts) == 1:
             return parts[0]
         return b"".join(parts)
 
-    def _render(self, segment: LogSegment, file_pos: int, skip: int, want: int) -> tuple[bytes, int, int]:
+    def _render(self, segment: LogSegment, file_pos: int, skip: int, want: int) -> tuple[bytes, int, int, int]:
         """At most ``want`` bytes of lines of the batches from ``file_pos``, after passing over ``skip`` bytes of
-        their lines: (lines, file bytes advanced, skip from there). Reads only as far as the window needs."""
+        their lines: (lines, file bytes advanced, skip from there, records whose line ends in them). Reads only as
+        far as the window needs."""
         cached = self._decompressed
         if cached is not None and cached[0] is segment and cached[1] == file_pos:
             return self._render_plain(cached[2], cached[3], skip, want)  # inside the batch the last read was in
@@ -165,11 +170,11 @@ class SegmentView:
                     self._scratch = bytearray(length)
                 buf = segment.read_into(self._scratch, file_pos, length)
                 short = len(buf) < length
-                out, advanced, skip_after, need = _speedups.render_window(
+                out, advanced, skip_after, need, ended = _speedups.render_window(
                     buf, skip, want, self.fmt.separator, self.fmt.null_marker)
                 del buf  # release the scratch buffer's export
                 if out or advanced or skip_after != skip or need == 0:
-                    return out, advanced, skip_after
+                    return out, advanced, skip_after, ended
                 if need < 0 or short or need <= length:
                     break  # a compressed or control batch (rendered below), or nothing more to read
                 length = need  # a batch larger than the window's guess: read it whole
@@ -179,28 +184,40 @@ class SegmentView:
                 return self._render_compressed(segment, file_pos, header, buf, at, skip, want)
             lines, _ = self.fmt.render(buf, at, header.size)
             if skip >= len(lines):
-                return b"", header.size, skip - len(lines)
+                return b"", header.size, skip - len(lines), 0
             end = min(len(lines), skip + want)
+            ended = self._line_ends(buf, at, header.size, skip, end)
             if end == len(lines):
-                return lines[skip:end], header.size, 0
-            return lines[skip:end], 0, end
-        return b"", 0, skip
+                return lines[skip:end], header.size, 0, ended
+            return lines[skip:end], 0, end, ended
+        return b"", 0, skip, 0
+
+    def _line_ends(self, buf, at: int, size: int, start: int, end: int) -> int:
+        """Records of the batch whose line ends within its rendered bytes [start, end) (the slow path's count: a
+        value may hold "\n", so the bytes are not counted)."""
+        ended, position = 0, 0
+        for _, n in self.fmt.records_with_lines(buf, at, size):
+            position += n
+            if position > end:
+                break
+            ended += position > start
+        return ended
 
     def _render_compressed(self, segment, file_pos: int, header, buf, at: int, skip: int, want: int
-                           ) -> tuple[bytes, int, int]:
+                           ) -> tuple[bytes, int, int, int]:
         """One compressed batch: decompressed once (kept while reads go on inside it: a reader of 8 KiB requests
         does not decompress a 256 KiB batch 32 times), then the same C renderer as plain batches."""
         plain = rec.decompress_batch(buf, at)
         self._decompressed = (segment, file_pos, plain, header.size)
         return self._render_plain(plain, header.size, skip, want)
 
-    def _render_plain(self, plain: bytes, stored_size: int, skip: int, want: int) -> tuple[bytes, int, int]:
-        out, advanced, skip_after, _ = _speedups.render_window(plain, skip, want, self.fmt.separator,
-                                                               self.fmt.null_marker)
+    def _render_plain(self, plain: bytes, stored_size: int, skip: int, want: int) -> tuple[bytes, int, int, int]:
+        out, advanced, skip_after, _, ended = _speedups.render_window(plain, skip, want, self.fmt.separator,
+                                                                      self.fmt.null_marker)
         if advanced >= len(plain):
             self._decompressed = None
-            return out, stored_size, skip_after  # the batch is done: on to the next one, in the file
-        return out, 0, skip_after
+            return out, stored_size, skip_after, ended  # the batch is done: on to the next one, in the file
+        return out, 0, skip_after, ended
 
     def offset_at(self, pos: int) -> int | None:
         """Offset of the record whose line holds byte ``pos``, or None if out of range."""

@@ -38,6 +38,13 @@ RANGES = {
                        "partition_mb": (24, 24), "target_max": (3, 3)},
     "spark": {"mb": (32, 32), "s_logfs": (0.01, 900), "s_ext4": (0.01, 900), "ratio_vs_ext4": (0.001, 1000),
               "records": (1, 10**9), "target": (0.8, 0.8)},
+    "metrics": {"partitions": (200, 200), "lines": (5000, 5000), "interval_ms": (250, 250),
+                "lines_per_s_off": (10, 1e6), "lines_per_s_on": (10, 1e6), "ratio_on_vs_off": (0.05, 20),
+                "render_ms": (0.01, 10_000), "file_kb": (10, 100_000), "best_of": (1, 1)},
+    "writer_headers": {"lines": (5000, 5000), "line_bytes": (100, 100), "lines_per_s_off": (10, 1e6),
+                       "lines_per_s_on": (10, 1e6), "ratio_on_vs_off": (0.05, 20),
+                       "log_bytes_per_text_byte_off": (1.0, 1.5), "log_bytes_per_text_byte_on": (1.2, 5),
+                       "best_of": (1, 1)},
     "tiered": {"mb": (24, 24), **{f"p99_ms_{k}": (0.001, 60_000) for k in (
                    "idle", "store_up_uploading", "store_down", "store_slow")},
                **{f"ratio_{k}": (0.0001, 10_000) for k in ("store_up_uploading", "store_down", "store_slow")},
@@ -50,8 +57,8 @@ RANGES = {
 }
 
 SCENARIOS = {"bulk_append", "bulk_append_fsync", "sequential_read", "sequential_read_warm", "small_writes",
-             "shell_appends", "read_at_offset", "mount_time", "memory", "responsiveness", "spark", "tiered",
-             "spark_cluster"}
+             "shell_appends", "read_at_offset", "mount_time", "memory", "responsiveness", "spark", "metrics",
+             "writer_headers", "tiered", "spark_cluster"}
 SMALL_CASES = {(writers, length) for writers in (1, 4) for length in (25, 100, 1000)}
 NUMBER = re.compile(r"^-?[\d,]+(\.\d+)?(e[+-]?\d+)?$")
 

@@ -1,13 +1,20 @@
 """The unit files in systemd/: `systemd-analyze verify` passes on each, the service unit has the settings the
-README promises (and none that would hide the mount from the host), ExecStart expands as documented, and
-ExecStopPost detaches a dead logfs mount but nothing else."""
+README promises (and none that would hide the mount from the host), ExecStart expands as documented,
+ExecStopPost detaches a dead logfs mount but nothing else, and a tiering daemon run under the unit's own
+sandbox (unit_sandbox.py: capabilities, NoNewPrivileges, the system call filter and address families) reaches
+its S3 store."""
 
 from __future__ import annotations
 
+import errno
+import json
 import os
+import platform
 import shutil
 import subprocess
 import sys
+import uuid
+from pathlib import Path
 
 import pytest
 
@@ -68,7 +75,6 @@ def test_service_unit_settings():
     assert "ExecStopPost" in service
     assert "CAP_SYS_ADMIN" in service["CapabilityBoundingSet"].split()
     assert service["DeviceAllow"] == "/dev/fuse rw"
-    assert "AF_UNIX" in service["RestrictAddressFamilies"].split()  # sd_notify
     assert "@mount" in service["SystemCallFilter"].split()
     present = {k for k, _ in unit_settings(SERVICE_UNIT)["Service"]} & NAMESPACING
     assert not present, f"these would hide the mount from the host or break it: {present}"
@@ -77,6 +83,20 @@ def test_service_unit_settings():
     assert exec_start.startswith(INSTALLED_PATH + " ")
     assert " -f " in f" {exec_start} ", "Type=notify needs the daemon in the foreground (it is the main PID)"
     assert "%f" in exec_start
+
+
+def test_address_families_allow_tiering():
+    """AF_UNIX for sd_notify and the journal; AF_INET and AF_INET6 for tiered storage's S3 endpoint. Nothing
+    else (netlink, packet, ...): the daemon needs none."""
+    (families,) = setting(SERVICE_UNIT, "Service", "RestrictAddressFamilies")
+    assert set(families.split()) == {"AF_UNIX", "AF_INET", "AF_INET6"}
+    # the hardening around it stays
+    service = dict(unit_settings(SERVICE_UNIT)["Service"])
+    assert service["NoNewPrivileges"] == "yes"
+    assert service["CapabilityBoundingSet"] == "CAP_SYS_ADMIN"
+    assert service["SystemCallFilter"] == "@system-service @mount"
+    assert service["SystemCallArchitectures"] == "native"
+    assert service["RestrictNamespaces"] == "yes"
 
 
 def test_mount_unit_is_named_after_its_mountpoint():
@@ -157,3 +177,138 @@ def test_exec_stop_post_leaves_other_filesystems_alone(tmp_path):
         assert mounted_at(mnt), "ExecStopPost unmounted a filesystem that is not logfs"
     finally:
         subprocess.run(["umount", str(mnt)], capture_output=True)
+
+
+# ---- the unit's sandbox, applied without systemd -------------------------------------------------------------
+SANDBOX = Path(__file__).with_name("unit_sandbox.py")
+needs_sandbox = pytest.mark.skipif(
+    platform.machine() != "x86_64" or shutil.which("systemd-analyze") is None
+    or not os.path.exists("/usr/include/x86_64-linux-gnu/asm/unistd_64.h"),
+    reason="unit_sandbox.py needs x86-64, systemd-analyze and the kernel headers' system call numbers")
+
+PROBE = r"""
+import ctypes, errno, json, socket
+out = {}
+for name in ("AF_UNIX", "AF_INET", "AF_INET6", "AF_NETLINK", "AF_PACKET"):
+    try:
+        socket.socket(getattr(socket, name), socket.SOCK_DGRAM).close()
+        out[name] = "ok"
+    except OSError as e:
+        out[name] = errno.errorcode[e.errno]
+status = dict(line.split(":\t", 1) for line in open("/proc/self/status").read().splitlines() if ":\t" in line)
+out["CapBnd"] = int(status["CapBnd"], 16)
+out["NoNewPrivs"] = status["NoNewPrivs"].strip()
+out["Seccomp"] = status["Seccomp"].strip()
+libc = ctypes.CDLL(None, use_errno=True)
+out["ptrace"] = "ok" if libc.syscall(101, 0, 0, 0, 0) == 0 else errno.errorcode[ctypes.get_errno()]  # PTRACE_TRACEME
+print(json.dumps(out))
+"""
+
+
+def _unit_with(tmp_path: Path, key: str, value: str) -> Path:
+    """A copy of the service unit with ``key=`` set to ``value``."""
+    lines = [f"{key}={value}" if line.startswith(f"{key}=") else line
+             for line in SERVICE_UNIT.read_text().splitlines()]
+    copy = tmp_path / "logfs@.service"
+    copy.write_text("\n".join(lines) + "\n")
+    return copy
+
+
+def _sandboxed(unit: Path) -> list[str]:
+    return [sys.executable, str(SANDBOX), str(unit), "--"]
+
+
+def _probe(unit: Path) -> dict:
+    r = subprocess.run(_sandboxed(unit) + [sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+@needs_sandbox
+def test_the_sandbox_applies_the_units_restrictions(tmp_path):
+    """What the daemon test below relies on: the helper really restricts the process as the unit says."""
+    unconfined = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=60)
+    assert json.loads(unconfined.stdout)["ptrace"] == "ok", "the probe's refused call must work unconfined"
+    got = _probe(SERVICE_UNIT)
+    assert got["NoNewPrivs"] == "1" and got["Seccomp"] == "2"
+    assert got["CapBnd"] == 1 << 21  # CAP_SYS_ADMIN only
+    assert got["ptrace"] == "EPERM"  # not in @system-service: SystemCallErrorNumber=EPERM
+    assert (got["AF_UNIX"], got["AF_INET"], got["AF_INET6"]) == ("ok", "ok", "ok")
+    assert got["AF_NETLINK"] == got["AF_PACKET"] == "EAFNOSUPPORT"
+    # the unit as it was before tiering: no IP socket at all
+    old = _probe(_unit_with(tmp_path, "RestrictAddressFamilies", "AF_UNIX"))
+    assert (old["AF_UNIX"], old["AF_INET"], old["AF_INET6"]) == ("ok", "EAFNOSUPPORT", "EAFNOSUPPORT")
+
+
+SEGMENT = 64 * 1024
+
+
+def _tiering_options(seaweed, prefix: str) -> str:
+    # the endpoint by name, so that name resolution runs under the filter too
+    return ",".join(["remote.log.storage.system.enable=true", f"logfs.remote.s3.bucket={seaweed.bucket}",
+                     f"logfs.remote.s3.endpoint=http://localhost:{seaweed.s3}", f"logfs.remote.s3.prefix={prefix}",
+                     "remote.log.manager.task.interval.ms=200", f"log.segment.bytes={SEGMENT}"])
+
+
+def _aws_env(seaweed, tmp_path: Path) -> dict[str, str]:
+    return {**seaweed.env(), "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "no-credentials"),
+            "AWS_CONFIG_FILE": str(tmp_path / "no-config"), "AWS_EC2_METADATA_DISABLED": "true"}
+
+
+def _start_tiering_daemon(svc, sock, seaweed, unit: Path, prefix: str, tmp_path: Path):
+    proc = svc.start(sock, _tiering_options(seaweed, prefix), env=_aws_env(seaweed, tmp_path),
+                     wrapper=_sandboxed(unit))
+    assert sock.wait_for("READY", proc=proc).mounted
+    status = open(f"/proc/{proc.pid}/status").read()
+    assert "Seccomp:\t2" in status and "NoNewPrivs:\t1" in status, "the daemon is not running sandboxed"
+    os.mkdir(svc.mnt / "t")
+    subprocess.run(["setfattr", "-n", "user.logfs.config.remote.storage.enable", "-v", "true", str(svc.mnt / "t")],
+                   check=True)
+    with open(svc.mnt / "t" / "0", "ab") as f:
+        for i in range(8):
+            f.write(b"".join(b"line %06d of segment %d %s\n" % (n, i, b"x" * 40) for n in range(1000)))
+    return proc
+
+
+def _bucket_keys(seaweed, prefix: str) -> list[str]:
+    listing = seaweed._client().list_objects_v2(Bucket=seaweed.bucket, Prefix=prefix + "/")
+    return [o["Key"] for o in listing.get("Contents", [])]
+
+
+def _getx(path: Path, name: str) -> str:
+    return os.getxattr(path, f"user.logfs.{name}").decode()
+
+
+@needs_sandbox
+def test_a_tiering_daemon_under_the_units_sandbox_uploads(service, notify_socket, seaweed, tmp_path):
+    """The acceptance: the unit lets a tiering daemon reach its store. The daemon is started with the unit's
+    ExecStart under the unit's restrictions; rolled segments end up in SeaweedFS."""
+    svc = service()
+    sock = notify_socket()
+    prefix = "unit-" + uuid.uuid4().hex[:8]
+    _start_tiering_daemon(svc, sock, seaweed, SERVICE_UNIT, prefix, tmp_path)
+    part = svc.mnt / "t" / "0"
+    wait_for(lambda: int(_getx(part, "remote_segment_count")) >= 3, 60, interval=0.2, what="segments tiered")
+    keys = _bucket_keys(seaweed, prefix)
+    assert f"{prefix}/t-0/{0:020d}.log" in keys, keys
+    assert "cannot be reached" not in svc.stderr() and "failed" not in svc.stderr(), svc.stderr()
+    assert svc.stop() == 0
+
+
+@needs_sandbox
+def test_with_af_unix_alone_a_tiering_daemon_cannot_reach_its_store(service, notify_socket, seaweed, tmp_path):
+    """The unit as it was (RestrictAddressFamilies=AF_UNIX): the mount comes up, every attempt to reach the store
+    fails (socket() refused with EAFNOSUPPORT, as the probe above shows; botocore reports it as a connection
+    error), nothing is uploaded. (What the test above would catch if the unit regressed.)"""
+    svc = service()
+    sock = notify_socket()
+    prefix = "unix-" + uuid.uuid4().hex[:8]
+    _start_tiering_daemon(svc, sock, seaweed, _unit_with(tmp_path, "RestrictAddressFamilies", "AF_UNIX"), prefix,
+                          tmp_path)
+    wait_for(lambda: "tiering of t-0 failed" in svc.stderr(), 30, interval=0.2, what="a failed upload")
+    assert "cannot be reached" in svc.stderr()  # the check at mount
+    assert "unreachable (EndpointConnectionError)" in svc.stderr()
+    assert int(_getx(svc.mnt / "t" / "0", "segment_count")) >= 3  # segments rolled, waiting for their upload
+    assert _getx(svc.mnt / "t" / "0", "remote_segment_count") == "0"
+    assert _bucket_keys(seaweed, prefix) == []
+    assert svc.stop() == 0

@@ -1,5 +1,5 @@
 """Fixtures for the Spark suite: ONE local SparkSession for the whole test session, logfs mounts, and a real
-standalone cluster (Master and two Workers on 127.0.0.1) with its own driver process (spark_standalone.py).
+standalone cluster (Master and two Workers on 127.0.0.1) with its own driver process (tools/spark_standalone.py).
 
 The session is ``local[2]`` with the UI off, 2 shuffle partitions and UTC as its time zone; its Python workers
 run this interpreter (PYSPARK_PYTHON), so they import the logfs and pyarrow under test. Java comes from the
@@ -18,6 +18,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "e2e"))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "remote"))
+sys.path.append(str(Path(__file__).resolve().parent.parent.parent / "tools"))
 from remote_store import aws_env, creds, seaweed  # noqa: E402,F401  (fixtures)
 from logfs_e2e import fuse_unusable_reason, mount_factory  # noqa: E402
 from spark_standalone import ClusterDriver, SparkCluster, spark_class_unusable_reason  # noqa: E402
@@ -78,7 +79,7 @@ def spark():
 
 @pytest.fixture(scope="session")
 def spark_cluster(tmp_path_factory):
-    """A standalone Master and two 1-core Workers on 127.0.0.1 (tests/spark/spark_standalone.py), started once per
+    """A standalone Master and two 1-core Workers on 127.0.0.1 (tools/spark_standalone.py), started once per
     test session (only if a test asks for it) and stopped at its end, no JVM left behind."""
     pytest.importorskip("pyspark")
     reason = java_unusable_reason() or spark_class_unusable_reason()
@@ -94,7 +95,7 @@ def spark_cluster(tmp_path_factory):
 @pytest.fixture(scope="session")
 def cluster_driver(spark_cluster, request):
     """The driver for ``spark_cluster``: a separate Python process with ONE SparkSession on the cluster for the
-    whole test session, running the jobs of tests/spark/cluster_driver.py (``cluster_driver.run("read", ...)``).
+    whole test session, running the jobs of tools/cluster_driver.py (``cluster_driver.run("read", ...)``).
 
     Why a process, and one per session: a Python process holds one active SparkContext, and the suite's
     ``spark`` (local[2]) must stay usable before and after cluster tests, in any order and under ``-k``; running

@@ -257,3 +257,27 @@ def test_arrow_columns_from_c_equal_the_per_record_path(engine_dir, monkeypatch)
     # With headers asked for, every record takes the per-record path: the same rows otherwise.
     with_headers = table("b", 0, 0, 200, ds.source_schema(True))
     assert with_headers.drop(["headers"]).equals(table("b", 0, 0, 200))
+
+
+@pytest.mark.mount
+def test_writer_headers_reach_the_source_through_a_mount(spark, mount_logfs):
+    """logfs.writer.headers: records appended through the mount carry the writer's pid, uid and command name,
+    which the source returns with includeHeaders (as kafka-python parses them); the text view does not show them."""
+    fs = mount_logfs()
+    os.mkdir(fs.path("w"))
+    os.setxattr(fs.path("w"), "user.logfs.config.logfs.writer.headers", b"true")
+    fs.append("w/0", b"first\nsecond\n")
+    with open("/proc/self/comm", "rb") as f:
+        comm = f.read().rstrip(b"\n")
+    expected = (("logfs.pid", str(os.getpid()).encode()), ("logfs.uid", str(os.getuid()).encode()),
+                ("logfs.comm", comm))
+    assert fs.read("w/0") == b"first\nsecond\n"
+    df = spark.read.format("logfs").option("subscribe", "w").option("includeHeaders", "true").load(str(fs.data))
+    rows = sorted(df.select("offset", "value", "headers").collect(), key=lambda r: r.offset)
+    assert [(r.value, tuple((h.key, h.value) for h in r.headers)) for r in rows] == [
+        (b"first", expected), (b"second", expected)]
+    mine = [(r.offset, r.value, tuple((h.key, bytes(h.value)) for h in r.headers)) for r in rows]
+    assert mine == [(o, v, h) for o, _, _, v, h in kafka_python_records(os.path.join(fs.data, "w-0"))]
+    plain = spark.read.format("logfs").option("subscribe", "w").load(str(fs.data))
+    assert "headers" not in plain.columns and [r.value for r in plain.orderBy("offset").collect()] == [b"first",
+                                                                                                          b"second"]

@@ -187,3 +187,19 @@ def test_broker_compression_settings_are_topic_defaults():
 def test_broker_compression_setting_refused_with_its_name(key, text):
     with pytest.raises(InvalidConfigError, match=key.replace(".", r"\.")):
         BrokerConfig.from_properties({key: text})
+
+@pytest.mark.parametrize("key,text", [
+    ("logfs.metrics.file", "metrics.prom"), ("logfs.metrics.file", "/var/lib/node_exporter/"),
+    ("logfs.metrics.interval.ms", "50"), ("logfs.metrics.interval.ms", "10s"),
+])
+def test_metrics_settings_refused_with_their_name(key, text):
+    with pytest.raises(InvalidConfigError, match=key.replace(".", r"\.")):
+        BrokerConfig.from_properties({key: text})
+
+
+def test_metrics_settings():
+    broker = BrokerConfig.from_properties({})
+    assert (broker.get("logfs.metrics.file"), broker.get("logfs.metrics.interval.ms")) == ("", 10000)
+    broker = BrokerConfig.from_properties({"logfs.metrics.file": " /run/logfs.prom ",
+                                           "logfs.metrics.interval.ms": "1000"})
+    assert (broker.get("logfs.metrics.file"), broker.get("logfs.metrics.interval.ms")) == ("/run/logfs.prom", 1000)

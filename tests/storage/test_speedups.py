@@ -1,5 +1,6 @@
 """The C accelerator produces exactly the bytes of the pure-Python/aiokafka paths it replaces."""
 
+import itertools
 import random
 
 import pytest
@@ -53,9 +54,10 @@ def test_render_rejects_malformed_and_compressed():
 
 @pytest.mark.parametrize("seed", range(30))
 def test_render_window_is_the_slice_of_the_rendered_lines(seed):
-    """render_window(buf, skip, want) gives lines[skip:skip + want] of the batches in buf, and a resume point
-    (batch position, skip within it) that continues exactly there, also when buf ends inside a batch (the
-    records that are whole are rendered, and ``need`` says how much to read) or at a compressed batch."""
+    """render_window(buf, skip, want) gives lines[skip:skip + want] of the batches in buf, how many records' lines
+    end in it, and a resume point (batch position, skip within it) that continues exactly there, also when buf
+    ends inside a batch (the records that are whole are rendered, and ``need`` says how much to read) or at a
+    compressed batch."""
     rnd = random.Random(seed)
     fmt = rnd.choice([LineFormat(), LineFormat(b"=", b"NULL"), LineFormat(b"::", None), LineFormat(None, b"")])
     batches, offset = [], 0
@@ -70,15 +72,18 @@ def test_render_window_is_the_slice_of_the_rendered_lines(seed):
         batches[compressed_at] = bytes(gz)
     plain = batches[:compressed_at] if compressed_at is not None else batches
     lines = b"".join(b"".join(fmt.line(r.key, r.value) for r in rec.decode(b)) for b in plain)
+    ends = list(itertools.accumulate(len(fmt.line(r.key, r.value)) for b in plain for r in rec.decode(b)))
     data = b"".join(batches)
     starts = [sum(map(len, batches[:k])) for k in range(len(batches) + 1)]
     for _ in range(40):
         skip = rnd.randrange(len(lines) + 2)
         want = rnd.choice([0, 1, 7, 100, 5000, 1 << 20])
         cut = rnd.choice([len(data), rnd.randrange(len(data) + 1)])  # the buffer may end anywhere
-        out, advanced, skip_after, need = speedups.render_window(data[:cut], skip, want, fmt.separator,
-                                                                 fmt.null_marker)
+        out, advanced, skip_after, need, newlines = speedups.render_window(data[:cut], skip, want, fmt.separator,
+                                                                           fmt.null_marker)
         assert out == lines[skip:skip + want][: len(out)]
+        # (values are random bytes: a "\n" inside one is not a line end)
+        assert newlines == sum(skip < end <= skip + len(out) for end in ends)
         assert advanced in starts
         if need == 0 and advanced < cut:
             assert len(out) == min(want, max(0, len(lines) - skip))
@@ -87,7 +92,7 @@ def test_render_window_is_the_slice_of_the_rendered_lines(seed):
         if need < 0:
             assert compressed_at is not None and advanced == starts[compressed_at]
         # Resuming from (advanced, skip_after) with the whole data continues exactly where out ended.
-        rest, _, _, _ = speedups.render_window(data[advanced:], skip_after, 1 << 30, fmt.separator,
+        rest, _, _, _, _ = speedups.render_window(data[advanced:], skip_after, 1 << 30, fmt.separator,
                                                fmt.null_marker)
         assert out + rest == lines[skip:] or (skip >= len(lines) and out + rest == b"")
 

@@ -328,3 +328,39 @@ def test_records_larger_than_the_read_chunk(make_log):
         model.records.append((first, b"big", value))
     assert [len(r.value) for r in log.read(1, max_bytes=1)] == [200_000]
     check_view(live_view(log), model, rng, probes=60)
+
+
+@pytest.mark.parametrize("compression", [0, 1])  # plain (the C path), gzip (the Python path)
+def test_view_counts_the_records_whose_line_ends_in_each_read(make_log, compression):
+    """``view.lines`` after a read: the records whose line (its final "\\n") the read returned, also when values
+    hold "\\n" of their own (other Kafka producers' records) and reads cut lines anywhere. The metrics' read
+    counter."""
+    from kafka.record.default_records import DefaultRecordBatchBuilder
+
+    log = make_log()
+    rng = random.Random(compression)
+    values = [rng.choice([b"plain", b"two\nlines", b"", b"x" * 300, b"\n"]) for _ in range(200)]
+    for start in range(0, len(values), 50):
+        builder = DefaultRecordBatchBuilder(2, compression, 0, -1, -1, -1, 1 << 30)
+        for delta, value in enumerate(values[start:start + 50]):
+            builder.append(delta, 1_700_000_000_000, None, value, [])
+        log.append_raw_batch(bytes(builder.build()))
+    text = b"".join(v + b"\n" for v in values)
+    ends = []
+    for v in values:
+        ends.append((ends[-1] if ends else 0) + len(v) + 1)
+    view = open_view(log)
+    try:
+        for _ in range(200):
+            pos = rng.randrange(len(text) + 1)
+            size = rng.choice([1, 5, 64, 700, 1 << 20])
+            got = view.read(pos, size)
+            assert got == text[pos:pos + size]
+            assert view.lines == sum(pos < end <= pos + len(got) for end in ends), (pos, size)
+        pos, total = 0, 0  # a sequential read in chunks counts every record once
+        while chunk := view.read(pos, 333):
+            pos += len(chunk)
+            total += view.lines
+        assert total == len(values)
+    finally:
+        view.release()

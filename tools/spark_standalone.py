@@ -1,4 +1,5 @@
-"""A real Spark standalone cluster on 127.0.0.1 for the tests, and a driver process that runs jobs on it.
+"""A real Spark standalone cluster on 127.0.0.1 for the tests and tools/bench.py, and a driver process that runs
+jobs on it. Imports nothing from the test suite (tests/spark/conftest.py makes fixtures of it).
 
 ``SparkCluster`` starts a Master and two Workers (one core, 1 GiB each) with pyspark's own launcher,
 ``$SPARK_HOME/bin/spark-class`` (SPARK_HOME is the pyspark package directory), every port chosen free, logs and
@@ -34,8 +35,7 @@ from pathlib import Path
 
 import logfs
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "remote"))
-from remote_store import free_ports  # noqa: E402
+from seaweed import free_ports  # tools/, beside this module
 
 CODE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(logfs.__file__)))
 DRIVER_SCRIPT = Path(__file__).resolve().parent / "cluster_driver.py"

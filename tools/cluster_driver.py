@@ -1,4 +1,5 @@
-"""The tests' Spark driver on the standalone cluster: ``python cluster_driver.py spark://HOST:PORT [--conf K=V]...``.
+"""A Spark driver on the standalone cluster, for the tests and tools/bench_cluster.py:
+``python cluster_driver.py spark://HOST:PORT [--conf K=V]...``.
 
 Holds ONE SparkSession on the cluster (the logfs source registered) and serves jobs: one JSON request per line
 on stdin (``{"job": NAME, "args": {...}}``), one JSON answer per line on stdout (``{"ok": true, "result": ...}``

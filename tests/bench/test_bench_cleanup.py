@@ -1,0 +1,105 @@
+"""A bench run that fails leaves nothing behind: no /var/tmp/logfs-bench-* directory, no mount, no process (logfs
+daemons, nullfs, SeaweedFS servers). The runs here are interrupted the two ways a run usually ends early: SIGTERM
+(a timeout, systemd, kill) in the middle of the small-writes scenario with logfs and nullfs mounted and writer
+processes appending, and SIGINT (Ctrl-C) in the tiered scenario with SeaweedFS up and a tiering mount. Both take
+the same path as a scenario raising an error (bench.py turns SIGTERM into SystemExit)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BENCH = os.path.join(ROOT, "tools", "bench.py")
+
+pytestmark = pytest.mark.skipif(not os.path.exists("/dev/fuse"), reason="needs /dev/fuse")
+
+
+def mounts_under(root: str) -> list[str]:
+    with open("/proc/self/mountinfo") as f:
+        return [line.split()[4] for line in f if line.split()[4].startswith(root + "/")]
+
+
+def processes_naming(root: str) -> list[str]:
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if root in cmdline:
+            out.append(f"{entry}: {cmdline}")
+    return out
+
+
+def wait_for(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def interrupt_bench(only: str, ready, sig: int) -> tuple[str, subprocess.CompletedProcess]:
+    """Start ``bench.py --quick --only ONLY`` (its own /var/tmp workdir), wait until ``ready(workdir)``, send
+    ``sig``; returns the workdir and the finished process."""
+    proc = subprocess.Popen([sys.executable, BENCH, "--quick", "--only", only], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        first = proc.stdout.readline()
+        assert first.startswith("workdir /var/tmp/logfs-bench-"), first + proc.stderr.read()
+        workdir = first.split(None, 1)[1].strip()
+        assert os.path.isdir(workdir)
+        wait_for(lambda: ready(workdir) or proc.poll() is not None, 180, f"the bench to reach the point ({only})")
+        assert proc.poll() is None, proc.stderr.read()
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return workdir, subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def assert_nothing_left(workdir: str, result: subprocess.CompletedProcess) -> None:
+    assert result.returncode != 0, "an interrupted run must not report success"
+    assert not mounts_under(workdir), mounts_under(workdir)
+    assert not processes_naming(workdir), processes_naming(workdir)
+    assert not os.path.exists(workdir), os.listdir(workdir)
+
+
+def test_sigterm_during_small_writes_leaves_nothing(tmp_path):
+    def writing(workdir: str) -> bool:
+        # logfs and nullfs both mounted, and writer processes appending (some lines in some partition)
+        mounts = mounts_under(workdir)
+        if not (any(m.endswith("/mnt") for m in mounts) and any(m.endswith("/nullmnt") for m in mounts)):
+            return False
+        mnt = next(m for m in mounts if m.endswith("/mnt"))
+        try:
+            return any(int(os.getxattr(os.path.join(mnt, t, "0"), "user.logfs.log_end_offset")) > 0
+                       for t in os.listdir(mnt))
+        except OSError:
+            return False
+
+    workdir, result = interrupt_bench("small_writes", writing, signal.SIGTERM)
+    assert_nothing_left(workdir, result)
+
+
+def test_ctrl_c_during_tiered_leaves_nothing(tmp_path):
+    def store_and_mount_up(workdir: str) -> bool:
+        return (any("weed" in p and " s3 " in p for p in processes_naming(workdir))
+                and any(m.endswith("/tiered/mnt") for m in mounts_under(workdir)))
+
+    workdir, result = interrupt_bench("tiered", store_and_mount_up, signal.SIGINT)
+    assert "KeyboardInterrupt" in result.stderr
+    assert_nothing_left(workdir, result)
