@@ -173,9 +173,13 @@ class BlockCache:
 
     def _forget(self, path: str) -> None:
         with self.lock:
-            self.used -= self._lru.pop(path, 0)
-            self._hot_used -= len(self._hot.pop(path, b""))
-            self._ahead.discard(path)
+            self._remove(path)
+
+    def _remove(self, path: str) -> None:
+        """(lock held) One block gone: from the disk cache, memory and the books."""
+        self.used -= self._lru.pop(path, 0)
+        self._hot_used -= len(self._hot.pop(path, b""))
+        self._ahead.discard(path)
         try:
             os.unlink(path)
         except FileNotFoundError:
@@ -282,27 +286,14 @@ class BlockCache:
     def _evict(self) -> None:
         """(lock held) Oldest first; blocks fetched ahead and not read are kept at the old end."""
         while self.used > self.limit and self._lru:
-            path, size = self._lru.popitem(last=False)
-            self.used -= size
-            self._hot_used -= len(self._hot.pop(path, b""))
-            self._ahead.discard(path)
-            try:
-                os.unlink(path)
-            except FileNotFoundError:
-                pass
+            self._remove(next(iter(self._lru)))
 
     def drop(self, directory: str, key: str) -> None:
         """Forget every block of ``key`` (its object was deleted from the store)."""
         stem = self._path(directory, key, 0)[:-1]
         with self.lock:
             for path in [p for p in self._lru if p.startswith(stem)]:
-                self.used -= self._lru.pop(path)
-                self._hot_used -= len(self._hot.pop(path, b""))
-                self._ahead.discard(path)
-                try:
-                    os.unlink(path)
-                except FileNotFoundError:
-                    pass
+                self._remove(path)
 
     def close(self) -> None:
         """Stop read-ahead (fetches under way finish in their threads; nothing waits for them)."""
