@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import os
-import weakref
 
 import trio
 
@@ -60,7 +59,6 @@ class LogService:
         # Where compaction's CPU work runs: a child process (default; it never competes with request handling
         # for the GIL, see docs/benchmarks.md) or a worker thread of the daemon.
         self.cleaner_mode = os.environ.get("LOGFS_CLEANER_MODE", "process")
-        self._compress_failed: weakref.WeakSet = weakref.WeakSet()  # segments not compressed, and not retried
         self._wakeup = trio.Event()
         self._failing: dict[str, str] = {}  # background step -> the error it last failed with
         self.tiering = None  # the TieringTask, when tiered storage is on
@@ -126,7 +124,7 @@ class LogService:
                 continue
             tiered_end = tier_stats(plog)["remote_log_end_offset"] if remote is not None else 0
             with plog.snapshot(sealed_only=True) as snap:
-                due = [s for s in snap.segments if s.next_offset > tiered_end and s not in self._compress_failed
+                due = [s for s in snap.segments if s.next_offset > tiered_end
                        and compression.needs_rewrite(s, plog.config)][:COMPRESSION_SEGMENTS_PER_PASS]
                 if not due or not plog.rewrite_lock.acquire(blocking=False):
                     continue
@@ -138,7 +136,8 @@ class LogService:
                 except LogfsError as exc:
                     log.error("compressing %s-%d failed, its segments stay uncompressed: %s", plog.topic,
                               plog.partition, exc)
-                    self._compress_failed.update(due)
+                    for segment in due:  # not retried, and tiering does not wait for them
+                        compression.give_up(segment)
                     return False
                 finally:
                     plog.rewrite_lock.release()

@@ -68,6 +68,11 @@ def needs_rewrite(segment, config) -> bool:
     return first == 0
 
 
+def give_up(segment) -> None:
+    """A segment whose rewrite failed stays as it is: not tried again, and tiering does not wait for it."""
+    segment.first_codec = -1
+
+
 def _mergeable(header: rec.BatchHeader) -> bool:
     return not header.attributes & _NOT_MERGED and header.producer_id < 0
 

@@ -193,3 +193,23 @@ def test_rewrite_crash_points_leave_each_offset_in_one_segment(tmp_path, clock, 
         reopened.close()
         cleaned.close()
         plog.close_without_flush()
+
+
+def test_a_segment_whose_rewrite_failed_is_not_waited_for(tmp_path, clock):
+    """A rewrite that fails (a bug, a damaged segment) leaves the segment as it is; the daemon gives up on it, so
+    neither the compressor nor tiering (which waits for needs_rewrite) is stuck on it."""
+    from logfs.storage.compression import give_up
+
+    plog = load_log(str(tmp_path / "t-0"), "t", 0, config(4), clock=clock)
+    fill(plog, clock, random.Random(9))
+    first = plog.segments.as_list()[0]
+    assert needs_rewrite(first, plog.config)
+    with open(first.log_path, "r+b") as f:  # a record section that is no batch
+        f.seek(70)
+        f.write(b"\xff" * 64)
+    with pytest.raises(Exception):
+        write_compressed(plog.directory, plog.config, first, clock.time_ms())
+    assert not [n for n in os.listdir(plog.directory) if n.endswith(".cleaned")]
+    give_up(first)
+    assert not needs_rewrite(first, plog.config)
+    plog.close_without_flush()
