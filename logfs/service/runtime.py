@@ -140,7 +140,11 @@ class LogService:
 
     async def housekeeping(self) -> None:
         now = self.clock.time_ms()
-        for key, plog in list(self.manager.logs.items()):
+        for i, (key, plog) in enumerate(list(self.manager.logs.items())):
+            if i % 1024 == 1023:
+                # A pass over every partition runs on the request thread: let the requests waiting meanwhile in
+                # (20,000 partitions take tens of ms). What is checked below is cheap when nothing is due.
+                await trio.sleep(0)
             if plog.on_roll is None:
                 self.attach(plog)
             if plog.closed:
@@ -151,8 +155,9 @@ class LogService:
             except (OSError, LogfsError) as exc:
                 self._failed(f"time-based roll of {name}", exc)
             else:
-                self._recovered(f"time-based roll of {name}")
-            due_flush = (plog.unflushed_messages > 0 and now - plog.last_flush_ms >= plog.config.flush_ms)
+                if self._failing:
+                    self._recovered(f"time-based roll of {name}")
+            due_flush = (now - plog.last_flush_ms >= plog.config.flush_ms and plog.unflushed_messages > 0)
             if key in self._roll_flush or due_flush:
                 self._roll_flush.discard(key)
                 upto = None if due_flush else plog.active_segment.base_offset
