@@ -250,12 +250,14 @@ class Log:
                 self.on_roll(old)
             return segment
 
-    def maybe_roll_for_time(self) -> bool:
+    def maybe_roll_for_time(self, now_ms: int | None = None) -> bool:
         """Roll an idle active segment whose age passed ``segment.ms`` minus jitter (the service calls this, for
-        every partition on every tick: the common case, not due, is decided without the lock)."""
+        every partition on every tick, with the time of the tick: the common case, not due, is decided without
+        the lock)."""
         active = self.segments.active
         based = active.rolling_based_timestamp
-        if active.size == 0 or (self.clock.time_ms() - (active.created_ms if based is None else based)
+        now = self.clock.time_ms() if now_ms is None else now_ms
+        if active.size == 0 or (now - (active.created_ms if based is None else based)
                                 <= self.config.segment_ms - active.roll_jitter_ms):
             return False  # (read without the lock: an append meanwhile only makes the segment younger)
         with self.lock:
