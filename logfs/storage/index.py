@@ -320,14 +320,18 @@ class _MappedIndex:
         dirty, self.dirty = self.dirty, False
         try:
             if mapped is not None:
-                mapped.flush()
-            elif dirty:
+                try:
+                    mapped.flush()
+                    return
+                except ValueError:  # unmapped meanwhile (a roll trimmed the file): its pages are in the page cache
+                    dirty = True
+            if dirty:
                 fd = os.open(self.path, os.O_RDONLY)
                 try:
                     os.fsync(fd)
                 finally:
                     os.close(fd)
-        except (OSError, ValueError):
+        except OSError:
             self.dirty = True
             raise
 
