@@ -79,6 +79,14 @@ def process_figures(pid: int) -> dict:
             "nofile_soft": soft, "nofile_hard": hard}
 
 
+def cpu_s(pid: int) -> float:
+    """The daemon's CPU time so far (user + system): a per-operation cost that other load on a shared machine
+    changes far less than wall-clock time."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def open_limits(pid: int) -> tuple[int, int]:
     with open(f"/proc/{pid}/limits") as f:
         for line in f:
@@ -156,20 +164,26 @@ def run_count(workdir: str, count: int, nofile: int | None, say) -> dict:
     try:
         out["mount_empty_s"] = mount(data, mnt, nofile)
         pid = daemon_pid(data)
+        cpu: dict = {}  # the daemon's CPU per operation, µs
         mkdirs = []
+        before = cpu_s(pid)
         for topic in topics:
             start = time.perf_counter()
             os.mkdir(os.path.join(mnt, topic))
             mkdirs.append(time.perf_counter() - start)
+        cpu["mkdir_us"], before = 1e6 * (cpu_s(pid) - before) / len(topics), cpu_s(pid)
         out["mkdir"] = spread(mkdirs)
         say(f"{count}: mkdir {out['mkdir']['mean_ms']:.2f} ms per topic")
         out["first_append"] = spread(append_all(paths, first))
+        cpu["first_append_us"], before = 1e6 * (cpu_s(pid) - before) / len(paths), cpu_s(pid)
         say(f"{count}: first append {out['first_append']['mean_ms']:.2f} ms per partition")
         took, seen = listing(mnt)
         if seen != len(paths):
             raise AssertionError(f"the listing showed {seen} partitions of {len(paths)}")
+        cpu["listing_us"], before = 1e6 * (cpu_s(pid) - before) / len(paths), cpu_s(pid)
         out["listing_s"], out["listing_us_per_partition"] = took, 1e6 * took / len(paths)
         out["read_all_s"] = read_all(paths, first)
+        cpu["read_us"] = 1e6 * (cpu_s(pid) - before) / len(paths)
         out["after_appends"] = process_figures(pid)
         say(f"{count}: after the appends {out['after_appends']}")
         start = time.perf_counter()
@@ -177,11 +191,15 @@ def run_count(workdir: str, count: int, nofile: int | None, say) -> dict:
         out["unmount_s"] = time.perf_counter() - start
         out["remount_s"] = mount(data, mnt, nofile)
         pid = daemon_pid(data)
+        cpu["remount_s"] = cpu_s(pid)  # (all of a new daemon's CPU so far: loading the store)
         out["after_remount"] = process_figures(pid)
         out["data_dir_apparent_gb"] = apparent_bytes(data) / 1e9  # (mounted: active segments' indexes preallocated)
         say(f"{count}: remount {out['remount_s']:.2f} s, then {out['after_remount']}")
         out["read_all_after_remount_s"] = read_all(paths, first)
+        before = cpu_s(pid)
         out["second_append"] = spread(append_all(paths, second))
+        cpu["second_append_us"] = 1e6 * (cpu_s(pid) - before) / len(paths)
+        out["daemon_cpu"] = cpu
         out["read_all_after_second_append_s"] = read_all(paths, lambda i: first(i) + second(i))
         out["after_second_appends"] = process_figures(pid)
         say(f"{count}: after the second appends {out['after_second_appends']}")
@@ -217,6 +235,14 @@ def markdown(report: dict) -> str:
                      f"{r['listing_us_per_partition']:.0f} | {proc(r['after_appends'])} | {r['remount_s']:.2f} | "
                      f"{proc(r['after_remount'])} | {ms(r['second_append'])} | "
                      f"{proc(r['after_second_appends'], rss=False)} | {r['data_dir_apparent_gb']:.1f} |")
+    lines += ["", "The daemon's CPU time (user + system) per operation, µs, and for loading the store at remount, s:",
+              "", "| partitions | `mkdir` per topic | first append | listing, per partition | read | remount (s) | "
+              "second append |", "|" + " --- |" * 7]
+    for r in rows:
+        c = r["daemon_cpu"]
+        lines.append(f"| {r['partitions']:,} | {c['mkdir_us']:,.0f} | {c['first_append_us']:.0f} | "
+                     f"{c['listing_us']:.0f} | {c['read_us']:.0f} | {c['remount_s']:.2f} | "
+                     f"{c['second_append_us']:.0f} |")
     return "\n".join(lines) + "\n"
 
 
