@@ -64,6 +64,17 @@ def test_3000_partitions_within_1024_descriptors(mount_logfs):
         for i, path in enumerate(paths):
             assert fs.read(os.path.relpath(path, fs.mnt)) == first(i), path
         assert daemon_figures(fs)[0] <= BUDGET + OWN_FDS
+        # Partitions with index entries, looked up through them: index maps too stay within the budget.
+        bulk = b"".join(b"%05d " % n + b"y" * 94 + b"\n" for n in range(300))  # 101-byte lines
+        for i, path in enumerate(paths[1:BUDGET + 200], start=1):
+            rel = os.path.relpath(path, fs.mnt)
+            for start in range(0, len(bulk), 30 * 101):  # 3 KB writes: 10 batches, index entries every 2
+                fs.append(rel, bulk[start:start + 30 * 101])
+            assert fs.getx(rel, "position.200") == str(len(first(i)) + 199 * 101)
+            assert fs.getx(rel, f"offset.{len(first(i)) + 250 * 101}") == "251"
+            assert int(fs.getx(rel, "time.0")) == 0
+        fds, maps = daemon_figures(fs)
+        assert fds <= BUDGET + OWN_FDS and maps <= maps_at_start + BUDGET, (fds, maps)
         with os.scandir(fs.path("t0599")) as entries:
             assert sorted(e.name for e in entries) == [str(p) for p in range(PER_TOPIC)]
         fs.append("t0000/0", second(0))
@@ -80,7 +91,8 @@ def test_3000_partitions_within_1024_descriptors(mount_logfs):
     for i, path in enumerate(paths[1:], start=1):
         rel = os.path.relpath(path, fs.mnt)
         fs.append(rel, second(i))
-        assert fs.read(rel) == first(i) + second(i), path
+        expect = first(i) + (bulk if i < BUDGET + 200 else b"") + second(i)
+        assert fs.read(rel) == expect, path
     fds, maps = daemon_figures(fs)
     assert fds <= BUDGET + OWN_FDS and maps <= maps_at_start + BUDGET
     assert fs.getx("t0421/3", "log_end_offset") == "2"
