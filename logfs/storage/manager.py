@@ -40,8 +40,8 @@ log = logging.getLogger(__name__)
 
 def raise_fd_limit() -> int:
     """Raise this process's soft RLIMIT_NOFILE to its hard limit (as the JVM does for Kafka), and give half of it
-    to segment files (:mod:`~logfs.storage.open_files`: they are opened on use and the idle ones closed past that
-    budget). Returns the soft limit now in force."""
+    (at most half of ``vm.max_map_count``) to segment files (:mod:`~logfs.storage.open_files`: they are opened on
+    use and the idle ones closed past that budget). Returns the soft limit now in force."""
     soft = _raise_soft_limit()
     OPEN_FILES.set_budget_from_limit(soft)
     return soft

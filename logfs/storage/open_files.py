@@ -58,11 +58,14 @@ class OpenFiles:
     def __len__(self) -> int:
         return len(self._units)
 
-    def set_budget_from_limit(self, nofile_soft: int) -> int:
-        """Half of the soft ``RLIMIT_NOFILE``: the rest is left to the mount itself, sockets, the cleaner's pipes,
-        worker threads' short-lived opens, and units over budget while pinned."""
+    def set_budget_from_limit(self, nofile_soft: int, max_map_count: int | None = None) -> int:
+        """Half of the soft ``RLIMIT_NOFILE`` (-1: unlimited), and never more than half of ``vm.max_map_count``
+        (every unit may be a map): the rest is left to the mount itself, sockets, the cleaner's pipes, worker
+        threads' short-lived opens, the interpreter's own maps, and units over budget while pinned."""
+        limits = [(_max_map_count() if max_map_count is None else max_map_count) // 2]
         if nofile_soft > 0:
-            self.budget = max(MIN_BUDGET, nofile_soft // 2)
+            limits.append(nofile_soft // 2)
+        self.budget = max(MIN_BUDGET, min(limits))
         return self.budget
 
     def admit(self, unit) -> None:
@@ -106,6 +109,14 @@ class OpenFiles:
             return True
         finally:
             lock.release()
+
+
+def _max_map_count() -> int:
+    try:
+        with open("/proc/sys/vm/max_map_count", "rb") as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return 65530  # the kernel's default
 
 
 # The process's units: one mount is one process, and RLIMIT_NOFILE is the process's.

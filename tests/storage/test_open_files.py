@@ -258,8 +258,12 @@ def test_entries_stored_before_an_unmap_are_flushed(tmp_path):
     again.close()
 
 
-def test_the_budget_is_half_the_descriptor_limit():
+def test_the_budget_is_half_the_descriptor_limit_and_of_the_map_limit():
     files = OpenFiles()
-    assert files.set_budget_from_limit(20_000) == 10_000
-    assert files.set_budget_from_limit(1024) == 512
-    assert files.set_budget_from_limit(100) == MIN_BUDGET
+    assert files.set_budget_from_limit(20_000, 65530) == 10_000
+    assert files.set_budget_from_limit(1024, 65530) == 512
+    assert files.set_budget_from_limit(100, 65530) == MIN_BUDGET
+    # Every unit may be a map: a very high (or unlimited, -1) descriptor limit stops at half of vm.max_map_count.
+    assert files.set_budget_from_limit(1 << 20, 65530) == 32765
+    assert files.set_budget_from_limit(-1, 65530) == 32765
+    assert files.set_budget_from_limit(65536) <= 65536 // 2  # the shipped unit's LimitNOFILE
