@@ -18,8 +18,9 @@ shell_appends, read_at_offset, mount_time, memory, responsiveness, spark, metric
 writes with the metrics file off and on), writer_headers (the same with logfs.writer.headers off and on), tiered
 (tools/bench_tiered.py: append p99 with the store up/down/slow, tiered reads cold/warm, time to first byte;
 starts its own SeaweedFS), spark_cluster (tools/bench_cluster.py: the Spark source on a 2-worker standalone
-cluster, count and groupBy of a tiered log from the bucket against the same offsets from the local DATA_DIR).
-Naming any of a group in --only runs the whole group.
+cluster, count and groupBy of a tiered log from the bucket against the same offsets from the local DATA_DIR),
+many_partitions (tools/bench_scale.py at 20,000 partitions: mkdir, first append, listing, descriptors, maps,
+remount; 500 with --quick). Naming any of a group in --only runs the whole group.
 
 The issue-15 write-path figures alone (bulk append, sequential read, small writes), best of 3, ~4 minutes:
 
@@ -575,6 +576,19 @@ class Bench:
 
         spark_cluster(self)
 
+    def many_partitions(self):
+        """tools/bench_scale.py at one count (20,000 partitions; 500 with --quick): its figures for the table."""
+        from bench_scale import run_count
+
+        r = run_count(self.work, 500 if self.quick else 20_000, None, lambda _: None)
+        self.record("many_partitions", partitions=r["partitions"], mkdir_ms=r["mkdir"]["mean_ms"],
+                    first_append_ms=r["first_append"]["mean_ms"],
+                    first_append_last_over_first_tenth=r["first_append"]["last_tenth_ms"]
+                    / r["first_append"]["first_tenth_ms"],
+                    listing_us_per_partition=r["listing_us_per_partition"], fds=r["after_appends"]["fds"],
+                    maps=r["after_appends"]["maps"], rss_mb=r["after_appends"]["rss_mb"], remount_s=r["remount_s"],
+                    fds_after_remount=r["after_remount"]["fds"], second_append_ms=r["second_append"]["mean_ms"])
+
     @staticmethod
     def append_latencies(path: str, n: int) -> list[float]:
         out = []
@@ -674,6 +688,7 @@ SCENARIOS = {
     "writer_headers": "writer_headers",
     "tiered": "tiered",
     "spark_cluster": "spark_cluster",
+    "many_partitions": "many_partitions",
 }
 
 

@@ -11,6 +11,7 @@ due after an append) goes to worker threads (``run_blocking``).
 
 from __future__ import annotations
 
+import bisect
 import errno
 import itertools
 import logging
@@ -68,6 +69,7 @@ class Operations(pyfuse3.Operations):
         self._inode_of: dict[int, tuple[str, int | None]] = {}
         self._handles: dict[int, PartitionHandle] = {}
         self._fetching: dict[int, trio.Lock] = {}  # handles reading tiered data in a worker thread
+        self._root_listing: list[tuple[int, str]] | None = None  # the root's entries, as the listing began
         # Reads stalled on the store hold at most this many worker threads: flushes and unlinks keep theirs.
         self._fetch_slots = trio.CapacityLimiter(8)
         self._next_fh = itertools.count(1)
@@ -124,15 +126,11 @@ class Operations(pyfuse3.Operations):
         self._inode_of.pop(ino, None)
 
     # -- attributes ------------------------------------------------------------------------------------
-    def _newest_appends(self, topic: str | None = None) -> dict[str, int]:
-        """topic -> its newest append (ms), for one topic or (None) all: one pass over the partitions."""
-        newest: dict[str, int] = {}
-        for (t, _), plog in list(self.manager.logs.items()):
-            if topic is None or t == topic:
-                newest[t] = max(newest.get(t, 0), plog.last_append_ms)
-        return newest
+    def _newest_append(self, topic: str) -> int | None:
+        """The newest append (ms) to any of the topic's partitions, None without partitions (O(partitions))."""
+        return max((plog.last_append_ms for plog in self.manager.topic_logs(topic)), default=None)
 
-    def _attrs(self, inode: int, newest: dict[str, int] | None = None) -> pyfuse3.EntryAttributes:
+    def _attrs(self, inode: int) -> pyfuse3.EntryAttributes:
         entry = pyfuse3.EntryAttributes()
         entry.st_ino = inode
         entry.generation = 0
@@ -153,9 +151,8 @@ class Operations(pyfuse3.Operations):
                 entry.attr_timeout = DIR_ATTR_TIMEOUT
                 entry.st_size = 0
                 # The newest append to any of its partitions (an empty partition counts from its creation).
-                if newest is None:
-                    newest = self._newest_appends(topic)
-                mtime_ns = newest[topic] * 1_000_000 if topic in newest else self._started_ns
+                newest = self._newest_append(topic)
+                mtime_ns = self._started_ns if newest is None else newest * 1_000_000
             else:
                 plog = self.manager.logs[(topic, partition)]
                 entry.st_mode = stat.S_IFREG | (0o444 if self.read_only else 0o644)
@@ -254,12 +251,16 @@ class Operations(pyfuse3.Operations):
     async def readdir(self, fh, start_id, token):
         # Cookies are stable under concurrent changes: a topic's inode number, a partition's number + 1.
         if fh == ROOT:
-            entries = sorted((self._topic_inode(t), t) for t in self.manager.list_topics())
-            newest = self._newest_appends()
-            for ino, topic in entries:
-                if ino <= start_id:
+            # The listing is sorted once, when it starts: each later call of the same listing resumes in it by
+            # bisection (a listing of T topics costs O(T log T), not that per call). A topic created meanwhile
+            # may be missed, as POSIX allows; one deleted meanwhile is skipped.
+            if start_id == 0 or self._root_listing is None:
+                self._root_listing = sorted((self._topic_inode(t), t) for t in self.manager.list_topics())
+            entries = self._root_listing
+            for ino, topic in entries[bisect.bisect_right(entries, (start_id, "\U0010ffff")):]:
+                if topic not in self.manager.topics:
                     continue
-                if not pyfuse3.readdir_reply(token, topic.encode(), self._attrs(ino, newest), ino):
+                if not pyfuse3.readdir_reply(token, topic.encode(), self._attrs(ino), ino):
                     return
             return
         topic, _ = self._resolve(fh)

@@ -57,9 +57,11 @@ def partition_get(log: Log, name: str, view: SegmentView | None = None) -> bytes
     elif key in _TIER_NAMES:
         value = tier_stats(log)[key]
     elif key.startswith("position."):
-        value = (view or live_view(log)).position_of(_number(key[9:]))
+        target = _number(key[9:])
+        value = _lookup(log, view, lambda v: v.position_of(target))
     elif key.startswith("offset."):
-        value = (view or live_view(log)).offset_at(_number(key[7:]))
+        target = _number(key[7:])
+        value = _lookup(log, view, lambda v: v.offset_at(target))
     elif key.startswith("time."):
         ts = _number(key[5:])
         found = log.offset_for_timestamp(ts)
@@ -69,6 +71,15 @@ def partition_get(log: Log, name: str, view: SegmentView | None = None) -> bytes
     if value is None:
         fail(errno.ENODATA)
     return str(value).encode()
+
+
+def _lookup(log: Log, view: SegmentView | None, lookup):
+    """``lookup(view)`` through ``view`` (pinned), or through the live view under the log's lock: its segments
+    are not pinned, and a segment is read only under its log's lock or a pin (storage/open_files.py)."""
+    if view is not None:
+        return lookup(view)
+    with log.lock:
+        return lookup(live_view(log))
 
 
 PARTITION_PARAMETRISED = ("position.", "offset.", "time.")

@@ -10,6 +10,7 @@ with it every FUSE request) never waits on it.
 from __future__ import annotations
 
 import logging
+import operator
 import os
 
 import trio
@@ -75,8 +76,9 @@ class LogService:
 
     def _tick_ms(self) -> int:
         tick = MAX_TICK_MS
-        for plog in list(self.manager.logs.values()):
-            c = plog.config
+        # (The logs of a topic share one config object: a store of 20,000 partitions has a few thousand.)
+        configs = {id(c): c for c in map(operator.attrgetter("config"), list(self.manager.logs.values()))}
+        for c in configs.values():
             tick = min(tick, c.segment_ms // 4 if c.segment_ms < 4 * MAX_TICK_MS else MAX_TICK_MS)
             if c.flush_ms < 4 * MAX_TICK_MS:
                 tick = min(tick, c.flush_ms // 4)
@@ -212,26 +214,32 @@ class LogService:
 
     async def housekeeping(self) -> None:
         now = self.clock.time_ms()
-        for key, plog in list(self.manager.logs.items()):
+        for i, (key, plog) in enumerate(list(self.manager.logs.items())):
+            if i % 1024 == 1023:
+                # A pass over every partition runs on the request thread: let the requests waiting meanwhile in
+                # (20,000 partitions take tens of ms). What is checked below is cheap when nothing is due.
+                await trio.sleep(0)
             if plog.on_roll is None:
                 self.attach(plog)
             if plog.closed:
                 continue
-            name = f"{plog.topic}-{plog.partition}"
             try:
-                plog.maybe_roll_for_time()
+                plog.maybe_roll_for_time(now)
             except (OSError, LogfsError) as exc:
-                self._failed(f"time-based roll of {name}", exc)
+                self._failed(f"time-based roll of {plog.topic}-{plog.partition}", exc)
             else:
-                self._recovered(f"time-based roll of {name}")
-            due_flush = (plog.unflushed_messages > 0 and now - plog.last_flush_ms >= plog.config.flush_ms)
+                if self._failing:
+                    self._recovered(f"time-based roll of {plog.topic}-{plog.partition}")
+            due_flush = (now - plog.last_flush_ms >= plog.config.flush_ms and plog.unflushed_messages > 0)
             if key in self._roll_flush or due_flush:
+                name = f"{plog.topic}-{plog.partition}"
                 self._roll_flush.discard(key)
                 upto = None if due_flush else plog.active_segment.base_offset
                 if await self._guarded(f"flush of {name}", plog.flush, upto) is None:
                     self._roll_flush.add(key)  # retried on the next tick
             if plog.deleted_segments:
-                await self._guarded(f"unlinking deleted segments of {name}", plog.purge_deleted, now)
+                await self._guarded(f"unlinking deleted segments of {plog.topic}-{plog.partition}",
+                                    plog.purge_deleted, now)
         if now - self._last_retention_ms >= self.manager.broker.get("log.retention.check.interval.ms"):
             self._last_retention_ms = now
             deleted = await self._guarded("retention", self.retention, now)

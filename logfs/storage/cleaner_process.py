@@ -22,6 +22,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 
 from .cleaner import CleanableLog, CleanResult, OffsetMap, write_cleaned
 from .compression import write_compressed
@@ -113,11 +114,15 @@ def _worker(request: dict) -> dict:
     config = dataclasses.replace(LogConfig(), **request["config"])
     directory = request["directory"]
     segments = []
+    # This process reads these segments in one thread: the open-file budget may close any of them while it
+    # reads another (they open again when read), so a pass over many segments holds few descriptors.
+    owner = threading.RLock()
     try:
         for base in request["bases"]:
             segment = open_segment(directory, base, config, active=False)
-            segment.load_state()
             segments.append(segment)
+            segment.load_state()
+            segment.owner = owner
         if request.get("mode") == "compress":
             groups = []
             for segment in segments:
@@ -135,9 +140,7 @@ def _worker(request: dict) -> dict:
         return {"end": end, "groups": groups}
     finally:
         for segment in segments:  # read-only use: release without trimming or touching the files
-            for index in (segment.offset_index, segment.time_index, segment.view_index):
-                index.close_handler()
-            os.close(segment.fd)
+            segment.close_readonly()
 
 
 def _die_with_parent() -> None:

@@ -2,8 +2,11 @@
 
 Owns the byte layout of ``.index`` (8-byte entries: relative offset i32, position i32), ``.timeindex`` (12-byte
 entries: timestamp i64, relative offset i32) and logfs's own ``.viewindex`` (36-byte entries, see
-:class:`ViewIndex`). Like Kafka's AbstractIndex, an active index is preallocated to its maximum size and trimmed
-to its entries when the segment rolls or closes; lookups binary-search for the greatest entry <= target.
+:class:`ViewIndex`). Like Kafka's AbstractIndex, an active index is preallocated to its maximum size (the view
+index to what its segment can need, at most as much) and trimmed to its entries when the segment rolls or
+closes; lookups binary-search for the greatest entry <= target. As Kafka's LazyIndex, a file is mapped only when
+an entry is first read or stored, and the process's open-file budget may unmap it again
+(:mod:`~logfs.storage.open_files`).
 
 Thread safety: mutation (append, truncate, resize) requires the owning log's writer lock. Lookups only read
 entries below the published entry count and may run concurrently with appends.
@@ -12,6 +15,7 @@ entries below the published entry count and may run concurrently with appends.
 from __future__ import annotations
 
 import bisect
+import errno
 import operator
 import mmap
 import os
@@ -19,6 +23,7 @@ import struct
 from typing import NamedTuple
 
 from .errors import CorruptRecordError, StorageIOError
+from .open_files import OPEN_FILES
 
 try:  # the C accelerator: index_ok checks every entry in one pass (the Python column checks below are the fallback)
     from .. import _speedups
@@ -54,6 +59,11 @@ class _Entries:
 
 
 class _MappedIndex:
+    """One index file, mapped on first use and unmapped when the process's open-file budget needs its descriptor
+    (:mod:`~logfs.storage.open_files`): ``_mmap`` is an attribute while mapped; reading it while unmapped maps
+    the file again (:meth:`__getattr__`). Entry counts and sizes live in memory, so checking whether an index is
+    full, or how many entries it has, never maps it."""
+
     ENTRY: struct.Struct
 
     def __init__(self, path: str, base_offset: int, max_index_size: int, *, active: bool = True):
@@ -61,40 +71,85 @@ class _MappedIndex:
         self.base_offset = base_offset
         self.entry_size = self.ENTRY.size
         self.max_index_size = max(self.entry_size, max_index_size - max_index_size % self.entry_size)
-        self._mmap: mmap.mmap | None = None
-        # No descriptor is kept open: the mapping holds its own (Python's mmap dups it), and the rare
-        # operations that need one (resize, trim, reserving blocks) open the file by path. A partition's active
-        # segment then costs 4 descriptors (its .log and three mappings), not 7.
+        self.segment = None  # the segment this index belongs to (set by it): the open-file budget asks it
+        self.recent = False  # used since the open-file budget's clock last passed it
+        self.dirty = False  # entries stored since the last flush (the map may have gone meanwhile)
+        # No descriptor is kept open and nothing is mapped until an entry is read or stored: an idle partition
+        # holds no map at all, and a mapped index holds one descriptor, the map's own.
         self.open = True
         exists = os.path.exists(path)
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             length = os.fstat(fd).st_size
-            if length % self.entry_size:
-                length -= length % self.entry_size
-            self.entries = self._count_entries(length, fd) if exists else 0
+            self.entries = self._count_entries(length - length % self.entry_size, fd) if exists else 0
             self._backed = self.entries * self.entry_size  # bytes known to have disk blocks behind the mapping
             if active:
                 # Never below the entries already there (segment.index.bytes may have been lowered since).
-                self._remap(max(self.max_index_size, self.entries * self.entry_size), fd)
+                size = max(self.max_index_size, self.entries * self.entry_size)
             else:
-                self._remap(max(length, self.entries * self.entry_size), fd)
+                size = max(length - length % self.entry_size, self.entries * self.entry_size)
+            if size != length:
+                os.ftruncate(fd, size)
+            self.max_entries = size // self.entry_size
         finally:
             os.close(fd)
 
     # -- mapping ---------------------------------------------------------------------------------
+    def __getattr__(self, name: str):
+        if name == "_mmap":  # not mapped (yet, or any more): map it
+            return self._map()
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def _map(self):
+        """The file's map (None for an empty file: no entry is ever read from it), registered with the budget."""
+        with OPEN_FILES.lock:
+            mapped = self.__dict__.get("_mmap")
+            if mapped is not None:
+                return mapped
+            if not self.open:
+                raise StorageIOError(f"index {self.path} is closed", errno.EBADF)
+            length = self.max_entries * self.entry_size
+            if not length:
+                return None
+            try:
+                fd = os.open(self.path, os.O_RDWR)
+                try:
+                    mapped = mmap.mmap(fd, length)
+                finally:
+                    os.close(fd)
+            except OSError as exc:
+                raise StorageIOError(f"cannot map index {self.path}: {exc.strerror}", exc.errno) from exc
+            OPEN_FILES.admit(self)
+            self._mmap = mapped
+            return mapped
+
+    def _close_unit(self) -> bool:
+        """Unmap (the open-file budget's call, under its lock). False while a buffer of the map is in use."""
+        mapped = self.__dict__.get("_mmap")
+        if mapped is not None:
+            try:
+                mapped.close()
+            except BufferError:
+                return False
+            del self._mmap
+        return True
+
+    def _unmap(self) -> None:
+        with OPEN_FILES.lock:
+            mapped = self.__dict__.get("_mmap")
+            if mapped is not None:
+                mapped.close()  # (BufferError while a buffer of it is in use: a bug, the map stays)
+                del self._mmap
+            OPEN_FILES.forget(self)
+
     def _remap(self, length: int, fd: int | None = None) -> None:
-        if self._mmap is not None:
-            self._mmap.close()
-            self._mmap = None
+        """Set the file's length (preallocate or trim); the map follows on the next use."""
+        self._unmap()
         own = fd is None
         if own:
             fd = os.open(self.path, os.O_RDWR)
         try:
             os.ftruncate(fd, length)
-            # No mapping while there is no entry (see _put): an idle or small partition's active segment then
-            # holds one descriptor, its .log, instead of four (each mapping holds a descriptor of its own).
-            self._mmap = mmap.mmap(fd, length) if length and self.entries else None
         finally:
             if own:
                 os.close(fd)
@@ -163,23 +218,60 @@ class _MappedIndex:
     def entry(self, i: int):
         return self.ENTRY.unpack_from(self._mmap, i * self.entry_size)
 
+    # One entry read or stored while the file is not mapped goes by pread/pwrite instead of mapping it: the last
+    # entry checked and the entry added when an idle segment rolls or closes, the slots zeroed when one loads.
+    # (Besides holding a descriptor, a map costs a write fault on the first store into each of its pages, ~2.3
+    # ms here against ~10 us for a pwrite: 20,000 idle partitions took minutes to close.) The append path maps
+    # the index (:meth:`mark`), and stores through the map from then on; pwrite is coherent with a map.
+    def _entry_at(self, i: int):
+        mapped = self.__dict__.get("_mmap")
+        if mapped is not None:
+            return self.ENTRY.unpack_from(mapped, i * self.entry_size)
+        return self.ENTRY.unpack(self._pread(i * self.entry_size, self.entry_size))
+
+    def _pread(self, at: int, length: int) -> bytes:
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+            try:
+                data = os.pread(fd, length, at)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            raise StorageIOError(f"read of index {self.path} failed: {exc.strerror}", exc.errno) from exc
+        if len(data) != length:
+            raise CorruptRecordError(f"index {self.path} is shorter than its entries")
+        return data
+
+    def _pwrite(self, at: int, data: bytes) -> None:
+        try:
+            fd = os.open(self.path, os.O_RDWR)
+            try:
+                if os.pwrite(fd, data, at) != len(data):
+                    raise OSError(errno.EIO, "short write")
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            raise StorageIOError(f"write to index {self.path} failed: {exc.strerror}", exc.errno) from exc
+        self.dirty = True
+
     def _put(self, values) -> None:
         if self.entries >= self.max_entries:
             raise CorruptRecordError(f"index {self.path} is full")
         at = self.entries * self.entry_size
         if at + self.entry_size > self._backed:
             self._reserve(at + self.entry_size)
-        if self._mmap is None:  # the first entry: map the file now
-            fd = os.open(self.path, os.O_RDWR)
-            try:
-                self._mmap = mmap.mmap(fd, self.max_entries * self.entry_size)
-            finally:
-                os.close(fd)
-        self.ENTRY.pack_into(self._mmap, at, *values)
+        mapped = self.__dict__.get("_mmap")
+        if mapped is not None:
+            self.ENTRY.pack_into(mapped, at, *values)
+        else:
+            self._pwrite(at, self.ENTRY.pack(*values))
         self.entries += 1
+        self.dirty = self.recent = True
 
     def mark(self) -> tuple[int, bytes]:
-        """The entry count and the last entry's bytes, for :meth:`rollback` (an append that failed)."""
+        """The entry count and the last entry's bytes, for :meth:`rollback` (an append that failed). On the append
+        path, before an entry is added: the index is mapped here, and that entry and the next are stored
+        through the map."""
         if not self.entries:
             return 0, b""
         at = (self.entries - 1) * self.entry_size
@@ -190,17 +282,16 @@ class _MappedIndex:
         self._truncate_entries(entries)
         self.entries = entries  # (a time index entry overwritten in place left the count one lower)
         if entries:
-            at = (entries - 1) * self.entry_size
-            self._mmap[at : at + self.entry_size] = last
+            self._pwrite((entries - 1) * self.entry_size, last)
 
     def _search(self, target, key) -> int:
         """Slot of the greatest entry whose key <= target, or -1."""
+        self.recent = True
         return bisect.bisect_right(_Entries(self, self.entries, key), target) - 1
 
     def _truncate_entries(self, n: int) -> None:
-        if n < self.entries and self._mmap is not None:
-            start = n * self.entry_size
-            self._mmap[start : self.entries * self.entry_size] = bytes((self.entries - n) * self.entry_size)
+        if n < self.entries:
+            self._pwrite(n * self.entry_size, bytes((self.entries - n) * self.entry_size))
         self.entries = min(self.entries, n)
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -210,6 +301,9 @@ class _MappedIndex:
 
     def trim_to_valid_size(self) -> None:
         """Shrink the file to its entries (on roll and close)."""
+        if self.max_entries == self.entries:  # (a sealed segment's: nothing to open)
+            self._unmap()
+            return
         self._remap(self.entries * self.entry_size)
 
     def resize(self, max_index_size: int) -> None:
@@ -220,22 +314,36 @@ class _MappedIndex:
         self._truncate_entries(0)
 
     def flush(self) -> None:
-        if self._mmap is not None:
-            self._mmap.flush()
+        """Make the stored entries durable: msync of the map, or an fsync of the file if it was unmapped since
+        (its dirty pages stayed in the page cache)."""
+        mapped = self.__dict__.get("_mmap")
+        dirty, self.dirty = self.dirty, False
+        try:
+            if mapped is not None:
+                try:
+                    mapped.flush()
+                    return
+                except ValueError:  # unmapped meanwhile (a roll trimmed the file): its pages are in the page cache
+                    dirty = True
+            if dirty:
+                fd = os.open(self.path, os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+        except OSError:
+            self.dirty = True
+            raise
 
     def close(self) -> None:
         if self.open:
             self.trim_to_valid_size()
-            if self._mmap is not None:
-                self._mmap.close()
-                self._mmap = None
+            self._unmap()
             self.open = False
 
     def close_handler(self) -> None:
-        """Release the mapping without trimming (the file is being deleted or renamed away)."""
-        if self._mmap is not None:
-            self._mmap.close()
-            self._mmap = None
+        """Release the mapping without trimming (the file is being deleted or renamed away, or was only read)."""
+        self._unmap()
         self.open = False
 
     def relative(self, offset: int) -> int:
@@ -258,7 +366,7 @@ class OffsetIndex(_MappedIndex):
     def append(self, offset: int, position: int) -> None:
         rel = self.relative(offset)
         if self.entries:
-            last_rel, last_pos = self.entry(self.entries - 1)
+            last_rel, last_pos = self._entry_at(self.entries - 1)
             if rel <= last_rel or position < last_pos:
                 raise CorruptRecordError(
                     f"non-increasing offset index entry {offset} after {self.base_offset + last_rel}"
@@ -276,7 +384,7 @@ class OffsetIndex(_MappedIndex):
     def last_entry(self) -> OffsetPosition:
         if not self.entries:
             return OffsetPosition(self.base_offset, 0)
-        rel, pos = self.entry(self.entries - 1)
+        rel, pos = self._entry_at(self.entries - 1)
         return OffsetPosition(self.base_offset + rel, pos)
 
     def truncate_to(self, offset: int) -> None:
@@ -312,7 +420,7 @@ class TimeIndex(_MappedIndex):
     def last_entry(self) -> TimestampOffset:
         if not self.entries:
             return TimestampOffset(-1, self.base_offset)
-        ts, rel = self.entry(self.entries - 1)
+        ts, rel = self._entry_at(self.entries - 1)
         return TimestampOffset(ts, self.base_offset + rel)
 
     def maybe_append(self, timestamp: int, offset: int, skip_full_check: bool = False) -> None:
@@ -383,19 +491,38 @@ class ViewIndex(_MappedIndex):
 
     ENTRY = struct.Struct(">IIIIIQQ")
 
+    @classmethod
+    def bytes_for(cls, max_index_size: int, segment_bytes: int | None = None,
+                  index_interval_bytes: int | None = None) -> int:
+        """What an active segment's view index is preallocated to: one entry per offset index entry the segment
+        can get, plus its end entry, and never more than ``segment.index.bytes`` (Kafka's own preallocation;
+        a 36-byte entry against the offset index's 8 would otherwise make it 4.5 times larger). An entry needs
+        more than ``index.interval.bytes`` since the previous one, so a segment of ``segment.bytes`` gets at
+        most ``segment.bytes // (interval + 1)``: 9 MiB with the defaults. A view index that fills anyway grows."""
+        entries = max_index_size // OffsetIndex.ENTRY.size
+        if segment_bytes is not None and index_interval_bytes is not None:
+            entries = min(entries, segment_bytes // (index_interval_bytes + 1))
+        size = (entries + 2) * cls.ENTRY.size
+        return max(cls.ENTRY.size, min(size, max_index_size - max_index_size % cls.ENTRY.size))
+
     def get(self, i: int) -> ViewEntry:
         rel, pos, *stats = self.entry(i)
         return ViewEntry(self.base_offset + rel, pos, LineStats(*stats))
 
     def append(self, offset: int, position: int, stats: LineStats) -> None:
         if self.entries >= self.max_entries:
-            self.resize((self.entries + 1) * self.entry_size)
-        if self.entries and self.entry(self.entries - 1)[1] >= position:
+            # Grown by half (a segment whose segment.bytes was raised, or one made active again): a view index
+            # is preallocated only to what its segment can need (:func:`view_index_bytes`).
+            self.resize((self.entries + max(1, self.entries // 2)) * self.entry_size)
+        if self.entries and self._entry_at(self.entries - 1)[1] >= position:
             raise CorruptRecordError(f"non-increasing view index position {position}")
         self._put((self.relative(offset), position, *stats))
 
     def last(self) -> ViewEntry | None:
-        return self.get(self.entries - 1) if self.entries else None
+        if not self.entries:
+            return None
+        rel, pos, *stats = self._entry_at(self.entries - 1)
+        return ViewEntry(self.base_offset + rel, pos, LineStats(*stats))
 
     def floor_by_view(self, target: int, length_of) -> ViewEntry | None:
         """Greatest entry whose view length before it, per ``length_of(stats)``, is <= target."""

@@ -62,27 +62,31 @@ def load_log(
     os.makedirs(directory, exist_ok=True)
     names = os.listdir(directory)
 
-    # 1. Leftovers of deletion and compaction.
-    for name in names:
-        if name.endswith(DELETED_SUFFIX) or name.endswith(CLEANED_SUFFIX):
-            _remove(os.path.join(directory, name))
-    names = os.listdir(directory)
+    # 1. Leftovers of deletion and compaction. (The directory is listed again only after something changed it: a
+    # store of many small partitions is loaded with one listing each.)
+    leftovers = [n for n in names if n.endswith(DELETED_SUFFIX) or n.endswith(CLEANED_SUFFIX)]
+    for name in leftovers:
+        _remove(os.path.join(directory, name))
+    if leftovers:
+        names = os.listdir(directory)
     swaps = sorted(n for n in names if n.endswith(LOG_SUFFIX + SWAP_SUFFIX))
     for swap_name in swaps:
         _complete_swap(directory, swap_name, config)
-    for name in os.listdir(directory):  # swap indexes without a log (their log already went live)
-        if name.endswith(SWAP_SUFFIX):
-            live = os.path.join(directory, name[: -len(SWAP_SUFFIX)])
-            os.replace(os.path.join(directory, name), live)
+    if any(n.endswith(SWAP_SUFFIX) for n in names):
+        for name in os.listdir(directory):  # swap indexes without a log (their log already went live)
+            if name.endswith(SWAP_SUFFIX):
+                live = os.path.join(directory, name[: -len(SWAP_SUFFIX)])
+                os.replace(os.path.join(directory, name), live)
+        names = os.listdir(directory)
 
     # 2. Orphan indexes.
-    names = os.listdir(directory)
     bases_with_log = {_base_of(n) for n in names if n.endswith(LOG_SUFFIX)}
     for name in names:
         if name.endswith(INDEX_SUFFIXES) and _base_of(name) not in bases_with_log:
             _remove(os.path.join(directory, name))
 
     # 3. Segments.
+    present = set(names)
     bases = sorted(b for b in bases_with_log if b is not None)
     segments: list[LogSegment] = []
     recover_from = None
@@ -97,9 +101,9 @@ def load_log(
             for suffix in (LOG_SUFFIX,) + INDEX_SUFFIXES:
                 _remove(os.path.join(directory, filename_prefix(base) + suffix))
             continue
-        stem = os.path.join(directory, filename_prefix(base))
-        indexes_present = all(os.path.exists(stem + s) for s in (INDEX_SUFFIX, TIME_INDEX_SUFFIX))
-        index_trouble = not indexes_present or not os.path.exists(stem + VIEW_INDEX_SUFFIX)
+        prefix = filename_prefix(base)
+        indexes_present = all(prefix + s in present for s in (INDEX_SUFFIX, TIME_INDEX_SUFFIX))
+        index_trouble = not indexes_present or prefix + VIEW_INDEX_SUFFIX not in present
         segment = open_segment(directory, base, config, created_ms=clock.time_ms(), active=(i == len(bases) - 1))
         needs_recovery = recover_from is not None and base >= recover_from
         if not needs_recovery and not indexes_present and segment.size > 0:
@@ -127,8 +131,12 @@ def load_log(
                 segment.on_become_inactive()
             segment.flush()
         segments.append(segment)
+        if not segment.active:
+            segment.release()  # its files open again when read: a store's descriptors follow its use
     if truncated_at is not None and segments and not segments[-1].active:
         segments[-1].become_active(config.segment_index_bytes)
+    if segments:
+        segments[-1].release()
     if progress is not None:
         progress(len(bases), len(bases))
 

@@ -59,10 +59,10 @@ class Log:
         self.partition = partition
         self.config = config
         self.clock = clock
-        self.segments = LogSegments(segments)
+        self.lock = threading.RLock()
+        self.segments = LogSegments(segments, owner=self.lock)
         self.log_start_offset = log_start_offset
         self.recovery_point = recovery_point
-        self.lock = threading.RLock()
         # Held by whatever rewrites sealed segments (the cleaner, the compression of sealed segments) for a whole
         # pass: they write the same .cleaned names, so one at a time per log.
         self.rewrite_lock = threading.Lock()
@@ -257,8 +257,16 @@ class Log:
                 self.on_roll(old)
             return segment
 
-    def maybe_roll_for_time(self) -> bool:
-        """Roll an idle active segment whose age passed ``segment.ms`` minus jitter (the service calls this)."""
+    def maybe_roll_for_time(self, now_ms: int | None = None) -> bool:
+        """Roll an idle active segment whose age passed ``segment.ms`` minus jitter (the service calls this, for
+        every partition on every tick, with the time of the tick: the common case, not due, is decided without
+        the lock)."""
+        active = self.segments.active
+        based = active.rolling_based_timestamp
+        now = self.clock.time_ms() if now_ms is None else now_ms
+        if active.size == 0 or (now - (active.created_ms if based is None else based)
+                                <= self.config.segment_ms - active.roll_jitter_ms):
+            return False  # (read without the lock: an append meanwhile only makes the segment younger)
         with self.lock:
             active = self.segments.active
             c = self.config
@@ -280,7 +288,7 @@ class Log:
             self.segments.active.tail = None  # the bytes about to be synced are never rewritten
         with pinned:
             for s in pinned.segments:
-                if s.fd >= 0:
+                if not s.closed:
                     s.flush()
         with self.lock:
             self.recovery_point = max(self.recovery_point, target)
@@ -291,6 +299,8 @@ class Log:
     def set_remote(self, segments: list, log_start_offset: int) -> None:
         """Publish the tiered segments (ascending) and the whole log's start offset."""
         with self.lock:
+            for segment in segments:
+                segment.owner = self.lock
             self.remote_segments = list(segments)
             self.log_start_offset = log_start_offset
             self._layout_changed()
@@ -322,28 +332,30 @@ class Log:
             if offset < start or offset > end:
                 raise OffsetOutOfRangeError(offset, start, end)
             segments = [s for s in self.view_segments() if s.next_offset > offset] or self.segments.as_list()[-1:]
+            pinned = pin(self, segments)
         out: list[rec.Record] = []
         read_bytes = 0
-        for segment in segments:
-            found = segment.translate_offset(offset)
-            if found is None:
-                continue
-            for _, header, buf, at in segment.batches_from(found[0]):
-                for r in rec.decode(buf, at, header.size):
-                    if r.offset >= offset:
-                        out.append(r)
-                read_bytes += header.size
-                if out and (read_bytes >= max_bytes or (max_records and len(out) >= max_records)):
-                    return out[:max_records] if max_records else out
+        with pinned:
+            for segment in segments:
+                found = segment.translate_offset(offset)
+                if found is None:
+                    continue
+                for _, header, buf, at in segment.batches_from(found[0]):
+                    for r in rec.decode(buf, at, header.size):
+                        if r.offset >= offset:
+                            out.append(r)
+                    read_bytes += header.size
+                    if out and (read_bytes >= max_bytes or (max_records and len(out) >= max_records)):
+                        return out[:max_records] if max_records else out
         return out[:max_records] if max_records else out
 
     def offset_for_timestamp(self, timestamp: int) -> int | None:
         """Earliest offset whose timestamp >= ``timestamp`` (time index, then a bounded scan), or None."""
         with self.lock:
-            segments = self.view_segments()
             start = self.log_start_offset
-        for segment in segments:
-            if segment.size and segment.max_timestamp >= timestamp:
+            pinned = pin(self, [s for s in self.view_segments() if s.size and s.max_timestamp >= timestamp])
+        with pinned:
+            for segment in pinned.segments:
                 found = segment.find_offset_by_timestamp(timestamp, start)
                 if found is not None:
                     return found
@@ -409,8 +421,12 @@ class Log:
             self._layout_changed()
 
     def _retire(self, segment: LogSegment, delay_ms: int, unlink_later: bool = False) -> None:
-        # The fd stays open until the files are unlinked (and no handle pins it), so a reader that looked
-        # the segment up just before it was retired never reads a closed or reused descriptor.
+        # A segment a snapshot pins keeps reading its files after they are renamed and unlinked: they are opened
+        # now, and stay open until it is purged and unpinned. One nobody pins is read by no one any more.
+        if segment.refs > 0:
+            segment.hold_files()
+        else:
+            segment.release()
         segment.change_suffix(DELETED_SUFFIX)
         segment.deleted = True
         if delay_ms <= 0 and not unlink_later:
@@ -453,11 +469,22 @@ class Log:
             self.purge_deleted(now_ms=1 << 62)
             self.closed = True
 
+    def hold_pinned(self) -> None:
+        """Open the files of every segment a snapshot pins (local and tiered), before the partition's directory is
+        renamed for deletion: those snapshots go on reading them. Under the lock."""
+        with self.lock:
+            for segment in list(self.segments) + self.remote_segments:
+                if segment.refs > 0:
+                    segment.hold_files()
+
     def close_deleted(self) -> None:
         """Close a log whose directory is being deleted: each segment closes now, or when the last snapshot
         pinning it is released (open handles keep reading it)."""
         with self.lock:
             for segment in self.segments:
+                segment.deleted = segment.purged = True
+                close_if_unused(segment)
+            for segment in self.remote_segments:
                 segment.deleted = segment.purged = True
                 close_if_unused(segment)
             self.closed = True

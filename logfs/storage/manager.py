@@ -29,6 +29,7 @@ from .errors import (
 )
 from .loader import load_log
 from .log import Log
+from .open_files import OPEN_FILES
 from .names import (
     LOCK_FILE, LOG_SUFFIX, TOPICS_FILE, DataDirScan, collision_key, delete_dir_name, is_internal_topic,
     is_legal_topic, partition_dir_name, validate_topic_name,
@@ -38,9 +39,15 @@ log = logging.getLogger(__name__)
 
 
 def raise_fd_limit() -> int:
-    """Raise this process's soft RLIMIT_NOFILE to its hard limit (as the JVM does for Kafka): every partition's
-    active segment holds 4 descriptors and every sealed segment 4 more, so the usual soft limit of 1024 would cap
-    a store at ~250 partitions. Returns the soft limit now in force."""
+    """Raise this process's soft RLIMIT_NOFILE to its hard limit (as the JVM does for Kafka), and give half of it
+    (at most half of ``vm.max_map_count``) to segment files (:mod:`~logfs.storage.open_files`: they are opened on
+    use and the idle ones closed past that budget). Returns the soft limit now in force."""
+    soft = _raise_soft_limit()
+    OPEN_FILES.set_budget_from_limit(soft)
+    return soft
+
+
+def _raise_soft_limit() -> int:
     try:
         import resource
 
@@ -67,6 +74,7 @@ class LogManager:
         self.clock = clock
         self.lock = threading.RLock()
         self.logs: dict[tuple[str, int], Log] = {}
+        self._topic_logs: dict[str, dict[int, Log]] = {}  # the same logs by topic (no operation scans them all)
         self.topics: dict[str, dict[str, str]] = {}  # topic -> overrides
         self.attrs: dict[str, tuple[int, int, int]] = {}  # "", "topic", "topic/N" -> (mode, uid, gid)
         self._deleted_dirs: list[tuple[int, str]] = []
@@ -119,9 +127,12 @@ class LogManager:
         if segment_progress is not None:
             counts = [sum(1 for n in os.listdir(path) if n.endswith(LOG_SUFFIX)) for _, path in entries]
         still_to_load = sum(counts)
+        configs: dict = {}  # one per topic (building one parses every setting)
         for index, ((topic, partition), path) in enumerate(entries):
             if topic not in self.topics:
                 self.topics[topic] = {}
+            if topic not in configs:
+                configs[topic] = self.topic_config(topic)
             per_segment = None
             if segment_progress is not None:
                 still_to_load -= counts[index]
@@ -129,12 +140,12 @@ class LogManager:
                 def per_segment(i: int, n: int, _after: int = still_to_load) -> None:
                     seen[1] = n
                     segment_progress(seen[0] + i, seen[0] + n + _after)
-            self.logs[(topic, partition)] = load_log(
-                path, topic, partition, self.topic_config(topic),
+            self._add_log(load_log(
+                path, topic, partition, configs[topic],
                 recovery_point=recovery.get((topic, partition), 0),
                 log_start_offset=starts.get((topic, partition), 0),
                 had_clean_shutdown=clean, clock=self.clock, progress=per_segment,
-            )
+            ))
             seen[0], seen[1] = seen[0] + seen[1], 0
             total_done[0] += 1
             if progress is not None:
@@ -172,7 +183,7 @@ class LogManager:
         # Only topics the partition directories do not already describe: those with overrides, and those
         # with no partition left. A plain new topic then costs no rewrite of this file, so mkdir stays O(1)
         # however many topics exist (it was O(topics): 46 ms per mkdir at 3,000 topics).
-        with_partitions = {t for t, _ in self.logs}
+        with_partitions = {t for t, logs in self._topic_logs.items() if logs}
         data = {"version": 1, "topics": {t: {"config": c} for t, c in sorted(self.topics.items())
                                          if c or t not in with_partitions or t == keep},
                 "attrs": {k: list(v) for k, v in sorted(self.attrs.items())}}
@@ -190,10 +201,29 @@ class LogManager:
             return sorted(self.topics)
 
     def partitions(self, topic: str) -> list[int]:
+        """The topic's partition numbers, ascending (O(p log p) for its p partitions)."""
         with self.lock:
             if topic not in self.topics:
                 raise NoSuchTopicError(f"no topic {topic!r}")
-            return sorted(p for t, p in self.logs if t == topic)
+            return sorted(self._topic_logs.get(topic, ()))
+
+    def topic_logs(self, topic: str) -> list[Log]:
+        """The logs of one topic's partitions (O(p); empty for an unknown topic)."""
+        return list(self._topic_logs.get(topic, {}).values())
+
+    def _add_log(self, plog: Log) -> Log:
+        self.logs[(plog.topic, plog.partition)] = plog
+        self._topic_logs.setdefault(plog.topic, {})[plog.partition] = plog
+        return plog
+
+    def _drop_log(self, topic: str, partition: int) -> Log | None:
+        plog = self.logs.pop((topic, partition), None)
+        logs = self._topic_logs.get(topic)
+        if logs is not None:
+            logs.pop(partition, None)
+            if not logs:
+                del self._topic_logs[topic]
+        return plog
 
     def create_topic(self, topic: str, partitions: int | None = None) -> None:
         validate_topic_name(topic)
@@ -207,18 +237,21 @@ class LogManager:
             self.topics[topic] = {}
             count = self.broker.get("num.partitions") if partitions is None else partitions
             made: list[str] = []
+            config = self.topic_config(topic)
             try:
                 for p in range(count):
                     if self.stopping.is_set():
                         raise ShuttingDownError(f"creation of topic {topic!r} abandoned: logfs is stopping")
-                    self._create_partition(topic, p, made)
-                if not count:
+                    self._create_partition(topic, p, made, config, sync=False)
+                if count:
+                    ckpt.fsync_dir(self.data_dir)  # once for all of them: the topic exists once this returns
+                else:
                     self._save_topics()  # a topic without partitions is known only from logfs-topics.json
             except BaseException:
                 # All or nothing (EMFILE, ENOSPC...): no topic left behind with only some of its partitions. Only
                 # what was made is undone, its fds closed first (removing a directory needs fds too).
                 for p in range(len(made)):
-                    created = self.logs.pop((topic, p), None)
+                    created = self._drop_log(topic, p)
                     if created is not None:
                         created.close_without_flush()
                 for path in made:
@@ -244,23 +277,25 @@ class LogManager:
             try:
                 return self._create_partition(topic, partition, made)
             except BaseException:
-                created = self.logs.pop((topic, partition), None)
+                created = self._drop_log(topic, partition)
                 if created is not None:
                     created.close_without_flush()
                 for path in made:
                     shutil.rmtree(path, ignore_errors=True)
                 raise
 
-    def _create_partition(self, topic: str, partition: int, made: list[str]) -> Log:
+    def _create_partition(self, topic: str, partition: int, made: list[str], config: LogConfig | None = None,
+                          *, sync: bool = True) -> Log:
         """Create one partition's directory and log; its path is added to ``made`` once the directory exists,
-        for the caller to undo."""
+        for the caller to undo. ``sync=False``: the caller fsyncs DATA_DIR (once for a topic's partitions)."""
         path = os.path.join(self.data_dir, partition_dir_name(topic, partition))
         os.mkdir(path)  # not exist_ok: a stray of that name is not ours to reuse (FileExistsError -> EEXIST)
         made.append(path)
-        self.logs[(topic, partition)] = load_log(path, topic, partition, self.topic_config(topic),
-                                                 had_clean_shutdown=True, clock=self.clock)
-        ckpt.fsync_dir(self.data_dir)
-        return self.logs[(topic, partition)]
+        plog = self._add_log(load_log(path, topic, partition, config or self.topic_config(topic),
+                                      had_clean_shutdown=True, clock=self.clock))
+        if sync:
+            ckpt.fsync_dir(self.data_dir)
+        return plog
 
     def get_log(self, topic: str, partition: int) -> Log:
         try:
@@ -278,7 +313,7 @@ class LogManager:
         not raised (stale checkpoint entries of a partition that is gone are ignored at load)."""
         with self.lock:
             victim = self.get_log(topic, partition)
-            emptied = not any(t == topic and p != partition for t, p in self.logs)
+            emptied = not any(p != partition for p in self._topic_logs.get(topic, ()))
             if emptied:
                 try:  # the emptied topic must survive a crash after the rename as a topic
                     self._save_topics(keep=topic)
@@ -289,8 +324,9 @@ class LogManager:
             if self.remote is not None and victim.config.remote_storage_enable:
                 self.remote.schedule_delete(topic, partition)  # its objects go too, even after a crash
             with victim.lock:
+                victim.hold_pinned()  # open handles go on reading the files they pinned, under any name
                 os.rename(victim.directory, new_path)
-                del self.logs[(topic, partition)]
+                self._drop_log(topic, partition)
                 victim.close_deleted()
             self._deleted_dirs.append((self.clock.time_ms() + victim.config.file_delete_delay_ms, new_path))
             attrs_gone = self.attrs.pop(f"{topic}/{partition}", None) is not None
@@ -388,10 +424,9 @@ class LogManager:
                                  self.broker.get("remote.log.storage.system.enable"))
             self.topics[topic] = overrides
             self._save_topics()
-            for (t, _), partition_log in self.logs.items():
-                if t == topic:
-                    with partition_log.lock:
-                        partition_log.config = new_config
+            for partition_log in self.topic_logs(topic):
+                with partition_log.lock:
+                    partition_log.config = new_config
 
     # -- checkpoints and shutdown ------------------------------------------------------------------
     def checkpoint(self) -> None:

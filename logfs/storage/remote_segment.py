@@ -402,7 +402,8 @@ class RemoteLogSegment(SegmentFile):
         self.cache = cache
         self.blocks_dir = os.path.join(index_dir, "blocks")
         self.refs = 0
-        self.deleted = self.purged = self.broken = False
+        self.deleted = self.purged = self.broken = self.closed = False
+        self.owner = None  # its log's lock, once published (Log.set_remote): the open-file budget asks it
         # Read-ahead state (shared by every reader of this segment; a race only resets the window).
         self._prev_first: int | None = None
         self._next_block = 0
@@ -415,7 +416,7 @@ class RemoteLogSegment(SegmentFile):
                 raise RemoteCorruptError(f"{path}: {os.path.getsize(path)} bytes, the manifest says "
                                          f"{meta.objects[ext].size}")
         # The view length needs only the view index's end entry: the indexes are mapped on first lookup, so a
-        # tiered segment nobody reads holds no descriptor.
+        # tiered segment nobody reads holds no descriptor (and the open-file budget unmaps idle ones).
         entry = ViewIndex.ENTRY
         with open(self._paths["viewindex"], "rb") as f:
             f.seek(max(0, meta.objects["viewindex"].size - entry.size))
@@ -439,6 +440,8 @@ class RemoteLogSegment(SegmentFile):
                 OffsetIndex(self._paths["index"], self.base_offset, size["index"].size, active=False),
                 TimeIndex(self._paths["timeindex"], self.base_offset, size["timeindex"].size, active=False),
                 ViewIndex(self._paths["viewindex"], self.base_offset, size["viewindex"].size, active=False))
+            for index in indexes:
+                index.segment = self
             try:
                 for index in indexes:  # one C pass each, on first use only: a copy that fails is never used
                     index.sanity_check(self.size)
@@ -523,10 +526,18 @@ class RemoteLogSegment(SegmentFile):
     translate_offset = LogSegment.translate_offset
     find_offset_by_timestamp = LogSegment.find_offset_by_timestamp
 
+    def hold_files(self) -> None:
+        """Map the indexes before their files are unlinked while a snapshot pins this segment (as
+        :meth:`LogSegment.hold_files`; the caller then marks it ``deleted``)."""
+        for index in self._mapped():
+            if index.entries:
+                index._mmap  # noqa: B018 (maps it)
+
     def close(self) -> None:
         indexes, self._indexes = self._indexes, None
         for index in indexes or ():
             index.close_handler()
+        self.closed = True
 
     def __repr__(self) -> str:
         return f"RemoteLogSegment(base={self.base_offset}, size={self.size}, next={self.next_offset})"

@@ -23,6 +23,7 @@ from typing import Iterator
 from . import records as rec
 from .errors import StorageIOError
 from .index import ZERO_STATS, LineStats, OffsetIndex, TimeIndex, ViewIndex
+from .open_files import OPEN_FILES
 from .segment_recovery import SegmentRecovery, batch_stats  # noqa: F401  (batch_stats: its callers import it here)
 
 from .names import (  # noqa: F401 (re-exported: the segment's own file names)
@@ -56,6 +57,7 @@ class SegmentFile:
         length = min(length, self.size - position)
         if length <= 0:
             return b""
+        self.recent = True
         try:
             return os.pread(self.fd, length, position)
         except OSError as exc:
@@ -69,6 +71,7 @@ class SegmentFile:
             return memoryview(b"")
         if len(scratch) < length:  # callers size it; never resize it here (a caller's view may be alive)
             return memoryview(self.read(position, length))
+        self.recent = True
         view = memoryview(scratch)[:length]
         try:
             got = os.preadv(self.fd, [view], position)
@@ -118,6 +121,7 @@ class LogSegment(SegmentRecovery, SegmentFile):
         created_ms: int = 0,
         suffix: str = "",
         active: bool = True,
+        max_view_index_size: int | None = None,
     ):
         self.directory = directory
         self.base_offset = base_offset
@@ -125,26 +129,37 @@ class LogSegment(SegmentRecovery, SegmentFile):
         self.roll_jitter_ms = roll_jitter_ms
         self.created_ms = created_ms
         self.suffix = suffix
+        self.owner = None  # its log's lock, once a log holds it (LogSegments sets it): lets the budget close it
+        self.refs = 0  # snapshots pinning it (segment_set: the only code that counts them)
+        self.deleted = False  # retired from its log (renamed .deleted)
+        self.purged = False  # its files are unlinked
+        self.closed = False  # closed for good (its log closed, or it was purged and unpinned)
         stem = os.path.join(directory, filename_prefix(base_offset))
         self.log_path = stem + LOG_SUFFIX + suffix
-        self.fd = os.open(self.log_path, os.O_RDWR | os.O_CREAT, 0o644)
+        with OPEN_FILES.lock:
+            fd = os.open(self.log_path, os.O_RDWR | os.O_CREAT, 0o644)
+            OPEN_FILES.admit(self)
+            self.fd = fd
+        if max_view_index_size is None:
+            max_view_index_size = ViewIndex.bytes_for(max_index_size)
         opened = []
         try:  # (on EMFILE, ENOSPC...: release what was opened, never leak descriptors)
-            self.size = os.fstat(self.fd).st_size
+            self.size = os.fstat(fd).st_size
             self.offset_index = OffsetIndex(stem + INDEX_SUFFIX + suffix, base_offset, max_index_size, active=active)
             opened.append(self.offset_index)
             self.time_index = TimeIndex(stem + TIME_INDEX_SUFFIX + suffix, base_offset, max_index_size,
                                         active=active)
             opened.append(self.time_index)
-            self.view_index = ViewIndex(
-                stem + VIEW_INDEX_SUFFIX + suffix, base_offset, (max_index_size // 8 + 2) * ViewIndex.ENTRY.size,
-                active=active,
-            )
+            self.view_index = ViewIndex(stem + VIEW_INDEX_SUFFIX + suffix, base_offset, max_view_index_size,
+                                        active=active)
         except BaseException:
             for index in opened:
                 index.close_handler()
-            os.close(self.fd)
+            self._forget_fd()
+            self.fd, self.closed = -1, True
             raise
+        for index in opened + [self.view_index]:
+            index.segment = self
         self.active = active
         self.bytes_since_last_index_entry = 0
         self.max_timestamp = -1
@@ -153,20 +168,81 @@ class LogSegment(SegmentRecovery, SegmentFile):
         self.stats = ZERO_STATS
         self.next_offset = base_offset
         self.tail: TailBatch | None = None  # the last batch, while it may grow (set by the log, which decides)
-        self.refs = 0  # snapshots pinning it (segment_set: the only code that counts them)
-        self.deleted = False  # retired from its log (renamed .deleted)
-        self.purged = False  # its files are unlinked
+
+    # -- the descriptor, opened on use ---------------------------------------------------------------
+    # ``fd`` is an attribute while the .log is open (-1 once closed for good). The process's open-file budget
+    # (:mod:`~logfs.storage.open_files`) may close it while the segment is idle; the next use of ``fd`` opens
+    # the file again by its path (:meth:`__getattr__`), at no cost to a use while it is open.
+    def __getattr__(self, name: str):
+        if name == "fd":
+            return self._reopen()
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def _reopen(self) -> int:
+        with OPEN_FILES.lock:
+            fd = self.__dict__.get("fd")
+            if fd is not None:
+                return fd
+            try:
+                fd = os.open(self.log_path, os.O_RDWR)
+            except OSError as exc:
+                raise StorageIOError(f"cannot open {self.log_path}: {exc.strerror}", exc.errno) from exc
+            OPEN_FILES.admit(self)
+            self.fd = fd
+            return fd
+
+    @property
+    def segment(self) -> "LogSegment":
+        """The segment a unit of the open-file budget belongs to: this one, for its .log descriptor."""
+        return self
+
+    def _close_unit(self) -> bool:
+        """Close the .log descriptor (the budget's call, under its lock); the next use reopens it."""
+        fd = self.__dict__.pop("fd", -1)
+        if fd >= 0:
+            os.close(fd)
+        return True
+
+    def _forget_fd(self) -> None:
+        with OPEN_FILES.lock:
+            OPEN_FILES.forget(self)
+            fd = self.__dict__.get("fd", -1)
+            if fd >= 0:
+                os.close(fd)
+                del self.fd
+
+    def release(self) -> None:
+        """Close the descriptor and unmap the indexes now; they open again on their next use. For the segment's
+        owner only (the loader, or a caller holding its log's lock, with no snapshot pinning it)."""
+        if self.closed:
+            return
+        self._forget_fd()
+        for index in (self.offset_index, self.time_index, self.view_index):
+            index._unmap()
+
+    def hold_files(self) -> None:
+        """Open the descriptor and map the indexes that have entries, before the files are renamed away or
+        unlinked while a snapshot pins the segment: it keeps reading them through these. Under the log's
+        lock; the caller then marks it ``deleted``, so the budget never closes them."""
+        if self.closed:
+            return
+        self.fd  # noqa: B018 (opens it)
+        for index in (self.offset_index, self.time_index, self.view_index):
+            if index.entries:
+                index._mmap  # noqa: B018 (maps it)
 
     # -- appending -------------------------------------------------------------------------------
     def append(self, batch: bytes, header: rec.BatchHeader, stats: LineStats) -> None:
         self.tail = None
+        self.recent = True
         position = self.size
         indexes = (self.offset_index, self.time_index, self.view_index)
         # What a failed append (ENOSPC...) rolls back: index entries added for this batch, and the bookkeeping.
-        saved = ([index.mark() for index in indexes], self.max_timestamp, self.offset_of_max_timestamp,
-                 self.bytes_since_last_index_entry)
+        # (An index is read for its mark only when an entry is added: an append without one maps nothing.)
+        saved = (None, self.max_timestamp, self.offset_of_max_timestamp, self.bytes_since_last_index_entry)
         try:
             if self.bytes_since_last_index_entry > self.index_interval_bytes:
+                saved = ([index.mark() for index in indexes],) + saved[1:]
                 self.offset_index.append(header.last_offset, position)
                 if self.max_timestamp < header.max_timestamp:
                     self.max_timestamp, self.offset_of_max_timestamp = header.max_timestamp, header.last_offset
@@ -176,7 +252,7 @@ class LogSegment(SegmentRecovery, SegmentFile):
             self._pwrite(batch, position)
         except (OSError, StorageIOError) as exc:
             marks, self.max_timestamp, self.offset_of_max_timestamp, self.bytes_since_last_index_entry = saved
-            for index, mark in zip(indexes, marks):
+            for index, mark in zip(indexes, marks or ()):
                 index.rollback(mark)
             try:
                 os.ftruncate(self.fd, position)
@@ -204,6 +280,7 @@ class LogSegment(SegmentRecovery, SegmentFile):
         No index entry: the ones naming this batch stay right (they name its start and offsets it still holds). On
         a disk error the batch, in memory and on disk, is as it was."""
         tail = self.tail
+        self.recent = True
         batch, position = tail.batch, tail.position
         end = position + old_length
         added = len(batch) - old_length
@@ -400,8 +477,8 @@ class LogSegment(SegmentRecovery, SegmentFile):
                 pass
 
     def close(self) -> None:
-        """Close fds; indexes of an active segment are trimmed and its view index gets its end entry."""
-        if self.fd < 0:
+        """Close for good; indexes of an active segment are trimmed and its view index gets its end entry."""
+        if self.closed:
             return
         if self.active and not self.deleted:
             if self.max_timestamp >= 0:
@@ -416,8 +493,14 @@ class LogSegment(SegmentRecovery, SegmentFile):
                 index.close_handler()
             else:
                 index.close()
-        os.close(self.fd)
-        self.fd = -1
+        self.close_readonly()
+
+    def close_readonly(self) -> None:
+        """Close for good without trimming or writing anything (a segment only read, or going away)."""
+        for index in (self.offset_index, self.time_index, self.view_index):
+            index.close_handler()
+        self._forget_fd()
+        self.fd, self.closed = -1, True
 
     def __repr__(self) -> str:
         return f"LogSegment(base={self.base_offset}, size={self.size}, next={self.next_offset})"

@@ -1,10 +1,12 @@
 """A log's segments as an ordered set, and the one way to hold on to segments: :class:`LogSnapshot`.
 
 Owns segment lifetimes. A segment that leaves its log (retention, compaction, truncation, a deleted partition)
-is renamed, and later its files are unlinked; its descriptors stay open while any snapshot pins it, so a
-reader that took a snapshot keeps reading the bytes it saw. Everything that reads segments outside the log
-lock (a file handle's view, the cleaner's pass, a flush) takes a snapshot and releases it; nothing else
-touches a segment's reference count.
+is renamed, and later its files are unlinked; if a snapshot pins it, its files are opened before they go
+(:meth:`LogSegment.hold_files`) and stay open while any snapshot pins it, so a reader that took a snapshot keeps
+reading the bytes it saw. Everything that reads segments outside the log lock (a file handle's view, the
+cleaner's pass, a flush, an upload) takes a snapshot and releases it; nothing else touches a segment's reference
+count. That rule is also what lets the open-file budget close an idle segment's files
+(:mod:`~logfs.storage.open_files`): one under neither its log's lock nor a pin is used by no one.
 """
 
 from __future__ import annotations
@@ -19,11 +21,15 @@ if TYPE_CHECKING:
 
 
 class LogSegments:
-    """Segments ordered by base offset, with floor/higher navigation (O(log n))."""
+    """Segments ordered by base offset, with floor/higher navigation (O(log n)). Each segment added gets
+    ``owner``, its log's lock: from then on the open-file budget may close its files while it is idle."""
 
-    def __init__(self, segments: Sequence[LogSegment] = ()):
+    def __init__(self, segments: Sequence[LogSegment] = (), owner=None):
+        self._owner = owner
         self._list: list[LogSegment] = sorted(segments, key=lambda s: s.base_offset)
         self._bases = [s.base_offset for s in self._list]
+        for segment in self._list:
+            segment.owner = owner
 
     def __len__(self) -> int:
         return len(self._list)
@@ -36,6 +42,7 @@ class LogSegments:
         return i < len(self._list) and self._list[i] is segment
 
     def add(self, segment: LogSegment) -> None:
+        segment.owner = self._owner
         i = bisect.bisect_left(self._bases, segment.base_offset)
         if i < len(self._bases) and self._bases[i] == segment.base_offset:
             self._list[i] = segment
@@ -129,5 +136,5 @@ def unpin(segment: LogSegment) -> None:
 
 def close_if_unused(segment: LogSegment) -> None:
     """Close a segment whose files are gone once no snapshot pins it (caller holds the log lock)."""
-    if segment.refs <= 0 and segment.purged and segment.fd >= 0:
+    if segment.refs <= 0 and segment.purged and not segment.closed:
         segment.close()

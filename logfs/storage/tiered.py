@@ -50,6 +50,7 @@ from .compression import needs_rewrite
 from .log import Log
 from .names import REMOTE_CACHE_DIR, REMOTE_DELETES_FILE
 from .remote_segment import BlockCache, RemoteLogSegment, index_paths, install_index
+from .segment_set import close_if_unused
 
 log = logging.getLogger(__name__)
 
@@ -329,7 +330,15 @@ class RemoteLogManager:
             return 0
         new, dropped = m.without_segments_below(cut)
         self.manifests.write(new)
+        before = tier.segments
         self._publish(tier, new, fetch=True)
+        with plog.lock:  # a snapshot pinning a dropped segment goes on reading its indexes, mapped before they go
+            for seg in (before.get(s.base_offset) for s in dropped):
+                if seg is not None:
+                    if seg.refs > 0:
+                        seg.hold_files()
+                    seg.deleted = seg.purged = True
+                    close_if_unused(seg)
         self.store.delete([k for s in dropped for k in s.keys()])
         index_dir = self._index_dir(plog)
         for s in dropped:

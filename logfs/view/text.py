@@ -276,7 +276,8 @@ _live_views: "weakref.WeakKeyDictionary[Log, tuple[tuple, SegmentView]]" = weakr
 
 def live_view(log: Log) -> SegmentView:
     """The view as a new open would see it now (cached until the segment list, start or format changes).
-    Its segments are not pinned: use it on the thread that owns the log, and not across awaits."""
+    Its segments are not pinned: its length needs no file, but anything that reads them (a lookup) holds the
+    log's lock, and none of it is kept across awaits."""
     fmt = LineFormat.of(log.config)
     key = (log.layout_version, log.log_start_offset, fmt)
     cached = _live_views.get(log)

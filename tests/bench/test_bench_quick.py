@@ -54,11 +54,18 @@ RANGES = {
                       **{f"{k}_{q}_{src}": r for q in ("count", "groupby") for src in ("bucket", "local")
                          for k, r in (("s", (0.01, 900)), ("MBps", (0.01, 1e5)))},
                       "ratio_count": (0.001, 1000), "ratio_groupby": (0.001, 1000), "target": (0.5, 0.5)},
+    # 500 partitions: the daemon holds a descriptor per partition in use (its budget is half of RLIMIT_NOFILE)
+    # and none for idle ones right after mounting.
+    "many_partitions": {"partitions": (500, 500), "mkdir_ms": (0.01, 10_000), "first_append_ms": (0.001, 10_000),
+                        "first_append_last_over_first_tenth": (0.0001, 10_000),
+                        "listing_us_per_partition": (0.1, 1e6), "fds": (500, 600), "maps": (10, 5000),
+                        "rss_mb": (1, 1000), "remount_s": (0.01, 300), "fds_after_remount": (1, 100),
+                        "second_append_ms": (0.001, 10_000)},
 }
 
 SCENARIOS = {"bulk_append", "bulk_append_fsync", "sequential_read", "sequential_read_warm", "small_writes",
              "shell_appends", "read_at_offset", "mount_time", "memory", "responsiveness", "spark", "metrics",
-             "writer_headers", "tiered", "spark_cluster"}
+             "writer_headers", "tiered", "spark_cluster", "many_partitions"}
 SMALL_CASES = {(writers, length) for writers in (1, 4) for length in (25, 100, 1000)}
 NUMBER = re.compile(r"^-?[\d,]+(\.\d+)?(e[+-]?\d+)?$")
 

@@ -117,6 +117,7 @@ class LogfsMount:
         self.mnt = root / "mnt"
         self.mnt.mkdir(parents=True, exist_ok=True)
         self.options: list[str] = []
+        self.wrapper: list[str] = []  # a command the daemon runs under (e.g. prlimit --nofile=N:N --)
         self.proc: subprocess.Popen | None = None  # foreground daemon, if started with -f
         self.stderr_path = root / "daemon.stderr"
 
@@ -126,7 +127,7 @@ class LogfsMount:
 
     # -- lifecycle ---------------------------------------------------------------------------------
     def command(self, *options: str, foreground: bool = False) -> list[str]:
-        cmd = [sys.executable, "-m", "logfs.cli", str(self.data), str(self.mnt)]
+        cmd = self.wrapper + [sys.executable, "-m", "logfs.cli", str(self.data), str(self.mnt)]
         if foreground:
             cmd.append("-f")
         if options:

@@ -1,0 +1,123 @@
+"""The segment files a process holds open, bounded across all its partitions: one LRU (CLOCK) of descriptors.
+
+A *unit* is one open resource of a segment: its ``.log`` descriptor (the :class:`~logfs.storage.segment.LogSegment`
+itself) or the memory map of one of its indexes (an :class:`~logfs.storage.index._MappedIndex`; Python's mmap
+keeps a descriptor of its own, so a map costs a descriptor and a map). Units open on first use, as Kafka's
+``LazyIndex`` maps an index on first use (KAFKA-7283), and register here. Once more than :attr:`OpenFiles.budget`
+are open, opening one closes another, least recently used first; a closed unit opens again, by path, the next
+time it is used. So descriptors and maps grow with the partitions in use, not with the segments on disk. Kafka
+keeps every ``.log`` open and asks operators to raise ``ulimit -n``; a mount here must serve 20,000 partitions
+within a fixed ``LimitNOFILE``.
+
+Recency is a CLOCK, the page cache's approximation of LRU: a use sets the unit's ``recent`` flag (an attribute
+store, no call on the append and read paths); the sweep skips and clears a set flag once (a second chance) and
+closes the first unit whose flag is clear and that may be closed.
+
+**When a unit may be closed.** Only when nothing can be using it, which is the engine's rule for reading a
+segment: every access happens either under the owning log's lock or through a
+:class:`~logfs.storage.segment_set.LogSnapshot` that pins the segment. So a unit closes only when its segment
+
+- belongs to a log (``owner``, the log's lock; a segment being loaded, cleaned or tested alone has none and is
+  closed by whoever owns it),
+- is pinned by no snapshot (``refs == 0``): a handle, a flush, the cleaner, an upload read pinned segments
+  outside the lock,
+- has not left its log (``deleted``): its files are renamed away or unlinked and could not be opened again (a
+  pinned segment's files are opened before they go, :meth:`LogSegment.hold_files`),
+- and its log's lock can be taken without waiting (a writer holds it while it appends).
+
+The sweep takes the log's lock without blocking while holding this module's lock, and a thread holding a log's
+lock may wait for this module's lock, never the other way round: no deadlock. A thread that holds a log's lock
+may close a unit of that same log (the lock is reentrant): code never keeps a segment's descriptor or map in a
+local variable across a call that may open another unit; it reads ``segment.fd`` / ``index._mmap`` at each use.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+
+# Never fewer than this many units open, whatever the limit (a reopen per use would make every append slow).
+MIN_BUDGET = 64
+# Units looked at per eviction at most (each at most twice): a sweep past many pinned units gives up, leaving
+# the count over the budget for a while, rather than scanning every open file on each open.
+_SWEEP = 1024
+
+
+class OpenFiles:
+    """Open units of this process, with the budget. ``lock`` guards the set and every open and close of a unit.
+
+    Complexity: opening a unit is O(1) amortised (a sweep skips units used since it last passed them, each
+    at most once per pass, and at most ``_SWEEP`` pinned ones)."""
+
+    def __init__(self, budget: int = 4096):
+        self.lock = threading.Lock()
+        self.budget = max(MIN_BUDGET, budget)
+        self._units: OrderedDict = OrderedDict()  # the clock: its front is where the hand is
+        self.evictions = 0
+
+    def __len__(self) -> int:
+        return len(self._units)
+
+    def set_budget_from_limit(self, nofile_soft: int, max_map_count: int | None = None) -> int:
+        """Half of the soft ``RLIMIT_NOFILE`` (-1: unlimited), and never more than half of ``vm.max_map_count``
+        (every unit may be a map): the rest is left to the mount itself, sockets, the cleaner's pipes, worker
+        threads' short-lived opens, the interpreter's own maps, and units over budget while pinned."""
+        limits = [(_max_map_count() if max_map_count is None else max_map_count) // 2]
+        if nofile_soft > 0:
+            limits.append(nofile_soft // 2)
+        self.budget = max(MIN_BUDGET, min(limits))
+        return self.budget
+
+    def admit(self, unit) -> None:
+        """Register ``unit``, just opened; close others first while over budget. Caller holds ``lock``."""
+        units = self._units
+        while len(units) >= self.budget and self._evict_one():
+            pass
+        unit.recent = False
+        units[unit] = None
+
+    def forget(self, unit) -> bool:
+        """Unregister ``unit`` (its owner closes it). Caller holds ``lock``. Whether it was registered."""
+        return self._units.pop(unit, False) is None
+
+    def _evict_one(self) -> bool:
+        units = self._units
+        for _ in range(2 * min(len(units), _SWEEP)):
+            unit = next(iter(units))
+            units.move_to_end(unit)
+            if unit.recent:
+                unit.recent = False
+                continue
+            if self._close(unit):
+                return True
+        return False
+
+    def _close(self, unit) -> bool:
+        segment = unit.segment
+        lock = None if segment is None else segment.owner
+        if lock is None or segment.refs > 0 or segment.deleted:
+            return False
+        if not lock.acquire(blocking=False):
+            return False
+        try:
+            if segment.refs > 0 or segment.deleted:  # (pins and deletions happen under that lock)
+                return False
+            if not unit._close_unit():
+                return False
+            del self._units[unit]
+            self.evictions += 1
+            return True
+        finally:
+            lock.release()
+
+
+def _max_map_count() -> int:
+    try:
+        with open("/proc/sys/vm/max_map_count", "rb") as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return 65530  # the kernel's default
+
+
+# The process's units: one mount is one process, and RLIMIT_NOFILE is the process's.
+OPEN_FILES = OpenFiles()
