@@ -5,18 +5,29 @@
 with their own vocabulary (tests/view's ``make_log``, tests/storage/test_loader.py's ``managers``) are thin
 wrappers over these two.
 
-Also ``small_tmpfs``: a real 8 MiB tmpfs, the disk that fills.
+Also ``small_tmpfs``: a real 8 MiB tmpfs, the disk that fills. ``LOGFS_TEST_OPEN_FILES=N`` runs the engine of
+this process under an open-file budget of N segment files (storage/open_files.py), whatever the descriptor limit.
 """
 
 from __future__ import annotations
 
 import errno
+import os
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from logfs.storage import BrokerConfig, LogConfig, LogManager, ManualClock, load_log
+from logfs.storage import open_files
+
+def pytest_configure(config):
+    budget = os.environ.get("LOGFS_TEST_OPEN_FILES")
+    if budget:  # (every LogManager sets the budget from the descriptor limit: keep this one instead)
+        files = open_files.OPEN_FILES
+        files.budget = int(budget)
+        files.set_budget_from_limit = lambda *args, **kwargs: files.budget
+
 
 # Keyword arguments of load_log(); every other keyword of open_log() is a LogConfig field.
 _LOAD_KWARGS = {"recovery_point", "log_start_offset", "had_clean_shutdown", "clock", "progress"}
