@@ -201,10 +201,11 @@ class Pair:
 
 
 def ingest(bench, name: str, src: str, opts: tuple[str, ...]) -> tuple[Pair, dict]:
-    """Best of ``rounds`` ingests into both topics; returns the last round's pair (both unmounted) and figures."""
+    """Best of ``rounds`` ingests into both topics (and the median of each round's ratio: on a shared machine a
+    busy moment lands on both topics of a round); returns the last round's pair (both unmounted) and figures."""
     size = os.path.getsize(src)
     best = {s: float("inf") for s in SYSTEMS}
-    during, until = False, []
+    during, until, ratios = False, [], []
     pair = None
     for round_ in range(bench.rounds):
         if pair is not None:
@@ -212,22 +213,26 @@ def ingest(bench, name: str, src: str, opts: tuple[str, ...]) -> tuple[Pair, dic
         pair = Pair(os.path.join(bench.work, f"compression-{name}"), opts)
         try:
             pair.create()
+            took_by = {}
             for system in (SYSTEMS if round_ % 2 == 0 else SYSTEMS[::-1]):
                 os.sync()
                 with ChildWatch(daemon_pid(pair.data[system])) as watch:
                     took = append_file(src, pair.part(system), fsync=False)
                 ended = time.perf_counter()
                 best[system] = min(best[system], took)
+                took_by[system] = took
                 assert os.stat(pair.part(system)).st_size == size
                 if system == "zstd":
                     during = during or watch.seen
                     wait_compressed(pair.data["zstd"])
                     until.append(time.perf_counter() - ended)
+            ratios.append(took_by["plain"] / took_by["zstd"])
         finally:
             pair.close()
     mb = size / 1e6
     return pair, {"MBps_ingest_plain": mb / best["plain"], "MBps_ingest_zstd": mb / best["zstd"],
-                  "ingest_ratio": best["plain"] / best["zstd"], "target_ingest": 0.9,
+                  "ingest_ratio": best["plain"] / best["zstd"], "ingest_ratio_median": statistics.median(ratios),
+                  "target_ingest": 0.9,
                   "rewrite_during_ingest": during, "s_until_compressed": min(until)}
 
 
@@ -656,7 +661,8 @@ _SECTIONS = [
     ("Ingest: `cat FILE >> partition` (no fsync), best of the rounds, the two topics in turn; then the rewrite.", [
         ("uncompressed topic, MB/s", "", "MBps_ingest_plain", None),
         ("zstd topic, MB/s", "", "MBps_ingest_zstd", None),
-        ("zstd / uncompressed", "", "ingest_ratio", ("≥ 0.9", lambda v: v >= 0.9)),
+        ("zstd / uncompressed (best against best)", "", "ingest_ratio", ("≥ 0.9", lambda v: v >= 0.9)),
+        ("zstd / uncompressed, median of the rounds' pairs", "", "ingest_ratio_median", None),
         ("the rewrite ran during a timed zstd ingest", "", "rewrite_during_ingest", None),
         ("s from the end of the ingest until all is compressed (best)", "", "s_until_compressed", None),
         ("the daemon's rewrite alone (topic set to zstd afterwards), MB/s", "", "MBps_rewrite_daemon", None),

@@ -55,8 +55,8 @@ RANGES = {
         **{f"ratio_{codec}": (1.5, 100) for codec in ("lz4", "snappy", "gzip")},
         **{f"MBps_rewrite_engine_{codec}": (0.1, 1e5) for codec in ("zstd", "lz4", "snappy", "gzip")},
         "MBps_ingest_plain": (0.5, 1e5), "MBps_ingest_zstd": (0.5, 1e5), "ingest_ratio": (0.01, 100),
-        "target_ingest": (0.9, 0.9), "rewrite_during_ingest": bool, "s_until_compressed": (0.0001, 600),
-        "MBps_rewrite_daemon": (0.01, 1e5),
+        "ingest_ratio_median": (0.01, 100), "target_ingest": (0.9, 0.9), "rewrite_during_ingest": bool,
+        "s_until_compressed": (0.0001, 600), "MBps_rewrite_daemon": (0.01, 1e5),
         **{f"MBps_{kind}_{topic}": (0.5, 1e5) for kind in ("cold", "warm") for topic in ("plain", "zstd")},
         "cold_ratio": (0.01, 100), "warm_ratio": (0.01, 100), "target_cold": (0.9, 0.9), "page_cache_dropped": bool,
         "random_reads": (200, 200), **{f"p{q}_ms_{topic}": (0.001, 60_000) for q in (50, 99)
