@@ -63,9 +63,13 @@ def segment_files(data: str) -> list[str]:
 
 
 def first_codec(path: str) -> int:
-    """The codec bits of a segment file's first batch (its attributes, bytes 21-22)."""
-    with open(path, "rb") as f:
-        head = f.read(23)
+    """The codec bits of a segment file's first batch (its attributes, bytes 21-22); -1 for a file gone (renamed
+    by a swap in flight) or too short."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(23)
+    except FileNotFoundError:
+        return -1
     return head[22] & 0x07 if len(head) == 23 else -1
 
 
