@@ -25,6 +25,11 @@ remount; 500 with --quick). Naming any of a group in --only runs the whole group
 The issue-15 write-path figures alone (bulk append, sequential read, small writes), best of 3, ~4 minutes:
 
     python tools/bench.py --only bulk_append,small_writes --json out.json --markdown out.md
+
+Scenario compression (tools/bench_compression.py, issue 22): a zstd topic against an uncompressed one, on the
+bench's lines and on a real log corpus (--corpus PATH, default /tmp/codecs-corpus/real.log when it exists): bytes at
+rest, ingest, sequential and random reads, the Spark count from DATA_DIR and from the bucket, and compressing at
+append instead, measured at the engine.
 """
 
 from __future__ import annotations
@@ -101,13 +106,23 @@ def unmount(mnt: str, data: str | None = None) -> None:
     if mounted(mnt):
         subprocess.run(["fusermount3", "-uz", mnt], check=False)
     if pid:
-        wait(lambda: not os.path.exists(f"/proc/{pid}"), 120, "the daemon to exit")
+        wait(lambda: exited(pid), 120, "the daemon to exit")
+
+
+def exited(pid: int) -> bool:
+    """Gone, or a zombie: it has closed its files and released DATA_DIR's lock. (The daemon's parent is init,
+    which may take a second and more to reap it on some machines.)"""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
 
 
 def kill9(mnt: str, data: str) -> None:
     pid = daemon_pid(data)
     os.kill(pid, 9)
-    wait(lambda: not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z")
+    wait(lambda: exited(pid))
     subprocess.run(["fusermount3", "-uz", mnt], check=False)
 
 
@@ -231,9 +246,10 @@ def getx(path: str, name: str) -> str:
 
 # -- scenarios ----------------------------------------------------------------------------------------------
 class Bench:
-    def __init__(self, workdir: str, quick: bool, rounds: int | None = None):
+    def __init__(self, workdir: str, quick: bool, rounds: int | None = None, corpus: str | None = None):
         self.work = workdir
         self.quick = quick
+        self.corpus = corpus  # the compression scenario's real log corpus (None: its default)
         self.results: dict[str, dict] = {}
         self.size = (32 << 20) if quick else (1 << 30)
         # The write-path scenarios (bulk append, sequential read, small writes) are tiny with --quick: seconds.
@@ -589,6 +605,11 @@ class Bench:
                     maps=r["after_appends"]["maps"], rss_mb=r["after_appends"]["rss_mb"], remount_s=r["remount_s"],
                     fds_after_remount=r["after_remount"]["fds"], second_append_ms=r["second_append"]["mean_ms"])
 
+    def compression(self):
+        from bench_compression import compression
+
+        compression(self)
+
     @staticmethod
     def append_latencies(path: str, n: int) -> list[float]:
         out = []
@@ -665,8 +686,12 @@ def markdown(report: dict) -> str:
                        met(r["ratio_vs_nullfs"] >= r["target_vs_nullfs"]
                            and r["log_bytes_per_text_byte"] <= r["target_max_log_bytes_per_text_byte"])]
                       for r in rows])
+    if any(name.startswith("compression") for name in results):
+        from bench_compression import markdown as compression_tables
+
+        out += compression_tables(results, fmt, met, table)
     for name, values in results.items():
-        if name.startswith(("bulk_append", "sequential_read", "small_writes")):
+        if name.startswith(("bulk_append", "sequential_read", "small_writes", "compression")):
             continue
         out += ["", f"**{name}**"] + table(["figure", "value"], [[k, v] for k, v in values.items()])
     return "\n".join(out) + "\n"
@@ -689,6 +714,7 @@ SCENARIOS = {
     "tiered": "tiered",
     "spark_cluster": "spark_cluster",
     "many_partitions": "many_partitions",
+    "compression": "compression",
 }
 
 
@@ -776,6 +802,8 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=None,
                         help="best of N for bulk append, sequential read and small writes (default 3, 1 with --quick)")
     parser.add_argument("--markdown", default=None, help="also write the markdown tables here")
+    parser.add_argument("--corpus", default=None,
+                        help="compression: a real log corpus (default /tmp/codecs-corpus/real.log if it exists)")
     args = parser.parse_args(argv)
     wanted = args.only.split(",") if args.only else list(SCENARIOS)
     unknown = set(wanted) - set(SCENARIOS)
@@ -787,7 +815,7 @@ def main(argv=None) -> int:
     try:
         os.makedirs(workdir, exist_ok=True)
         print(f"workdir {workdir}", flush=True)
-        bench = Bench(workdir, args.quick, args.rounds)
+        bench = Bench(workdir, args.quick, args.rounds, args.corpus)
         ran = set()
         for name in wanted:
             method = SCENARIOS[name]

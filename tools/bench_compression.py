@@ -1,0 +1,760 @@
+"""The compression scenario of tools/bench.py (``--only compression``, issue 22): a zstd topic (Kafka's default
+level 3) against an uncompressed one, in the same run, on two data sets:
+
+- ``lines``: the bench's own ~100-byte JSON lines (``make_lines``, far more repetitive than real logs);
+- ``real``: a real log corpus (``--corpus PATH``; default /tmp/codecs-corpus/real.log, made as docs/compression.md
+  says), repeated whole to the data size. Without it the scenario says so and measures ``lines`` only.
+
+Each data set goes into two DATA_DIRs, each with its own daemon (``log.segment.bytes`` 32 MiB, 1 MiB with
+--quick, so both logs have several sealed segments): topic ``t`` uncompressed, and topic ``t`` with
+``compression.type=zstd``, whose sealed segments the daemon rewrites in the background. Figures:
+
+- **at rest**: ``.log`` bytes of the zstd topic's sealed segments (once the rewrite is done: every sealed segment's
+  first batch carries the zstd bits) against python-zstandard level 3 of the same text (the sealed segments'
+  lines) in 1 MiB blocks, and against the uncompressed topic; the engine's rewrite of the uncompressed topic's
+  segments in lz4, snappy and gzip (``compression.write_compressed`` in this process) for their ratios;
+- **ingest**: ``cat FILE >> partition`` (as bulk_append, no fsync), MB/s, best of ``rounds``, the two topics in
+  turn (the order alternating by round; a zstd ingest's rewrite is waited for before the next step); whether
+  the rewrite (the cleaner's child process) was running during the timed window (sampled every 20 ms), and the
+  seconds from the end of the ingest until every sealed segment is compressed; the rewrite's throughput alone:
+  a copy of the uncompressed DATA_DIR mounted, its topic set to zstd, timed until all is compressed;
+- **sequential read**: ``cat partition > /dev/null`` on a new mount with the page cache dropped (cold), then again
+  (warm), best of ``rounds``;
+- **random read**: ``user.logfs.position.<offset>`` (getxattr) and a ``pread`` of the line, for random offsets
+  (the same for both topics), on a new mount with the page cache dropped; p50 and p99 over all rounds; each line
+  checked against the text;
+- **Spark**: ``spark.read.format("logfs").load(DATA_DIR)`` count, ``local[2]``, in a driver process of its own:
+  cold (page cache dropped) once, then warm, best of ``rounds``; and from the bucket: both DATA_DIRs mounted
+  again with tiering to a SeaweedFS started here (tools/seaweed.py; without it this part reports what is
+  missing), every sealed segment uploaded, then ``load("s3://BUCKET/PREFIX")`` counts, best of ``rounds``;
+- **compressing at append instead** (engine, no mount): ``Log.append_lines`` of 1 MiB writes (~64 KiB batches), and
+  the cost per MiB of ``records.compress_batch`` (zstd 3) on each of those batches, as it would be on the request
+  thread; the ratio that gives, against the background rewrite's ~256 KiB merged batches.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import json
+import os
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+from bench import (PY, ROOT, append_file, daemon_pid, drop_caches, getx, make_lines, mount_logfs, mounted, read_file,
+                   unmount, wait)
+
+DEFAULT_CORPUS = "/tmp/codecs-corpus/real.log"
+ZSTD = 4
+CODECS = {"gzip": 1, "snappy": 2, "lz4": 3, "zstd": 4}
+TOPIC = "t"
+SYSTEMS = ("plain", "zstd")
+
+
+# -- what is on disk --------------------------------------------------------------------------------------------
+def segment_files(data: str) -> list[str]:
+    """The partition's ``.log`` files, by base offset (the last one is the active segment)."""
+    return sorted(glob.glob(os.path.join(data, f"{TOPIC}-0", "*.log")))
+
+
+def first_codec(path: str) -> int:
+    """The codec bits of a segment file's first batch (its attributes, bytes 21-22); -1 for a file gone (renamed
+    by a swap in flight) or too short."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(23)
+    except FileNotFoundError:
+        return -1
+    return head[22] & 0x07 if len(head) == 23 else -1
+
+
+def compressed_count(data: str) -> tuple[int, int]:
+    """(sealed segments whose first batch is in zstd, sealed segments); a rewrite in flight counts as not done."""
+    sealed = segment_files(data)[:-1]
+    pending = glob.glob(os.path.join(data, f"{TOPIC}-0", "*.cleaned")) + \
+        glob.glob(os.path.join(data, f"{TOPIC}-0", "*.swap"))
+    done = sum(first_codec(p) == ZSTD for p in sealed)
+    return (done - len(pending) if pending else done), len(sealed)
+
+
+def wait_compressed(data: str, timeout: float = 1800) -> None:
+    def all_done() -> bool:
+        done, sealed = compressed_count(data)
+        return sealed > 0 and done == sealed
+
+    wait(all_done, timeout, f"the background rewrite of {data}")
+
+
+def base_of(path: str) -> int:
+    return int(os.path.basename(path).split(".")[0])
+
+
+def sealed_log_bytes(data: str) -> int:
+    return sum(os.path.getsize(p) for p in segment_files(data)[:-1])
+
+
+class ChildWatch:
+    """Samples (every ``interval`` s) whether a daemon has a child process running the cleaner's module (the
+    background rewrite runs there): ``seen`` is True once any sample found one."""
+
+    def __init__(self, pid: int, interval: float = 0.02):
+        self.pid, self.interval = pid, interval
+        self.seen = False
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _children(self) -> list[str]:
+        kids = []
+        for children in glob.glob(f"/proc/{self.pid}/task/*/children"):
+            try:
+                with open(children) as f:
+                    kids += f.read().split()
+            except OSError:
+                pass
+        return kids
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            for kid in self._children():
+                try:
+                    with open(f"/proc/{kid}/cmdline", "rb") as f:
+                        if b"cleaner_process" in f.read():
+                            self.seen = True
+                except OSError:
+                    pass
+            self._stop.wait(self.interval)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+
+# -- the data sets ----------------------------------------------------------------------------------------------
+def bench_lines(bench, size: int) -> str:
+    path = os.path.join(bench.work, "compression-lines.json")
+    if not os.path.exists(path):
+        make_lines(path, size)
+    return path
+
+
+def corpus_data(bench, corpus: str, size: int) -> tuple[str, int]:
+    """The corpus repeated whole to at least ``size`` bytes (cut at a line end to ``size`` if it is bigger);
+    returns the file and the number of copies."""
+    path = os.path.join(bench.work, "compression-real.log")
+    total = os.path.getsize(corpus)
+    copies = max(1, round(size / total))
+    if total > size:
+        with open(corpus, "rb") as f:
+            head = f.read(size)
+        with open(path, "wb") as f:
+            f.write(head[: head.rindex(b"\n") + 1])
+        return path, 1
+    with open(corpus, "rb") as src, open(path, "wb") as out:
+        text = src.read()
+        if not text.endswith(b"\n"):
+            text += b"\n"
+        for _ in range(copies):
+            out.write(text)
+    return path, copies
+
+
+# -- the mounted figures ----------------------------------------------------------------------------------------
+def setx(path: str, key: str, value: str) -> None:
+    subprocess.run(["setfattr", "-n", f"user.logfs.config.{key}", "-v", value, path], check=True)
+
+
+class Pair:
+    """One data set's two DATA_DIRs (``plain``, ``zstd``) under ``root``, and their mounts."""
+
+    def __init__(self, root: str, opts: tuple[str, ...]):
+        self.root, self.opts = root, opts
+        shutil.rmtree(root, ignore_errors=True)
+        self.data = {s: os.path.join(root, s, "data") for s in SYSTEMS}
+        self.mnt = {s: os.path.join(root, s, "mnt") for s in SYSTEMS}
+        for s in SYSTEMS:
+            os.makedirs(self.mnt[s])
+
+    def part(self, system: str) -> str:
+        return os.path.join(self.mnt[system], TOPIC, "0")
+
+    def mount(self, system: str, *extra: str, env: dict | None = None) -> None:
+        mount_logfs(self.data[system], self.mnt[system], *self.opts, *extra, extra_env=env)
+
+    def unmount(self, system: str) -> None:
+        unmount(self.mnt[system], self.data[system])
+
+    def create(self) -> None:
+        for s in SYSTEMS:
+            self.mount(s)
+            os.mkdir(os.path.join(self.mnt[s], TOPIC))
+        setx(os.path.join(self.mnt["zstd"], TOPIC), "compression.type", "zstd")
+
+    def close(self) -> None:
+        for s in SYSTEMS:
+            if mounted(self.mnt[s]):
+                self.unmount(s)
+
+
+def ingest(bench, name: str, src: str, opts: tuple[str, ...]) -> tuple[Pair, dict]:
+    """Best of ``rounds`` ingests into both topics (and the median of each round's ratio: on a shared machine a
+    busy moment lands on both topics of a round); returns the last round's pair (both unmounted) and figures."""
+    size = os.path.getsize(src)
+    best = {s: float("inf") for s in SYSTEMS}
+    during, until, ratios = False, [], []
+    pair = None
+    for round_ in range(bench.rounds):
+        if pair is not None:
+            shutil.rmtree(pair.root, ignore_errors=True)
+        pair = Pair(os.path.join(bench.work, f"compression-{name}"), opts)
+        try:
+            pair.create()
+            took_by = {}
+            for system in (SYSTEMS if round_ % 2 == 0 else SYSTEMS[::-1]):
+                os.sync()
+                with ChildWatch(daemon_pid(pair.data[system])) as watch:
+                    took = append_file(src, pair.part(system), fsync=False)
+                ended = time.perf_counter()
+                best[system] = min(best[system], took)
+                took_by[system] = took
+                assert os.stat(pair.part(system)).st_size == size
+                if system == "zstd":
+                    during = during or watch.seen
+                    wait_compressed(pair.data["zstd"])
+                    until.append(time.perf_counter() - ended)
+            ratios.append(took_by["plain"] / took_by["zstd"])
+        finally:
+            pair.close()
+    mb = size / 1e6
+    return pair, {"MBps_ingest_plain": mb / best["plain"], "MBps_ingest_zstd": mb / best["zstd"],
+                  "ingest_ratio": best["plain"] / best["zstd"], "ingest_ratio_median": statistics.median(ratios),
+                  "target_ingest": 0.9,
+                  "rewrite_during_ingest": during, "s_until_compressed": min(until)}
+
+
+def read_line(fd: int, pos: int) -> bytes:
+    got = os.pread(fd, 4096, pos)
+    while b"\n" not in got:
+        more = os.pread(fd, 16384, pos + len(got))
+        if not more:
+            break
+        got += more
+    return got.split(b"\n", 1)[0]
+
+
+def reads(bench, pair: Pair, text: bytes, n: int) -> tuple[dict, int]:
+    """Per round and topic, on a new mount (logfs's own caches start cold too): the page cache dropped, ``cat`` of
+    the partition (cold) and again (warm); the page cache dropped again, then ``n`` random offsets (the same for
+    both topics in a round): ``getxattr position.<offset>`` + ``pread`` of the line, each checked against the
+    text. Returns the figures, and the text position where the active segment starts (the sealed segments'
+    text)."""
+    best: dict[str, float] = {}
+    latencies: dict[str, list[float]] = {s: [] for s in SYSTEMS}
+    rng = random.Random(22)
+    dropped, sealed_text = True, None
+    for round_ in range(bench.rounds):
+        offsets: list[int] = []
+        for system in (SYSTEMS if round_ % 2 == 0 else SYSTEMS[::-1]):
+            pair.mount(system)
+            path = pair.part(system)
+            try:
+                if sealed_text is None:
+                    active = base_of(segment_files(pair.data[system])[-1])
+                    sealed_text = int(getx(path, f"position.{active}"))
+                if not offsets:
+                    end = int(getx(path, "log_end_offset"))
+                    offsets = [rng.randrange(end) for _ in range(n)]
+                dropped = drop_caches() and dropped
+                for kind in ("cold", "warm"):
+                    took = read_file(path, len(text))
+                    best[f"{kind}_{system}"] = min(took, best.get(f"{kind}_{system}", float("inf")))
+                drop_caches()
+                fd = os.open(path, os.O_RDONLY)
+                try:
+                    for offset in offsets:
+                        start = time.perf_counter()
+                        pos = int(os.getxattr(path, f"user.logfs.position.{offset}"))
+                        line = read_line(fd, pos)
+                        latencies[system].append(time.perf_counter() - start)
+                        assert pos == 0 or text[pos - 1] == 10, (system, offset, pos)
+                        assert line == text[pos: text.index(b"\n", pos)], (system, offset, pos)
+                finally:
+                    os.close(fd)
+            finally:
+                pair.unmount(system)
+    mb = len(text) / 1e6
+    row = {"MBps_cold_plain": mb / best["cold_plain"], "MBps_cold_zstd": mb / best["cold_zstd"],
+           "cold_ratio": best["cold_plain"] / best["cold_zstd"], "target_cold": 0.9,
+           "MBps_warm_plain": mb / best["warm_plain"], "MBps_warm_zstd": mb / best["warm_zstd"],
+           "warm_ratio": best["warm_plain"] / best["warm_zstd"], "page_cache_dropped": dropped,
+           "random_reads": len(latencies["plain"])}
+    for system in SYSTEMS:
+        q = statistics.quantiles(latencies[system], n=100)
+        row[f"p50_ms_{system}"] = q[49] * 1000
+        row[f"p99_ms_{system}"] = q[98] * 1000
+    row["p99_ratio"] = row["p99_ms_zstd"] / row["p99_ms_plain"]
+    row["target_p99_max"] = 2.0
+    return row, sealed_text
+
+
+def rewrite_alone(bench, pair: Pair) -> float:
+    """MB/s of the daemon's rewrite of a topic that nothing else touches: a copy of the uncompressed DATA_DIR
+    mounted, ``compression.type=zstd`` set on its topic, timed until every sealed segment is in zstd."""
+    copy = Pair(os.path.join(bench.work, "compression-rewrite"), pair.opts)
+    try:
+        os.rmdir(copy.mnt["zstd"])
+        shutil.rmtree(os.path.join(copy.root, "zstd"))
+        shutil.copytree(pair.data["plain"], copy.data["zstd"])
+        os.makedirs(copy.mnt["zstd"])
+        os.sync()
+        copy.mount("zstd")
+        sealed = sealed_log_bytes(copy.data["zstd"])
+        start = time.perf_counter()
+        setx(os.path.join(copy.mnt["zstd"], TOPIC), "compression.type", "zstd")
+        wait_compressed(copy.data["zstd"])
+        took = time.perf_counter() - start
+    finally:
+        copy.close()
+        shutil.rmtree(copy.root, ignore_errors=True)
+    return sealed / took / 1e6
+
+
+# -- the engine's figures (no mount) ------------------------------------------------------------------------------
+def zstd3_blocks(text: bytes, block: int = 1 << 20) -> int:
+    import zstandard
+
+    c = zstandard.ZstdCompressor(level=3)
+    return sum(len(c.compress(text[i: i + block])) for i in range(0, len(text), block))
+
+
+def engine_rewrites(data: str, rounds: int) -> dict:
+    """The engine's rewrite (``compression.write_compressed``, the function the cleaner's child runs) of the
+    uncompressed topic's sealed segments in each codec, into a scratch directory: bytes and MB/s (best of
+    ``rounds`` for zstd, one pass for the others)."""
+    from logfs.storage import LogConfig
+    from logfs.storage.compression import write_compressed
+    from logfs.storage.lifecycle import discard, open_segment
+
+    directory = os.path.join(data, f"{TOPIC}-0")
+    scratch = os.path.join(os.path.dirname(data), "rewrite-scratch")
+    out = {}
+    for name, codec in CODECS.items():
+        config = dataclasses.replace(LogConfig(), segment_bytes=1 << 30, compression_type=name)
+        total = took = 0.0
+        size_in = 0
+        for path in segment_files(data)[:-1]:
+            segment = open_segment(directory, base_of(path), config, active=False)
+            segment.load_state()
+            try:
+                size_in += segment.size
+                times = []
+                for _ in range(rounds if name == "zstd" else 1):
+                    shutil.rmtree(scratch, ignore_errors=True)
+                    os.makedirs(scratch)
+                    start = time.perf_counter()
+                    cleaned = write_compressed(scratch, config, segment, int(time.time() * 1000))
+                    times.append(time.perf_counter() - start)
+                    size = cleaned.size
+                    discard(cleaned)
+                took += min(times)
+                total += size
+            finally:
+                for index in (segment.offset_index, segment.time_index, segment.view_index):
+                    index.close_handler()
+                os.close(segment.fd)
+        out[name] = (int(total), size_in / took / 1e6)
+    shutil.rmtree(scratch, ignore_errors=True)
+    return out
+
+
+def append_time_compression(bench, text: bytes) -> dict:
+    """The alternative design, measured: compress each bulk-append batch on the request thread.
+
+    ``Log.append_lines`` of the text in 1 MiB writes cut at line ends (uncompressed, one segment), best of
+    ``rounds``; then ``records.compress_batch(batch, zstd, 3)`` of each batch it wrote (what compressing at append
+    would add to each write), best of ``rounds``; and the background rewrite of the same segment
+    (``write_compressed``: ~256 KiB merged batches), for its ratio and CPU per MiB."""
+    from logfs.storage import LogConfig, load_log
+    from logfs.storage import records as rec
+    from logfs.storage.compression import write_compressed
+    from logfs.storage.lifecycle import discard
+
+    work = os.path.join(bench.work, "compression-engine")
+    chunks, at = [], 0
+    while at < len(text):
+        end = text.rfind(b"\n", at, at + (1 << 20)) + 1 or text.index(b"\n", at) + 1
+        chunks.append(text[at:end])
+        at = end
+    mib = len(text) / (1 << 20)
+    config = dataclasses.replace(LogConfig(), segment_bytes=1 << 30)
+    t_append = float("inf")
+    for _ in range(bench.rounds):
+        shutil.rmtree(work, ignore_errors=True)
+        plog = load_log(os.path.join(work, f"{TOPIC}-0"), TOPIC, 0, config)
+        start = time.perf_counter()
+        for chunk in chunks:
+            plog.append_lines(b"", chunk, len(chunk))
+        t_append = min(t_append, time.perf_counter() - start)
+        if _ < bench.rounds - 1:
+            plog.close()
+    plog.roll()
+    segment = plog.segments.as_list()[0]
+    buf = segment.read(0, segment.size)
+    batches = [bytes(buf[pos: pos + h.size]) for pos, h in rec.iter_headers(buf)]
+    t_compress, small = float("inf"), 0
+    for _ in range(bench.rounds):
+        start = time.perf_counter()
+        small = sum(len(rec.compress_batch(b, ZSTD, 3)) for b in batches)
+        t_compress = min(t_compress, time.perf_counter() - start)
+    zconfig = dataclasses.replace(config, compression_type="zstd")
+    scratch = os.path.join(work, "scratch")
+    t_rewrite, big = float("inf"), 0
+    for _ in range(bench.rounds):
+        shutil.rmtree(scratch, ignore_errors=True)
+        os.makedirs(scratch)
+        start = time.perf_counter()
+        cleaned = write_compressed(scratch, zconfig, segment, int(time.time() * 1000))
+        t_rewrite = min(t_rewrite, time.perf_counter() - start)
+        big = cleaned.size
+        discard(cleaned)
+    plog.close()
+    shutil.rmtree(work, ignore_errors=True)
+    return {"append_mb": round(len(text) / 1e6, 1), "append_batches": len(batches),
+            "batch_kib": segment.size / len(batches) / 1024,
+            "MBps_append_engine": len(text) / t_append / 1e6,
+            "ms_per_mib_compress_at_append": t_compress * 1000 / mib,
+            "ms_per_mib_append_engine": t_append * 1000 / mib,
+            "MBps_append_with_compress": len(text) / (t_append + t_compress) / 1e6,
+            "append_kept_with_compress": t_append / (t_append + t_compress),
+            "ratio_at_append_64k": len(text) / small, "ratio_rewrite_256k": len(text) / big,
+            "ms_per_mib_rewrite_engine": t_rewrite * 1000 / mib}
+
+
+# -- Spark --------------------------------------------------------------------------------------------------------
+def spark_driver(request: dict) -> dict:
+    """In a process of its own (``bench_compression.py --spark-driver JSON``): one ``local[2]`` session, the
+    ``logfs`` source registered; each job's count, cold (page cache dropped first) for the jobs named in
+    ``cold``, then warm ``repeat`` times, jobs in turn (the order alternating). A first count warms the JVM and
+    the Python workers up (not with ``quick``). Returns {job: {"cold": s, "warm": [s...], "count": n}}."""
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    from pyspark.sql import SparkSession
+
+    from logfs.spark import register
+
+    spark = (SparkSession.builder.master("local[2]").appName("logfs-bench-compression")
+             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+             .config("spark.sql.shuffle.partitions", "2").config("spark.driver.memory", "1g")
+             .config("spark.python.worker.reuse", "true").getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    register(spark)
+    jobs = request["jobs"]
+    out: dict[str, dict] = {name: {"warm": []} for name in jobs}
+
+    def count(name: str) -> float:
+        job = jobs[name]
+        reader = spark.read.format("logfs")
+        for key, value in job["options"].items():
+            reader = reader.option(key, value)
+        start = time.perf_counter()
+        n = reader.load(job["path"]).count()
+        took = time.perf_counter() - start
+        assert out[name].setdefault("count", n) == n, (name, n)
+        return took
+
+    try:
+        if not request["quick"]:
+            count(next(iter(jobs)))  # the JVM, the Python workers and the code warmed up
+        for name in request["cold"]:
+            drop_caches()
+            out[name]["cold"] = count(name)
+        for round_ in range(request["repeat"]):
+            for name in (list(jobs) if round_ % 2 == 0 else list(jobs)[::-1]):
+                out[name]["warm"].append(count(name))
+    finally:
+        spark.stop()
+    return out
+
+
+def run_spark(bench, jobs: dict, cold: list[str], extra_env: dict | None = None) -> dict:
+    request = json.dumps({"jobs": jobs, "cold": cold, "repeat": bench.rounds, "quick": bench.quick})
+    proc = subprocess.run([PY, os.path.join(ROOT, "tools", "bench_compression.py"), "--spark-driver", request],
+                          capture_output=True, text=True, timeout=3600,
+                          env={**os.environ, "PYTHONPATH": ROOT, **(extra_env or {})})
+    if proc.returncode != 0:
+        raise RuntimeError(f"the Spark driver failed: {proc.stderr[-3000:]}")
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    print("compression: Spark counts (s):", json.dumps({k: [v.get("cold"), v["warm"]] for k, v in result.items()}),
+          file=sys.stderr, flush=True)
+    return result
+
+
+def spark_available() -> str | None:
+    try:
+        import pyspark  # noqa: F401
+        import pyarrow  # noqa: F401
+    except ImportError:
+        return "pyspark or pyarrow not installed"
+    if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
+        return "no Java runtime"
+    return None
+
+
+def tier(bench, pairs: dict[str, Pair], sw) -> dict:
+    """Mount every DATA_DIR again with tiering to ``sw`` (prefix ``<data set>-<topic>``), turn it on for the topic,
+    wait until every sealed segment is uploaded. Returns {job: {"bytes", "end"}} as the partition reports them."""
+    figures = {}
+    for name, pair in pairs.items():
+        for s in SYSTEMS:
+            pair.mount(s, "remote.log.storage.system.enable=true", f"logfs.remote.s3.bucket={sw.bucket}",
+                       f"logfs.remote.s3.endpoint={sw.endpoint}", f"logfs.remote.s3.prefix={name}-{s}",
+                       "remote.log.manager.task.interval.ms=200", env=sw.env())
+            try:
+                setx(os.path.join(pair.mnt[s], TOPIC), "remote.storage.enable", "true")
+                part = pair.part(s)
+                sealed = len(segment_files(pair.data[s])) - 1
+                wait(lambda: int(getx(part, "remote_segment_count")) >= sealed, 1800, f"the upload of {name}-{s}")
+                figures[f"{name}-{s}"] = {"bytes": int(getx(part, "remote_size_bytes")),
+                                          "end": int(getx(part, "remote_log_end_offset"))}
+            finally:
+                pair.unmount(s)
+    return figures
+
+
+def spark(bench, pairs: dict[str, Pair]) -> None:
+    """The Spark counts, from each DATA_DIR and (with tools/seaweed.py) from the bucket, in one driver process."""
+    reason = spark_available()
+    if reason:
+        for name in pairs:
+            bench.record(f"compression_spark_{name}", skipped=reason)
+            bench.record(f"compression_bucket_{name}", skipped=reason)
+        return
+    try:
+        from seaweed import SeaweedS3  # tools/seaweed.py
+    except ImportError:
+        SeaweedS3 = None
+    options = {"subscribe": TOPIC, "minPartitions": "4"}
+    jobs = {f"{name}-{s}": {"path": pair.data[s], "options": options} for name, pair in pairs.items() for s in SYSTEMS}
+    cold = list(jobs)
+    sw, tiered, env = None, {}, None
+    try:
+        if SeaweedS3 is None:
+            for name in pairs:
+                bench.record(f"compression_bucket_{name}",
+                             skipped="no tools/seaweed.py (the SeaweedFS starter; tools never import tests/)")
+        else:
+            sw = SeaweedS3(os.path.join(bench.work, "compression-seaweed"))
+            sw.start()
+            sw.create_bucket()
+            tiered = tier(bench, pairs, sw)
+            env = sw.env()
+            jobs.update({f"bucket-{name}-{s}": {"path": f"s3://{sw.bucket}/{name}-{s}",
+                                                "options": {**options, "s3.endpoint": sw.endpoint}}
+                         for name in pairs for s in SYSTEMS})
+        result = run_spark(bench, jobs, cold=cold, extra_env=env)
+    finally:
+        if sw is not None:
+            sw.shutdown()
+            shutil.rmtree(os.path.join(bench.work, "compression-seaweed"), ignore_errors=True)
+    for name in pairs:
+        r = {s: result[f"{name}-{s}"] for s in SYSTEMS}
+        assert r["plain"]["count"] == r["zstd"]["count"], r
+        warm = {s: min(r[s]["warm"]) for s in SYSTEMS}
+        bench.record(f"compression_spark_{name}", records=r["plain"]["count"],
+                     s_count_plain=warm["plain"], s_count_zstd=warm["zstd"],
+                     spark_local_ratio=warm["plain"] / warm["zstd"],
+                     s_count_cold_plain=r["plain"]["cold"], s_count_cold_zstd=r["zstd"]["cold"],
+                     spark_local_cold_ratio=r["plain"]["cold"] / r["zstd"]["cold"], target_spark_local=0.8,
+                     best_of=bench.rounds)
+        if not tiered:
+            continue
+        r = {s: result[f"bucket-{name}-{s}"] for s in SYSTEMS}
+        f = {s: tiered[f"{name}-{s}"] for s in SYSTEMS}
+        assert r["plain"]["count"] == r["zstd"]["count"] == f["plain"]["end"] == f["zstd"]["end"], (r, f)
+        warm = {s: min(r[s]["warm"]) for s in SYSTEMS}
+        bench.record(f"compression_bucket_{name}", records=r["plain"]["count"],
+                     mb_bucket_plain=f["plain"]["bytes"] / 1e6, mb_bucket_zstd=f["zstd"]["bytes"] / 1e6,
+                     s_count_plain=warm["plain"], s_count_zstd=warm["zstd"],
+                     spark_bucket_ratio=warm["plain"] / warm["zstd"], target_spark_bucket=1.0,
+                     best_of=bench.rounds)
+
+
+# -- the scenario ---------------------------------------------------------------------------------------------------
+def compression(bench) -> None:
+    quick = bench.quick
+    size = (4 << 20) if quick else (256 << 20)
+    segment = (1 << 20) if quick else (32 << 20)
+    n_random = 200 if quick else 2000
+    opts = (f"log.segment.bytes={segment}",)
+    corpus = bench.corpus if bench.corpus is not None else (DEFAULT_CORPUS if os.path.exists(DEFAULT_CORPUS) else "")
+    datasets = {"lines": bench_lines(bench, size)}
+    copies = 1
+    if corpus and os.path.exists(corpus):
+        datasets["real"], copies = corpus_data(bench, corpus, size)
+    else:
+        why = f"no corpus at {corpus or DEFAULT_CORPUS} (--corpus PATH): the bench's lines only"
+        print(f"compression: {why}", flush=True)
+        for record in ("compression_real", "compression_spark_real", "compression_bucket_real"):
+            bench.record(record, skipped=why)
+    pairs: dict[str, Pair] = {}
+    try:
+        for name, src in datasets.items():
+            with open(src, "rb") as f:
+                text = f.read()
+            row = {"mb": round(len(text) / 1e6, 1), "segment_mb": segment >> 20, "best_of": bench.rounds,
+                   "corpus": os.path.basename(corpus) if name == "real" else "make_lines",
+                   "copies": copies if name == "real" else 1}
+            pair, figures = ingest(bench, name, src, opts)
+            pairs[name] = pair
+            read_figures, sealed_text = reads(bench, pair, text, n_random)
+            # At rest: the sealed segments (the same offsets in both: both rolled at the same records).
+            plain, zstd = segment_files(pair.data["plain"]), segment_files(pair.data["zstd"])
+            assert [base_of(p) for p in plain] == [base_of(p) for p in zstd], (plain, zstd)
+            assert compressed_count(pair.data["zstd"])[0] == len(zstd) - 1
+            z3 = zstd3_blocks(text[:sealed_text])
+            row.update(segments=len(zstd) - 1, sealed_text_mb=sealed_text / 1e6,
+                       mb_plain=sealed_log_bytes(pair.data["plain"]) / 1e6,
+                       mb_zstd=sealed_log_bytes(pair.data["zstd"]) / 1e6, mb_zstd3_1mib=z3 / 1e6)
+            row["ratio_plain"] = sealed_text / 1e6 / row["mb_plain"]
+            row["ratio_zstd"] = sealed_text / 1e6 / row["mb_zstd"]
+            row["ratio_zstd3_1mib"] = sealed_text / z3
+            row["at_rest_vs_zstd3"] = row["mb_zstd"] / row["mb_zstd3_1mib"]
+            row["at_rest_vs_plain"] = row["mb_zstd"] / row["mb_plain"]
+            row["target_at_rest_max"] = 1.15
+            rewrites = engine_rewrites(pair.data["plain"], bench.rounds)
+            for codec in ("lz4", "snappy", "gzip"):
+                row[f"ratio_{codec}"] = sealed_text / rewrites[codec][0]
+                row[f"MBps_rewrite_engine_{codec}"] = rewrites[codec][1]
+            row["MBps_rewrite_engine_zstd"] = rewrites["zstd"][1]
+            row.update(figures)
+            row["MBps_rewrite_daemon"] = rewrite_alone(bench, pair)
+            row.update(read_figures)
+            row.update(append_time_compression(bench, text[: text.rfind(b"\n", 0, 64 << 20) + 1]))
+            row["load_avg"] = "/".join(f"{x:.2f}" for x in os.getloadavg())
+            bench.record(f"compression_{name}", **row)
+        spark(bench, pairs)
+    finally:
+        for pair in pairs.values():
+            pair.close()
+            shutil.rmtree(pair.root, ignore_errors=True)
+
+
+# -- markdown ---------------------------------------------------------------------------------------------------------
+_SECTIONS = [
+    ("At rest: `.log` bytes of the sealed segments once rewritten; a ratio is text bytes over stored bytes.", [
+        ("sealed segments", "", "segments", None),
+        ("text of the sealed segments, MB", "", "sealed_text_mb", None),
+        ("uncompressed topic, MB", "", "mb_plain", None),
+        ("zstd topic, MB", "", "mb_zstd", None),
+        ("`zstd -3` of the same text in 1 MiB blocks, MB", "", "mb_zstd3_1mib", None),
+        ("ratio: zstd topic", "", "ratio_zstd", None),
+        ("ratio: `zstd -3`, 1 MiB blocks", "", "ratio_zstd3_1mib", None),
+        ("zstd topic / `zstd -3` in 1 MiB blocks", "", "at_rest_vs_zstd3", ("≤ 1.15", lambda v: v <= 1.15)),
+        ("zstd topic / uncompressed topic", "", "at_rest_vs_plain", None),
+        ("ratio: lz4 (the engine's rewrite of the same segments)", "", "ratio_lz4", None),
+        ("ratio: snappy (idem)", "", "ratio_snappy", None),
+        ("ratio: gzip (idem)", "", "ratio_gzip", None)]),
+    ("Ingest: `cat FILE >> partition` (no fsync), best of the rounds, the two topics in turn; then the rewrite.", [
+        ("uncompressed topic, MB/s", "", "MBps_ingest_plain", None),
+        ("zstd topic, MB/s", "", "MBps_ingest_zstd", None),
+        ("zstd / uncompressed (best against best)", "", "ingest_ratio", ("≥ 0.9", lambda v: v >= 0.9)),
+        ("zstd / uncompressed, median of the rounds' pairs", "", "ingest_ratio_median", None),
+        ("the rewrite ran during a timed zstd ingest", "", "rewrite_during_ingest", None),
+        ("s from the end of the ingest until all is compressed (best)", "", "s_until_compressed", None),
+        ("the daemon's rewrite alone (topic set to zstd afterwards), MB/s", "", "MBps_rewrite_daemon", None),
+        ("the engine's rewrite, one thread, zstd, MB/s", "", "MBps_rewrite_engine_zstd", None),
+        ("idem lz4, MB/s", "", "MBps_rewrite_engine_lz4", None),
+        ("idem snappy, MB/s", "", "MBps_rewrite_engine_snappy", None),
+        ("idem gzip, MB/s", "", "MBps_rewrite_engine_gzip", None)]),
+    ("Reads on a new mount. Sequential: `cat partition > /dev/null`, cold (page cache dropped) then warm, best of "
+     "the rounds. Random: `getxattr user.logfs.position.<offset>` + `pread` of the line, the same random offsets "
+     "for both topics, page cache dropped at the start of each round.", [
+        ("sequential cold, uncompressed, MB/s", "", "MBps_cold_plain", None),
+        ("sequential cold, zstd, MB/s", "", "MBps_cold_zstd", None),
+        ("cold: zstd / uncompressed", "", "cold_ratio", ("≥ 0.9", lambda v: v >= 0.9)),
+        ("sequential warm, uncompressed, MB/s", "", "MBps_warm_plain", None),
+        ("sequential warm, zstd, MB/s", "", "MBps_warm_zstd", None),
+        ("warm: zstd / uncompressed", "", "warm_ratio", None),
+        ("random reads per topic", "", "random_reads", None),
+        ("random p50, uncompressed, ms", "", "p50_ms_plain", None),
+        ("random p50, zstd, ms", "", "p50_ms_zstd", None),
+        ("random p99, uncompressed, ms", "", "p99_ms_plain", None),
+        ("random p99, zstd, ms", "", "p99_ms_zstd", None),
+        ("p99: zstd / uncompressed", "", "p99_ratio", ("≤ 2", lambda v: v <= 2.0))]),
+    ("Spark: `spark.read.format(\"logfs\").load(...).count()`, `local[2]`, `minPartitions` 4, in a driver process of "
+     "its own. DATA_DIR: unmounted, cold once (page cache dropped), then warm, best of the rounds. Bucket: both "
+     "DATA_DIRs tiered to SeaweedFS, `load(\"s3://BUCKET/PREFIX\")`, best of the rounds. Ratio: uncompressed "
+     "seconds over zstd seconds.", [
+        ("records", "spark", "records", None),
+        ("DATA_DIR warm, uncompressed, s", "spark", "s_count_plain", None),
+        ("DATA_DIR warm, zstd, s", "spark", "s_count_zstd", None),
+        ("DATA_DIR warm: ratio", "spark", "spark_local_ratio", ("≥ 0.8", lambda v: v >= 0.8)),
+        ("DATA_DIR cold, uncompressed, s", "spark", "s_count_cold_plain", None),
+        ("DATA_DIR cold, zstd, s", "spark", "s_count_cold_zstd", None),
+        ("DATA_DIR cold: ratio", "spark", "spark_local_cold_ratio", ("≥ 0.8", lambda v: v >= 0.8)),
+        ("bucket objects, uncompressed, MB", "bucket", "mb_bucket_plain", None),
+        ("bucket objects, zstd, MB", "bucket", "mb_bucket_zstd", None),
+        ("bucket, uncompressed, s", "bucket", "s_count_plain", None),
+        ("bucket, zstd, s", "bucket", "s_count_zstd", None),
+        ("bucket: ratio", "bucket", "spark_bucket_ratio", ("≥ 1.0", lambda v: v >= 1.0))]),
+    ("The alternative, compressing at append (engine, no mount): `Log.append_lines` of 1 MiB writes cut at line "
+     "ends, then `records.compress_batch` (zstd 3) of each batch it wrote, as the request thread would; against "
+     "the background rewrite (`compression.write_compressed`, ~256 KiB merged batches) of the same segment.", [
+        ("text appended, MB", "", "append_mb", None),
+        ("batches written by the append (KiB each)", "", "batch_kib", None),
+        ("engine append alone, MB/s", "", "MBps_append_engine", None),
+        ("engine append alone, ms per MiB", "", "ms_per_mib_append_engine", None),
+        ("compress_batch of each appended batch, ms per MiB (request thread)", "", "ms_per_mib_compress_at_append",
+         None),
+        ("append + compress, MB/s", "", "MBps_append_with_compress", None),
+        ("append throughput kept", "", "append_kept_with_compress", None),
+        ("ratio: ~64 KiB batches compressed at append", "", "ratio_at_append_64k", None),
+        ("ratio: the rewrite's ~256 KiB merged batches", "", "ratio_rewrite_256k", None),
+        ("the rewrite, ms per MiB (in the cleaner's child process)", "", "ms_per_mib_rewrite_engine", None)]),
+]
+
+
+def markdown(results: dict, fmt, met, table) -> list[str]:
+    """The compression section: one table per part, a column per data set, targets beside."""
+    names = [n for n in ("lines", "real") if f"compression_{n}" in results
+             and "skipped" not in results[f"compression_{n}"]]
+    out = []
+    for n in ("lines", "real"):
+        for record in (f"compression_{n}", f"compression_spark_{n}", f"compression_bucket_{n}"):
+            if "skipped" in results.get(record, {}):
+                out += ["", f"**{record}** not measured: {results[record]['skipped']}."]
+    if not names:
+        return out
+    main = {n: results[f"compression_{n}"] for n in names}
+    sets = "; ".join(f"`{n}`, {fmt(r['mb'])} MB: {r['corpus']}" + (f" {r['copies']} times" if r["copies"] > 1 else "")
+                     for n, r in main.items())
+    loads = "; ".join(f"`{n}` {r['load_avg']}" for n, r in main.items())
+    first = main[names[0]]
+    out += ["", f"**Compression** (issue 22): a zstd topic (level 3; sealed segments rewritten in the background) "
+            f"against an uncompressed one in the same run, `log.segment.bytes` {first['segment_mb']} MiB, best of "
+            f"{first['best_of']}. Data sets: {sets}. Load average (1/5/15 min) after each: {loads}."]
+    for intro, rows in _SECTIONS:
+        body = []
+        for label, kind, key, target in rows:
+            records = [results.get(f"compression_{kind + '_' if kind else ''}{n}", {}) for n in names]
+            if any(key not in r for r in records):
+                continue
+            cells = [r[key] for r in records]
+            body.append([label, *cells, target[0] if target else "",
+                         ", ".join(met(target[1](c)) for c in cells) if target else ""])
+        if body:
+            out += ["", intro] + table(["figure", *names, "target", "met?"], body)
+    return out
+
+
+if __name__ == "__main__" and len(sys.argv) == 3 and sys.argv[1] == "--spark-driver":
+    sys.path.insert(0, ROOT)
+    print(json.dumps(spark_driver(json.loads(sys.argv[2]))))
