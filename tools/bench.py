@@ -16,11 +16,12 @@ Scenarios: bulk_append (no sync) and bulk_append_fsync; sequential_read (page ca
 sequential_read_warm; small_writes (one line per write(), 1 and 4 writers, 25/100/1000-byte lines);
 shell_appends, read_at_offset, mount_time, memory, responsiveness, spark, metrics (tools/bench_options.py: small
 writes with the metrics file off and on), writer_headers (the same with logfs.writer.headers off and on), tiered
-(tools/bench_tiered.py: append p99 with the store up/down/slow, tiered reads cold/warm, time to first byte;
-starts its own SeaweedFS), spark_cluster (tools/bench_cluster.py: the Spark source on a 2-worker standalone
-cluster, count and groupBy of a tiered log from the bucket against the same offsets from the local DATA_DIR),
-many_partitions (tools/bench_scale.py at 20,000 partitions: mkdir, first append, listing, descriptors, maps,
-remount; 500 with --quick). Naming any of a group in --only runs the whole group.
+(tools/bench_tiered.py: append p99 with the store up/down/slow; tiered reads at 1 MiB and 8 KiB, cold/warm,
+against the store's own GETs; random reads' GETs; the cache bound; starts its own SeaweedFS), spark_cluster
+(tools/bench_cluster.py: the Spark source on a 2-worker standalone cluster, count and groupBy of a tiered log from
+the bucket against the same offsets from the local DATA_DIR), many_partitions (tools/bench_scale.py at 20,000
+partitions: mkdir, first append, listing, descriptors, maps, remount; 500 with --quick). Naming any of a group in
+--only runs the whole group.
 
 The issue-15 write-path figures alone (bulk append, sequential read, small writes), best of 3, ~4 minutes:
 

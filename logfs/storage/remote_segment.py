@@ -77,8 +77,11 @@ class BlockCache:
     survives restarts: :meth:`scan` takes in a directory's blocks, oldest modification time first.
 
     A block being fetched (on demand or ahead) is in flight once: a reader that needs it waits for that fetch
-    instead of sending its own request, so concurrent readers of one segment share fetches. Blocks fetched ahead
-    and not read yet are the first evicted."""
+    instead of sending its own request, so concurrent readers of one segment share fetches. A block fetched ahead
+    enters as the most recently used (its reader is on its way to it: a full cache must not evict it on arrival);
+    the blocks a reader fetched ahead and never read, once it jumps elsewhere, become the first evicted
+    (:meth:`demote`). A block file being written counts against the limit from the start (room is made before its
+    temporary is written), so the files on disk stay within it."""
 
     def __init__(self, limit: int):
         self.limit = limit
@@ -88,6 +91,7 @@ class BlockCache:
         self._hot: OrderedDict[str, bytes] = OrderedDict()  # path -> the block, in memory
         self._hot_used = 0
         self._ahead: set[str] = set()  # fetched ahead, not read yet
+        self._reserved = 0  # bytes of block files being written (their temporaries), counted against the limit
         self._inflight: dict[str, Future] = {}
         self._pool: _DaemonPool | None = None
         self.requests = 0  # ranged GETs sent (demand and ahead), and their bytes: for tests and the bench
@@ -154,19 +158,26 @@ class BlockCache:
             self._hot_used -= len(self._hot.popitem(last=False)[1])
 
     def _store(self, path: str, data: bytes, ahead: bool = False) -> None:
-        if len(data) > self.limit:
+        size = len(data) + _CRC.size
+        if size > self.limit:
             return
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        tmp = f"{path}.tmp-{uuid.uuid4().hex}"
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.write(_CRC.pack(crc32c(data)))
-        os.replace(tmp, path)
+        with self.lock:  # room first: the temporary, then the block file, count from the start
+            self._reserved += size
+            self._evict()
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            tmp = f"{path}.tmp-{uuid.uuid4().hex}"
+            with open(tmp, "wb") as f:
+                f.write(data)
+                f.write(_CRC.pack(crc32c(data)))
+            os.replace(tmp, path)
+        finally:
+            with self.lock:
+                self._reserved -= size
         with self.lock:
-            self.used += len(data) + _CRC.size - self._lru.pop(path, 0)
-            self._lru[path] = len(data) + _CRC.size
-            if ahead:  # not read yet: first in line for eviction
-                self._lru.move_to_end(path, last=False)
+            self.used += size - self._lru.pop(path, 0)
+            self._lru[path] = size
+            if ahead:  # not read yet, and the most recently used all the same: its reader is on its way
                 self._ahead.add(path)
             self._keep_hot(path, data)
             self._evict()
@@ -283,9 +294,19 @@ class BlockCache:
                         fetch, True)
         return len(runs)
 
+    def demote(self, directory: str, key: str, first: int, last: int) -> None:
+        """Blocks ``first..last`` of ``key`` that were fetched ahead and not read (their reader jumped elsewhere)
+        become the first evicted."""
+        with self.lock:
+            for block in range(first, last + 1):
+                path = self._path(directory, key, block)
+                if path in self._ahead and path in self._lru:
+                    self._lru.move_to_end(path, last=False)
+
     def _evict(self) -> None:
-        """(lock held) Oldest first; blocks fetched ahead and not read are kept at the old end."""
-        while self.used > self.limit and self._lru:
+        """(lock held) Least recently used first (blocks a reader jumped past unread are at that end), until the
+        block files and those being written fit in the limit."""
+        while self.used + self._reserved > self.limit and self._lru:
             self._remove(next(iter(self._lru)))
 
     def drop(self, directory: str, key: str) -> None:
@@ -505,7 +526,10 @@ class RemoteLogSegment(SegmentFile):
                 window = max(READ_AHEAD_FIRST, self._window * 2)
                 self._window = min(window, READ_AHEAD_MAX, max(BLOCK_BYTES, self.cache.limit // 4))
         elif prev_first is None or not prev_first <= first <= last <= prev_last:
-            self._window, self._ahead_to, self._run = 0, -1, 0  # a jump (reading inside the last range is not)
+            # A jump (reading inside the last range is not): what was fetched ahead for it and not read goes first.
+            if self._ahead_to > prev_last:
+                self.cache.demote(self.blocks_dir, self.key, prev_last + 1, self._ahead_to)
+            self._window, self._ahead_to, self._run = 0, -1, 0
         self._prev_first, self._next_block = first, last + 1
         if not self._window:
             return
@@ -514,7 +538,10 @@ class RemoteLogSegment(SegmentFile):
         if self._ahead_to - last >= blocks // 2 or self._ahead_to >= end_block:
             return  # enough is on its way: read-ahead goes in large GETs, not one block per read
         start = max(last + 1, self._ahead_to + 1)
-        stop = min(max(last + blocks, start + READ_AHEAD_GET // BLOCK_BYTES - 1), end_block)
+        # At least one GET's worth, but never more than a quarter of the cache: blocks of one GET must not evict
+        # each other before the reader gets to them.
+        per_get = max(1, min(READ_AHEAD_GET, self.cache.limit // 4) // BLOCK_BYTES)
+        stop = min(max(last + blocks, start + per_get - 1), end_block)
         if stop >= start:
             self.cache.prefetch(self.blocks_dir, self.key, start, stop, self._fetch)
             self._ahead_to = stop

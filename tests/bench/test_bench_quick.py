@@ -45,11 +45,22 @@ RANGES = {
                        "lines_per_s_on": (10, 1e6), "ratio_on_vs_off": (0.05, 20),
                        "log_bytes_per_text_byte_off": (1.0, 1.5), "log_bytes_per_text_byte_on": (1.2, 5),
                        "best_of": (1, 1)},
-    "tiered": {"mb": (24, 24), **{f"p99_ms_{k}": (0.001, 60_000) for k in (
+    "tiered": {"mb": (24, 24), "segment_mb": (4, 4), "rounds": (1, 1),
+               **{f"p99_ms_{k}": (0.001, 60_000) for k in (
                    "idle", "store_up_uploading", "store_down", "store_slow")},
                **{f"ratio_{k}": (0.0001, 10_000) for k in ("store_up_uploading", "store_down", "store_slow")},
-               "target_ratio_max": (2, 2), "ttfb_ms_tiered_offset_cold": (0.01, 60_000),
-               "MBps_tiered_cold": (0.01, 1e5), "MBps_tiered_warm": (0.01, 1e5), "MBps_local": (0.01, 1e5)},
+               "target_ratio_max": (2, 2), "tiered_text_mb": (10, 26), "tiered_stored_mb": (10, 30),
+               "MBps_store_get_cold": (0.01, 1e5), "MBps_store_get_warm": (0.01, 1e5),
+               **{f"MBps_{unit}_{k}": (0.01, 1e5) for unit in ("stored", "text")
+                  for k in ("1m_cold", "1m_warm", "8k_cold", "8k_warm")},
+               "MBps_text_local_1m": (0.01, 1e5),
+               **{f"ratio_{k}_cold_vs_store_{s}": (0.0001, 10_000) for k in ("1m", "8k")
+                  for s in ("cold", "warm", "cold_worst_round")},
+               "target_1m": (0.5, 0.5), "target_8k": (0.3, 0.3), "random_reads": (100, 100),
+               "random_gets": (1, 200), "random_get_mb": (0.01, 30), "random_read_ms_median": (0.01, 60_000),
+               "random_read_ms_max": (0.01, 60_000), "cache_limit_mb": (2.097152, 2.097152),
+               "cache_max_mb": (0.01, 30), "cache_max_block_files_mb": (0.01, 30),
+               "MBps_stored_1m_cold_small_cache": (0.01, 1e5)},
     "spark_cluster": {"mb": (20, 40), "records": (100_000, 1_000_000),
                       **{f"{k}_{q}_{src}": r for q in ("count", "groupby") for src in ("bucket", "local")
                          for k, r in (("s", (0.01, 900)), ("MBps", (0.01, 1e5)))},

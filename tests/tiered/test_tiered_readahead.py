@@ -5,6 +5,7 @@ fails only fails the reads that need it."""
 
 from __future__ import annotations
 
+import os
 import random
 import threading
 
@@ -156,25 +157,49 @@ def test_concurrent_sequential_readers_share_fetches(tiered):
     assert fetched <= stored + 4 * BLOCK_BYTES * len(plog.remote_segments), (fetched, stored)
 
 
-def test_the_cache_stays_bounded_while_reading_ahead(tiered):
+@pytest.mark.parametrize("size", [8 << 10, 256 << 10])
+def test_the_cache_stays_bounded_while_reading_ahead(tiered, size):
+    """A reader of 24 MiB through a 2 MiB cache: the cache's files (block files and the temporaries being written,
+    sampled in a thread) never pass the limit, and each byte is fetched once: blocks fetched ahead are kept until
+    the reader gets there, not evicted as soon as they arrive into a full cache."""
     data, reopen = tiered
     limit = 2 << 20
     plog, rlm, store = reopen(cache_bytes=limit)
+    blocks_dir = plog.remote_segments[0].blocks_dir
+    peak = {"used": 0, "disk": 0}
+    stop = threading.Event()
+
+    def sample():
+        while not stop.is_set():
+            disk = 0
+            for entry in os.scandir(blocks_dir) if os.path.isdir(blocks_dir) else ():
+                try:
+                    disk += entry.stat().st_size
+                except FileNotFoundError:
+                    pass
+            peak["disk"] = max(peak["disk"], disk)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
     view = open_view(plog)
-    peak = 0
     try:
         pos = 0
         while True:
-            chunk = view.read(pos, 256 << 10)
+            chunk = view.read(pos, size)
             if not chunk:
                 break
             assert chunk == data[pos : pos + len(chunk)]
             pos += len(chunk)
-            peak = max(peak, rlm.blocks.used)
+            peak["used"] = max(peak["used"], rlm.blocks.used)
     finally:
         view.release()
+        stop.set()
+        sampler.join()
     assert pos == len(data)
-    assert peak <= limit
+    assert peak["used"] <= limit and 0 < peak["disk"] <= limit, peak
+    fetched = sum(n for _, _, n in store.log_gets())
+    stored = sum(s.size for s in plog.remote_segments)
+    assert fetched <= stored + 2 * BLOCK_BYTES * len(plog.remote_segments), (fetched, stored)
 
 
 def test_a_store_that_fails_fails_only_the_reads_that_need_it(tiered):
