@@ -66,6 +66,12 @@ def _may_fetch() -> bool:
     return not getattr(_thread, "no_fetch", False)
 
 
+def on_request_thread() -> bool:
+    """Whether the calling thread serves requests (:func:`mark_request_thread`): CPU-heavy work (decompressing a
+    batch) does not run there either; callers raise FetchNeededError to be repeated in a worker thread."""
+    return not _may_fetch()
+
+
 class BlockCache:
     """Blocks of remote objects as files (in each partition's ``logfs-remote/blocks/``), least recently used
     evicted beyond ``limit`` bytes over all partitions; the most recently used also in memory (:data:`HOT_BYTES`),

@@ -20,7 +20,9 @@ import bisect
 import weakref
 
 from ..storage import records as rec
+from ..storage.errors import FetchNeededError
 from ..storage.records import _speedups
+from ..storage.remote_segment import on_request_thread
 from ..storage.index import ZERO_STATS
 from ..storage.lines import LineFormat
 from ..storage.log import Log
@@ -207,6 +209,8 @@ class SegmentView:
                            ) -> tuple[bytes, int, int, int]:
         """One compressed batch: decompressed once (kept while reads go on inside it: a reader of 8 KiB requests
         does not decompress a 256 KiB batch 32 times), then the same C renderer as plain batches."""
+        if on_request_thread():  # decompressing is CPU work: in a worker thread (the read is repeated there)
+            raise FetchNeededError(f"{segment.log_path}: a compressed batch at {file_pos} to decompress")
         plain = rec.decompress_batch(buf, at)
         self._decompressed = (segment, file_pos, plain, header.size)
         return self._render_plain(plain, header.size, skip, want)
