@@ -44,7 +44,7 @@ import time
 from contextlib import contextmanager
 
 from bench import PY, ROOT, daemon_pid, drop_caches, env, getx, mounted, timed_shell, unmount, wait
-from seaweed import SeaweedS3, StallProxy
+from seaweed import SeaweedS3, StallProxy, TcpProxy
 
 BASE_COMMIT = "f4dc25f"  # the parent of 323f1d8 "Read-ahead for tiered reads (issue 23)"
 RANDOM_READS = 100
@@ -58,26 +58,20 @@ def _load() -> str:
     return " ".join(open("/proc/loadavg").read().split()[:3])
 
 
-class CountingProxy:
+class CountingProxy(TcpProxy):
     """A TCP proxy on 127.0.0.1 in front of an S3 endpoint that parses the HTTP/1.1 requests going through it
     (request line, ``Range``, ``Content-Length``; bodies skipped) and records each one, and counts the bytes
     that come back. ``reset()`` starts a new count. A request it cannot frame (chunked upload) stops the parse of
     that connection and is counted in ``unparsed``."""
 
+    name = "counting-proxy"
+
     def __init__(self, target_port: int) -> None:
-        self.target_port = target_port
         self.lock = threading.Lock()
         self.requests: list[tuple[str, str, str | None]] = []  # (method, path, Range header)
         self.bytes_down = 0
         self.unparsed = 0
-        self._listener = socket.socket()
-        self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._listener.bind(("127.0.0.1", 0))
-        self._listener.listen(64)
-        self.endpoint = f"http://127.0.0.1:{self._listener.getsockname()[1]}"
-        self._closed = threading.Event()
-        self._conns: list[socket.socket] = []
-        threading.Thread(target=self._accept, daemon=True, name="counting-proxy").start()
+        super().__init__(target_port)
 
     def reset(self) -> None:
         with self.lock:
@@ -96,91 +90,51 @@ class CountingProxy:
                     total += int(m.group(2)) - int(m.group(1)) + 1
         return gets, total
 
-    def _accept(self) -> None:
-        while not self._closed.is_set():
-            try:
-                client, _ = self._listener.accept()
-            except OSError:
-                return
-            try:
-                upstream = socket.create_connection(("127.0.0.1", self.target_port), timeout=5)
-            except OSError:
-                client.close()
-                continue
-            upstream.settimeout(None)
-            with self.lock:
-                self._conns += [client, upstream]
-            threading.Thread(target=self._up, args=(client, upstream), daemon=True).start()
-            threading.Thread(target=self._down, args=(upstream, client), daemon=True).start()
+    def _pump(self, src, dst, upstream: bool) -> None:
+        (self._up if upstream else self._down)(src, dst)
 
     def _up(self, src: socket.socket, dst: socket.socket) -> None:
         buf, skip, parsing = b"", 0, True
-        try:
+        while True:
+            data = src.recv(65536)
+            if not data:
+                break
+            dst.sendall(data)
+            if not parsing:
+                continue
+            buf += data
             while True:
-                data = src.recv(65536)
-                if not data:
-                    break
-                dst.sendall(data)
-                if not parsing:
-                    continue
-                buf += data
-                while True:
+                if skip:
+                    n = min(skip, len(buf))
+                    buf, skip = buf[n:], skip - n
                     if skip:
-                        n = min(skip, len(buf))
-                        buf, skip = buf[n:], skip - n
-                        if skip:
-                            break
-                    end = buf.find(b"\r\n\r\n")
-                    if end < 0:
                         break
-                    head, buf = buf[:end].decode("latin-1").split("\r\n"), buf[end + 4:]
-                    method, path = head[0].split(" ")[:2]
-                    headers = {}
-                    for line in head[1:]:
-                        name, _, value = line.partition(":")
-                        headers[name.strip().lower()] = value.strip()
-                    with self.lock:
-                        self.requests.append((method, path, headers.get("range")))
-                        if "chunked" in headers.get("transfer-encoding", ""):
-                            self.unparsed += 1
-                            parsing = False
-                    skip = int(headers.get("content-length", "0"))
-                    if not parsing:
-                        break
-        except OSError:
-            pass
-        finally:
-            try:
-                dst.shutdown(socket.SHUT_WR)
-            except OSError:
-                pass
+                end = buf.find(b"\r\n\r\n")
+                if end < 0:
+                    break
+                head, buf = buf[:end].decode("latin-1").split("\r\n"), buf[end + 4:]
+                method, path = head[0].split(" ")[:2]
+                headers = {}
+                for line in head[1:]:
+                    name, _, value = line.partition(":")
+                    headers[name.strip().lower()] = value.strip()
+                with self.lock:
+                    self.requests.append((method, path, headers.get("range")))
+                    if "chunked" in headers.get("transfer-encoding", ""):
+                        self.unparsed += 1
+                        parsing = False
+                skip = int(headers.get("content-length", "0"))
+                if not parsing:
+                    break
 
     def _down(self, src: socket.socket, dst: socket.socket) -> None:
-        try:
-            while True:
-                data = src.recv(262144)
-                if not data:
-                    break
-                with self.lock:
-                    self.bytes_down += len(data)
-                dst.sendall(data)
-        except OSError:
-            pass
-        finally:
-            try:
-                dst.shutdown(socket.SHUT_WR)
-            except OSError:
-                pass
-
-    def close(self) -> None:
-        self._closed.set()
-        self._listener.close()
-        with self.lock:
-            for s in self._conns:
-                try:
-                    s.close()
-                except OSError:
-                    pass
+        while True:
+            data = src.recv(262144)
+            if not data:
+                break
+            with self.lock:
+                self.bytes_down += len(data)
+            dst.sendall(data)
 
 
 def base_tree(bench) -> str | None:

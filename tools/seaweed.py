@@ -250,18 +250,15 @@ class SeaweedS3:
         return {"AWS_ACCESS_KEY_ID": self.access_key, "AWS_SECRET_ACCESS_KEY": self.secret_key}
 
 
-class StallProxy:
-    """A TCP proxy on 127.0.0.1: forwards to ``target_port`` unless ``stalled``, when it holds every byte."""
+class TcpProxy:
+    """A TCP proxy on 127.0.0.1 in front of ``target_port``: one thread accepts, two per connection relay
+    (``_pump(src, dst, upstream)``, given by a subclass); ``close()`` ends it all. A subclass sets its own
+    attributes before calling ``__init__`` (the accepting thread starts there)."""
+
+    name = "tcp-proxy"
 
     def __init__(self, target_port: int) -> None:
         self.target_port = target_port
-        self.stalled = False
-        #: When set, a connection that has carried more than this many bytes upstream goes quiet for good (new
-        #: connections still pass): a transfer that dies midway while the store stays reachable.
-        self.stall_after_bytes: int | None = None
-        #: When set, a connection's answer passes its first 4 KiB (the headers) at once, then one byte every this
-        #: many seconds: a store that trickles, each byte well within any read timeout.
-        self.trickle: float | None = None
         self._listener = socket.socket()
         self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._listener.bind(("127.0.0.1", 0))
@@ -271,11 +268,15 @@ class StallProxy:
         self._closed = threading.Event()
         self._conns: list[socket.socket] = []
         self._lock = threading.Lock()
-        threading.Thread(target=self._accept, daemon=True, name="stall-proxy").start()
+        threading.Thread(target=self._accept, daemon=True, name=self.name).start()
 
     def _track(self, s: socket.socket) -> None:
         with self._lock:
             self._conns.append(s)
+
+    def _hold(self) -> bool:
+        """Whether a connection just accepted is held unanswered (never relayed) until close()."""
+        return False
 
     def _accept(self) -> None:
         while not self._closed.is_set():
@@ -284,8 +285,8 @@ class StallProxy:
             except OSError:
                 return
             self._track(client)
-            if self.stalled:
-                continue  # accepted, never read, never answered: held until close()
+            if self._hold():
+                continue
             try:
                 upstream = socket.create_connection(("127.0.0.1", self.target_port), timeout=5)
             except OSError:
@@ -293,34 +294,12 @@ class StallProxy:
                 continue
             upstream.settimeout(None)
             self._track(upstream)
-            threading.Thread(target=self._pump, args=(client, upstream, True), daemon=True).start()
-            threading.Thread(target=self._pump, args=(upstream, client, False), daemon=True).start()
+            threading.Thread(target=self._relay, args=(client, upstream, True), daemon=True).start()
+            threading.Thread(target=self._relay, args=(upstream, client, False), daemon=True).start()
 
-    def _pump(self, src: socket.socket, dst: socket.socket, upstream: bool) -> None:
-        sent = 0
+    def _relay(self, src: socket.socket, dst: socket.socket, upstream: bool) -> None:
         try:
-            while True:
-                data = src.recv(65536)
-                if not data:
-                    break
-                sent += len(data)
-                limit = self.stall_after_bytes
-                if upstream and limit is not None and sent > limit:
-                    self._closed.wait()  # this connection never moves again
-                    break
-                while self.stalled and not self._closed.is_set():
-                    time.sleep(0.05)  # an open connection goes quiet too (a read that starts then stalls)
-                if self._closed.is_set():
-                    break
-                if not upstream and self.trickle is not None and sent > 4096:
-                    head = max(0, 4096 - (sent - len(data)))
-                    dst.sendall(data[:head])
-                    for i in range(head, len(data)):
-                        if self._closed.wait(self.trickle):
-                            break
-                        dst.sendall(data[i : i + 1])
-                    continue
-                dst.sendall(data)
+            self._pump(src, dst, upstream)
         except OSError:
             pass
         finally:
@@ -328,6 +307,9 @@ class StallProxy:
                 dst.shutdown(socket.SHUT_WR)
             except OSError:
                 pass
+
+    def _pump(self, src: socket.socket, dst: socket.socket, upstream: bool) -> None:
+        raise NotImplementedError
 
     def close(self) -> None:
         self._closed.set()
@@ -339,3 +321,47 @@ class StallProxy:
                 except OSError:
                     pass
             self._conns.clear()
+
+
+class StallProxy(TcpProxy):
+    """A TCP proxy on 127.0.0.1: forwards to ``target_port`` unless ``stalled``, when it holds every byte."""
+
+    name = "stall-proxy"
+
+    def __init__(self, target_port: int) -> None:
+        self.stalled = False
+        #: When set, a connection that has carried more than this many bytes upstream goes quiet for good (new
+        #: connections still pass): a transfer that dies midway while the store stays reachable.
+        self.stall_after_bytes: int | None = None
+        #: When set, a connection's answer passes its first 4 KiB (the headers) at once, then one byte every this
+        #: many seconds: a store that trickles, each byte well within any read timeout.
+        self.trickle: float | None = None
+        super().__init__(target_port)
+
+    def _hold(self) -> bool:
+        return self.stalled  # accepted, never read, never answered: held until close()
+
+    def _pump(self, src: socket.socket, dst: socket.socket, upstream: bool) -> None:
+        sent = 0
+        while True:
+            data = src.recv(65536)
+            if not data:
+                break
+            sent += len(data)
+            limit = self.stall_after_bytes
+            if upstream and limit is not None and sent > limit:
+                self._closed.wait()  # this connection never moves again
+                break
+            while self.stalled and not self._closed.is_set():
+                time.sleep(0.05)  # an open connection goes quiet too (a read that starts then stalls)
+            if self._closed.is_set():
+                break
+            if not upstream and self.trickle is not None and sent > 4096:
+                head = max(0, 4096 - (sent - len(data)))
+                dst.sendall(data[:head])
+                for i in range(head, len(data)):
+                    if self._closed.wait(self.trickle):
+                        break
+                    dst.sendall(data[i : i + 1])
+                continue
+            dst.sendall(data)
