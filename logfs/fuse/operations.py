@@ -22,11 +22,12 @@ from typing import Callable
 import pyfuse3
 import trio
 
-from ..storage.errors import FetchNeededError, InvalidRecordError, RecordTooLargeError
+from ..storage.errors import FetchNeededError, InvalidRecordError, LogfsError, RecordTooLargeError
 from ..storage.manager import LogManager
-from ..storage.names import parse_partition_number
+from ..storage.names import MOUNT_COMMIT, MOUNT_STAGING, parse_partition_number
 from ..view.text import live_view
 from . import xattrs
+from .control import SINK_PROTOCOL, SINK_PROTOCOL_XATTR, CommitHandle, StagedFileHandle
 from .errors import fail, translate
 from .handles import PartitionHandle
 
@@ -71,6 +72,12 @@ class Operations(pyfuse3.Operations):
         # Reads stalled on the store hold at most this many worker threads: flushes and unlinks keep theirs.
         self._fetch_slots = trio.CapacityLimiter(8)
         self._next_fh = itertools.count(1)
+        # The sink's entries (logfs.fuse.control): the staging directory, its files, the commit file.
+        self._staging_ino = next(self._next_inode)
+        self._commit_ino = next(self._next_inode)
+        self._staged_ino: dict[str, int] = {}
+        self._staged_name: dict[int, str] = {}
+        self._control: dict[int, StagedFileHandle | CommitHandle] = {}
         self._started_ns = time.time_ns()
         self._uid, self._gid = os.getuid(), os.getgid()
         for topic in manager.list_topics():
@@ -184,8 +191,76 @@ class Operations(pyfuse3.Operations):
         entry.st_atime_ns = entry.st_mtime_ns = entry.st_ctime_ns = handle.log.last_append_ms * 1_000_000
         return entry
 
+    # -- the sink's entries (logfs.fuse.control) --------------------------------------------------------
+    def _is_control(self, inode: int) -> bool:
+        return inode == self._staging_ino or inode == self._commit_ino or inode in self._staged_name
+
+    def _control_attrs(self, inode: int) -> pyfuse3.EntryAttributes:
+        entry = pyfuse3.EntryAttributes()
+        entry.st_ino = inode
+        entry.generation = 0
+        entry.entry_timeout = 0.0
+        entry.attr_timeout = FILE_ATTR_TIMEOUT
+        entry.st_uid, entry.st_gid = self._uid, self._gid
+        entry.st_blksize = BLOCK_SIZE
+        mtime_ns = self._started_ns
+        if inode == self._staging_ino:
+            entry.st_mode = stat.S_IFDIR | (0o555 if self.read_only else 0o755)
+            entry.st_nlink = 2
+        elif inode == self._commit_ino:
+            entry.st_mode = stat.S_IFREG | (0o444 if self.read_only else 0o644)
+            entry.st_nlink = 1
+        else:
+            st = self.manager.transactions.staging.stat(self._staged_name[inode])
+            entry.st_mode = stat.S_IFREG | 0o644
+            entry.st_nlink = 1
+            entry.st_size = st.st_size
+            mtime_ns = st.st_mtime_ns
+        entry.st_blocks = (entry.st_size + 511) // 512
+        entry.st_atime_ns = entry.st_mtime_ns = entry.st_ctime_ns = mtime_ns
+        return entry
+
+    def _staged_inode(self, name: str) -> int:
+        ino = self._staged_ino.get(name)
+        if ino is None:
+            ino = self._staged_ino[name] = next(self._next_inode)
+            self._staged_name[ino] = name
+        return ino
+
+    def _forget_staged(self, name: str) -> None:
+        ino = self._staged_ino.pop(name, None)
+        self._staged_name.pop(ino, None)
+
+    def _open_control(self, inode: int, flags: int) -> pyfuse3.FileInfo:
+        writable = (flags & os.O_ACCMODE) in (os.O_WRONLY, os.O_RDWR)
+        if writable and self.read_only:
+            fail(errno.EROFS)
+        if inode == self._commit_ino:
+            handle = CommitHandle(writable)
+        elif inode in self._staged_name:
+            if flags & os.O_TRUNC:
+                fail(errno.EPERM)
+            name = self._staged_name[inode]
+            handle = StagedFileHandle(name, self.manager.transactions.staging.open(name, writable), writable)
+        else:
+            fail(errno.EISDIR)
+        fh = next(self._next_fh)
+        self._control[fh] = handle
+        return pyfuse3.FileInfo(fh=fh, direct_io=True, keep_cache=False, nonseekable=False)
+
+    async def _write_control(self, handle, buf) -> int:
+        if not handle.writable:
+            fail(errno.EBADF)
+        if isinstance(handle, StagedFileHandle):
+            raise AssertionError("staged files are written by write() itself")
+        for line in handle.take(buf):
+            await handle.run(self.run_blocking, self.manager.transactions, line)
+        return len(buf)
+
     @translate
     async def getattr(self, inode, ctx=None):
+        if self._is_control(inode):
+            return self._control_attrs(inode)
         return self._removed_attrs(inode) or self._attrs(inode)
 
     @translate
@@ -194,7 +269,20 @@ class Operations(pyfuse3.Operations):
         if parent_inode == ROOT:
             if text in self.manager.topics:
                 return self._attrs(self._topic_inode(text))
+            if text == MOUNT_STAGING:
+                return self._control_attrs(self._staging_ino)
+            if text == MOUNT_COMMIT:
+                return self._control_attrs(self._commit_ino)
             fail(errno.ENOENT)
+        if parent_inode == self._staging_ino:
+            ino = self._staged_inode(text)
+            try:
+                return self._control_attrs(ino)
+            except LogfsError:
+                self._forget_staged(text)
+                raise
+        if self._is_control(parent_inode):
+            fail(errno.ENOTDIR)
         topic, partition = self._resolve(parent_inode)
         if partition is not None:
             fail(errno.ENOTDIR)
@@ -205,6 +293,11 @@ class Operations(pyfuse3.Operations):
 
     @translate
     async def setattr(self, inode, attr, fields, fh, ctx):
+        if self._is_control(inode):
+            current = self._control_attrs(inode)
+            if fields.update_size and attr.st_size != current.st_size:
+                fail(errno.EPERM)  # staged files only grow by writes
+            return current
         if (fields.update_mtime and abs(attr.st_mtime_ns - time.time_ns()) > NOW_SLACK_NS) or (
                 fields.update_atime and abs(attr.st_atime_ns - time.time_ns()) > NOW_SLACK_NS):
             fail(errno.EPERM)  # st_mtime is the last append's time: a given time (touch -d, cp -p) cannot be set
@@ -239,6 +332,10 @@ class Operations(pyfuse3.Operations):
     # -- directories -----------------------------------------------------------------------------------
     @translate
     async def opendir(self, inode, ctx):
+        if inode == self._staging_ino:
+            return inode
+        if self._is_control(inode):
+            fail(errno.ENOTDIR)
         if inode != ROOT:
             _, partition = self._resolve(inode)
             if partition is not None:
@@ -248,6 +345,18 @@ class Operations(pyfuse3.Operations):
     @translate
     async def readdir(self, fh, start_id, token):
         # Cookies are stable under concurrent changes: a topic's inode number, a partition's number + 1.
+        if fh == self._staging_ino:  # (a staged file's inode number)
+            entries = sorted((self._staged_inode(n), n) for n in self.manager.transactions.staging.names())
+            for ino, name in entries:
+                if ino <= start_id:
+                    continue
+                try:
+                    attrs = self._control_attrs(ino)
+                except LogfsError:
+                    continue  # removed meanwhile
+                if not pyfuse3.readdir_reply(token, name.encode(), attrs, ino):
+                    return
+            return
         if fh == ROOT:
             entries = sorted((self._topic_inode(t), t) for t in self.manager.list_topics())
             newest = self._newest_appends()
@@ -273,6 +382,8 @@ class Operations(pyfuse3.Operations):
         if self.read_only:
             fail(errno.EROFS)
         text = _decode(name)
+        if self._is_control(parent_inode):
+            fail(errno.EPERM)  # the staging directory holds plain files only
         if parent_inode != ROOT:
             self._resolve(parent_inode)
             fail(errno.EINVAL)  # topics hold only partition files
@@ -284,6 +395,8 @@ class Operations(pyfuse3.Operations):
         text = _decode(name)
         if parent_inode != ROOT:
             fail(errno.ENOTDIR)
+        if text == MOUNT_STAGING:
+            fail(errno.EPERM)
         if text not in self.manager.topics:
             fail(errno.ENOENT)
         await self.run_blocking(self.manager.delete_topic, text)
@@ -295,6 +408,15 @@ class Operations(pyfuse3.Operations):
         if self.read_only:
             fail(errno.EROFS)
         text = _decode(name)
+        if parent_inode == self._staging_ino:
+            fd = self.manager.transactions.staging.create(text)
+            ino = self._staged_inode(text)
+            fh = next(self._next_fh)
+            self._control[fh] = StagedFileHandle(text, fd, True)
+            return (pyfuse3.FileInfo(fh=fh, direct_io=True, keep_cache=False, nonseekable=False),
+                    self._control_attrs(ino))
+        if self._is_control(parent_inode):
+            fail(errno.ENOTDIR)
         if parent_inode == ROOT:
             fail(errno.EPERM)  # the root holds only topic directories
         topic, partition = self._resolve(parent_inode)
@@ -310,6 +432,8 @@ class Operations(pyfuse3.Operations):
 
     @translate
     async def open(self, inode, flags, ctx):
+        if self._is_control(inode):
+            return self._open_control(inode, flags)
         topic, partition = self._resolve_partition(inode)
         writable = (flags & os.O_ACCMODE) in (os.O_WRONLY, os.O_RDWR)
         if writable and self.read_only:
@@ -332,6 +456,9 @@ class Operations(pyfuse3.Operations):
 
     @translate
     async def read(self, fh, off, size):
+        control = self._control.get(fh)
+        if control is not None:
+            return control.read(off, size)
         handle = self._handle(fh)
         if fh not in self._fetching:
             try:
@@ -355,7 +482,12 @@ class Operations(pyfuse3.Operations):
     async def write(self, fh, off, buf):
         handle = self._handles.get(fh)  # (as _handle(), inlined on the per-write() path)
         if handle is None:
-            fail(errno.EBADF)
+            control = self._control.get(fh)
+            if control is None:
+                fail(errno.EBADF)
+            if isinstance(control, StagedFileHandle):
+                return control.write(off, buf)  # (a page-cache write, as an append's)
+            return await self._write_control(control, buf)
         if handle.log.closed:
             fail(errno.ENOENT)  # the partition was deleted while open
         written = handle.write(off, buf)
@@ -372,6 +504,10 @@ class Operations(pyfuse3.Operations):
 
     @translate
     async def release(self, fh):
+        control = self._control.pop(fh, None)
+        if control is not None:
+            control.release()
+            return
         fetching = self._fetching.get(fh)
         if fetching is not None:  # a worker thread still reads through this handle's view
             async with fetching:
@@ -398,6 +534,12 @@ class Operations(pyfuse3.Operations):
 
     @translate
     async def fsync(self, fh, datasync):
+        control = self._control.get(fh)
+        if isinstance(control, StagedFileHandle):
+            await self.run_blocking(control.sync)
+            return
+        if control is not None:
+            return
         # A held partial line is not a record yet (it ends at its newline or at close), so fsync leaves it held.
         handle = self._handle(fh)
         if handle.log.closed:
@@ -409,7 +551,15 @@ class Operations(pyfuse3.Operations):
         if self.read_only:
             fail(errno.EROFS)
         text = _decode(name)
+        if parent_inode == self._staging_ino:
+            await self.run_blocking(self.manager.transactions.staging.unlink, text)
+            self._forget_staged(text)
+            return
+        if self._is_control(parent_inode):
+            fail(errno.ENOTDIR)
         if parent_inode == ROOT:
+            if text == MOUNT_COMMIT:
+                fail(errno.EPERM)
             fail(errno.EISDIR if text in self.manager.topics else errno.ENOENT)
         topic, partition = self._resolve(parent_inode)
         number = parse_partition_number(text)
@@ -439,7 +589,9 @@ class Operations(pyfuse3.Operations):
     @translate
     async def getxattr(self, inode, name, ctx):
         text = name.decode("utf-8", "replace")
-        if inode == ROOT or not text.startswith(xattrs.PREFIX):
+        if inode == ROOT and text == SINK_PROTOCOL_XATTR:
+            return SINK_PROTOCOL  # how the sink recognises a logfs mount
+        if inode == ROOT or self._is_control(inode) or not text.startswith(xattrs.PREFIX):
             fail(errno.ENODATA)
         topic, partition = self._resolve(inode)
         if partition is None:
@@ -455,6 +607,8 @@ class Operations(pyfuse3.Operations):
     @translate
     async def listxattr(self, inode, ctx):
         if inode == ROOT:
+            return [SINK_PROTOCOL_XATTR.encode()]
+        if self._is_control(inode):
             return []
         _, partition = self._resolve(inode)
         return xattrs.topic_list() if partition is None else xattrs.partition_list()
@@ -462,7 +616,7 @@ class Operations(pyfuse3.Operations):
     @translate
     async def setxattr(self, inode, name, value, ctx):
         text = name.decode("utf-8", "replace")
-        if inode == ROOT:
+        if inode == ROOT or self._is_control(inode):
             fail(errno.ENOTSUP)
         topic, partition = self._resolve(inode)
         if partition is not None:
@@ -474,7 +628,7 @@ class Operations(pyfuse3.Operations):
     @translate
     async def removexattr(self, inode, name, ctx):
         text = name.decode("utf-8", "replace")
-        if inode == ROOT:
+        if inode == ROOT or self._is_control(inode):
             fail(errno.ENODATA)
         topic, partition = self._resolve(inode)
         if partition is not None:
@@ -486,6 +640,9 @@ class Operations(pyfuse3.Operations):
     # -- shutdown --------------------------------------------------------------------------------------
     def release_all(self) -> None:
         """Commit pending partial lines of every handle still open (clean shutdown)."""
+        for fh, control in list(self._control.items()):
+            control.release()
+            del self._control[fh]
         for fh, handle in list(self._handles.items()):
             try:
                 if handle.pending and not handle.log.closed:

@@ -29,7 +29,8 @@ log = logging.getLogger(__name__)
 MAX_TICK_MS = 1000
 MIN_TICK_MS = 10
 COMPRESSION_TICK_S = 0.2  # how often sealed segments are looked at for compression when none was due
-COMPRESSION_SEGMENTS_PER_PASS = 4  # per child process: bounds the time one partition holds the compressor
+COMPRESSION_SEGMENTS_PER_PASS = 4
+STAGING_SWEEP_MS = 60_000  # how often staged files older than logfs.staging.retention.ms are looked for  # per child process: bounds the time one partition holds the compressor
 
 
 class LogService:
@@ -49,6 +50,7 @@ class LogService:
         # for the GIL, see docs/benchmarks.md) or a worker thread of the daemon.
         self.cleaner_mode = os.environ.get("LOGFS_CLEANER_MODE", "process")
         self._compress_failed: weakref.WeakSet = weakref.WeakSet()  # segments not compressed, and not retried
+        self._last_sweep_ms = self.clock.time_ms()
         self._wakeup = trio.Event()
         self._failing: dict[str, str] = {}  # background step -> the error it last failed with
 
@@ -221,6 +223,9 @@ class LogService:
             self._last_checkpoint_ms = now
             await self._guarded("writing checkpoints", self.manager.checkpoint)
         await self._guarded("removing deleted partitions", self.manager.purge_deleted_dirs, now)
+        if now - self._last_sweep_ms >= STAGING_SWEEP_MS:
+            self._last_sweep_ms = now
+            await self._guarded("removing old staged files", self.manager.transactions.sweep)
 
     def retention(self, now_ms: int) -> int:
         """One retention pass over every log (worker thread). Returns the number of segments deleted."""

@@ -225,6 +225,10 @@ BROKER_ONLY: dict[str, Setting] = {
         Setting("logfs.remote.s3.region", _free_text, "us-east-1"),
         Setting("logfs.remote.dir", _free_text, ""),
         Setting("logfs.remote.cache.bytes", _long(0), str(1 << 30)),
+        # The Spark sink (logfs.storage.transactions): how long a writer's last applied commit is remembered (as
+        # Kafka's transactional.id.expiration.ms), and how long an untouched staged file is kept.
+        Setting("transactional.id.expiration.ms", _long(1, INT_MAX), "604800000"),
+        Setting("logfs.staging.retention.ms", _long(1), "86400000"),
         Setting("num.recovery.threads.per.data.dir", _only(
             _long(1, INT_MAX), lambda v: v == 1,
             "logfs loads and recovers partitions with one thread, before it mounts; only 1 is accepted"), "1"),

@@ -188,6 +188,63 @@ class LogSegment(SegmentRecovery, SegmentFile):
         self._account(header, stats)
         self.size = position + len(batch)  # publish last: readers never see a half-written batch
 
+    def append_group(self, chunks, batches) -> None:
+        """Append many whole batches as ONE publish (the Spark sink's commit, :meth:`Log.append_staged`):
+        ``chunks`` are buffers of consecutive batches, ``batches`` the (header, stats) of every batch in order.
+
+        No reader sees part of them. The bytes go in first, except the first batch's 61-byte header, which is
+        written last over what until then reads as no batch at all (a hole: zeros, no magic): a reader of the
+        file stops there, as at any batch still being written, and recovery after a kill cuts everything from
+        there. Index entries follow the header (a reader positioned by one finds whole batches from there on),
+        and the segment's published state (totals, next offset, then ``size``) is set once, at the end. On a
+        disk error nothing of the group stays (indexes rolled back, the file cut back)."""
+        self.tail = None
+        start = self.size
+        indexes = (self.offset_index, self.time_index, self.view_index)
+        marks = [index.mark() for index in indexes]
+        max_ts, off_max = self.max_timestamp, self.offset_of_max_timestamp
+        stats, since = self.stats, self.bytes_since_last_index_entry
+        try:
+            first = memoryview(chunks[0])
+            head = bytes(first[: rec.HEADER_SIZE])
+            position = start + len(first)
+            self._pwrite(first[rec.HEADER_SIZE :], start + rec.HEADER_SIZE)
+            for chunk in chunks[1:]:
+                self._pwrite(chunk, position)
+                position += len(chunk)
+            self._pwrite(head, start)
+            position = start
+            for header, batch_stats_ in batches:
+                if since > self.index_interval_bytes:
+                    self.offset_index.append(header.last_offset, position)
+                    if max_ts < header.max_timestamp:
+                        max_ts, off_max = header.max_timestamp, header.last_offset
+                    self.time_index.maybe_append(max_ts, off_max)
+                    self.view_index.append(header.base_offset, position, stats)
+                    since = 0
+                if header.max_timestamp > max_ts:
+                    max_ts, off_max = header.max_timestamp, header.last_offset
+                stats = stats + batch_stats_
+                since += header.size
+                position += header.size
+        except (OSError, StorageIOError) as exc:
+            for index, mark in zip(indexes, marks):
+                index.rollback(mark)
+            try:
+                os.ftruncate(self.fd, start)
+            except OSError:
+                pass
+            if isinstance(exc, StorageIOError):
+                raise
+            raise StorageIOError(f"write to {self.log_path} failed: {exc.strerror}", exc.errno) from exc
+        if self.rolling_based_timestamp is None:
+            self.rolling_based_timestamp = batches[0][0].max_timestamp
+        self.max_timestamp, self.offset_of_max_timestamp = max_ts, off_max
+        self.bytes_since_last_index_entry = since
+        self.stats = stats
+        self.next_offset = batches[-1][0].next_offset
+        self.size = position  # publish last
+
     def _pwrite(self, data, position: int) -> None:
         written = os.pwrite(self.fd, data, position)
         while written < len(data):  # a short write: the next call reports why (ENOSPC, EIO...)
