@@ -283,7 +283,10 @@ class _Staged:
             if whole is not None:
                 whole.release()
             if mapped is not None:
-                mapped.close()
+                try:
+                    mapped.close()
+                except BufferError:
+                    pass  # a view of it still referenced (by an exception's frames): unmapped once it goes
             os.close(fd)
         self.files.clear()
 
@@ -451,8 +454,11 @@ class Transactions:
                                 entry["topic"], entry["p"], found, entry["records"])
                     plog.truncate_to(first)
                 part = Part(entry["topic"], entry["p"], [tuple(s) for s in entry["spans"]])
-                self._prepare(part, staged, check_limits=False)
-                offsets.append(self._append(plog, part, pid))
+                try:
+                    self._prepare(part, staged, check_limits=False)
+                    offsets.append(self._append(plog, part, pid))
+                finally:
+                    part.batches.clear()
             self.log.append({"t": "done", "app": record["app"], "v": record["v"], "ms": self.clock.time_ms(),
                              "offsets": offsets})
             return offsets
