@@ -356,7 +356,7 @@ class Transactions:
                                parse_parts(req.get("parts")), cleanup=_prefix(req.get("cleanup"), "cleanup"),
                                close=bool(req.get("close", False)))
         if op == "abort":
-            return self.abort(_prefix(req.get("prefix"), "prefix"))
+            return self.abort(_prefix(req.get("prefix"), "prefix"), close=bool(req.get("close", True)))
         if op == "status":
             return self.status(_app(req.get("app")), _int(req.get("version"), "version"))
         raise InvalidRequestError(f"unknown op {op!r} (commit, abort or status)")
@@ -367,10 +367,12 @@ class Transactions:
             return {"ok": True, "applied": self.log.applied(app, version),
                     "pending": (app, version) in self.log.pending, "last_version": last[0] if last else None}
 
-    def abort(self, prefix: str) -> dict:
-        """Remove the staged files under ``prefix`` (but any a commit still needs) and close it."""
+    def abort(self, prefix: str, close: bool = True) -> dict:
+        """Remove the staged files under ``prefix`` (but any a commit still needs), and close it (no file may be
+        created under it any more) unless ``close`` is false."""
         with self.lock:
-            self.staging.close_prefix(prefix)
+            if close:
+                self.staging.close_prefix(prefix)
             removed = self.staging.remove_prefix(prefix, self._needed())
             return {"ok": True, "removed": removed}
 
