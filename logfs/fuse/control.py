@@ -9,13 +9,15 @@
     The daemon's one interface for publishing them (:mod:`logfs.storage.transactions`). A request is one JSON line
     written to it: ``{"op": "commit", "app": ..., "version": ..., "parts": [[topic, partition, [[file, position,
     length], ...]], ...], "cleanup": "prefix.", "close": true}``, ``{"op": "abort", "prefix": "prefix."}`` or
-    ``{"op": "status", "app": ..., "version": ...}``. The ``write()`` that completes the line returns once the
+    ``{"op": "status", "app": ..., "version": ...}`` (``abort`` takes ``"close": false`` to leave the prefix open). The ``write()`` that completes the line returns once the
     request is answered: its full length on success, else the request's errno (EINVAL for a malformed request or
     staged data, ENOENT for a topic, partition or staged file that does not exist, EFBIG for a record over
     ``max.message.bytes`` or a partition's share over ``segment.bytes``, ENOSPC, EIO...). Then ``pread(fd, n, 0)``
     returns the answer as one JSON line: ``{"ok": true, "duplicate": false, "offsets": {"topic": {"0": [first,
-    last]}}}`` or ``{"ok": false, "errno": "EFBIG", "error": "the reason"}``. One answer per open file: each
-    writer opens its own.
+    last]}}}`` or ``{"ok": false, "errno": "EFBIG", "error": "the reason"}``. The answer reads as from a pipe
+    (each read goes on where the last ended, whatever its offset, until the answer's end), so ``exec 3<>
+    .logfs-commit; echo "$request" >&3; head -n1 <&3`` works from a shell. One answer per open file: each writer
+    opens its own.
 
 Neither is listed by a ``readdir`` of the root (``ls``, globs and Spark's listing of ``MOUNT/*`` see topics only);
 both answer ``lookup``, and ``getfattr -n user.logfs.sink.protocol MOUNT`` answers ``1`` on a logfs mount.
@@ -66,11 +68,12 @@ class StagedFileHandle:
 class CommitHandle:
     """An open commit file: the bytes of a request line not yet complete, and the last answer."""
 
-    __slots__ = ("pending", "answer", "writable")
+    __slots__ = ("pending", "answer", "read_at", "writable")
 
     def __init__(self, writable: bool):
         self.pending = bytearray()
         self.answer = b""
+        self.read_at = 0  # bytes of the answer already read
         self.writable = writable
 
     def take(self, data) -> list[bytes]:
@@ -88,6 +91,7 @@ class CommitHandle:
     async def run(self, run_blocking, transactions, line: bytes) -> None:
         """Answer one request (in a worker thread); the answer is kept for reads, an error re-raised for its
         errno."""
+        self.answer, self.read_at = b"", 0
         try:
             answer = await run_blocking(transactions.request, line)
         except (LogfsError, OSError) as exc:
@@ -99,7 +103,11 @@ class CommitHandle:
         self.answer = (json.dumps(answer, separators=(",", ":")) + "\n").encode()
 
     def read(self, offset: int, size: int) -> bytes:
-        return self.answer[offset : offset + size]
+        """The answer, read as from a pipe: whatever the offset, each read continues where the last one ended,
+        and ends at the answer's end (so ``head``, ``cat`` or a ``pread`` at 0 all read it once)."""
+        data = self.answer[self.read_at : self.read_at + size]
+        self.read_at += len(data)
+        return data
 
     def release(self) -> None:
         pass

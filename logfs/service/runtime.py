@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import weakref
 
 import trio
@@ -51,13 +52,24 @@ class LogService:
         self.cleaner_mode = os.environ.get("LOGFS_CLEANER_MODE", "process")
         self._compress_failed: weakref.WeakSet = weakref.WeakSet()  # segments not compressed, and not retried
         self._last_sweep_ms = self.clock.time_ms()
+        self._trio_thread: int | None = None
+        self._trio_token = None
         self._wakeup = trio.Event()
         self._failing: dict[str, str] = {}  # background step -> the error it last failed with
 
     def _on_roll(self, key):
-        def callback(_segment):
+        def wake() -> None:
             self._roll_flush.add(key)
             self._wakeup.set()
+
+        def callback(_segment):
+            # Rolls happen on the trio thread (appends), or in a worker thread (the sink's commits,
+            # Log.append_staged), which must not touch trio objects: it only queues the wake-up, without waiting
+            # (it holds the log lock, which the trio thread may be waiting for).
+            if self._trio_token is None or threading.get_ident() == self._trio_thread:
+                wake()
+            else:
+                self._trio_token.run_sync_soon(wake)
         return callback
 
     def attach(self, plog: Log) -> None:
@@ -77,6 +89,8 @@ class LogService:
         return max(MIN_TICK_MS, tick)
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        self._trio_thread = threading.get_ident()
+        self._trio_token = trio.lowlevel.current_trio_token()
         async with trio.open_nursery() as nursery:
             if self.manager.broker.get("log.cleaner.enable") and self.manager.broker.get("log.cleaner.threads"):
                 nursery.start_soon(self.cleaner_loop)

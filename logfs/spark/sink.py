@@ -549,8 +549,11 @@ def control(mount: str, request: dict) -> dict:
 
 
 def _answer(fd: int) -> dict | None:
+    """The answer to the last request (the commit file reads as a pipe: until its end)."""
     try:
-        raw = os.pread(fd, 1 << 20, 0)
+        raw = b""
+        while chunk := os.read(fd, 1 << 20):
+            raw += chunk
         return json.loads(raw) if raw else None
     except (OSError, ValueError):
         return None
