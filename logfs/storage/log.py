@@ -234,13 +234,14 @@ class Log:
 
     def append_staged(self, batches, timestamp_ms: int) -> tuple[int, int]:
         """Append whole plain batches as one publish (the Spark sink's commit: :mod:`.transactions`); returns
-        (first offset, last offset). ``batches`` is a list of (writable buffer of one batch, its LineStats), each
-        batch final but for its base offset, which is stamped here (the CRC does not cover it), so that the
-        records get contiguous offsets from the log end offset. The batches go into ONE segment (rolled first if
-        they do not fit the active one), and no reader sees part of them (:meth:`LogSegment.append_group`).
-        Raises RecordTooLargeError, before anything is written, if they cannot fit any one segment."""
-        total = sum(len(b) for b, _ in batches)
-        records = sum(rec.parse_header(b).records_count for b, _ in batches)
+        (first offset, last offset). ``batches`` is a list of (writable copy of a batch's 61-byte header, its
+        records, its LineStats), each batch final but for its base offset, which is stamped here (the CRC does not
+        cover it), so that the records get contiguous offsets from the log end offset. The batches go into ONE
+        segment (rolled first if they do not fit the active one), and no reader sees part of them
+        (:meth:`LogSegment.append_group`). Raises RecordTooLargeError, before anything is written, if they cannot
+        fit any one segment."""
+        total = sum(len(h) + len(b) for h, b, _ in batches)
+        records = sum(rec.parse_header(h).records_count for h, _, _ in batches)
         if total > self.config.segment_bytes:
             raise RecordTooLargeError(f"{total} bytes of batches for one partition exceed segment.bytes="
                                       f"{self.config.segment_bytes}")
@@ -254,13 +255,13 @@ class Log:
                     raise RecordTooLargeError(f"{len(batches)} batches need more index entries than a segment "
                                               f"holds (segment.index.bytes={self.config.segment_index_bytes})")
             first = offset = self.log_end_offset
-            headers = []
-            for batch, stats in batches:
-                _BASE_OFFSET.pack_into(batch, 0, offset)
-                header = rec.parse_header(batch)
-                headers.append((header, stats))
+            group = []
+            for head, body, stats in batches:
+                _BASE_OFFSET.pack_into(head, 0, offset)
+                header = rec.parse_header(head)
+                group.append((head, body, header, stats))
                 offset = header.next_offset
-            self.segments.active.append_group([b for b, _ in batches], headers)
+            self.segments.active.append_group(group)
             self.last_append_ms = timestamp_ms
             return first, offset - 1
 

@@ -71,6 +71,7 @@ _MAX_APP = 200
 _NOT_ACCEPTED = rec.ATTR_COMPRESSION_MASK | rec.ATTR_TRANSACTIONAL | rec.ATTR_CONTROL
 _STAMP = struct.Struct(">qqqhi")  # base timestamp, max timestamp, producer id, epoch, base sequence (at 27)
 _CRC = struct.Struct(">I")
+_POPULATE = getattr(mmap, "MAP_POPULATE", 0)
 
 
 def producer_id(app: str, version: int) -> int:
@@ -245,8 +246,8 @@ def parse_parts(raw) -> list[Part]:
 
 
 class _Staged:
-    """The staged files one commit reads: each opened once and mapped copy-on-write (restamping a header then
-    touches a private copy of its page only; the rest is read from the page cache)."""
+    """The staged files one commit reads: each opened once and mapped read-only (the batches' records go from the
+    page cache straight into the segment; only their 61-byte headers are copied, to be restamped)."""
 
     def __init__(self, staging: StagingArea):
         self.staging = staging
@@ -258,7 +259,7 @@ class _Staged:
             fd = self.staging.open(name, writable=False)
             try:
                 size = os.fstat(fd).st_size
-                mapped = mmap.mmap(fd, size, access=mmap.ACCESS_COPY) if size else None
+                mapped = mmap.mmap(fd, size, access=mmap.ACCESS_READ) if size else None
             except BaseException:
                 os.close(fd)
                 raise
@@ -512,14 +513,23 @@ class Transactions:
 
     def _append(self, plog, part: Part, pid: int) -> list:
         """Restamp one partition's batches (append time, producer id, sequence, CRC) and append them as one
-        publish, then flush (step 3). Returns [topic, partition, first offset, last offset]."""
+        publish, then flush (step 3). Returns [topic, partition, first offset, last offset]. A header is restamped
+        in a copy of its 61 bytes; the CRC-32C goes on from it over the records as they are mapped."""
         now = self.clock.time_ms()
         sequence = 0
-        for batch, _ in part.batches:
-            _STAMP.pack_into(batch, 27, now, now, pid, 0, sequence)
-            _CRC.pack_into(batch, 17, _crc32c.crc32c(batch[21:]))
-            sequence += rec.parse_header(batch).records_count
-        first, last = plog.append_staged(part.batches, now)
+        batches = []
+        for batch, stats in part.batches:
+            head = bytearray(batch[: rec.HEADER_SIZE])
+            body = batch[rec.HEADER_SIZE :]
+            _STAMP.pack_into(head, 27, now, now, pid, 0, sequence)
+            _CRC.pack_into(head, 17, _crc32c.crc32c(body, _crc32c.crc32c(memoryview(head)[21:])))
+            sequence += rec.parse_header(head).records_count
+            batches.append((head, body, stats))
+        try:
+            first, last = plog.append_staged(batches, now)
+        finally:
+            for _, body, _ in batches:
+                body.release()
         plog.flush()
         return [part.topic, part.partition, first, last]
 
