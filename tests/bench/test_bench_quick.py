@@ -38,6 +38,9 @@ RANGES = {
                        "partition_mb": (24, 24), "target_max": (3, 3)},
     "spark": {"mb": (32, 32), "s_logfs": (0.01, 900), "s_ext4": (0.01, 900), "ratio_vs_ext4": (0.001, 1000),
               "records": (1, 10**9), "target": (0.8, 0.8)},
+    "spark_sink": {"rows": (200_000, 200_000), "row_bytes": (50, 200), "rows_per_s_logfs": (1, 1e8),
+                   "rows_per_s_json": (1, 1e8), "ratio_vs_json": (0.001, 1000), "publish_mb": (30, 34),
+                   "publish_MBps": (0.1, 1e5), "cp_fsync_MBps": (0.1, 1e6), "publish_vs_cp": (0.0001, 1000)},
     "tiered": {"mb": (24, 24), **{f"p99_ms_{k}": (0.001, 60_000) for k in (
                    "idle", "store_up_uploading", "store_down", "store_slow")},
                **{f"ratio_{k}": (0.0001, 10_000) for k in ("store_up_uploading", "store_down", "store_slow")},
@@ -50,8 +53,8 @@ RANGES = {
 }
 
 SCENARIOS = {"bulk_append", "bulk_append_fsync", "sequential_read", "sequential_read_warm", "small_writes",
-             "shell_appends", "read_at_offset", "mount_time", "memory", "responsiveness", "spark", "tiered",
-             "spark_cluster"}
+             "shell_appends", "read_at_offset", "mount_time", "memory", "responsiveness", "spark", "spark_sink",
+             "tiered", "spark_cluster"}
 SMALL_CASES = {(writers, length) for writers in (1, 4) for length in (25, 100, 1000)}
 NUMBER = re.compile(r"^-?[\d,]+(\.\d+)?(e[+-]?\d+)?$")
 
@@ -106,7 +109,7 @@ def check_figures(stdout: str, results: dict) -> None:
     table = printed_figures(stdout)
     assert set(RANGES) <= set(results) and set(table) == set(RANGES), (sorted(results), sorted(table))
     for name, expected in RANGES.items():
-        if name in ("spark", "spark_cluster") and "skipped" in results[name]:
+        if name in ("spark", "spark_sink", "spark_cluster") and "skipped" in results[name]:
             continue
         values, shown = results[name], table[name]
         assert set(values) == set(expected) == set(shown), (name, sorted(values), sorted(shown))
