@@ -409,7 +409,10 @@ class Operations(pyfuse3.Operations):
             fail(errno.EROFS)
         text = _decode(name)
         if parent_inode == self._staging_ino:
-            fd = self.manager.transactions.staging.create(text)
+            if self.read_only:
+                fail(errno.EROFS)
+            # (a worker thread: the first file creates the directory, and fsyncs DATA_DIR)
+            fd = await self.run_blocking(self.manager.transactions.staging.create, text)
             ino = self._staged_inode(text)
             fh = next(self._next_fh)
             self._control[fh] = StagedFileHandle(text, fd, True)

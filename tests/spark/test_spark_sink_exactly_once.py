@@ -139,7 +139,7 @@ def test_a_stream_whose_driver_is_killed_appends_every_record_once(mount_logfs, 
     os.mkdir(fs.path("in"))
     os.setxattr(fs.path("in"), "user.logfs.config.logfs.key.separator", b"\t")
     os.mkdir(fs.path("out"))
-    keys, per_key = 60, 500
+    keys, per_key = 50, 300
     records = [(f"key{k}", f"key{k}:{seq}") for seq in range(per_key) for k in range(keys)]
     by_partition = collections.defaultdict(list)
     for key, value in records:
