@@ -167,7 +167,7 @@ def plan(options: Mapping[str, str], schema, overwrite: bool, *, streaming: bool
     mount = options.get("path")
     if not mount:
         raise SinkError("the logfs sink needs the mount: save('/mnt/logs') (or option path)")
-    mount = os.path.abspath(mount)
+    mount = os.path.abspath(mount[len("file://"):] if mount.startswith("file://") else mount)
     columns = _check_columns(schema)
     topic = options.get("topic")
     if topic is None and "topic" not in columns:
@@ -408,7 +408,7 @@ class _Stager:
                              + (f" (or what a segment of segment.bytes={info.segment_bytes} holds)"
                                 if info.max_record < info.max_message_bytes else ""))
         if info.compact and (keys is None or keys.null_count):
-            raise RowRefused(f"topic {topic!r} is compacted (cleanup.policy={'compact'}): every record needs a key")
+            raise RowRefused(f"topic {topic!r} is compacted (its cleanup.policy has compact): every record needs a key")
         # Target partitions, then the rows of each partition in their order (a stable sort).
         rr = self.rr.get(topic, self.rr_start)
         if _speedups is not None:
@@ -543,9 +543,13 @@ def control(mount: str, request: dict) -> dict:
                 view = view[os.write(fd, view):]
         except OSError as exc:
             answer = _answer(fd)
-            reason = answer.get("error") if answer else None
-            raise SinkError(f"logfs refused the {request.get('op')} of {request.get('app') or request.get('prefix')}"
-                            f": {reason or exc.strerror or exc}") from None
+            what = f"the {request.get('op')} of {request.get('app') or request.get('prefix')}"
+            if answer is None:  # the daemon did not answer (it died, the mount went away)
+                raise SinkError(
+                    f"no answer from logfs to {what} ({exc.strerror or exc}): its outcome is unknown; once the "
+                    f"mount is back, the request {{\"op\": \"status\", \"app\": \"{request.get('app')}\", "
+                    f"\"version\": {request.get('version')}}} to {MOUNT_COMMIT} tells whether it was applied") from None
+            raise SinkError(f"logfs refused {what}: {answer.get('error') or exc.strerror}") from None
         return _answer(fd) or {}
     finally:
         os.close(fd)

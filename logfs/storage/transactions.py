@@ -393,6 +393,7 @@ class Transactions:
             named = {span[0] for part in parts for span in part.spans}
             try:
                 if self.log.applied(app, version):
+                    log.info("the commit of %s version %d was applied before: nothing appended again", app, version)
                     return {"ok": True, "duplicate": True, "offsets": {}}
                 pending = self.log.pending.get((app, version))
                 if pending is not None:  # a commit that failed after its commit point: complete it
@@ -401,6 +402,7 @@ class Transactions:
                 if not parts:
                     return {"ok": True, "duplicate": False, "offsets": {}}
                 offsets = self._commit(app, version, parts)
+                log.info("committed %s version %d: %s", app, version, _describe(offsets))
                 return {"ok": True, "duplicate": False, "offsets": _offsets_json(offsets)}
             finally:
                 if not (app, version) in self.log.pending:  # (else its files are needed to complete it)

@@ -2,8 +2,9 @@
 
 - a batch write of 1 M rows whose tasks' first attempts fail half way through (``local[2,3]``: retried) appends
   each row once (kafka-python reads the segments);
-- a streaming query from a logfs topic into another, its driver killed with -9 at random moments (3 times; 10
-  with LOGFS_LONG=1) and restarted from its checkpoint, appends every input record once, in order per key, and a
+- a streaming query from a logfs topic into another, its driver killed with -9 (3 times; 10 with LOGFS_LONG=1),
+  at random moments and right after the daemon committed a micro-batch (Spark then replays a micro-batch the
+  daemon applied), and restarted from its checkpoint, appends every input record once, in order per key, and a
   reader following an output partition through the mount (as ``tail -f``) only ever sees whole micro-batches.
 """
 
@@ -135,7 +136,7 @@ class Tail:
 
 
 def test_a_stream_whose_driver_is_killed_appends_every_record_once(mount_logfs, tmp_path):
-    fs = mount_logfs("num.partitions=3")
+    fs = mount_logfs("num.partitions=3", foreground=True)  # (its log: the replays it recognised)
     os.mkdir(fs.path("in"))
     os.setxattr(fs.path("in"), "user.logfs.config.logfs.key.separator", b"\t")
     os.mkdir(fs.path("out"))
@@ -154,15 +155,23 @@ def test_a_stream_whose_driver_is_killed_appends_every_record_once(mount_logfs, 
     kills = 10 if LONG else 3
     try:
         committed = []  # micro-batches each killed run reported done
-        for _ in range(kills):
+        for i in range(kills):
             proc = driver(*args)
             try:
                 assert read_line(proc, 180).strip() == "ready"
                 assert read_line(proc, 180).strip() == "started"
-                # Killed at a random moment once the stream runs: during a micro-batch's tasks, its commit, or
-                # the checkpoint writes between them.
                 first = read_line(proc, 180)
-                time.sleep(rng.uniform(0.0, 3.0))
+                if i % 2:
+                    # Killed at a random moment once the stream runs: during a micro-batch's tasks, its commit, or
+                    # the checkpoint writes between them.
+                    time.sleep(rng.uniform(0.0, 3.0))
+                else:
+                    # Killed as soon as the daemon has committed a micro-batch: most likely before Spark has
+                    # recorded it in its checkpoint, so the restarted query replays it.
+                    seen = fs.stderr().count("committed q-")
+                    deadline = time.monotonic() + 60
+                    while fs.stderr().count("committed q-") == seen and time.monotonic() < deadline:
+                        time.sleep(0.001)
             finally:
                 kill(proc)
             committed.append(1 + sum(1 for line in proc.stdout.read().splitlines() if line.startswith("{")))
@@ -174,7 +183,8 @@ def test_a_stream_whose_driver_is_killed_appends_every_record_once(mount_logfs, 
             kill(proc)
         assert proc.returncode == 0, out
         assert json.loads(out.strip().splitlines()[-1])["batches"] >= 1
-        print("micro-batches reported by each killed run:", committed)
+        print("micro-batches reported by each killed run:", committed, "; micro-batches the daemon recognised as "
+              "replays of committed ones:", fs.stderr().count("was applied before: nothing appended again"))
     finally:
         ends = [t.close() for t in tails]
     seen = collections.Counter()
