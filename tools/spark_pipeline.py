@@ -51,7 +51,7 @@ EVENT_SCHEMA = "ts LONG, user STRING, action STRING, amount LONG"
 # -- 1. producing events through the mount ----------------------------------------------------------------
 def partition_of(key: str, partitions: int) -> int:
     """Kafka's default partitioner: toPositive(murmur2(key)) % partitions (the sink's, for keyed rows)."""
-    from logfs.spark.sink import murmur2
+    from logfs.spark.sink_rows import murmur2
 
     return (murmur2(key.encode()) & 0x7FFFFFFF) % partitions
 

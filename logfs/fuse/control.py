@@ -29,10 +29,17 @@ import errno
 import json
 import logging
 import os
+import stat
+
+import pyfuse3
 
 from ..storage.errors import LogfsError, RecordTooLargeError
 from ..storage.transactions import MAX_REQUEST_BYTES
 from .errors import errno_for, fail
+
+# As the partition files' (logfs.fuse.operations): attributes are never cached, 1 MiB preferred I/O size.
+ATTR_TIMEOUT = 0.0
+BLOCK_SIZE = 1 << 20
 
 log = logging.getLogger(__name__)
 
@@ -116,3 +123,77 @@ class CommitHandle:
 def _error_answer(code: int, message: str) -> bytes:
     return (json.dumps({"ok": False, "errno": errno.errorcode.get(code, str(code)), "error": message},
                        separators=(",", ":")) + "\n").encode()
+
+
+class ControlEntries:
+    """The sink's entries, for :class:`~logfs.fuse.operations.Operations` (which calls these from its handlers):
+    their inodes (the staging directory's and the commit file's, fixed at start; a staged file's, on first
+    sight), their attributes, opening them and writing requests. Uses the Operations' ``manager``, ``read_only``,
+    ``run_blocking``, inode and handle counters, ``_staging_ino``, ``_commit_ino``, ``_staged_ino``,
+    ``_staged_name`` and ``_control``."""
+
+    def _is_control(self, inode: int) -> bool:
+        return inode == self._staging_ino or inode == self._commit_ino or inode in self._staged_name
+
+    def _control_attrs(self, inode: int) -> pyfuse3.EntryAttributes:
+        entry = pyfuse3.EntryAttributes()
+        entry.st_ino = inode
+        entry.generation = 0
+        entry.entry_timeout = 0.0
+        entry.attr_timeout = ATTR_TIMEOUT
+        entry.st_uid, entry.st_gid = self._uid, self._gid
+        entry.st_blksize = BLOCK_SIZE
+        mtime_ns = self._started_ns
+        if inode == self._staging_ino:
+            entry.st_mode = stat.S_IFDIR | (0o555 if self.read_only else 0o755)
+            entry.st_nlink = 2
+        elif inode == self._commit_ino:
+            entry.st_mode = stat.S_IFREG | (0o444 if self.read_only else 0o644)
+            entry.st_nlink = 1
+        else:
+            st = self.manager.transactions.staging.stat(self._staged_name[inode])
+            entry.st_mode = stat.S_IFREG | 0o644
+            entry.st_nlink = 1
+            entry.st_size = st.st_size
+            mtime_ns = st.st_mtime_ns
+        entry.st_blocks = (entry.st_size + 511) // 512
+        entry.st_atime_ns = entry.st_mtime_ns = entry.st_ctime_ns = mtime_ns
+        return entry
+
+    def _staged_inode(self, name: str) -> int:
+        ino = self._staged_ino.get(name)
+        if ino is None:
+            ino = self._staged_ino[name] = next(self._next_inode)
+            self._staged_name[ino] = name
+        return ino
+
+    def _forget_staged(self, name: str) -> None:
+        ino = self._staged_ino.pop(name, None)
+        self._staged_name.pop(ino, None)
+
+    def _open_control(self, inode: int, flags: int) -> pyfuse3.FileInfo:
+        writable = (flags & os.O_ACCMODE) in (os.O_WRONLY, os.O_RDWR)
+        if writable and self.read_only:
+            fail(errno.EROFS)
+        if inode == self._commit_ino:
+            handle = CommitHandle(writable)
+        elif inode in self._staged_name:
+            if flags & os.O_TRUNC:
+                fail(errno.EPERM)
+            name = self._staged_name[inode]
+            handle = StagedFileHandle(name, self.manager.transactions.staging.open(name, writable), writable)
+        else:
+            fail(errno.EISDIR)
+        fh = next(self._next_fh)
+        self._control[fh] = handle
+        return pyfuse3.FileInfo(fh=fh, direct_io=True, keep_cache=False, nonseekable=False)
+
+    async def _write_control(self, handle, buf) -> int:
+        if not handle.writable:
+            fail(errno.EBADF)
+        if isinstance(handle, StagedFileHandle):
+            raise AssertionError("staged files are written by write() itself")
+        for line in handle.take(buf):
+            await handle.run(self.run_blocking, self.manager.transactions, line)
+        return len(buf)
+

@@ -27,7 +27,7 @@ from ..storage.manager import LogManager
 from ..storage.names import MOUNT_COMMIT, MOUNT_STAGING, parse_partition_number
 from ..view.text import live_view
 from . import xattrs
-from .control import SINK_PROTOCOL, SINK_PROTOCOL_XATTR, CommitHandle, StagedFileHandle
+from .control import SINK_PROTOCOL, SINK_PROTOCOL_XATTR, ControlEntries, StagedFileHandle
 from .errors import fail, translate
 from .handles import PartitionHandle
 
@@ -52,7 +52,7 @@ def _decode(name: bytes) -> str:
         fail(errno.EINVAL)
 
 
-class Operations(pyfuse3.Operations):
+class Operations(pyfuse3.Operations, ControlEntries):
     supports_dot_lookup = False
     enable_writeback_cache = False
     enable_acl = False
@@ -77,7 +77,7 @@ class Operations(pyfuse3.Operations):
         self._commit_ino = next(self._next_inode)
         self._staged_ino: dict[str, int] = {}
         self._staged_name: dict[int, str] = {}
-        self._control: dict[int, StagedFileHandle | CommitHandle] = {}
+        self._control: dict = {}  # fh -> StagedFileHandle or CommitHandle
         self._started_ns = time.time_ns()
         self._uid, self._gid = os.getuid(), os.getgid()
         for topic in manager.list_topics():
@@ -190,72 +190,6 @@ class Operations(pyfuse3.Operations):
         entry.st_blocks = (entry.st_size + 511) // 512
         entry.st_atime_ns = entry.st_mtime_ns = entry.st_ctime_ns = handle.log.last_append_ms * 1_000_000
         return entry
-
-    # -- the sink's entries (logfs.fuse.control) --------------------------------------------------------
-    def _is_control(self, inode: int) -> bool:
-        return inode == self._staging_ino or inode == self._commit_ino or inode in self._staged_name
-
-    def _control_attrs(self, inode: int) -> pyfuse3.EntryAttributes:
-        entry = pyfuse3.EntryAttributes()
-        entry.st_ino = inode
-        entry.generation = 0
-        entry.entry_timeout = 0.0
-        entry.attr_timeout = FILE_ATTR_TIMEOUT
-        entry.st_uid, entry.st_gid = self._uid, self._gid
-        entry.st_blksize = BLOCK_SIZE
-        mtime_ns = self._started_ns
-        if inode == self._staging_ino:
-            entry.st_mode = stat.S_IFDIR | (0o555 if self.read_only else 0o755)
-            entry.st_nlink = 2
-        elif inode == self._commit_ino:
-            entry.st_mode = stat.S_IFREG | (0o444 if self.read_only else 0o644)
-            entry.st_nlink = 1
-        else:
-            st = self.manager.transactions.staging.stat(self._staged_name[inode])
-            entry.st_mode = stat.S_IFREG | 0o644
-            entry.st_nlink = 1
-            entry.st_size = st.st_size
-            mtime_ns = st.st_mtime_ns
-        entry.st_blocks = (entry.st_size + 511) // 512
-        entry.st_atime_ns = entry.st_mtime_ns = entry.st_ctime_ns = mtime_ns
-        return entry
-
-    def _staged_inode(self, name: str) -> int:
-        ino = self._staged_ino.get(name)
-        if ino is None:
-            ino = self._staged_ino[name] = next(self._next_inode)
-            self._staged_name[ino] = name
-        return ino
-
-    def _forget_staged(self, name: str) -> None:
-        ino = self._staged_ino.pop(name, None)
-        self._staged_name.pop(ino, None)
-
-    def _open_control(self, inode: int, flags: int) -> pyfuse3.FileInfo:
-        writable = (flags & os.O_ACCMODE) in (os.O_WRONLY, os.O_RDWR)
-        if writable and self.read_only:
-            fail(errno.EROFS)
-        if inode == self._commit_ino:
-            handle = CommitHandle(writable)
-        elif inode in self._staged_name:
-            if flags & os.O_TRUNC:
-                fail(errno.EPERM)
-            name = self._staged_name[inode]
-            handle = StagedFileHandle(name, self.manager.transactions.staging.open(name, writable), writable)
-        else:
-            fail(errno.EISDIR)
-        fh = next(self._next_fh)
-        self._control[fh] = handle
-        return pyfuse3.FileInfo(fh=fh, direct_io=True, keep_cache=False, nonseekable=False)
-
-    async def _write_control(self, handle, buf) -> int:
-        if not handle.writable:
-            fail(errno.EBADF)
-        if isinstance(handle, StagedFileHandle):
-            raise AssertionError("staged files are written by write() itself")
-        for line in handle.take(buf):
-            await handle.run(self.run_blocking, self.manager.transactions, line)
-        return len(buf)
 
     @translate
     async def getattr(self, inode, ctx=None):

@@ -34,7 +34,7 @@ appended from the staged files (still there: they are removed only after 4); one
 power cut can do that: the end of its log was lost) is cut back to before them and gets them again. The same
 completion runs when a commit failed after its commit point (a disk error) and its writer commits again.
 
-Idempotence lives in the transaction log, with the writer's last applied version kept for
+Idempotence lives in the transaction log (:mod:`.transaction_log`), with the writer's last applied version kept for
 ``transactional.id.expiration.ms`` after its last commit (Kafka's expiry of a transactional id). The producer
 fields make the records self-describing in Kafka's own terms (``kafka-dump-log`` shows which commit wrote them).
 """
@@ -56,17 +56,16 @@ from . import checkpoints as ckpt
 from . import lines
 from . import records as rec
 from .errors import (
-    CorruptRecordError, InvalidRecordError, InvalidRequestError, LogfsError, NoSuchStagedFileError,
-    NoSuchTopicError, RecordTooLargeError,
+    CorruptRecordError, InvalidRecordError, InvalidRequestError, LogfsError, NoSuchTopicError, RecordTooLargeError,
 )
 from .names import TRANSACTIONS_FILE
 from .segment_recovery import batch_stats
 from .staging import StagingArea, check_name
+from .transaction_log import TransactionLog
 
 log = logging.getLogger(__name__)
 
 MAX_REQUEST_BYTES = 64 << 20
-COMPACT_EVERY = 10_000  # records appended to the transaction log before it is rewritten with the live state only
 _MAX_APP = 200
 _NOT_ACCEPTED = rec.ATTR_COMPRESSION_MASK | rec.ATTR_TRANSACTIONAL | rec.ATTR_CONTROL
 _STAMP = struct.Struct(">qqqhi")  # base timestamp, max timestamp, producer id, epoch, base sequence (at 27)
@@ -79,111 +78,6 @@ def producer_id(app: str, version: int) -> int:
     recognisable in any partition's log without any other state."""
     digest = hashlib.blake2b(f"{app}\0{version}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big") & 0x7FFF_FFFF_FFFF_FFFF
-
-
-# -- the transaction log ----------------------------------------------------------------------------------------
-class TransactionLog:
-    """``DATA_DIR/logfs-transactions.log``: one record per line, ``<crc32c, 8 hex> <json>``, appended with
-    fdatasync. Loading stops at the first line that does not check (a torn append) and cuts the file there.
-    Rewritten (temporary file, fsync, rename) with the live state only every COMPACT_EVERY records: the writers'
-    last versions (those not expired) and the commits not done."""
-
-    def __init__(self, path: str):
-        self.path = path
-        self.apps: dict[str, list[int]] = {}  # app -> [last version applied, ms of its commit]
-        self.pending: dict[tuple[str, int], dict] = {}  # commits past their commit point, not done
-        self._fd = -1
-        self._appended = 0
-
-    def load(self, now_ms: int, expiration_ms: int) -> None:
-        try:
-            with open(self.path, "rb") as f:
-                data = f.read()
-        except FileNotFoundError:
-            data = b""
-        good = 0
-        for line in data.splitlines(keepends=True):
-            record = _decode_line(line)
-            if record is None:
-                log.warning("%s: cut at byte %d (a record that does not check: an append a crash interrupted)",
-                            self.path, good)
-                break
-            self._apply(record)
-            good += len(line)
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
-        if good < len(data):
-            os.ftruncate(self._fd, good)
-            os.fsync(self._fd)
-        self._appended = data.count(b"\n")
-        if self._expire(now_ms, expiration_ms) or self._appended > COMPACT_EVERY:
-            self.compact()
-
-    def close(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
-
-    def _apply(self, record: dict) -> None:
-        kind = record.get("t")
-        if kind == "state":
-            self.apps = {a: list(v) for a, v in record["apps"].items()}
-        elif kind == "commit":
-            self.pending[(record["app"], record["v"])] = record
-        elif kind == "done":
-            self.pending.pop((record["app"], record["v"]), None)
-            last = self.apps.get(record["app"])
-            self.apps[record["app"]] = [max(record["v"], last[0]) if last else record["v"], record["ms"]]
-
-    def _expire(self, now_ms: int, expiration_ms: int) -> bool:
-        busy = {app for app, _ in self.pending}
-        old = [a for a, (_, ms) in self.apps.items() if now_ms - ms > expiration_ms and a not in busy]
-        for app in old:
-            del self.apps[app]
-        return bool(old)
-
-    def append(self, record: dict) -> None:
-        """Append one record, durably (fdatasync), then apply it."""
-        data = _encode_line(record)
-        written = os.write(self._fd, data)
-        if written != len(data):
-            raise OSError(28, f"short write to {self.path}")
-        os.fdatasync(self._fd)
-        self._apply(record)
-        self._appended += 1
-
-    def maybe_compact(self, now_ms: int, expiration_ms: int) -> None:
-        if self._appended > COMPACT_EVERY:
-            self._expire(now_ms, expiration_ms)
-            self.compact()
-
-    def compact(self) -> None:
-        records = [{"t": "state", "apps": self.apps}] + list(self.pending.values())
-        ckpt.atomic_write(self.path, b"".join(_encode_line(r) for r in records))
-        self.close()
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
-        self._appended = len(records)
-
-    def applied(self, app: str, version: int) -> bool:
-        last = self.apps.get(app)
-        return last is not None and last[0] >= version
-
-
-def _encode_line(record: dict) -> bytes:
-    body = json.dumps(record, separators=(",", ":"), sort_keys=True).encode()
-    return b"%08x %s\n" % (_crc32c.crc32c(body), body)
-
-
-def _decode_line(line: bytes) -> dict | None:
-    if not line.endswith(b"\n") or len(line) < 11 or line[8:9] != b" ":
-        return None
-    body = line[9:-1]
-    try:
-        if int(line[:8], 16) != _crc32c.crc32c(body):
-            return None
-        record = json.loads(body)
-    except ValueError:
-        return None
-    return record if isinstance(record, dict) else None
 
 
 # -- requests ---------------------------------------------------------------------------------------------------

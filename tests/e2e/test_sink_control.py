@@ -12,8 +12,6 @@ import random
 import threading
 import time
 
-import pytest
-
 from logfs.storage import records as rec
 from logfs_e2e import expect_errno, sh
 

@@ -13,7 +13,7 @@ import pytest
 pytest.importorskip("pyspark")
 from test_spark_sink import kafka_python_records  # noqa: E402
 
-from logfs.spark.sink import murmur2  # noqa: E402
+from logfs.spark.sink_rows import murmur2  # noqa: E402
 
 pytestmark = pytest.mark.mount
 

@@ -10,7 +10,7 @@ import pyarrow as pa
 import pytest
 from kafka.partitioner.default import murmur2 as kafka_murmur2
 
-from logfs.spark import sink
+from logfs.spark import sink_rows as sink
 from logfs.storage import records as rec
 
 _speedups = pytest.importorskip("logfs._speedups")

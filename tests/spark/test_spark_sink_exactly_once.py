@@ -28,7 +28,7 @@ import pytest
 pytest.importorskip("pyspark")
 from kafka.record.memory_records import MemoryRecords
 
-from logfs.spark.sink import murmur2
+from logfs.spark.sink_rows import murmur2
 
 pytestmark = pytest.mark.mount
 

@@ -13,6 +13,7 @@ import pytest
 
 from logfs.storage import records as rec
 from logfs.storage import segment as segment_mod
+from logfs.storage import transaction_log
 from logfs.storage import transactions as txn
 from logfs.storage.errors import (
     InvalidRecordError, InvalidRequestError, NoSuchStagedFileError, NoSuchTopicError, RecordTooLargeError,
@@ -333,7 +334,7 @@ def test_readers_never_see_part_of_a_commit(mgr):
 
 
 def test_the_transaction_log_is_compacted_and_cut_at_a_torn_record(tmp_path, open_manager, monkeypatch):
-    monkeypatch.setattr(txn, "COMPACT_EVERY", 10)
+    monkeypatch.setattr(transaction_log, "COMPACT_EVERY", 10)
     data = tmp_path / "data"
     m = open_manager({"num.partitions": "1"}, data_dir=data)
     m.create_topic("out")
