@@ -40,7 +40,7 @@ from typing import Mapping
 from ..storage import lines as storage_lines
 from ..storage.names import MOUNT_COMMIT, MOUNT_STAGING, is_internal_topic, is_legal_topic, parse_partition_number
 from . import bucket
-from .sink_rows import StagedWrite, bucket_key, stage  # noqa: F401 (stage: what a task runs)
+from .sink_rows import WRITE_BYTES, StagedWrite, bucket_key, stage  # noqa: F401 (stage: what a task runs)
 
 log = logging.getLogger(__name__)
 

@@ -258,3 +258,34 @@ def test_a_failed_job_appends_nothing_and_leaves_nothing_staged(spark, mount_log
         time.sleep(0.1)
     assert staged(fs) == []
     assert [fs.getx(f"out/{p}", "log_end_offset") for p in range(2)] == ["0", "0"]
+
+
+def test_staging_in_a_directory_the_driver_copies_from(spark, mount_logfs, tmp_path):
+    """Option staging=DIR (executors that cannot see the mount, a shared filesystem): the tasks stage there, the
+    driver copies the winning attempts' files into the mount and commits, and removes the write's files."""
+    fs = mount_logfs("num.partitions=2")
+    os.mkdir(fs.path("out"))
+    staging_dir = tmp_path / "shared"
+    staging_dir.mkdir()
+    df = spark.range(3000, numPartitions=3).select(F.col("id").cast("string").alias("value"))
+    observed = set()
+    done = threading.Event()
+
+    def watch():
+        while not done.is_set():
+            observed.update(os.listdir(staging_dir))
+            time.sleep(0.01)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        write(df, fs, topic="out", staging=str(staging_dir))
+    finally:
+        done.set()
+        watcher.join()
+    assert observed and all(name.startswith("j-") for name in observed)  # the tasks staged there
+    values = sorted(int(r[3]) for p in range(2) for r in kafka_python_records(fs.data, "out", p))
+    assert values == list(range(3000))
+    assert os.listdir(staging_dir) == [] and staged(fs) == []
+    with pytest.raises(Exception, match="option staging must be an absolute directory"):
+        write(df, fs, topic="out", staging="relative/dir")
