@@ -73,6 +73,11 @@ class StorageIOError(LogfsError):
         self.errno = errno
 
 
+class CommitIncompleteError(StorageIOError):
+    """A sink commit failed after its commit point (a disk error): it is not refused, it will be completed; the
+    errno is the failure's."""
+
+
 class DataLossError(LogfsError):
     """Records asked for are gone (below the log start offset: retention removed them)."""
 

@@ -32,7 +32,8 @@ partition whose log holds the transaction's records after ``from`` (recognised b
 batches, which the compression rewrite and compaction keep) already has them; one that holds none gets them
 appended from the staged files (still there: they are removed only after 4); one that holds some of them (only a
 power cut can do that: the end of its log was lost) is cut back to before them and gets them again. The same
-completion runs when a commit failed after its commit point (a disk error) and its writer commits again.
+completion runs when a commit failed after its commit point (a disk error): every minute
+(:meth:`Transactions.sweep`), or when its writer commits again; the failed request says it will be completed.
 
 Idempotence lives in the transaction log (:mod:`.transaction_log`), with the writer's last applied version kept for
 ``transactional.id.expiration.ms`` after its last commit (Kafka's expiry of a transactional id). The producer
@@ -41,6 +42,7 @@ fields make the records self-describing in Kafka's own terms (``kafka-dump-log``
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
@@ -56,7 +58,8 @@ from . import checkpoints as ckpt
 from . import lines
 from . import records as rec
 from .errors import (
-    CorruptRecordError, InvalidRecordError, InvalidRequestError, LogfsError, NoSuchTopicError, RecordTooLargeError,
+    CommitIncompleteError, CorruptRecordError, InvalidRecordError, InvalidRequestError, LogfsError, NoSuchTopicError,
+    RecordTooLargeError,
 )
 from .names import TRANSACTIONS_FILE
 from .segment_recovery import batch_stats
@@ -272,8 +275,21 @@ class Transactions:
             return {"ok": True, "removed": removed}
 
     def sweep(self) -> int:
-        """Remove staged files untouched for ``logfs.staging.retention.ms`` (the service runs this)."""
+        """Complete the commits a disk error interrupted after their commit point, and remove staged files
+        untouched for ``logfs.staging.retention.ms`` (the service runs this every minute). Returns how many
+        files went."""
         with self.lock:
+            for record in list(self.log.pending.values()):
+                try:
+                    offsets = self.complete(record)
+                except (LogfsError, OSError) as exc:
+                    log.error("the commit of %s version %d is still not complete: %s", record["app"], record["v"],
+                              exc)
+                    continue
+                log.info("completed the commit of %s version %d: %s", record["app"], record["v"],
+                         _describe(offsets))
+                self.staging.remove({span[0] for part in record["parts"] for span in part["spans"]},
+                                    self._needed())
             return self.staging.sweep(self.retention_ms, self._needed())
 
     def _needed(self) -> set[str]:
@@ -292,10 +308,19 @@ class Transactions:
                 pending = self.log.pending.get((app, version))
                 if pending is not None:  # a commit that failed after its commit point: complete it
                     offsets = self.complete(pending)
+                    named |= {span[0] for part in pending["parts"] for span in part["spans"]}
                     return {"ok": True, "duplicate": False, "offsets": _offsets_json(offsets)}
                 if not parts:
                     return {"ok": True, "duplicate": False, "offsets": {}}
-                offsets = self._commit(app, version, parts)
+                try:
+                    offsets = self._commit(app, version, parts)
+                except (LogfsError, OSError) as exc:
+                    if (app, version) not in self.log.pending:
+                        raise  # refused before its commit point: nothing changed
+                    raise CommitIncompleteError(
+                        f"the commit of {app} version {version} passed its commit point, and will be completed "
+                        f"(by the service within a minute, or when it is committed again, or at the next start): "
+                        f"{exc}", getattr(exc, "errno", None) or errno.EIO) from exc
                 log.info("committed %s version %d: %s", app, version, _describe(offsets))
                 return {"ok": True, "duplicate": False, "offsets": _offsets_json(offsets)}
             finally:

@@ -16,7 +16,7 @@ from logfs.storage import segment as segment_mod
 from logfs.storage import transaction_log
 from logfs.storage import transactions as txn
 from logfs.storage.errors import (
-    InvalidRecordError, InvalidRequestError, NoSuchStagedFileError, NoSuchTopicError, RecordTooLargeError,
+    CommitIncompleteError, InvalidRecordError, StorageIOError, InvalidRequestError, NoSuchStagedFileError, NoSuchTopicError, RecordTooLargeError,
     StagingClosedError,
 )
 from logfs.storage.names import STAGING_DIR, TRANSACTIONS_FILE
@@ -349,3 +349,39 @@ def test_the_transaction_log_is_compacted_and_cut_at_a_torn_record(tmp_path, ope
     m = open_manager(data_dir=data)
     assert m.transactions.log.apps["q-1"][0] == 19
     assert path.read_bytes().endswith(b"\n")
+
+
+def test_a_disk_error_after_the_commit_point_is_completed_not_refused(mgr, monkeypatch):
+    """A commit whose second partition's append fails (a full disk) after its commit point: the error says it will
+    be completed, with the failure's errno; the service's sweep completes it (its staged files kept until then),
+    each record once."""
+    import errno
+
+    from logfs.storage.log import Log
+
+    parts = []
+    for p in range(3):
+        body = batches(40, 100 * p)
+        stage(mgr, f"j-1.{p}", body)
+        parts.append(["out", p, [[f"j-1.{p}", 0, len(body)]]])
+    original = Log.append_staged
+    calls = [0]
+
+    def append_staged(self, batches_, timestamp_ms):
+        calls[0] += 1
+        if calls[0] == 2:
+            raise StorageIOError("write failed: No space left on device", errno.ENOSPC)
+        return original(self, batches_, timestamp_ms)
+
+    monkeypatch.setattr(Log, "append_staged", append_staged)
+    with pytest.raises(CommitIncompleteError, match="passed its commit point, and will be completed") as info:
+        commit(mgr, "j-1", 0, parts, cleanup="j-1.", close=True)
+    assert info.value.errno == errno.ENOSPC
+    assert mgr.transactions.log.pending and staged(mgr.data_dir) == ["j-1.0", "j-1.1", "j-1.2"]
+    assert mgr.transactions.abort("j-1.")["removed"] == 0  # (Spark's abort: the files are still needed)
+    monkeypatch.undo()
+    mgr.transactions.sweep()
+    for p in range(3):
+        assert values(mgr.logs[("out", p)]) == [f"v{i}" for i in range(100 * p, 100 * p + 40)]
+    assert not mgr.transactions.log.pending and mgr.transactions.log.applied("j-1", 0)
+    assert staged(mgr.data_dir) == []
