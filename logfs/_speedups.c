@@ -15,6 +15,8 @@
  * index_ok(kind, buf, n, log_size): the sanity checks of an index's entries (loading a store).
  * decode_columns(batches, start, end): Arrow column buffers of plain batches (the Spark data source).
  * merge_batches(batches, last_offset): plain batches merged into one (the rewrite of a sealed segment in its codec).
+ * murmur2(data), partition_rows(n, keys, explicit, parts, rr), encode_arrow(values, keys, indices, start, end,
+ *     target, timestamp): the Spark sink. Kafka's default partitioner, and batches, straight from Arrow buffers.
  *
  * Each is documented where it is defined. All are optional accelerators: logfs.storage.records and
  * logfs.view.text have pure-Python paths producing identical bytes (tests compare them). Compressed and control
@@ -961,7 +963,322 @@ release:
     return out;
 }
 
+/* --- the Spark sink: Arrow columns -> partitions and batches ------------------------------------------------
+ *
+ * A binary (or string: the same layout) Arrow column comes from Python as a tuple (validity bitmap or None, int32
+ * offsets, data or None, array offset); an int32 column as (validity or None, values, array offset). */
+typedef struct {
+    Py_buffer valid, offs, data;
+    int has_valid, has_offs, has_data;
+    Py_ssize_t offset;
+    const uint8_t *v;
+    const int32_t *o;
+    const unsigned char *d;
+} arrow_col;
+
+static void release_col(arrow_col *a) {
+    if (a->has_valid)
+        PyBuffer_Release(&a->valid);
+    if (a->has_offs)
+        PyBuffer_Release(&a->offs);
+    if (a->has_data)
+        PyBuffer_Release(&a->data);
+    a->has_valid = a->has_offs = a->has_data = 0;
+}
+
+/* binary != 0: (valid, offsets, data, offset); else (valid, values, offset). Checks the buffers hold n rows. */
+static int get_col(PyObject *t, Py_ssize_t n, int binary, arrow_col *a) {
+    memset(a, 0, sizeof *a);
+    Py_ssize_t want = binary ? 4 : 3;
+    if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) != want) {
+        PyErr_SetString(PyExc_TypeError, "an Arrow column is a tuple of its buffers and its offset");
+        return -1;
+    }
+    a->offset = PyLong_AsSsize_t(PyTuple_GET_ITEM(t, want - 1));
+    if (a->offset < 0) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_ValueError, "negative array offset");
+        return -1;
+    }
+    PyObject *valid = PyTuple_GET_ITEM(t, 0), *offs = PyTuple_GET_ITEM(t, 1);
+    if (valid != Py_None) {
+        if (PyObject_GetBuffer(valid, &a->valid, PyBUF_SIMPLE) < 0)
+            goto fail;
+        a->has_valid = 1;
+        if (a->valid.len < (a->offset + n + 7) / 8)
+            goto short_;
+        a->v = a->valid.buf;
+    }
+    if (PyObject_GetBuffer(offs, &a->offs, PyBUF_SIMPLE) < 0)
+        goto fail;
+    a->has_offs = 1;
+    if (a->offs.len < (a->offset + n + (binary ? 1 : 0)) * 4)
+        goto short_;
+    a->o = a->offs.buf;
+    if (binary) {
+        PyObject *data = PyTuple_GET_ITEM(t, 2);
+        Py_ssize_t need = n ? (Py_ssize_t)a->o[a->offset + n] : 0;
+        if (data != Py_None) {
+            if (PyObject_GetBuffer(data, &a->data, PyBUF_SIMPLE) < 0)
+                goto fail;
+            a->has_data = 1;
+            a->d = a->data.buf;
+        }
+        if (need < 0 || (need > 0 && (!a->has_data || a->data.len < need)))
+            goto short_;
+        for (Py_ssize_t i = 0; i < n; i++)  /* offsets must not go back (a record's length is their difference) */
+            if (a->o[a->offset + i + 1] < a->o[a->offset + i])
+                goto short_;
+    }
+    return 0;
+short_:
+    PyErr_SetString(PyExc_ValueError, "an Arrow column's buffers do not hold its rows");
+fail:
+    release_col(a);
+    return -1;
+}
+
+static inline int col_valid(const arrow_col *a, Py_ssize_t i) {
+    Py_ssize_t j = a->offset + i;
+    return !a->has_valid || (a->v[j >> 3] >> (j & 7)) & 1;
+}
+
+/* Row i of a binary column: its bytes (length -1: null). */
+static inline int64_t col_bytes(const arrow_col *a, Py_ssize_t i, const unsigned char **p) {
+    if (!col_valid(a, i))
+        return -1;
+    Py_ssize_t j = a->offset + i;
+    *p = a->d ? a->d + a->o[j] : (const unsigned char *)"";
+    return (int64_t)a->o[j + 1] - a->o[j];
+}
+
+/* Kafka's murmur2 (org.apache.kafka.common.utils.Utils.murmur2, the default partitioner's hash of the key). */
+static int32_t murmur2(const unsigned char *data, Py_ssize_t length) {
+    const uint32_t m = 0x5bd1e995u;
+    uint32_t h = 0x9747b28cu ^ (uint32_t)length;
+    Py_ssize_t length4 = length / 4;
+    for (Py_ssize_t i = 0; i < length4; i++) {
+        const unsigned char *q = data + i * 4;
+        uint32_t k = (uint32_t)q[0] | ((uint32_t)q[1] << 8) | ((uint32_t)q[2] << 16) | ((uint32_t)q[3] << 24);
+        k *= m;
+        k ^= k >> 24;
+        k *= m;
+        h *= m;
+        h ^= k;
+    }
+    const unsigned char *tail = data + (length & ~(Py_ssize_t)3);
+    switch (length % 4) {
+    case 3:
+        h ^= (uint32_t)tail[2] << 16;
+        /* fall through */
+    case 2:
+        h ^= (uint32_t)tail[1] << 8;
+        /* fall through */
+    case 1:
+        h ^= (uint32_t)tail[0];
+        h *= m;
+    }
+    h ^= h >> 13;
+    h *= m;
+    h ^= h >> 15;
+    return (int32_t)h;
+}
+
+static PyObject *py_murmur2(PyObject *self, PyObject *args) {
+    Py_buffer b;
+    if (!PyArg_ParseTuple(args, "y*", &b))
+        return NULL;
+    int32_t h = murmur2(b.buf, b.len);
+    PyBuffer_Release(&b);
+    return PyLong_FromLong(h);
+}
+
+/* partition_rows(n, keys, explicit, parts, rr) -> (bytes of n int32 partitions, rr): a row's ``explicit``
+ * partition when it has one, else parts[toPositive(murmur2(key)) % len(parts)] (Kafka's default partitioner),
+ * else, for a null key, parts[rr++ % len(parts)] (round robin). ``keys``/``explicit`` may be None. */
+static PyObject *partition_rows(PyObject *self, PyObject *args) {
+    Py_ssize_t n;
+    PyObject *keys_t, *explicit_t;
+    Py_buffer parts;
+    long long rr;
+    if (!PyArg_ParseTuple(args, "nOOy*L", &n, &keys_t, &explicit_t, &parts, &rr))
+        return NULL;
+    arrow_col keys, ex;
+    memset(&keys, 0, sizeof keys);
+    memset(&ex, 0, sizeof ex);
+    PyObject *out = NULL;
+    Py_ssize_t nparts = parts.len / 4;
+    if (n < 0 || nparts < 1) {
+        PyErr_SetString(PyExc_ValueError, "partition_rows needs n >= 0 and at least one partition");
+        goto done;
+    }
+    if (keys_t != Py_None && get_col(keys_t, n, 1, &keys) < 0)
+        goto done;
+    if (explicit_t != Py_None && get_col(explicit_t, n, 0, &ex) < 0)
+        goto done;
+    out = PyBytes_FromStringAndSize(NULL, n * 4);
+    if (out == NULL)
+        goto done;
+    int32_t *dst = (int32_t *)PyBytes_AS_STRING(out);
+    const int32_t *pl = parts.buf;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (explicit_t != Py_None && col_valid(&ex, i)) {
+            dst[i] = ex.o[ex.offset + i];
+            continue;
+        }
+        const unsigned char *k;
+        int64_t klen = keys_t != Py_None ? col_bytes(&keys, i, &k) : -1;
+        if (klen >= 0)
+            dst[i] = pl[(uint32_t)(murmur2(k, klen) & 0x7fffffff) % (uint32_t)nparts];
+        else
+            dst[i] = pl[(uint64_t)(rr++) % (uint64_t)nparts];
+    }
+done:
+    release_col(&keys);
+    release_col(&ex);
+    PyBuffer_Release(&parts);
+    if (out == NULL)
+        return NULL;
+    PyObject *result = Py_BuildValue("(OL)", out, rr);
+    Py_DECREF(out);
+    return result;
+}
+
+static inline Py_ssize_t sink_record_size(int64_t klen, int64_t vlen, int64_t delta) {
+    Py_ssize_t body = 1 + 1 + varint_size(delta) + varint_size(klen) + (klen > 0 ? klen : 0) + varint_size(vlen) +
+                      (vlen > 0 ? vlen : 0) + 1;
+    return varint_size(body) + body;
+}
+
+/* encode_arrow(values, keys, indices, start, end, target, timestamp) -> [bytearray]: the rows indices[start:end]
+ * (int64; or rows start..end-1 when indices is None) of a value column and a key column (or None) as uncompressed
+ * v2 batches of about ``target`` bytes each (at least one record), as the sink stages them: base offset 0, offset
+ * deltas 0..n-1, timestamps ``timestamp`` (deltas 0), no producer (-1), no headers, leader epoch 0. The CRC is
+ * left 0: the caller stamps it. */
+static PyObject *encode_arrow(PyObject *self, PyObject *args) {
+    PyObject *values_t, *keys_t, *indices_o;
+    Py_ssize_t start, end, target;
+    long long timestamp;
+    if (!PyArg_ParseTuple(args, "OOOnnnL", &values_t, &keys_t, &indices_o, &start, &end, &target, &timestamp))
+        return NULL;
+    arrow_col values, keys;
+    memset(&values, 0, sizeof values);
+    memset(&keys, 0, sizeof keys);
+    Py_buffer idx;
+    int has_idx = 0;
+    PyObject *out = NULL, *batch = NULL;
+    const int64_t *rows = NULL;
+    Py_ssize_t nrows = 0;
+    if (start < 0 || end < start || target < 1) {
+        PyErr_SetString(PyExc_ValueError, "encode_arrow: bad start, end or target");
+        return NULL;
+    }
+    if (indices_o != Py_None) {
+        if (PyObject_GetBuffer(indices_o, &idx, PyBUF_SIMPLE) < 0)
+            return NULL;
+        has_idx = 1;
+        rows = idx.buf;
+        if (end > idx.len / 8) {
+            PyErr_SetString(PyExc_ValueError, "encode_arrow: end is past the indices");
+            goto fail;
+        }
+    }
+    /* The columns' row count: the largest row named (or end). */
+    nrows = end;
+    if (rows != NULL) {
+        nrows = 0;
+        for (Py_ssize_t j = start; j < end; j++) {
+            if (rows[j] < 0) {
+                PyErr_SetString(PyExc_ValueError, "encode_arrow: a negative row index");
+                goto fail;
+            }
+            if (rows[j] + 1 > nrows)
+                nrows = (Py_ssize_t)rows[j] + 1;
+        }
+    }
+    if (get_col(values_t, nrows, 1, &values) < 0)
+        goto fail;
+    if (keys_t != Py_None && get_col(keys_t, nrows, 1, &keys) < 0)
+        goto fail;
+    out = PyList_New(0);
+    if (out == NULL)
+        goto fail;
+    Py_ssize_t j = start;
+    while (j < end) {
+        /* measure: records while the batch stays within target (at least one) */
+        Py_ssize_t total = HEADER_SIZE, count = 0, k = j;
+        for (; k < end; k++) {
+            Py_ssize_t row = rows ? (Py_ssize_t)rows[k] : k;
+            const unsigned char *p;
+            int64_t vlen = col_bytes(&values, row, &p), klen = keys_t != Py_None ? col_bytes(&keys, row, &p) : -1;
+            Py_ssize_t size = sink_record_size(klen, vlen, count);
+            if (count && total + size > target)
+                break;
+            if (total + size - 12 > INT32_MAX || count == INT32_MAX) {
+                if (!count) {
+                    PyErr_SetString(PyExc_ValueError, "encode_arrow: a record over 2 GiB");
+                    goto fail;
+                }
+                break;
+            }
+            total += size;
+            count++;
+        }
+        batch = PyByteArray_FromStringAndSize(NULL, total);
+        if (batch == NULL)
+            goto fail;
+        unsigned char *b = (unsigned char *)PyByteArray_AS_STRING(batch), *q = b + HEADER_SIZE;
+        memset(b, 0, HEADER_SIZE);
+        put_be32(b + 8, (uint32_t)(total - 12));
+        b[16] = 2;                                    /* magic; leader epoch and CRC 0, attributes 0 */
+        put_be32(b + 23, (uint32_t)(count - 1));
+        put_be64(b + 27, (uint64_t)timestamp);
+        put_be64(b + 35, (uint64_t)timestamp);
+        memset(b + 43, 0xff, 14);                     /* producer id, epoch, base sequence: -1 */
+        put_be32(b + 57, (uint32_t)count);
+        for (Py_ssize_t i = 0; i < count; i++) {
+            Py_ssize_t row = rows ? (Py_ssize_t)rows[j + i] : j + i;
+            const unsigned char *kp = NULL, *vp = NULL;
+            int64_t vlen = col_bytes(&values, row, &vp), klen = keys_t != Py_None ? col_bytes(&keys, row, &kp) : -1;
+            Py_ssize_t body = 1 + 1 + varint_size(i) + varint_size(klen) + (klen > 0 ? klen : 0) +
+                              varint_size(vlen) + (vlen > 0 ? vlen : 0) + 1;
+            q = put_varint(q, body);
+            *q++ = 0; /* attributes */
+            *q++ = 0; /* timestampDelta */
+            q = put_varint(q, i);
+            q = put_varint(q, klen);
+            if (klen > 0) {
+                memcpy(q, kp, klen);
+                q += klen;
+            }
+            q = put_varint(q, vlen);
+            if (vlen > 0) {
+                memcpy(q, vp, vlen);
+                q += vlen;
+            }
+            *q++ = 0; /* headers */
+        }
+        if (PyList_Append(out, batch) < 0)
+            goto fail;
+        Py_CLEAR(batch);
+        j += count;
+    }
+    goto done;
+fail:
+    Py_CLEAR(out);
+    Py_CLEAR(batch);
+done:
+    release_col(&values);
+    release_col(&keys);
+    if (has_idx)
+        PyBuffer_Release(&idx);
+    return out;
+}
+
 static PyMethodDef methods[] = {
+    {"murmur2", py_murmur2, METH_VARARGS, "Kafka's murmur2 hash of bytes (the default partitioner's)."},
+    {"partition_rows", partition_rows, METH_VARARGS, "Kafka's default partitioner over Arrow columns (the sink)."},
+    {"encode_arrow", encode_arrow, METH_VARARGS, "v2 batches of Arrow value/key columns, as the sink stages them."},
     {"merge_batches", merge_batches, METH_VARARGS, "Plain batches merged into one (the compressed rewrite)."},
     {"decode_columns", decode_columns, METH_VARARGS, "Arrow column buffers of plain batches (Spark source)."},
     {"index_ok", index_ok, METH_VARARGS, "Sanity checks of an index's entries, in one pass."},

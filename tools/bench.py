@@ -14,8 +14,9 @@ Prints one line per figure as it goes, then markdown tables to paste into docs/b
 
 Scenarios: bulk_append (no sync) and bulk_append_fsync; sequential_read (page cache dropped) and
 sequential_read_warm; small_writes (one line per write(), 1 and 4 writers, 25/100/1000-byte lines);
-shell_appends, read_at_offset, mount_time, memory, responsiveness, spark, metrics (tools/bench_options.py: small
-writes with the metrics file off and on), writer_headers (the same with logfs.writer.headers off and on), tiered
+shell_appends, read_at_offset, mount_time, memory, responsiveness, spark, spark_sink (the logfs sink against
+df.write.json to a local directory, rows/s; the publish alone against cp + fsync), metrics (tools/bench_options.py:
+small writes with the metrics file off and on), writer_headers (the same with logfs.writer.headers off and on), tiered
 (tools/bench_tiered.py: append p99 with the store up/down/slow; tiered reads at 1 MiB and 8 KiB, cold/warm,
 against the store's own GETs; random reads' GETs; the cache bound; starts its own SeaweedFS), spark_cluster
 (tools/bench_cluster.py: the Spark source on a 2-worker standalone cluster, count and groupBy of a tiered log from
@@ -582,6 +583,84 @@ class Bench:
         from bench_options import writer_headers
 
         writer_headers(self)
+    def spark_sink(self):
+        """The logfs sink against ``df.write.json`` to a local directory (same rows, same run), and the publish
+        alone against ``cp`` + ``fsync`` of the same bytes."""
+        try:
+            os.environ["PYSPARK_PYTHON"] = sys.executable
+            from pyspark.sql import SparkSession
+            from pyspark.sql import functions as F
+        except ImportError:
+            self.record("spark_sink", skipped="pyspark not installed")
+            return
+        sys.path.insert(0, ROOT)
+        from logfs.spark import register, sink
+        from logfs.storage import records as rec
+
+        rows = 200_000 if self.quick else 1_500_000
+        data, mnt = self.dirs("spark_sink")
+        json_dir = os.path.join(self.work, "spark_sink", "json")
+        mount_logfs(data, mnt, "num.partitions=4")
+        os.mkdir(f"{mnt}/out")
+        spark = (SparkSession.builder.master("local[2]").appName("logfs-bench-sink")
+                 .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+                 .config("spark.sql.shuffle.partitions", "4").getOrCreate())
+        spark.sparkContext.setLogLevel("ERROR")
+        register(spark)
+        try:
+            df = spark.range(rows, numPartitions=4).select(
+                F.format_string("u%05d", F.col("id") % 50000).alias("key"),
+                F.format_string('{"ts":1700000000000,"user":"u%05d","action":"click","amount":%d,"pad":"%s"}',
+                                F.col("id") % 50000, F.col("id"), F.lit("x" * 20)).alias("value")).cache()
+            row_bytes = df.selectExpr("sum(length(key) + length(value))").first()[0] / rows
+
+            def to_logfs() -> float:
+                start = time.perf_counter()
+                df.write.format("logfs").option("topic", "out").mode("append").save(mnt)
+                return time.perf_counter() - start
+
+            def to_json() -> float:
+                start = time.perf_counter()
+                df.write.mode("overwrite").json(f"file://{json_dir}")
+                return time.perf_counter() - start
+
+            to_logfs(), to_json()  # JVM, Python workers and code warm-up (and the cache filled)
+            t_logfs = min(to_logfs() for _ in range(2))
+            t_json = min(to_json() for _ in range(2))
+            appended = sum(int(getx(f"{mnt}/out/{p}", "log_end_offset")) for p in range(4))
+            assert appended == 3 * rows, appended  # (the warm-up and two timed writes: each row once each)
+        finally:
+            spark.stop()
+        # The publish alone: staged files through the mount, one commit request, against cp + fsync.
+        size = (32 << 20) if self.quick else (512 << 20)
+        per_file = size // 4
+        value = b"x" * 100
+        batch = bytes(rec.build_batch(0, 0, [value] * 500))
+        body = batch * (per_file // len(batch))
+        for p in range(4):
+            with open(f"{mnt}/.logfs-staging/b-1.{p}", "wb") as f:
+                f.write(body)
+                os.fsync(f.fileno())
+        start = time.perf_counter()
+        sink.control(mnt, {"op": "commit", "app": "b-1", "version": 0, "cleanup": "b-1.",
+                           "parts": [["out", p, [[f"b-1.{p}", 0, len(body)]]] for p in range(4)]})
+        t_publish = time.perf_counter() - start
+        src = os.path.join(self.work, "spark_sink", "cp-src")
+        with open(src, "wb") as f:
+            f.write(body * 4)
+            os.fsync(f.fileno())
+        start = time.perf_counter()
+        shutil.copyfile(src, src + ".copy")
+        fd = os.open(src + ".copy", os.O_RDONLY)
+        os.fsync(fd)
+        os.close(fd)
+        t_cp = time.perf_counter() - start
+        unmount(mnt, data)
+        shutil.rmtree(os.path.join(self.work, "spark_sink"), ignore_errors=True)
+        mb = len(body) * 4 / 1e6
+        self.record("spark_sink", rows=rows, row_bytes=row_bytes, rows_per_s_logfs=rows / t_logfs,
+                    rows_per_s_json=rows / t_json, ratio_vs_json=t_json / t_logfs, publish_mb=mb,
+                    publish_MBps=mb / t_publish, cp_fsync_MBps=mb / t_cp, publish_vs_cp=t_cp / t_publish)
 
     def tiered(self):
         from bench_tiered import tiered
@@ -712,6 +791,7 @@ SCENARIOS = {
     "spark": "spark",
     "metrics": "metrics",
     "writer_headers": "writer_headers",
+    "spark_sink": "spark_sink",
     "tiered": "tiered",
     "spark_cluster": "spark_cluster",
     "many_partitions": "many_partitions",

@@ -148,8 +148,57 @@ def stream_stop(spark, id: str, output: str) -> dict:
     return {"offsets": _sink_offsets(spark, output)}
 
 
+def sink_write(spark, mount: str, options: dict, rows: int, markers: str) -> dict:
+    """A batch write with the logfs sink: ``rows`` rows (values "0".., keys "k<id % 1000>") in 6 tasks, whose
+    first attempts of tasks 0 and 3 fail half way through (a file in ``markers`` says so). Returns the executors
+    that ran the write's tasks."""
+    from pyspark.sql import functions as F
+
+    per_task = rows // 6
+
+    @F.udf("string")
+    def fail_first_attempts(value):
+        from pyspark import TaskContext
+
+        ctx = TaskContext.get()
+        seen = STATE[ctx.taskAttemptId()] = STATE.get(ctx.taskAttemptId(), 0) + 1
+        if seen == 1:
+            open(os.path.join(markers, f"ran-{executor_identity()['executor_id']}-{ctx.partitionId()}"), "w").close()
+        if ctx.attemptNumber() == 0 and ctx.partitionId() % 3 == 0 and seen > per_task // 2:
+            open(os.path.join(markers, f"failed-{ctx.partitionId()}"), "w").close()
+            raise RuntimeError(f"first attempt of task {ctx.partitionId()} fails half way through")
+        return value
+
+    df = (spark.range(rows, numPartitions=6)
+          .select(F.concat(F.lit("k"), (F.col("id") % 1000).cast("string")).alias("key"),
+                  fail_first_attempts(F.col("id").cast("string")).alias("value")))
+    writer = df.write.format("logfs").mode("append")
+    for key, value in options.items():
+        writer = writer.option(key, value)
+    writer.save(mount)
+    return {"ok": True}
+
+
+STATE: dict = {}  # (in the executors' Python workers) rows seen per task attempt
+
+
+def sink_stream(spark, data_dir: str, mount: str, source: str, options: dict, checkpoint: str) -> dict:
+    """One Trigger.AvailableNow run of a stream from topic ``source`` (the logfs source, ``data_dir``) into the
+    logfs sink (``mount``, ``options``), from ``checkpoint``; the number of micro-batches it ran."""
+    writer = (spark.readStream.format("logfs").option("subscribe", source).option("startingOffsets", "earliest")
+              .option("maxOffsetsPerTrigger", "700").load(data_dir).select("key", "value").writeStream
+              .format("logfs").option("checkpointLocation", checkpoint))
+    for key, value in options.items():
+        writer = writer.option(key, value)
+    query = writer.trigger(availableNow=True).start(mount)
+    query.awaitTermination(300)
+    if query.exception() is not None:
+        raise RuntimeError(str(query.exception()))
+    return {"batches": len([p for p in query.recentProgress if p["numInputRows"] > 0])}
+
+
 JOBS = {"read": read, "timed": timed, "stream": stream, "stream_start": stream_start, "stream_progress": stream_progress,
-        "stream_stop": stream_stop}
+        "stream_stop": stream_stop, "sink_write": sink_write, "sink_stream": sink_stream}
 
 
 def encode(obj):

@@ -2,17 +2,18 @@
 """A Spark pipeline over a logfs mount: events in, per-user totals out, results checked.
 
 1. Events are appended to topic ``events`` through the mount, one JSON line per event, into the partition
-   chosen by the user's hash (so one user's events stay in order in one partition, as with a keyed producer).
+   Kafka's default partitioner gives the user (murmur2 of the key), so one user's events stay in order in one
+   partition, as with a keyed producer.
 2. A PySpark job reads the topic as plain files (``spark.read.json("file:///MNT/events")``; or, with
    ``--source logfs``, straight from DATA_DIR's segments with the ``logfs`` data source), counts events, buys
    and the amount bought per user.
-3. The job writes the totals back by *appending* to topic ``user_totals`` through the mount: every Spark task
-   opens one partition file with O_APPEND and writes its lines (``user<TAB>{json}``, the user as the record key
-   through the topic's ``logfs.key.separator``) in whole-line writes, so concurrent tasks never interleave.
-   A mount is append-only: Spark's own file writers (``df.write.json``) need renames and temporary
-   directories and cannot write to it.
+3. The job writes the totals to topic ``user_totals`` with the ``logfs`` sink
+   (``df.write.format("logfs").save(MOUNT)``): one keyed record per user (key: the user, value: the JSON
+   totals), placed by Kafka's default partitioner, appended exactly once whatever Spark retries. The topic's
+   ``logfs.key.separator`` (a tab) shows the keys in its files: ``user<TAB>{json}``. (Spark's own file writers,
+   ``df.write.json``, cannot write to a mount: they need renames and temporary directories.)
 4. The totals are read back through the mount and compared with totals computed in plain Python from the
-   events as they were appended.
+   events as they were appended: each user exactly once, in the partition of its key.
 
     python tools/spark_pipeline.py                          # all in a temporary DATA_DIR it mounts itself
     python tools/spark_pipeline.py --mount /mnt/logs        # on an existing mount (topics are created)
@@ -20,9 +21,9 @@
 
 Needs ``pip install -e '.[spark]'`` and Java 17+. Exit status 0 when the check passes.
 
-Delivery is at-least-once, as with any sink that is not transactional: a Spark task that fails after its
-write and is retried appends its lines again. Consumers of ``user_totals`` should keep the last line per key
-(or set ``cleanup.policy=compact`` on the topic and let the cleaner do it).
+``--writer append`` writes the totals the old way instead, each task appending its lines to the partition files
+with O_APPEND (at-least-once: a task retried after its write appends its lines again; the check then keeps the
+last line per user).
 """
 
 from __future__ import annotations
@@ -37,7 +38,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import zlib
 from collections import defaultdict
 
 EVENTS_TOPIC = "events"
@@ -50,7 +50,10 @@ EVENT_SCHEMA = "ts LONG, user STRING, action STRING, amount LONG"
 
 # -- 1. producing events through the mount ----------------------------------------------------------------
 def partition_of(key: str, partitions: int) -> int:
-    return zlib.crc32(key.encode()) % partitions
+    """Kafka's default partitioner: toPositive(murmur2(key)) % partitions (the sink's, for keyed rows)."""
+    from logfs.spark.sink_rows import murmur2
+
+    return (murmur2(key.encode()) & 0x7FFFFFFF) % partitions
 
 
 def append_lines(path: str, lines: list[str]) -> None:
@@ -144,17 +147,29 @@ def _writer(mnt: str, topic: str, partitions: int):
 
 
 def run_job(spark, mnt: str, *, events_topic: str = EVENTS_TOPIC, totals_topic: str = TOTALS_TOPIC,
-            source: str = "mount", data_dir: str | None = None) -> int:
-    """Read events, aggregate per user, append the totals to ``totals_topic``; returns the number of users."""
+            source: str = "mount", data_dir: str | None = None, writer: str = "sink") -> int:
+    """Read events, aggregate per user, write the totals to ``totals_topic``; returns the number of users."""
+    from pyspark.sql import functions as F
+
+    from logfs.spark import register
+
     if __name__ != "__main__":  # imported (e.g. by the tests): ship this module's functions to the workers
         from pyspark import cloudpickle
 
         cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    register(spark)
     partitions = ensure_topic(mnt, totals_topic)
     os.setxattr(os.path.join(mnt, totals_topic), "user.logfs.config.logfs.key.separator", KEY_SEPARATOR.encode())
     totals = totals_of(read_events(spark, mnt, topic=events_topic, source=source, data_dir=data_dir)).cache()
     try:
-        totals.foreachPartition(_writer(mnt, totals_topic, partitions))
+        if writer == "sink":
+            (totals.select(F.col("user").alias("key"),
+                           F.to_json(F.struct(F.col("user"), F.col("events").cast("long").alias("events"),
+                                              F.col("buys").cast("long").alias("buys"),
+                                              F.col("amount").cast("long").alias("amount"))).alias("value"))
+             .write.format("logfs").option("topic", totals_topic).mode("append").save(os.path.abspath(mnt)))
+        else:
+            totals.foreachPartition(_writer(mnt, totals_topic, partitions))
         return totals.count()
     finally:
         totals.unpersist()
@@ -182,9 +197,10 @@ def read_topic_lines(mnt: str, topic: str) -> list[tuple[int, str]]:
 
 
 def check(mnt: str, events: list[dict], *, events_topic: str = EVENTS_TOPIC,
-          totals_topic: str = TOTALS_TOPIC) -> dict[str, dict]:
+          totals_topic: str = TOTALS_TOPIC, exactly_once: bool = True) -> dict[str, dict]:
     """Compare the totals read back through the mount with totals computed from ``events``; raises
-    AssertionError on any difference. Returns the totals read (the last line per user)."""
+    AssertionError on any difference. With ``exactly_once`` (the sink), each user's totals must be there once;
+    else the last line per user counts. Returns the totals read."""
     appended = [json.loads(line) for _, line in read_topic_lines(mnt, events_topic)]
     assert sorted(map(json.dumps, appended)) == sorted(map(json.dumps, events)), \
         "the events topic does not hold exactly the events appended"
@@ -196,7 +212,8 @@ def check(mnt: str, events: list[dict], *, events_topic: str = EVENTS_TOPIC,
         record = json.loads(body)
         assert record["user"] == key, f"key {key!r} does not match {record}"
         assert p == partition_of(key, partitions), f"{key} landed in partition {p}"
-        got[key] = record  # at-least-once: the last line per key wins
+        assert not (exactly_once and key in got), f"the totals of {key} are there twice"
+        got[key] = record  # (at-least-once: the last line per key wins)
     want = expected_totals(events)
     assert got == want, f"totals differ: {len(got)} users read, {len(want)} expected; " + \
         f"first difference: {next(((k, got.get(k), want.get(k)) for k in sorted(set(got) | set(want)) if got.get(k) != want.get(k)), None)}"
@@ -245,6 +262,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data-dir", help="DATA_DIR of --mount (for --source logfs)")
     parser.add_argument("--source", choices=("mount", "logfs"), default="mount",
                         help="read the events as files on the mount, or from DATA_DIR with the logfs source")
+    parser.add_argument("--writer", choices=("sink", "append"), default="sink",
+                        help="write the totals with the logfs sink (exactly once), or append them from the tasks")
     parser.add_argument("--events", type=int, default=20000)
     parser.add_argument("--partitions", type=int, default=3, help="num.partitions of a temporary mount")
     args = parser.parse_args(argv)
@@ -264,11 +283,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"appended {len(events)} events to {mnt}/{EVENTS_TOPIC}")
         spark = spark_session()
         try:
-            users = run_job(spark, mnt, source=args.source, data_dir=data_dir)
+            users = run_job(spark, mnt, source=args.source, data_dir=data_dir, writer=args.writer)
         finally:
             spark.stop()
         print(f"wrote totals of {users} users to {mnt}/{TOTALS_TOPIC}")
-        totals = check(mnt, events)
+        totals = check(mnt, events, exactly_once=args.writer == "sink")
         print(f"check passed: {len(totals)} users, {sum(t['events'] for t in totals.values())} events, "
               f"{sum(t['amount'] for t in totals.values())} bought, in {time.monotonic() - started:.1f}s")
         return 0

@@ -42,6 +42,9 @@ ERRNO_OF: list[tuple[type[BaseException], int]] = [
     (e.CorruptRecordError, errno.EIO),
     (e.LockedError, errno.EBUSY),
     (e.ShuttingDownError, errno.EINTR),
+    (e.InvalidRequestError, errno.EINVAL),
+    (e.NoSuchStagedFileError, errno.ENOENT),
+    (e.StagingClosedError, errno.ECANCELED),
 ]
 
 

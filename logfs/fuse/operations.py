@@ -23,11 +23,12 @@ from typing import Callable
 import pyfuse3
 import trio
 
-from ..storage.errors import FetchNeededError, InvalidRecordError, RecordTooLargeError
+from ..storage.errors import FetchNeededError, InvalidRecordError, LogfsError, RecordTooLargeError
 from ..storage.manager import LogManager
-from ..storage.names import parse_partition_number
+from ..storage.names import MOUNT_COMMIT, MOUNT_STAGING, parse_partition_number
 from ..view.text import live_view
 from . import xattrs
+from .control import SINK_PROTOCOL, SINK_PROTOCOL_XATTR, ControlEntries, StagedFileHandle
 from .errors import fail, translate
 from .handles import PartitionHandle
 
@@ -52,7 +53,7 @@ def _decode(name: bytes) -> str:
         fail(errno.EINVAL)
 
 
-class Operations(pyfuse3.Operations):
+class Operations(pyfuse3.Operations, ControlEntries):
     supports_dot_lookup = False
     enable_writeback_cache = False
     enable_acl = False
@@ -73,6 +74,12 @@ class Operations(pyfuse3.Operations):
         # Reads stalled on the store hold at most this many worker threads: flushes and unlinks keep theirs.
         self._fetch_slots = trio.CapacityLimiter(8)
         self._next_fh = itertools.count(1)
+        # The sink's entries (logfs.fuse.control): the staging directory, its files, the commit file.
+        self._staging_ino = next(self._next_inode)
+        self._commit_ino = next(self._next_inode)
+        self._staged_ino: dict[str, int] = {}
+        self._staged_name: dict[int, str] = {}
+        self._control: dict = {}  # fh -> StagedFileHandle or CommitHandle
         self._started_ns = time.time_ns()
         self._uid, self._gid = os.getuid(), os.getgid()
         for topic in manager.list_topics():
@@ -188,6 +195,8 @@ class Operations(pyfuse3.Operations):
 
     @translate
     async def getattr(self, inode, ctx=None):
+        if self._is_control(inode):
+            return self._control_attrs(inode)
         return self._removed_attrs(inode) or self._attrs(inode)
 
     @translate
@@ -196,7 +205,20 @@ class Operations(pyfuse3.Operations):
         if parent_inode == ROOT:
             if text in self.manager.topics:
                 return self._attrs(self._topic_inode(text))
+            if text == MOUNT_STAGING:
+                return self._control_attrs(self._staging_ino)
+            if text == MOUNT_COMMIT:
+                return self._control_attrs(self._commit_ino)
             fail(errno.ENOENT)
+        if parent_inode == self._staging_ino:
+            ino = self._staged_inode(text)
+            try:
+                return self._control_attrs(ino)
+            except LogfsError:
+                self._forget_staged(text)
+                raise
+        if self._is_control(parent_inode):
+            fail(errno.ENOTDIR)
         topic, partition = self._resolve(parent_inode)
         if partition is not None:
             fail(errno.ENOTDIR)
@@ -207,6 +229,11 @@ class Operations(pyfuse3.Operations):
 
     @translate
     async def setattr(self, inode, attr, fields, fh, ctx):
+        if self._is_control(inode):
+            current = self._control_attrs(inode)
+            if fields.update_size and attr.st_size != current.st_size:
+                fail(errno.EPERM)  # staged files only grow by writes
+            return current
         if (fields.update_mtime and abs(attr.st_mtime_ns - time.time_ns()) > NOW_SLACK_NS) or (
                 fields.update_atime and abs(attr.st_atime_ns - time.time_ns()) > NOW_SLACK_NS):
             fail(errno.EPERM)  # st_mtime is the last append's time: a given time (touch -d, cp -p) cannot be set
@@ -241,6 +268,10 @@ class Operations(pyfuse3.Operations):
     # -- directories -----------------------------------------------------------------------------------
     @translate
     async def opendir(self, inode, ctx):
+        if inode == self._staging_ino:
+            return inode
+        if self._is_control(inode):
+            fail(errno.ENOTDIR)
         if inode != ROOT:
             _, partition = self._resolve(inode)
             if partition is not None:
@@ -250,6 +281,18 @@ class Operations(pyfuse3.Operations):
     @translate
     async def readdir(self, fh, start_id, token):
         # Cookies are stable under concurrent changes: a topic's inode number, a partition's number + 1.
+        if fh == self._staging_ino:  # (a staged file's inode number)
+            entries = sorted((self._staged_inode(n), n) for n in self.manager.transactions.staging.names())
+            for ino, name in entries:
+                if ino <= start_id:
+                    continue
+                try:
+                    attrs = self._control_attrs(ino)
+                except LogfsError:
+                    continue  # removed meanwhile
+                if not pyfuse3.readdir_reply(token, name.encode(), attrs, ino):
+                    return
+            return
         if fh == ROOT:
             # The listing is sorted once, when it starts: each later call of the same listing resumes in it by
             # bisection (a listing of T topics costs O(T log T), not that per call). A topic created meanwhile
@@ -279,6 +322,8 @@ class Operations(pyfuse3.Operations):
         if self.read_only:
             fail(errno.EROFS)
         text = _decode(name)
+        if self._is_control(parent_inode):
+            fail(errno.EPERM)  # the staging directory holds plain files only
         if parent_inode != ROOT:
             self._resolve(parent_inode)
             fail(errno.EINVAL)  # topics hold only partition files
@@ -290,6 +335,8 @@ class Operations(pyfuse3.Operations):
         text = _decode(name)
         if parent_inode != ROOT:
             fail(errno.ENOTDIR)
+        if text == MOUNT_STAGING:
+            fail(errno.EPERM)
         if text not in self.manager.topics:
             fail(errno.ENOENT)
         await self.run_blocking(self.manager.delete_topic, text)
@@ -301,6 +348,18 @@ class Operations(pyfuse3.Operations):
         if self.read_only:
             fail(errno.EROFS)
         text = _decode(name)
+        if parent_inode == self._staging_ino:
+            if self.read_only:
+                fail(errno.EROFS)
+            # (a worker thread: the first file creates the directory, and fsyncs DATA_DIR)
+            fd = await self.run_blocking(self.manager.transactions.staging.create, text)
+            ino = self._staged_inode(text)
+            fh = next(self._next_fh)
+            self._control[fh] = StagedFileHandle(text, fd, True)
+            return (pyfuse3.FileInfo(fh=fh, direct_io=True, keep_cache=False, nonseekable=False),
+                    self._control_attrs(ino))
+        if self._is_control(parent_inode):
+            fail(errno.ENOTDIR)
         if parent_inode == ROOT:
             fail(errno.EPERM)  # the root holds only topic directories
         topic, partition = self._resolve(parent_inode)
@@ -316,6 +375,8 @@ class Operations(pyfuse3.Operations):
 
     @translate
     async def open(self, inode, flags, ctx):
+        if self._is_control(inode):
+            return self._open_control(inode, flags)
         topic, partition = self._resolve_partition(inode)
         writable = (flags & os.O_ACCMODE) in (os.O_WRONLY, os.O_RDWR)
         if writable and self.read_only:
@@ -341,6 +402,9 @@ class Operations(pyfuse3.Operations):
 
     @translate
     async def read(self, fh, off, size):
+        control = self._control.get(fh)
+        if control is not None:
+            return control.read(off, size)
         handle = self._handle(fh)
         data = None
         if fh not in self._fetching:
@@ -370,7 +434,12 @@ class Operations(pyfuse3.Operations):
     async def write(self, fh, off, buf):
         handle = self._handles.get(fh)  # (as _handle(), inlined on the per-write() path)
         if handle is None:
-            fail(errno.EBADF)
+            control = self._control.get(fh)
+            if control is None:
+                fail(errno.EBADF)
+            if isinstance(control, StagedFileHandle):
+                return control.write(off, buf)  # (a page-cache write, as an append's)
+            return await self._write_control(control, buf)
         if handle.log.closed:
             fail(errno.ENOENT)  # the partition was deleted while open
         written = handle.write(off, buf)
@@ -388,6 +457,10 @@ class Operations(pyfuse3.Operations):
 
     @translate
     async def release(self, fh):
+        control = self._control.pop(fh, None)
+        if control is not None:
+            control.release()
+            return
         fetching = self._fetching.get(fh)
         if fetching is not None:  # a worker thread still reads through this handle's view
             async with fetching:
@@ -414,6 +487,12 @@ class Operations(pyfuse3.Operations):
 
     @translate
     async def fsync(self, fh, datasync):
+        control = self._control.get(fh)
+        if isinstance(control, StagedFileHandle):
+            await self.run_blocking(control.sync)
+            return
+        if control is not None:
+            return
         # A held partial line is not a record yet (it ends at its newline or at close), so fsync leaves it held.
         handle = self._handle(fh)
         if handle.log.closed:
@@ -425,7 +504,15 @@ class Operations(pyfuse3.Operations):
         if self.read_only:
             fail(errno.EROFS)
         text = _decode(name)
+        if parent_inode == self._staging_ino:
+            await self.run_blocking(self.manager.transactions.staging.unlink, text)
+            self._forget_staged(text)
+            return
+        if self._is_control(parent_inode):
+            fail(errno.ENOTDIR)
         if parent_inode == ROOT:
+            if text == MOUNT_COMMIT:
+                fail(errno.EPERM)
             fail(errno.EISDIR if text in self.manager.topics else errno.ENOENT)
         topic, partition = self._resolve(parent_inode)
         number = parse_partition_number(text)
@@ -455,7 +542,9 @@ class Operations(pyfuse3.Operations):
     @translate
     async def getxattr(self, inode, name, ctx):
         text = name.decode("utf-8", "replace")
-        if inode == ROOT or not text.startswith(xattrs.PREFIX):
+        if inode == ROOT and text == SINK_PROTOCOL_XATTR:
+            return SINK_PROTOCOL  # how the sink recognises a logfs mount
+        if inode == ROOT or self._is_control(inode) or not text.startswith(xattrs.PREFIX):
             fail(errno.ENODATA)
         topic, partition = self._resolve(inode)
         if partition is None:
@@ -471,6 +560,8 @@ class Operations(pyfuse3.Operations):
     @translate
     async def listxattr(self, inode, ctx):
         if inode == ROOT:
+            return [SINK_PROTOCOL_XATTR.encode()]
+        if self._is_control(inode):
             return []
         _, partition = self._resolve(inode)
         return xattrs.topic_list() if partition is None else xattrs.partition_list()
@@ -478,7 +569,7 @@ class Operations(pyfuse3.Operations):
     @translate
     async def setxattr(self, inode, name, value, ctx):
         text = name.decode("utf-8", "replace")
-        if inode == ROOT:
+        if inode == ROOT or self._is_control(inode):
             fail(errno.ENOTSUP)
         topic, partition = self._resolve(inode)
         if partition is not None:
@@ -490,7 +581,7 @@ class Operations(pyfuse3.Operations):
     @translate
     async def removexattr(self, inode, name, ctx):
         text = name.decode("utf-8", "replace")
-        if inode == ROOT:
+        if inode == ROOT or self._is_control(inode):
             fail(errno.ENODATA)
         topic, partition = self._resolve(inode)
         if partition is not None:
@@ -502,6 +593,9 @@ class Operations(pyfuse3.Operations):
     # -- shutdown --------------------------------------------------------------------------------------
     def release_all(self) -> None:
         """Commit pending partial lines of every handle still open (clean shutdown)."""
+        for fh, control in list(self._control.items()):
+            control.release()
+            del self._control[fh]
         for fh, handle in list(self._handles.items()):
             try:
                 if handle.pending and not handle.log.closed:

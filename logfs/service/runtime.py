@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import operator
 import os
+import threading
 
 import trio
 
@@ -30,6 +31,7 @@ MAX_TICK_MS = 1000
 MIN_TICK_MS = 10
 COMPRESSION_TICK_S = 0.2  # how often sealed segments are looked at for compression when none was due
 COMPRESSION_SEGMENTS_PER_PASS = 4  # per child process: bounds the time one partition holds the compressor
+STAGING_SWEEP_MS = 60_000  # how often staged files older than logfs.staging.retention.ms are looked for
 
 
 class ServiceStats:
@@ -60,15 +62,27 @@ class LogService:
         # Where compaction's CPU work runs: a child process (default; it never competes with request handling
         # for the GIL, see docs/benchmarks.md) or a worker thread of the daemon.
         self.cleaner_mode = os.environ.get("LOGFS_CLEANER_MODE", "process")
+        self._last_sweep_ms = self.clock.time_ms()
+        self._trio_thread: int | None = None
+        self._trio_token = None
         self._wakeup = trio.Event()
         self._failing: dict[str, str] = {}  # background step -> the error it last failed with
         self.tiering = None  # the TieringTask, when tiered storage is on
         self.stats = ServiceStats()
 
     def _on_roll(self, key):
-        def callback(_segment):
+        def wake() -> None:
             self._roll_flush.add(key)
             self._wakeup.set()
+
+        def callback(_segment):
+            # Rolls happen on the trio thread (appends), or in a worker thread (the sink's commits,
+            # Log.append_staged), which must not touch trio objects: it only queues the wake-up, without waiting
+            # (it holds the log lock, which the trio thread may be waiting for).
+            if self._trio_token is None or threading.get_ident() == self._trio_thread:
+                wake()
+            else:
+                self._trio_token.run_sync_soon(wake)
         return callback
 
     def attach(self, plog: Log) -> None:
@@ -89,6 +103,8 @@ class LogService:
         return max(MIN_TICK_MS, tick)
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        self._trio_thread = threading.get_ident()
+        self._trio_token = trio.lowlevel.current_trio_token()
         async with trio.open_nursery() as nursery:
             if self.manager.broker.get("log.cleaner.enable") and self.manager.broker.get("log.cleaner.threads"):
                 nursery.start_soon(self.cleaner_loop)
@@ -249,6 +265,9 @@ class LogService:
             self._last_checkpoint_ms = now
             await self._guarded("writing checkpoints", self.manager.checkpoint)
         await self._guarded("removing deleted partitions", self.manager.purge_deleted_dirs, now)
+        if now - self._last_sweep_ms >= STAGING_SWEEP_MS:
+            self._last_sweep_ms = now
+            await self._guarded("removing old staged files", self.manager.transactions.sweep)
 
     def retention(self, now_ms: int) -> int:
         """One retention pass over every log (worker thread). Returns the number of segments deleted."""

@@ -1,9 +1,11 @@
-"""Spark support: the ``logfs`` PySpark data source (batch and streaming), reading DATA_DIR segments directly.
+"""Spark support: the ``logfs`` PySpark data source (batch and streaming), reading DATA_DIR segments directly, and
+writing to topics through the mount, exactly once (:mod:`logfs.spark.sink`).
 
     from logfs.spark import register
     register(spark)                                   # once per SparkSession
     df = (spark.read.format("logfs").option("subscribe", "orders")
           .load("/var/lib/logfs"))                    # Spark's Kafka source schema
+    df.write.format("logfs").option("topic", "copy").save("/mnt/logs")   # Spark's Kafka sink columns
 
 Needs the ``spark`` extra (``pip install 'logfs[spark]'``: pyspark and pyarrow) and Java 17+. The Python
 workers must be able to import logfs and pyarrow: set ``PYSPARK_PYTHON`` to the interpreter logfs is installed

@@ -10,10 +10,15 @@ Arrow record batches. The data directory must be readable at the same path by th
 
 from __future__ import annotations
 
+import logging
+import uuid
 from typing import Iterator, Sequence
 
 import pyarrow as pa
-from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
+from pyspark.sql.datasource import (
+    DataSource, DataSourceArrowWriter, DataSourceReader, DataSourceStreamArrowWriter, DataSourceStreamReader,
+    InputPartition, WriterCommitMessage,
+)
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 from pyspark.sql.types import (
@@ -25,7 +30,10 @@ from .options import (
     plan_batch, rate_limit, resolve_offset, split_ranges,
 )
 from .segments import TopicPartition
+from . import sink
 from ..storage import records as rec
+
+log = logging.getLogger(__name__)
 
 try:  # the C accelerator: whole uncompressed batches to Arrow buffers
     from .. import _speedups
@@ -270,6 +278,82 @@ class LogfsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         pass  # nothing to release: the log is the daemon's, and retention is its business
 
 
+class StagedMessage(WriterCommitMessage):
+    """A task attempt's report to the driver: its staged file and spans, or the row its topic refused."""
+
+    def __init__(self, staged: sink.StagedWrite):
+        self.staged = staged
+
+
+def _staged(messages) -> list:
+    return [m.staged if isinstance(m, StagedMessage) else None for m in messages]
+
+
+class LogfsBatchWriter(DataSourceArrowWriter):
+    """``df.write.format("logfs")``: one writer per job, its id shared by the tasks (this object is pickled to
+    them) and by ``commit``/``abort``: every staged file of the job starts with ``j-<id>.``."""
+
+    def __init__(self, plan: sink.SinkPlan):
+        self.plan = plan
+        self.app = "j-" + uuid.uuid4().hex
+        self.prefix = self.app + "."
+
+    def write(self, iterator) -> StagedMessage:
+        from pyspark import TaskContext
+
+        return StagedMessage(sink.stage(self.plan, iterator, sink.attempt_name(self.prefix),
+                                        TaskContext.get().partitionId()))
+
+    def commit(self, messages) -> None:
+        answer = sink.publish(self.plan, self.app, 0, _staged(messages), cleanup=self.prefix, close=True)
+        log.info("logfs sink: %s appended %s", self.app, answer.get("offsets"))
+
+    def abort(self, messages) -> None:
+        sink.abort(self.plan, self.prefix, close=True)
+
+
+class LogfsStreamWriter(DataSourceStreamArrowWriter):
+    """``df.writeStream.format("logfs")``: the writer of micro-batch ``batchId`` of a query is (its query id,
+    batchId), both kept in the checkpoint, so the daemon recognises a micro-batch committed before a driver crash
+    and replayed after the restart. The tasks read both from their local properties; commit and abort, which
+    Spark runs in another process with a new instance of this class, from the tasks' messages."""
+
+    def __init__(self, plan: sink.SinkPlan):
+        self.plan = plan
+
+    def write(self, iterator) -> StagedMessage:
+        from pyspark import TaskContext
+
+        ctx = TaskContext.get()
+        query = ctx.getLocalProperty("sql.streaming.queryId")
+        batch = ctx.getLocalProperty("streaming.sql.batchId")
+        if not query or batch is None:
+            raise sink.SinkError("a streaming write without its query id and batch id (Spark sets them on the "
+                                 "tasks of a micro-batch)")
+        app = "q-" + query
+        return StagedMessage(sink.stage(self.plan, iterator, sink.attempt_name(f"{app}.{batch}."),
+                                        ctx.partitionId(), app=app, version=int(batch)))
+
+    def commit(self, messages, batchId: int) -> None:
+        staged = [m for m in _staged(messages) if m is not None]
+        apps = {m.app for m in staged}
+        if not apps:
+            return  # no task reported: nothing was staged
+        if len(apps) != 1 or any(m.version != batchId for m in staged):
+            raise sink.SinkError(f"micro-batch {batchId}: messages of other writers {sorted(apps)}")
+        app = apps.pop()
+        # Every other staged file of the query goes: the losing attempts', and those a crashed run left.
+        answer = sink.publish(self.plan, app, batchId, staged, cleanup=app + ".", close=False)
+        if answer.get("duplicate"):
+            log.info("logfs sink: %s micro-batch %d was already appended (a replay): nothing appended again",
+                     app, batchId)
+
+    def abort(self, messages, batchId: int) -> None:
+        apps = {m.app for m in _staged(messages) if m is not None}
+        for app in apps:
+            sink.abort(self.plan, f"{app}.{batchId}.", close=False)
+
+
 class LogfsDataSource(DataSource):
     """Register with ``spark.dataSource.register(LogfsDataSource)`` (or :func:`logfs.spark.register`)."""
 
@@ -279,7 +363,20 @@ class LogfsDataSource(DataSource):
 
     def __init__(self, options):
         super().__init__(options)
-        self.parsed = SourceOptions.parse(options)
+        self._parsed = None
+
+    @property
+    def parsed(self) -> SourceOptions:
+        """The source's options (parsed when a read asks: a write has other options)."""
+        if self._parsed is None:
+            self._parsed = SourceOptions.parse(self.options)
+        return self._parsed
+
+    def writer(self, schema: StructType, overwrite: bool) -> LogfsBatchWriter:
+        return LogfsBatchWriter(sink.plan(self.options, schema, overwrite, streaming=False))
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> LogfsStreamWriter:
+        return LogfsStreamWriter(sink.plan(self.options, schema, overwrite, streaming=True))
 
     def schema(self) -> StructType:
         return source_schema(self.parsed.include_headers)

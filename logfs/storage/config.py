@@ -235,6 +235,10 @@ BROKER_ONLY: dict[str, Setting] = {
         # Metrics (logfs.service.metrics): Prometheus's text format, written to this file (none when empty).
         Setting("logfs.metrics.file", _absolute_path, ""),
         Setting("logfs.metrics.interval.ms", _long(100, INT_MAX), "10000"),
+        # The Spark sink (logfs.storage.transactions): how long a writer's last applied commit is remembered (as
+        # Kafka's transactional.id.expiration.ms), and how long an untouched staged file is kept.
+        Setting("transactional.id.expiration.ms", _long(1, INT_MAX), "604800000"),
+        Setting("logfs.staging.retention.ms", _long(1), "86400000"),
         Setting("num.recovery.threads.per.data.dir", _only(
             _long(1, INT_MAX), lambda v: v == 1,
             "logfs loads and recovers partitions with one thread, before it mounts; only 1 is accepted"), "1"),

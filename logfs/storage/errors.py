@@ -73,6 +73,11 @@ class StorageIOError(LogfsError):
         self.errno = errno
 
 
+class CommitIncompleteError(StorageIOError):
+    """A sink commit failed after its commit point (a disk error): it is not refused, it will be completed; the
+    errno is the failure's."""
+
+
 class DataLossError(LogfsError):
     """Records asked for are gone (below the log start offset: retention removed them)."""
 
@@ -80,3 +85,16 @@ class DataLossError(LogfsError):
 class FetchNeededError(LogfsError):
     """A read of a tiered range needs data not yet in the local cache, on a thread that must not wait for the
     object store (the FUSE request loop): the caller retries the same call in a worker thread."""
+
+
+class InvalidRequestError(LogfsError):
+    """A request to the sink's commit file is malformed, or names staged data that is not what the sink stages
+    (whole, CRC-valid, uncompressed v2 batches of contiguous offsets)."""
+
+
+class NoSuchStagedFileError(LogfsError):
+    """A staged file named by a commit does not exist (never written, or cleaned up)."""
+
+
+class StagingClosedError(LogfsError):
+    """A staged file was to be created for a write that was already committed or aborted (a late task attempt)."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import bisect
 import operator
+import struct
 from itertools import accumulate, repeat
 import threading
 from typing import Callable, Iterator, Sequence
@@ -26,7 +27,7 @@ from . import records as rec
 from .clock import SYSTEM_CLOCK, Clock
 from .config import LogConfig
 from .counters import PartitionCounters
-from .errors import LogfsError, OffsetOutOfRangeError, RecordTooLargeError, StorageIOError
+from .errors import LogfsError, NoSuchTopicError, OffsetOutOfRangeError, RecordTooLargeError, StorageIOError
 from .index import LineStats
 from .lifecycle import discard, open_segment, replace_segments
 from .segment import DELETED_SUFFIX, LogSegment
@@ -39,6 +40,7 @@ from .tail_batch import PAGE_SIZE, TAIL_BATCH_CAP  # noqa: F401 (PAGE_SIZE: re-e
 # 295 MB/s here.
 TARGET_BATCH_BYTES = 64 * 1024
 _RECORD_OVERHEAD = 12
+_BASE_OFFSET = struct.Struct(">q")
 
 
 class Log:
@@ -233,6 +235,45 @@ class Log:
             self.segments.active.append(batch, header, batch_stats(batch))
             self.last_append_ms = self.clock.time_ms()
             return base, header.last_offset
+
+    def append_staged(self, batches, timestamp_ms: int) -> tuple[int, int]:
+        """Append whole plain batches as one publish (the Spark sink's commit: :mod:`.transactions`); returns
+        (first offset, last offset). ``batches`` is a list of (writable copy of a batch's 61-byte header, its
+        records, its LineStats), each batch final but for its base offset, which is stamped here (the CRC does not
+        cover it), so that the records get contiguous offsets from the log end offset. The batches go into ONE
+        segment (rolled first if they do not fit the active one), and no reader sees part of them
+        (:meth:`LogSegment.append_group`). Raises RecordTooLargeError, before anything is written, if they cannot
+        fit any one segment."""
+        total = sum(len(h) + len(b) for h, b, _ in batches)
+        records = sum(rec.parse_header(h).records_count for h, _, _ in batches)
+        if total > self.config.segment_bytes:
+            raise RecordTooLargeError(f"{total} bytes of batches for one partition exceed segment.bytes="
+                                      f"{self.config.segment_bytes}")
+        with self.lock:
+            if self.closed:
+                raise NoSuchTopicError(f"partition {self.topic}/{self.partition} was deleted")
+            self._maybe_roll(total, self.log_end_offset + records - 1)
+            if not self._group_fits(len(batches)):
+                self.roll()
+                if not self._group_fits(len(batches)):
+                    raise RecordTooLargeError(f"{len(batches)} batches need more index entries than a segment "
+                                              f"holds (segment.index.bytes={self.config.segment_index_bytes})")
+            first = offset = self.log_end_offset
+            group = []
+            for head, body, stats in batches:
+                _BASE_OFFSET.pack_into(head, 0, offset)
+                header = rec.parse_header(head)
+                group.append((head, body, header, stats))
+                offset = header.next_offset
+            self.segments.active.append_group(group)
+            self.last_append_ms = timestamp_ms
+            return first, offset - 1
+
+    def _group_fits(self, count: int) -> bool:
+        """Whether the active segment's indexes have room for the entries of ``count`` more batches."""
+        active = self.segments.active
+        return (active.offset_index.max_entries - active.offset_index.entries >= count
+                and active.time_index.max_entries - 1 - active.time_index.entries >= count)
 
     def _maybe_roll(self, batch_size: int, last_offset: int) -> None:
         active = self.segments.active

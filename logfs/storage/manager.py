@@ -28,6 +28,7 @@ from .errors import (
     ShuttingDownError, TopicExistsError, TopicNotEmptyError,
 )
 from .loader import load_log
+from .transactions import Transactions
 from .log import Log
 from .open_files import OPEN_FILES
 from .names import (
@@ -87,7 +88,12 @@ class LogManager:
         self._lock_fd = self._acquire_lock()
         try:
             self._load(progress, segment_progress)
+            # The Spark sink's commits: the ones a crash interrupted are completed before anything is served.
+            self.transactions = Transactions(self)
+            self.transactions.open()
         except BaseException:
+            for partition_log in self.logs.values():
+                partition_log.close_without_flush()
             os.close(self._lock_fd)
             raise
         self.closed = False
@@ -455,6 +461,7 @@ class LogManager:
         with self.lock:
             try:
                 self.purge_deleted_dirs(now_ms=1 << 62)  # first: on a full disk this makes room for what follows
+                self.transactions.close()
                 for partition_log in self.logs.values():
                     partition_log.close()
                 self.checkpoint()
@@ -473,6 +480,7 @@ class LogManager:
 
     def abandon(self) -> None:
         """Release the lock without flushing or the marker (simulates a crash in tests)."""
+        self.transactions.log.close()
         for partition_log in self.logs.values():
             partition_log.close_without_flush()
         os.close(self._lock_fd)

@@ -33,13 +33,23 @@ def is_internal_topic(name: str) -> bool:
     return name in INTERNAL_TOPICS
 
 
+# Entries of the mount's root that are not topics (logfs.fuse.control): the sink's staging directory and its
+# commit file. Kafka's rules allow these names for topics; logfs refuses them, so the mount can serve both.
+MOUNT_STAGING = ".logfs-staging"
+MOUNT_COMMIT = ".logfs-commit"
+MOUNT_RESERVED = frozenset({MOUNT_STAGING, MOUNT_COMMIT})
+
+
 def validate_topic_name(name: str) -> None:
-    """Raise :class:`InvalidTopicError` for a name a new topic may not have (illegal or reserved by Kafka)."""
+    """Raise :class:`InvalidTopicError` for a name a new topic may not have (illegal or reserved by Kafka or by
+    the mount)."""
     if not is_legal_topic(name):
         raise InvalidTopicError(
             f"invalid topic name {name!r}: 1-249 characters of [a-zA-Z0-9._-], not '.' or '..'")
     if is_internal_topic(name):
         raise InvalidTopicError(f"topic name {name!r} is reserved for Kafka's internal use")
+    if name in MOUNT_RESERVED:
+        raise InvalidTopicError(f"topic name {name!r} is reserved for the mount's own entries")
 
 
 def collision_key(topic: str) -> str:
@@ -149,9 +159,14 @@ LOCK_FILE = ".lock"
 # their .log objects. In DATA_DIR, the partitions deleted whose objects are still to be deleted from the store.
 REMOTE_CACHE_DIR = "logfs-remote"
 REMOTE_DELETES_FILE = "logfs-remote-deletes.json"
+# The Spark sink's publish primitive (logfs.storage.transactions): the files its tasks stage, and the log of the
+# transactions applied (which commits were appended, for exactly once; which are in flight, for recovery).
+STAGING_DIR = ".logfs-staging"
+TRANSACTIONS_FILE = "logfs-transactions.log"
 TMP_SUFFIX = ".tmp"  # an atomic write's temporary, renamed over its target
 OWN_FILES = frozenset({RECOVERY_POINT, LOG_START_OFFSET, CLEANER_OFFSET, CLEAN_SHUTDOWN, TOPICS_FILE, LOCK_FILE,
-                       REMOTE_DELETES_FILE})
+                       REMOTE_DELETES_FILE, TRANSACTIONS_FILE})
+OWN_DIRS = frozenset({STAGING_DIR})
 
 
 def tmp_name(path: str) -> str:
@@ -190,6 +205,8 @@ class DataDirScan:
             return
         if is_delete_dir(name):
             self.delete_dirs.append(entry.path)
+            return
+        if name in OWN_DIRS and not entry.is_symlink():
             return
         parsed = parse_partition_dir(name)
         if parsed is None:

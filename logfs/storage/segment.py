@@ -264,6 +264,71 @@ class LogSegment(SegmentRecovery, SegmentFile):
         self._account(header, stats)
         self.size = position + len(batch)  # publish last: readers never see a half-written batch
 
+    def append_group(self, batches) -> None:
+        """Append many whole batches as ONE publish (the Spark sink's commit, :meth:`Log.append_staged`):
+        ``batches`` are (61-byte header, records, parsed header, LineStats) in order.
+
+        No reader sees part of them. The bytes go in first, except the first batch's header, which is written last
+        over what until then reads as no batch at all (a hole: zeros, no magic): a reader of the file stops
+        there, as at any batch still being written, and recovery after a kill cuts everything from there. Index
+        entries follow the header (a reader positioned by one finds whole batches from there on), and the
+        segment's published state (totals, next offset, then ``size``) is set once, at the end. On a disk error
+        nothing of the group stays (indexes rolled back, the file cut back)."""
+        self.tail = None
+        self.recent = True
+        start = self.size
+        indexes = (self.offset_index, self.time_index, self.view_index)
+        marks = [index.mark() for index in indexes]
+        max_ts, off_max = self.max_timestamp, self.offset_of_max_timestamp
+        stats, since = self.stats, self.bytes_since_last_index_entry
+        try:
+            first_head, first_body = batches[0][0], batches[0][1]
+            position = start + rec.HEADER_SIZE
+            self._pwritev([first_body], position)
+            position += len(first_body)
+            for head, body, _, _ in batches[1:]:
+                self._pwritev([head, body], position)
+                position += len(head) + len(body)
+            self._pwrite(first_head, start)
+            position = start
+            for _, _, header, batch_stats_ in batches:
+                if since > self.index_interval_bytes:
+                    self.offset_index.append(header.last_offset, position)
+                    if max_ts < header.max_timestamp:
+                        max_ts, off_max = header.max_timestamp, header.last_offset
+                    self.time_index.maybe_append(max_ts, off_max)
+                    self.view_index.append(header.base_offset, position, stats)
+                    since = 0
+                if header.max_timestamp > max_ts:
+                    max_ts, off_max = header.max_timestamp, header.last_offset
+                stats = stats + batch_stats_
+                since += header.size
+                position += header.size
+        except (OSError, StorageIOError) as exc:
+            for index, mark in zip(indexes, marks):
+                index.rollback(mark)
+            try:
+                os.ftruncate(self.fd, start)
+            except OSError:
+                pass
+            if isinstance(exc, StorageIOError):
+                raise
+            raise StorageIOError(f"write to {self.log_path} failed: {exc.strerror}", exc.errno) from exc
+        if self.rolling_based_timestamp is None:
+            self.rolling_based_timestamp = batches[0][2].max_timestamp
+        self.max_timestamp, self.offset_of_max_timestamp = max_ts, off_max
+        self.bytes_since_last_index_entry = since
+        self.stats = stats
+        self.next_offset = batches[-1][2].next_offset
+        self.size = position  # publish last
+
+    def _pwritev(self, buffers, position: int) -> None:
+        """All of ``buffers`` at ``position`` (os.pwritev, finishing a short write)."""
+        total = sum(len(b) for b in buffers)
+        written = os.pwritev(self.fd, buffers, position)
+        if written < total:
+            self._pwrite(b"".join(bytes(b) for b in buffers)[written:], position + written)
+
     def _pwrite(self, data, position: int) -> None:
         written = os.pwrite(self.fd, data, position)
         while written < len(data):  # a short write: the next call reports why (ENOSPC, EIO...)

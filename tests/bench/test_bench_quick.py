@@ -38,6 +38,9 @@ RANGES = {
                        "partition_mb": (24, 24), "target_max": (3, 3)},
     "spark": {"mb": (32, 32), "s_logfs": (0.01, 900), "s_ext4": (0.01, 900), "ratio_vs_ext4": (0.001, 1000),
               "records": (1, 10**9), "target": (0.8, 0.8)},
+    "spark_sink": {"rows": (200_000, 200_000), "row_bytes": (50, 200), "rows_per_s_logfs": (1, 1e8),
+                   "rows_per_s_json": (1, 1e8), "ratio_vs_json": (0.001, 1000), "publish_mb": (30, 34),
+                   "publish_MBps": (0.1, 1e5), "cp_fsync_MBps": (0.1, 1e6), "publish_vs_cp": (0.0001, 1000)},
     "metrics": {"partitions": (200, 200), "lines": (5000, 5000), "interval_ms": (250, 250),
                 "lines_per_s_off": (10, 1e6), "lines_per_s_on": (10, 1e6), "ratio_on_vs_off": (0.05, 20),
                 "render_ms": (0.01, 10_000), "file_kb": (10, 100_000), "best_of": (1, 1)},
@@ -106,7 +109,7 @@ RANGES = {
 MAY_SKIP = {"spark", "spark_cluster", *(name for name in RANGES if name.startswith("compression_"))}
 
 SCENARIOS = {"bulk_append", "bulk_append_fsync", "sequential_read", "sequential_read_warm", "small_writes",
-             "shell_appends", "read_at_offset", "mount_time", "memory", "responsiveness", "spark", "metrics",
+             "shell_appends", "read_at_offset", "mount_time", "memory", "responsiveness", "spark", "spark_sink", "metrics",
              "writer_headers", "tiered", "spark_cluster", "many_partitions",
              *(name for name in RANGES if name.startswith("compression_"))}
 SMALL_CASES = {(writers, length) for writers in (1, 4) for length in (25, 100, 1000)}

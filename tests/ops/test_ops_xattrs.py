@@ -80,7 +80,9 @@ async def test_topic_listxattr_lists_every_readable_name(fs):
     assert set(names) == {"user.logfs.partitions"} | {f"user.logfs.config.{k}" for k in TOPIC_SETTINGS}
     for name in names:
         await fs.getxattr("t", name)
-    assert await fs.listxattr("") == []
+    # The root has one: the sink's protocol version (how the Spark sink recognises a logfs mount).
+    assert await fs.listxattr("") == ["user.logfs.sink.protocol"]
+    assert await fs.getxattr("", "user.logfs.sink.protocol") == b"1"
 
 
 async def test_config_set_applies_at_once_survives_restart_and_reverts(ops_fs, open_manager):

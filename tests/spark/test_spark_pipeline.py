@@ -1,5 +1,6 @@
 """tools/spark_pipeline.py end to end on a real mount: events appended through the mount, aggregated by Spark
-(reading the mount as files, then the logfs data source), totals appended back through the mount, checked."""
+(reading the mount as files, then the logfs data source), totals written with the logfs sink (each user once),
+checked through the mount."""
 
 from __future__ import annotations
 
