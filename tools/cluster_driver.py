@@ -148,10 +148,13 @@ def stream_stop(spark, id: str, output: str) -> dict:
     return {"offsets": _sink_offsets(spark, output)}
 
 
-def sink_write(spark, mount: str, options: dict, rows: int, markers: str) -> dict:
+def sink_write(spark, mount: str, options: dict, rows: int, markers: str, stall: int = -1) -> dict:
     """A batch write with the logfs sink: ``rows`` rows (values "0".., keys "k<id % 1000>") in 6 tasks, whose
-    first attempts of tasks 0 and 3 fail half way through (a file in ``markers`` says so). Returns the executors
-    that ran the write's tasks."""
+    first attempts of tasks 0 and 3 fail half way through (a file in ``markers`` says so), and whose task
+    ``stall`` (if any) stalls half way in its first attempt, for speculation (with the session's
+    ``spark.speculation``) to run a copy."""
+    import time
+
     from pyspark.sql import functions as F
 
     per_task = rows // 6
@@ -167,6 +170,12 @@ def sink_write(spark, mount: str, options: dict, rows: int, markers: str) -> dic
         if ctx.attemptNumber() == 0 and ctx.partitionId() % 3 == 0 and seen > per_task // 2:
             open(os.path.join(markers, f"failed-{ctx.partitionId()}"), "w").close()
             raise RuntimeError(f"first attempt of task {ctx.partitionId()} fails half way through")
+        if ctx.partitionId() == stall and seen == per_task // 2:
+            if ctx.attemptNumber() == 0:  # a straggler: Spark speculates (kills this attempt once the copy won)
+                open(os.path.join(markers, f"stalled-{stall}"), "w").close()
+                time.sleep(300)
+            else:  # the speculative copy (this task has no failure to retry)
+                open(os.path.join(markers, f"speculative-{stall}-{ctx.attemptNumber()}"), "w").close()
         return value
 
     df = (spark.range(rows, numPartitions=6)

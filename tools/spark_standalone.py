@@ -58,6 +58,9 @@ def spark_class_unusable_reason() -> str | None:
     return None
 
 
+WORKER_HOSTS = ("127.0.0.1", "localhost")  # (localhost is 127.0.0.1 in /etc/hosts)
+
+
 def cluster_env(**extra: str) -> dict[str, str]:
     """The environment of every cluster process: executors inherit their Worker's."""
     env = dict(os.environ)
@@ -239,9 +242,12 @@ class SparkCluster:
         for i, ui_port in enumerate(self.worker_ui_ports):
             work = self.base / f"work-{i}"
             work.mkdir(exist_ok=True)
+            # Both on 127.0.0.1, but under two host names (WORKER_HOSTS): Spark runs a speculative copy of a task
+            # only on another host than its running attempt's, compared by name.
             self.workers.append(self._launch(
                 f"worker-{i}", "org.apache.spark.deploy.worker.Worker", "--cores", "1", "--memory", "1g",
-                "--host", "127.0.0.1", "--webui-port", str(ui_port), "--work-dir", str(work), self.master_url))
+                "--host", WORKER_HOSTS[i % len(WORKER_HOSTS)], "--webui-port", str(ui_port), "--work-dir", str(work),
+                self.master_url))
         self._wait(f"{self.n_workers} ALIVE workers", lambda s: len(self.alive_workers(s)) == self.n_workers,
                    [self.master, *self.workers], deadline)
         self.startup_seconds = time.monotonic() - t0

@@ -111,12 +111,48 @@ def cluster_driver(spark_cluster, request):
         env = request.getfixturevalue("seaweed").env()
     except pytest.skip.Exception:
         env = {}
-    driver = ClusterDriver(spark_cluster, spark_cluster.base / "driver.log",
-                           {f"spark.executorEnv.{k}": v for k, v in env.items()}, env)
+    # Speculation on, for stragglers only (a task running 10 s and 3x the median): the sink's test stalls one
+    # task's first attempt so that a speculative copy runs on the other Worker; other jobs' tasks take ~1 s.
+    speculation = {"spark.speculation": "true", "spark.speculation.interval": "200ms",
+                   "spark.speculation.minTaskRuntime": "10s", "spark.speculation.multiplier": "3",
+                   "spark.speculation.quantile": "0.5"}
+    driver = SharedClusterDriver(spark_cluster, {**{f"spark.executorEnv.{k}": v for k, v in env.items()},
+                                                 **speculation}, env)
     try:
         yield driver
     finally:
         driver.stop()
+
+
+class SharedClusterDriver:
+    """The session's ClusterDriver, started on first use; ``release()`` stops it, so that a test can run a driver
+    of its own on the cluster (one application holds every core); the next ``run()`` starts it again."""
+
+    def __init__(self, cluster: SparkCluster, conf: dict, env: dict):
+        self.cluster, self.conf, self.env = cluster, conf, env
+        self.driver: ClusterDriver | None = None
+        self.starts = 0
+
+    def _started(self) -> ClusterDriver:
+        if self.driver is None:
+            self.starts += 1
+            self.driver = ClusterDriver(self.cluster, self.cluster.base / f"driver-{self.starts}.log", self.conf,
+                                        self.env)
+        return self.driver
+
+    @property
+    def info(self) -> dict:
+        return self._started().info
+
+    def run(self, job: str, timeout: float = 120.0, **args):
+        return self._started().run(job, timeout, **args)
+
+    def release(self) -> None:
+        if self.driver is not None:
+            self.driver.stop()
+            self.driver = None
+
+    stop = release
 
 
 @pytest.fixture

@@ -3,12 +3,13 @@ of its own, because the tests kill it with -9, and because task retries need a `
 session is ``local[2]``: a failed task fails its job).
 
     python sink_driver.py batch MOUNT TOPIC ROWS MARKERS
-        local[2,3], speculation on: ROWS rows (values "0".."ROWS-1", keys "k<id % 1000>") written with the sink; a
+        local[2,3] (retries; Spark never speculates in local mode: test_spark_sink_cluster.py does): ROWS rows (values "0".."ROWS-1", keys "k<id % 1000>") written with the sink; a
         UDF fails the first attempt of every third task half way through its rows (and leaves a file in MARKERS).
     python sink_driver.py stream DATA_DIR MOUNT SOURCE OUT CHECKPOINT MAX_OFFSETS
         A streaming query from topic SOURCE (the logfs source, DATA_DIR) into topic OUT (the sink, MOUNT),
         MAX_OFFSETS records per micro-batch, restarted from CHECKPOINT; it stops once it has read every record
-        SOURCE holds. Prints "started" once the query runs, then each micro-batch's progress.
+        SOURCE holds. Prints "started" once the query runs, then each micro-batch's progress. local[2], or the
+        master in LOGFS_SINK_MASTER (settings in LOGFS_SINK_CONF, sink options in LOGFS_SINK_OPTIONS, JSON).
 
 The first line of stdout is "ready" once the SparkSession is up; the last is a JSON result.
 """
@@ -44,8 +45,7 @@ def session(master: str, **conf):
 def batch(mount: str, topic: str, rows: int, markers: str) -> dict:
     from pyspark.sql import functions as F
 
-    spark = session("local[2,3]", **{"spark.speculation": "true", "spark.speculation.interval": "100ms",
-                                     "spark.speculation.multiplier": "1.5", "spark.speculation.quantile": "0.5"})
+    spark = session("local[2,3]")
     partitions = 6
     per_task = rows // partitions
 
@@ -73,13 +73,23 @@ def batch(mount: str, topic: str, rows: int, markers: str) -> dict:
 def stream(data_dir: str, mount: str, source: str, out: str, checkpoint: str, max_offsets: int) -> dict:
     from logfs.spark.segments import PartitionReader, list_partitions
 
-    spark = session("local[2]")
+    # On a cluster (the standalone one): LOGFS_SINK_MASTER, with LOGFS_SINK_CONF (JSON: more Spark settings) and
+    # LOGFS_SINK_OPTIONS (JSON: more sink options, e.g. staging through the bucket).
+    master = os.environ.get("LOGFS_SINK_MASTER", "local[2]")
+    conf = json.loads(os.environ.get("LOGFS_SINK_CONF", "{}"))
+    if master != "local[2]":
+        conf = {"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1",
+                "spark.executor.memory": "512m", "spark.scheduler.minRegisteredResourcesRatio": "1.0",
+                "spark.scheduler.maxRegisteredResourcesWaitingTime": "60s",
+                "spark.executor.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC", **conf}
+    spark = session(master, **conf)
     ends = {tp.partition: PartitionReader(data_dir, tp).offsets()[1]
             for tp in list_partitions(data_dir) if tp.topic == source}
     query = (spark.readStream.format("logfs").option("subscribe", source).option("startingOffsets", "earliest")
              .option("maxOffsetsPerTrigger", str(max_offsets)).load(data_dir)
              .select("key", "value")
              .writeStream.format("logfs").option("topic", out).option("checkpointLocation", checkpoint)
+             .options(**json.loads(os.environ.get("LOGFS_SINK_OPTIONS", "{}")))
              .trigger(processingTime="100 milliseconds").start(mount))
     print("started", flush=True)
     batches = 0

@@ -37,9 +37,9 @@ CODE_ROOT = str(Path(__file__).resolve().parents[2])
 LONG = os.environ.get("LOGFS_LONG") == "1"
 
 
-def driver(*args: str) -> subprocess.Popen:
+def driver(*args: str, env: dict | None = None) -> subprocess.Popen:
     env = dict(os.environ, PYTHONPATH=CODE_ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
-               PYSPARK_PYTHON=sys.executable)
+               PYSPARK_PYTHON=sys.executable, **(env or {}))
     return subprocess.Popen([sys.executable, str(DRIVER), *args], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                             env=env, start_new_session=True, text=True)
 
@@ -137,6 +137,14 @@ class Tail:
 
 def test_a_stream_whose_driver_is_killed_appends_every_record_once(mount_logfs, tmp_path):
     fs = mount_logfs("num.partitions=3", foreground=True)  # (its log: the replays it recognised)
+    killed_stream(fs, tmp_path, 10 if LONG else 3)
+
+
+def killed_stream(fs, tmp_path, kills: int, env: dict | None = None, check_staged=lambda: None) -> None:
+    """A stream from topic ``in`` into topic ``out`` of ``fs`` (mounted in the foreground: its log tells when a
+    commit was applied), its driver (sink_driver.py, ``env`` added to its environment) killed with -9 ``kills``
+    times and restarted from its checkpoint, then run to the end; checks every record once, in order per key,
+    whole micro-batches for the partition readers, and nothing left staged (also ``check_staged()``)."""
     os.mkdir(fs.path("in"))
     os.setxattr(fs.path("in"), "user.logfs.config.logfs.key.separator", b"\t")
     os.mkdir(fs.path("out"))
@@ -152,11 +160,10 @@ def test_a_stream_whose_driver_is_killed_appends_every_record_once(mount_logfs, 
     checkpoint = str(tmp_path / "checkpoint")
     args = ["stream", str(fs.data), str(fs.mnt), "in", "out", checkpoint, "1500"]
     rng = random.Random(int(time.time()))
-    kills = 10 if LONG else 3
     try:
         committed = []  # micro-batches each killed run reported done
         for i in range(kills):
-            proc = driver(*args)
+            proc = driver(*args, env=env)
             try:
                 assert read_line(proc, 180).strip() == "ready"
                 assert read_line(proc, 180).strip() == "started"
@@ -176,7 +183,7 @@ def test_a_stream_whose_driver_is_killed_appends_every_record_once(mount_logfs, 
                 kill(proc)
             committed.append(1 + sum(1 for line in proc.stdout.read().splitlines() if line.startswith("{")))
             assert first.startswith('{"batch"')
-        proc = driver(*args)
+        proc = driver(*args, env=env)
         try:
             out, _ = proc.communicate(timeout=600)
         finally:
@@ -209,3 +216,4 @@ def test_a_stream_whose_driver_is_killed_appends_every_record_once(mount_logfs, 
         assert ends[p] <= boundaries, sorted(ends[p] - boundaries)[:5]
     assert set(seen) == {v.encode() for _, v in records} and set(seen.values()) == {1}
     assert os.listdir(fs.path(".logfs-staging")) == []
+    check_staged()
