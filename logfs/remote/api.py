@@ -52,6 +52,7 @@ class RemoteCorruptError(RemoteStoreError):
 class RemoteObject:
     key: str
     size: int
+    modified: float = 0.0  # seconds since the epoch (the store's last-modified time)
 
 
 class RemoteStore(abc.ABC):

@@ -164,10 +164,10 @@ class DirectoryStore(RemoteStore):
                     key = name if rel == "." else f"{rel}/{name}".replace(os.sep, "/")
                     if key.startswith(prefix):
                         try:
-                            size = os.stat(os.path.join(dirpath, name)).st_size
+                            st = os.stat(os.path.join(dirpath, name))
                         except FileNotFoundError:
                             continue  # deleted while listing
-                        out.append(RemoteObject(key, size))
+                        out.append(RemoteObject(key, st.st_size, st.st_mtime))
         except FileNotFoundError:
             if not self.root.is_dir():
                 raise RemoteBucketMissingError(f"archive directory {self.root} does not exist") from None

@@ -226,7 +226,8 @@ class S3Store(RemoteStore):
         try:
             pages = self._client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix)
             for page in pages:
-                out.extend(RemoteObject(o["Key"], o["Size"]) for o in page.get("Contents", []))
+                out.extend(RemoteObject(o["Key"], o["Size"], o["LastModified"].timestamp())
+                           for o in page.get("Contents", []))
         except (bx.BotoCoreError, bx.ClientError) as e:
             raise self._error("list", prefix, e) from None
         return sorted(out, key=lambda o: o.key)

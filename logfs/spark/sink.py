@@ -33,10 +33,13 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
+import time
 import uuid
 from dataclasses import dataclass
 from typing import Mapping
 
+from ..remote.api import RemoteStoreError
 from ..storage import lines as storage_lines
 from ..storage.names import MOUNT_COMMIT, MOUNT_STAGING, is_internal_topic, is_legal_topic, parse_partition_number
 from . import bucket
@@ -45,6 +48,12 @@ from .sink_rows import WRITE_BYTES, StagedWrite, bucket_key, stage  # noqa: F401
 log = logging.getLogger(__name__)
 
 PROTOCOL_XATTR = "user.logfs.sink.protocol"
+# Staged files outside the mount (option staging) untouched this long are removed when a write plans (the daemon's
+# logfs.staging.retention.ms default, for its own staging directory): a losing attempt that finished after its
+# write's cleanup, or a driver that died without committing or aborting, leaves them there.
+STAGED_ELSEWHERE_RETENTION_S = 86_400
+# The name of a staged file (attempt_name): a batch job's, or a micro-batch's. Only these are ever swept.
+STAGED_NAME = re.compile(r"(?:j-[0-9a-f]{32}|q-[0-9a-f-]{36}\.[0-9]+)\.[0-9]+\.[0-9]+\.[0-9]+\.[0-9a-f]{12}")
 COPY_BYTES = 16 << 20  # bytes per read when the driver copies a file staged elsewhere into the mount
 KAFKA_COLUMNS = ("key", "value", "headers", "topic", "partition")
 
@@ -181,7 +190,42 @@ def plan(options: Mapping[str, str], schema, overwrite: bool, *, streaming: bool
             info = topic_info(mount, name)
             if info is not None:
                 topics[name] = info
-    return SinkPlan(mount, topic, columns, topics, staging, endpoint, region)
+    plan_ = SinkPlan(mount, topic, columns, topics, staging, endpoint, region)
+    if staging is not None:
+        sweep_staged_elsewhere(plan_)
+    return plan_
+
+
+def sweep_staged_elsewhere(plan_: SinkPlan, now_s: float | None = None,
+                           retention_s: float = STAGED_ELSEWHERE_RETENTION_S) -> int:
+    """Remove staged files of option ``staging`` (a bucket prefix or a directory) untouched for ``retention_s``;
+    how many. Best effort: a failure is logged (the write goes on)."""
+    cutoff = (time.time() if now_s is None else now_s) - retention_s
+    try:
+        if plan_.staging_in_bucket:
+            under = bucket_key(plan_.staging, "")
+            store = bucket.open_store(plan_.staging, plan_.s3_endpoint, plan_.s3_region)
+            try:
+                old = [o.key for o in store.list(under)
+                       if o.modified < cutoff and STAGED_NAME.fullmatch(o.key[len(under):])]
+                store.delete(old)
+            finally:
+                store.close()
+            removed = len(old)
+        else:
+            removed = 0
+            for name in os.listdir(plan_.staging):
+                path = os.path.join(plan_.staging, name)
+                if STAGED_NAME.fullmatch(name) and os.path.isfile(path) and os.stat(path).st_mtime < cutoff:
+                    os.unlink(path)
+                    removed += 1
+    except (OSError, RemoteStoreError) as exc:
+        log.warning("logfs sink: old staged files in %s not removed: %s", plan_.staging, exc)
+        return 0
+    if removed:
+        log.info("logfs sink: removed %d staged file(s) older than %d s from %s", removed, retention_s,
+                 plan_.staging)
+    return removed
 
 
 # -- what the driver does at the end ----------------------------------------------------------------------------

@@ -267,6 +267,15 @@ def test_staging_in_a_directory_the_driver_copies_from(spark, mount_logfs, tmp_p
     os.mkdir(fs.path("out"))
     staging_dir = tmp_path / "shared"
     staging_dir.mkdir()
+    # What an earlier write left (a driver that died, an attempt that finished after its write's cleanup): staged
+    # files untouched for over a day are removed when a write plans; younger ones and other files are not.
+    two_days_ago = time.time() - 2 * 86_400
+    left = {"old": f"j-{'a' * 32}.0.0.5.{'b' * 12}", "young": f"j-{'c' * 32}.1.0.6.{'d' * 12}",
+            "other": "notes.txt"}
+    for kind, name in left.items():
+        (staging_dir / name).write_bytes(b"x")
+        if kind != "young":
+            os.utime(staging_dir / name, (two_days_ago, two_days_ago))
     df = spark.range(3000, numPartitions=3).select(F.col("id").cast("string").alias("value"))
     observed = set()
     done = threading.Event()
@@ -283,9 +292,32 @@ def test_staging_in_a_directory_the_driver_copies_from(spark, mount_logfs, tmp_p
     finally:
         done.set()
         watcher.join()
+    observed -= set(left.values())
     assert observed and all(name.startswith("j-") for name in observed)  # the tasks staged there
     values = sorted(int(r[3]) for p in range(2) for r in kafka_python_records(fs.data, "out", p))
     assert values == list(range(3000))
-    assert os.listdir(staging_dir) == [] and staged(fs) == []
+    assert sorted(os.listdir(staging_dir)) == sorted([left["young"], left["other"]]) and staged(fs) == []
     with pytest.raises(Exception, match="option staging must be an absolute directory"):
         write(df, fs, topic="out", staging="relative/dir")
+
+
+def test_old_files_staged_in_the_bucket_are_swept_and_nothing_else(creds):
+    """staging=s3://BUCKET/PREFIX: what a dead driver or a late attempt left under the prefix is removed once older
+    than a day (the sweep a write's plan runs, with a clock two days ahead); objects that are not staged files
+    (other names, or below another prefix) stay."""
+    from logfs.spark import sink
+
+    client = creds._client()
+    staged_name = f"j-{'a' * 32}.0.0.5.{'b' * 12}"
+    keys = [f"stg/{staged_name}", "stg/notes.txt", f"stg/sub/{staged_name}", f"other/{staged_name}"]
+    for key in keys:
+        client.put_object(Bucket=creds.bucket, Key=key, Body=b"x")
+    plan = sink.SinkPlan("/nonexistent", "out", ("value",), {}, f"s3://{creds.bucket}/stg", creds.endpoint)
+    try:
+        assert sink.sweep_staged_elsewhere(plan) == 0  # (young)
+        assert sink.sweep_staged_elsewhere(plan, now_s=time.time() + 2 * 86_400) == 1
+        left = {o["Key"] for prefix in ("stg/", "other/")
+                for o in client.list_objects_v2(Bucket=creds.bucket, Prefix=prefix).get("Contents", [])}
+        assert left == set(keys[1:])
+    finally:
+        client.delete_objects(Bucket=creds.bucket, Delete={"Objects": [{"Key": k} for k in keys]})
