@@ -2,7 +2,7 @@
 
 - a batch write of 1 M rows whose tasks' first attempts fail half way through (``local[2,3]``: retried) appends
   each row once (kafka-python reads the segments);
-- a streaming query from a logfs topic into another, its driver killed with -9 (3 times; 10 with LOGFS_LONG=1),
+- a streaming query from a logfs topic into another, its driver killed with -9 (2 times; 10 with LOGFS_LONG=1),
   at random moments and right after the daemon committed a micro-batch (Spark then replays a micro-batch the
   daemon applied), and restarted from its checkpoint, appends every input record once, in order per key, and a
   reader following an output partition through the mount (as ``tail -f``) only ever sees whole micro-batches.
@@ -137,7 +137,7 @@ class Tail:
 
 def test_a_stream_whose_driver_is_killed_appends_every_record_once(mount_logfs, tmp_path):
     fs = mount_logfs("num.partitions=3", foreground=True)  # (its log: the replays it recognised)
-    killed_stream(fs, tmp_path, 10 if LONG else 3)
+    killed_stream(fs, tmp_path, 10 if LONG else 2)  # (one of each kind of kill)
 
 
 def killed_stream(fs, tmp_path, kills: int, env: dict | None = None, check_staged=lambda: None) -> None:
