@@ -17,6 +17,7 @@ fails the read with a :class:`~logfs.remote.api.RemoteStoreError`).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import os
@@ -124,7 +125,7 @@ class BlockCache:
 
     @staticmethod
     def _path(directory: str, key: str, block: int) -> str:
-        return os.path.join(directory, f"{hashlib.sha1(key.encode()).hexdigest()[:24]}.{block}")
+        return _block_stem(directory, key) + str(block)
 
     def _cached(self, path: str, length: int) -> bytes | None:
         with self.lock:
@@ -366,6 +367,13 @@ class _DaemonPool:
                 break
         for _ in range(READ_AHEAD_THREADS):
             self._queue.put(None)
+
+
+@functools.lru_cache(maxsize=4096)
+def _block_stem(directory: str, key: str) -> str:
+    """``directory/<hash of key>.``: every read looks a block up by its path, and a SHA-1 per lookup was ~2 us of
+    the ~70 us an 8 KiB read takes in all."""
+    return os.path.join(directory, hashlib.sha1(key.encode()).hexdigest()[:24]) + "."
 
 
 def _settle(future: Future, data: bytes | None = None, exc: BaseException | None = None) -> None:
