@@ -532,11 +532,21 @@ class RemoteLogSegment(SegmentFile):
         """Bytes position..end (end <= size, position < end) as a view: of the block itself when one block holds
         them (no copy), else of the slices joined (one copy of only those bytes, not of the whole blocks)."""
         first, last = position // BLOCK_BYTES, (end - 1) // BLOCK_BYTES
+        skip = position - first * BLOCK_BYTES
+        if first == last:
+            # Small reads go on in the block the calling thread read last (32 requests of 8 KiB per block): no
+            # cache lookup for them. One block per thread is kept so.
+            memo = getattr(_thread, "last_block", None)
+            if memo is not None and memo[0] is self and memo[1] == first:
+                data = memo[2]
+            else:
+                data = self.cache.get_blocks(self.blocks_dir, self.key, first, last, self._block_length,
+                                             self._fetch)[0]
+                _thread.last_block = (self, first, data)
+            self._read_ahead(first, last)
+            return memoryview(data)[skip:skip + end - position]
         blocks = self.cache.get_blocks(self.blocks_dir, self.key, first, last, self._block_length, self._fetch)
         self._read_ahead(first, last)
-        skip = position - first * BLOCK_BYTES
-        if len(blocks) == 1:
-            return memoryview(blocks[0])[skip:skip + end - position]
         tail = end - last * BLOCK_BYTES
         return b"".join([memoryview(blocks[0])[skip:], *blocks[1:-1], memoryview(blocks[-1])[:tail]])
 
