@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import random
 import threading
+import time
 
 import pytest
 
@@ -26,6 +27,7 @@ class CountingStore(DirectoryStore):
         super().__init__(root)
         self.lock = threading.Lock()
         self.gets: list[tuple[str, int, int]] = []
+        self.threads: list[str] = []
         self.down = False
 
     def get_range(self, key, start, length):
@@ -33,11 +35,18 @@ class CountingStore(DirectoryStore):
             raise RemoteUnavailableError("the store is down (test)")
         with self.lock:
             self.gets.append((key, start, length))
+            self.threads.append(threading.current_thread().name)
         return super().get_range(key, start, length)
 
     def log_gets(self):
         with self.lock:
             return [g for g in self.gets if g[0].endswith(".log")]
+
+    def log_gets_by_thread(self):
+        """[(key, start, length, the name of the thread that sent it)] of the .log GETs, in order: a demand fetch
+        is sent by the reader's own thread, read-ahead by the daemon's read-ahead threads."""
+        with self.lock:
+            return [(*g, t) for g, t in zip(self.gets, self.threads) if g[0].endswith(".log")]
 
 
 def lines(n):
@@ -132,6 +141,75 @@ def test_random_reads_fetch_only_their_blocks(tiered):
     gets = store.log_gets()
     assert len(gets) <= 2 * 100  # position_of and read each at most one GET; no read-ahead for a jumping reader
     assert all(n <= 2 * BLOCK_BYTES for _, _, n in gets), sorted(n for _, _, n in gets)[-5:]
+    me = threading.current_thread().name
+    assert [g for g in store.log_gets_by_thread() if g[3] != me] == []  # nothing ahead, in this segment or the next
+
+
+@pytest.mark.parametrize("size", [8 << 10, 1 << 20])
+def test_read_ahead_goes_on_into_the_next_tiered_segment(tiered, size):
+    """A forward reader nearing a tiered segment's end has the next segment's first blocks fetched ahead: every
+    block of every segment after the first comes from read-ahead GETs (none from the reader's own thread, as when
+    the window started again at each segment), each segment's first GET is a whole read-ahead GET from its start,
+    and each byte is fetched once."""
+    data, reopen = tiered
+    plog, rlm, store = reopen()
+    segments = plog.remote_segments
+    assert len(segments) >= 3
+    assert [s.successor for s in segments] == segments[1:] + [None]
+    view = open_view(plog)
+    try:
+        assert read_all(view, size) == data
+    finally:
+        view.release()
+    gets = store.log_gets_by_thread()
+    me = threading.current_thread().name
+    first_key = segments[0].key
+    later = [g for g in gets if g[0] != first_key]
+    assert later and all(t != me for _, _, _, t in later), [g for g in later if g[3] == me][:5]
+    for seg in segments[1:]:
+        mine = [(start, n) for key, start, n, _ in gets if key == seg.key]
+        assert mine[0] == (0, min(READ_AHEAD_GET, seg.size)), mine[:3]
+        assert sum(n for _, n in mine) == seg.size, (seg.key, mine)  # each byte once
+    assert sum(n for _, _, n, _ in gets) <= sum(s.size for s in segments) + 2 * BLOCK_BYTES
+
+
+def test_read_ahead_into_the_next_segment_is_one_get_and_keeps_another_readers_window(tiered):
+    """A reader that stops at the end of a segment has fetched at most one read-ahead GET of the next; and it
+    does not take over the read-ahead of a reader already in the middle of that next segment."""
+    data, reopen = tiered
+    plog, rlm, store = reopen()
+    first, second = plog.remote_segments[:2]
+    end_of_first = len(b"".join(data.splitlines(keepends=True)[:first.next_offset]))  # (no lookup: no GET)
+    view = open_view(plog)
+    try:
+        pos = 0
+        while pos < end_of_first:
+            chunk = view.read(pos, min(64 << 10, end_of_first - pos))
+            assert chunk == data[pos:pos + len(chunk)]
+            pos += len(chunk)
+        # Let the read-ahead in flight land (it is what is measured), without reading it.
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and rlm.blocks._inflight:
+            time.sleep(0.01)
+        got = [(start, n) for key, start, n in store.log_gets() if key == second.key]
+        assert got == [(0, min(READ_AHEAD_GET, second.size))], got
+        # Another reader is now 2 MiB into the second segment and reading ahead there.
+        other = open_view(plog)
+        try:
+            at = end_of_first + (2 << 20)
+            for _ in range(40):  # 2.5 MiB forward: past READ_AHEAD_AFTER, its window is open
+                chunk = other.read(at, 64 << 10)
+                assert chunk == data[at:at + len(chunk)]
+                at += len(chunk)
+            window, ahead = second._window, second._ahead_to
+            assert window > 0 and ahead > READ_AHEAD_GET // BLOCK_BYTES  # its own, past what was handed on
+            first._handed_on = False  # the first reader's run hands on again ...
+            first._read_ahead((first.size - 1) // BLOCK_BYTES, (first.size - 1) // BLOCK_BYTES)
+            assert (second._window, second._ahead_to) == (window, ahead)  # ... and leaves the other's state alone
+        finally:
+            other.release()
+    finally:
+        view.release()
 
 
 def test_concurrent_sequential_readers_share_fetches(tiered):
