@@ -201,11 +201,12 @@ def test_read_ahead_into_the_next_segment_is_one_get_and_keeps_another_readers_w
                 chunk = other.read(at, 64 << 10)
                 assert chunk == data[at:at + len(chunk)]
                 at += len(chunk)
-            window, ahead = second._window, second._ahead_to
-            assert window > 0 and ahead > READ_AHEAD_GET // BLOCK_BYTES  # its own, past what was handed on
+            state = second._window, second._ahead_to, second._prev_first, second._next_block, second._run
+            assert state[0] > 0 and state[3] > READ_AHEAD_GET // BLOCK_BYTES  # reading ahead, past what was handed on
             first._handed_on = False  # the first reader's run hands on again ...
             first._read_ahead((first.size - 1) // BLOCK_BYTES, (first.size - 1) // BLOCK_BYTES)
-            assert (second._window, second._ahead_to) == (window, ahead)  # ... and leaves the other's state alone
+            # ... and leaves the other's state alone (its next read is not taken for a jump)
+            assert (second._window, second._ahead_to, second._prev_first, second._next_block, second._run) == state
         finally:
             other.release()
     finally:
