@@ -1,14 +1,17 @@
 """Reading tiered history at the store's speed (issue 23), at the engine level over a counting directory store:
-a sequential reader's fetches run ahead in larger GETs, small reads are served from what was fetched, a random
-read still fetches only its blocks, concurrent readers share fetches, the cache stays bounded, and a store that
-fails only fails the reads that need it."""
+a sequential reader's fetches run ahead in larger GETs, and on into the next tiered segment, small reads are served
+from what was fetched, a random read still fetches only its blocks, concurrent readers share fetches, the cache
+stays bounded, and a store that fails only fails the reads that need it. Then through the mount against SeaweedFS:
+8 KiB reads have the next segment fetched ahead, random reads leave only their blocks in the cache."""
 
 from __future__ import annotations
 
 import os
 import random
+import shutil
 import threading
 import time
+import uuid
 
 import pytest
 
@@ -296,3 +299,104 @@ def test_a_store_that_fails_fails_only_the_reads_that_need_it(tiered):
         assert view.read(15 << 20, 100) == data[15 << 20 : (15 << 20) + 100]
     finally:
         view.release()
+
+
+# -- through the mount, against SeaweedFS -------------------------------------------------------------------------
+
+MOUNT_SEGMENT = 4 << 20
+
+
+def _mount_opts(seaweed, prefix):
+    return ("remote.log.storage.system.enable=true", f"logfs.remote.s3.bucket={seaweed.bucket}",
+            f"logfs.remote.s3.endpoint={seaweed.endpoint}", f"logfs.remote.s3.prefix={prefix}",
+            f"log.segment.bytes={MOUNT_SEGMENT}", "remote.log.manager.task.interval.ms=200",
+            "log.segment.delete.delay.ms=0", f"logfs.remote.cache.bytes={64 << 20}")
+
+
+def _tiered_mount(mount_logfs, seaweed, prefix):
+    """A mount whose partition t/0 holds ~20 MB, all but the last segment tiered and deleted locally, remounted
+    with an empty block cache. Returns (mount, the text appended, the tiered segments' manifest entries)."""
+    import json
+
+    from logfs_e2e import sh, wait_for
+
+    options = _mount_opts(seaweed, prefix)
+    fs = mount_logfs(*options)
+    os.mkdir(fs.path("t"))
+    sh(f"setfattr -n user.logfs.config.remote.storage.enable -v true {fs.path('t')}")
+    sh(f"setfattr -n user.logfs.config.local.retention.bytes -v 0 {fs.path('t')}")
+    data = lines(200_000)
+    i = 0
+    while i < len(data):  # whole lines per append (a held partial line becomes a record at close)
+        cut = data.index(b"\n", min(i + (1 << 20), len(data) - 1)) + 1
+        fs.append("t/0", data[i:cut])
+        i = cut
+    wait_for(lambda: int(fs.getx("t/0", "remote_segment_count")) >= 4
+             and int(fs.getx("t/0", "segment_count")) == 1, 120, interval=0.3, what="the upload")
+    fs.unmount()
+    remote = fs.data / "t-0" / "logfs-remote"
+    with open(remote / "manifest.json") as f:
+        segments = json.load(f)["segments"]
+    shutil.rmtree(remote / "blocks", ignore_errors=True)
+    fs.mount(*options)
+    return fs, data, segments
+
+
+def _block_files(fs, key):
+    """Block numbers of ``key`` in the mount's block cache (files named by a hash of the key and the number)."""
+    import hashlib
+
+    stem = hashlib.sha1(key.encode()).hexdigest()[:24] + "."
+    blocks = fs.data / "t-0" / "logfs-remote" / "blocks"
+    names = os.listdir(blocks) if blocks.is_dir() else []
+    return sorted(int(n[len(stem):]) for n in names if n.startswith(stem) and ".tmp-" not in n)
+
+
+def test_through_the_mount_8k_reads_have_the_next_segment_fetched_ahead(mount_logfs, creds):
+    """A reader of 8 KiB requests that stops at the end of the first tiered segment already has the second
+    segment's first blocks in the cache (fetched ahead while it read the first), though it never read there; the
+    rest then reads back exact."""
+    from logfs_e2e import wait_for
+
+    fs, data, segments = _tiered_mount(mount_logfs, creds, "xseg-" + uuid.uuid4().hex[:8])
+    first, second = segments[0], segments[1]
+    assert first["base_offset"] == 0
+    end_of_first = len(b"".join(data.splitlines(keepends=True)[:first["next_offset"]]))
+    with open(fs.path("t", 0), "rb", buffering=0) as f:
+        got = []
+        pos = 0
+        while pos < end_of_first:
+            chunk = f.read(min(8192, end_of_first - pos))
+            assert chunk
+            got.append(chunk)
+            pos += len(chunk)
+        assert b"".join(got) == data[:end_of_first]
+        key = second["objects"]["log"]["key"]
+        # (a GET of 4 MiB in flight: give it time to land, without reading)
+        wait_for(lambda: len(_block_files(fs, key)) >= 4, 30, interval=0.05, what="the next segment's blocks")
+        assert _block_files(fs, key)[:4] == [0, 1, 2, 3]
+        rest = []
+        while True:
+            chunk = f.read(8192)
+            if not chunk:
+                break
+            rest.append(chunk)
+    assert b"".join(got + rest) == data
+
+
+def test_through_the_mount_random_reads_fetch_no_more_than_their_blocks(mount_logfs, creds):
+    """Random position lookups and reads at them (each a jump) leave at most the blocks they touched in the
+    cache: nothing fetched ahead, in their segment or the next."""
+    fs, data, segments = _tiered_mount(mount_logfs, creds, "xrnd-" + uuid.uuid4().hex[:8])
+    starts = [0]
+    for line in data.splitlines(keepends=True)[:-1]:
+        starts.append(starts[-1] + len(line))
+    rng = random.Random(11)
+    tiered_end = segments[-1]["next_offset"]
+    with open(fs.path("t", 0), "rb", buffering=0) as f:
+        for offset in rng.sample(range(tiered_end), 20):
+            pos = int(fs.getx("t/0", f"position.{offset}"))
+            assert pos == starts[offset]
+            assert data[pos:].startswith(os.pread(f.fileno(), 100, pos))
+    blocks = sum(len(_block_files(fs, s["objects"]["log"]["key"])) for s in segments)
+    assert 0 < blocks <= 2 * 20, blocks
