@@ -45,8 +45,9 @@ BLOCK_BYTES = 256 * 1024
 #: Memory kept of the most recently used blocks, over all partitions (on top of the disk cache).
 HOT_BYTES = 32 << 20
 #: Read-ahead for a sequential reader of a tiered segment: the window starts at READ_AHEAD_FIRST past what it read
-#: and doubles with each sequential read up to READ_AHEAD_MAX (and a quarter of the cache); a read elsewhere ends
-#: it. GETs of at most READ_AHEAD_GET bytes, READ_AHEAD_THREADS in flight at once over the whole daemon.
+#: and doubles with each sequential read up to READ_AHEAD_MAX (and a quarter of the cache), going on into the next
+#: tiered segment at the end of one (RemoteLogSegment.successor); a read elsewhere ends it. GETs of at most
+#: READ_AHEAD_GET bytes (never across objects), READ_AHEAD_THREADS in flight at once over the whole daemon.
 READ_AHEAD_FIRST = 1 << 20
 READ_AHEAD_AFTER = 4  # blocks (1 MiB) a reader must move forward by, read after read, before read-ahead starts
 READ_AHEAD_MAX = 16 << 20
