@@ -191,7 +191,7 @@ def test_read_ahead_into_the_next_segment_is_one_get_and_keeps_another_readers_w
             assert chunk == data[pos:pos + len(chunk)]
             pos += len(chunk)
         # Let the read-ahead in flight land (it is what is measured), without reading it.
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 30
         while time.monotonic() < deadline and rlm.blocks._inflight:
             time.sleep(0.01)
         got = [(start, n) for key, start, n in store.log_gets() if key == second.key]
