@@ -174,6 +174,9 @@ class RemoteLogManager:
             if seg is None or seg.meta != meta or seg.broken:
                 seg = self._open_remote(index_dir, meta, fetch, refetch=seg is not None and seg.broken)
             opened[meta.base_offset] = seg
+        ordered = [opened[meta.base_offset] for meta in m.segments]
+        for seg, after in zip(ordered, ordered[1:] + [None]):
+            seg.successor = after  # where a forward reader's read-ahead goes on at the segment's end
         install_index(os.path.join(index_dir, LOCAL_MANIFEST), data=encode(m))
         with plog.lock:
             if m.segments:

@@ -1,13 +1,17 @@
 """Reading tiered history at the store's speed (issue 23), at the engine level over a counting directory store:
-a sequential reader's fetches run ahead in larger GETs, small reads are served from what was fetched, a random
-read still fetches only its blocks, concurrent readers share fetches, the cache stays bounded, and a store that
-fails only fails the reads that need it."""
+a sequential reader's fetches run ahead in larger GETs, and on into the next tiered segment, small reads are served
+from what was fetched, a random read still fetches only its blocks, concurrent readers share fetches, the cache
+stays bounded, and a store that fails only fails the reads that need it. Then through the mount against SeaweedFS:
+8 KiB reads have the next segment fetched ahead, random reads leave only their blocks in the cache."""
 
 from __future__ import annotations
 
 import os
 import random
+import shutil
 import threading
+import time
+import uuid
 
 import pytest
 
@@ -26,6 +30,7 @@ class CountingStore(DirectoryStore):
         super().__init__(root)
         self.lock = threading.Lock()
         self.gets: list[tuple[str, int, int]] = []
+        self.threads: list[str] = []
         self.down = False
 
     def get_range(self, key, start, length):
@@ -33,11 +38,18 @@ class CountingStore(DirectoryStore):
             raise RemoteUnavailableError("the store is down (test)")
         with self.lock:
             self.gets.append((key, start, length))
+            self.threads.append(threading.current_thread().name)
         return super().get_range(key, start, length)
 
     def log_gets(self):
         with self.lock:
             return [g for g in self.gets if g[0].endswith(".log")]
+
+    def log_gets_by_thread(self):
+        """[(key, start, length, the name of the thread that sent it)] of the .log GETs, in order: a demand fetch
+        is sent by the reader's own thread, read-ahead by the daemon's read-ahead threads."""
+        with self.lock:
+            return [(*g, t) for g, t in zip(self.gets, self.threads) if g[0].endswith(".log")]
 
 
 def lines(n):
@@ -132,6 +144,76 @@ def test_random_reads_fetch_only_their_blocks(tiered):
     gets = store.log_gets()
     assert len(gets) <= 2 * 100  # position_of and read each at most one GET; no read-ahead for a jumping reader
     assert all(n <= 2 * BLOCK_BYTES for _, _, n in gets), sorted(n for _, _, n in gets)[-5:]
+    me = threading.current_thread().name
+    assert [g for g in store.log_gets_by_thread() if g[3] != me] == []  # nothing ahead, in this segment or the next
+
+
+@pytest.mark.parametrize("size", [8 << 10, 1 << 20])
+def test_read_ahead_goes_on_into_the_next_tiered_segment(tiered, size):
+    """A forward reader nearing a tiered segment's end has the next segment's first blocks fetched ahead: every
+    block of every segment after the first comes from read-ahead GETs (none from the reader's own thread, as when
+    the window started again at each segment), each segment's first GET is a whole read-ahead GET from its start,
+    and each byte is fetched once."""
+    data, reopen = tiered
+    plog, rlm, store = reopen()
+    segments = plog.remote_segments
+    assert len(segments) >= 3
+    assert [s.successor for s in segments] == segments[1:] + [None]
+    view = open_view(plog)
+    try:
+        assert read_all(view, size) == data
+    finally:
+        view.release()
+    gets = store.log_gets_by_thread()
+    me = threading.current_thread().name
+    first_key = segments[0].key
+    later = [g for g in gets if g[0] != first_key]
+    assert later and all(t != me for _, _, _, t in later), [g for g in later if g[3] == me][:5]
+    for seg in segments[1:]:
+        mine = [(start, n) for key, start, n, _ in gets if key == seg.key]
+        assert mine[0] == (0, min(READ_AHEAD_GET, seg.size)), mine[:3]
+        assert sum(n for _, n in mine) == seg.size, (seg.key, mine)  # each byte once
+    assert sum(n for _, _, n, _ in gets) <= sum(s.size for s in segments) + 2 * BLOCK_BYTES
+
+
+def test_read_ahead_into_the_next_segment_is_one_get_and_keeps_another_readers_window(tiered):
+    """A reader that stops at the end of a segment has fetched at most one read-ahead GET of the next; and it
+    does not take over the read-ahead of a reader already in the middle of that next segment."""
+    data, reopen = tiered
+    plog, rlm, store = reopen()
+    first, second = plog.remote_segments[:2]
+    end_of_first = len(b"".join(data.splitlines(keepends=True)[:first.next_offset]))  # (no lookup: no GET)
+    view = open_view(plog)
+    try:
+        pos = 0
+        while pos < end_of_first:
+            chunk = view.read(pos, min(64 << 10, end_of_first - pos))
+            assert chunk == data[pos:pos + len(chunk)]
+            pos += len(chunk)
+        # Let the read-ahead in flight land (it is what is measured), without reading it.
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and rlm.blocks._inflight:
+            time.sleep(0.01)
+        got = [(start, n) for key, start, n in store.log_gets() if key == second.key]
+        assert got == [(0, min(READ_AHEAD_GET, second.size))], got
+        # Another reader is now 2 MiB into the second segment and reading ahead there.
+        other = open_view(plog)
+        try:
+            at = end_of_first + (2 << 20)
+            for _ in range(40):  # 2.5 MiB forward: past READ_AHEAD_AFTER, its window is open
+                chunk = other.read(at, 64 << 10)
+                assert chunk == data[at:at + len(chunk)]
+                at += len(chunk)
+            state = second._window, second._ahead_to, second._prev_first, second._next_block, second._run
+            assert state[0] > 0 and state[3] > READ_AHEAD_GET // BLOCK_BYTES  # reading ahead, past what was handed on
+            first._handed_on = False  # the first reader's run hands on again ...
+            first._read_ahead((first.size - 1) // BLOCK_BYTES, (first.size - 1) // BLOCK_BYTES)
+            # ... and leaves the other's state alone (its next read is not taken for a jump)
+            assert (second._window, second._ahead_to, second._prev_first, second._next_block, second._run) == state
+        finally:
+            other.release()
+    finally:
+        view.release()
 
 
 def test_concurrent_sequential_readers_share_fetches(tiered):
@@ -217,3 +299,104 @@ def test_a_store_that_fails_fails_only_the_reads_that_need_it(tiered):
         assert view.read(15 << 20, 100) == data[15 << 20 : (15 << 20) + 100]
     finally:
         view.release()
+
+
+# -- through the mount, against SeaweedFS -------------------------------------------------------------------------
+
+MOUNT_SEGMENT = 4 << 20
+
+
+def _mount_opts(seaweed, prefix):
+    return ("remote.log.storage.system.enable=true", f"logfs.remote.s3.bucket={seaweed.bucket}",
+            f"logfs.remote.s3.endpoint={seaweed.endpoint}", f"logfs.remote.s3.prefix={prefix}",
+            f"log.segment.bytes={MOUNT_SEGMENT}", "remote.log.manager.task.interval.ms=200",
+            "log.segment.delete.delay.ms=0", f"logfs.remote.cache.bytes={64 << 20}")
+
+
+def _tiered_mount(mount_logfs, seaweed, prefix):
+    """A mount whose partition t/0 holds ~20 MB, all but the last segment tiered and deleted locally, remounted
+    with an empty block cache. Returns (mount, the text appended, the tiered segments' manifest entries)."""
+    import json
+
+    from logfs_e2e import sh, wait_for
+
+    options = _mount_opts(seaweed, prefix)
+    fs = mount_logfs(*options)
+    os.mkdir(fs.path("t"))
+    sh(f"setfattr -n user.logfs.config.remote.storage.enable -v true {fs.path('t')}")
+    sh(f"setfattr -n user.logfs.config.local.retention.bytes -v 0 {fs.path('t')}")
+    data = lines(200_000)
+    i = 0
+    while i < len(data):  # whole lines per append (a held partial line becomes a record at close)
+        cut = data.index(b"\n", min(i + (1 << 20), len(data) - 1)) + 1
+        fs.append("t/0", data[i:cut])
+        i = cut
+    wait_for(lambda: int(fs.getx("t/0", "remote_segment_count")) >= 4
+             and int(fs.getx("t/0", "segment_count")) == 1, 120, interval=0.3, what="the upload")
+    fs.unmount()
+    remote = fs.data / "t-0" / "logfs-remote"
+    with open(remote / "manifest.json") as f:
+        segments = json.load(f)["segments"]
+    shutil.rmtree(remote / "blocks", ignore_errors=True)
+    fs.mount(*options)
+    return fs, data, segments
+
+
+def _block_files(fs, key):
+    """Block numbers of ``key`` in the mount's block cache (files named by a hash of the key and the number)."""
+    import hashlib
+
+    stem = hashlib.sha1(key.encode()).hexdigest()[:24] + "."
+    blocks = fs.data / "t-0" / "logfs-remote" / "blocks"
+    names = os.listdir(blocks) if blocks.is_dir() else []
+    return sorted(int(n[len(stem):]) for n in names if n.startswith(stem) and ".tmp-" not in n)
+
+
+def test_through_the_mount_8k_reads_have_the_next_segment_fetched_ahead(mount_logfs, creds):
+    """A reader of 8 KiB requests that stops at the end of the first tiered segment already has the second
+    segment's first blocks in the cache (fetched ahead while it read the first), though it never read there; the
+    rest then reads back exact."""
+    from logfs_e2e import wait_for
+
+    fs, data, segments = _tiered_mount(mount_logfs, creds, "xseg-" + uuid.uuid4().hex[:8])
+    first, second = segments[0], segments[1]
+    assert first["base_offset"] == 0
+    end_of_first = len(b"".join(data.splitlines(keepends=True)[:first["next_offset"]]))
+    with open(fs.path("t", 0), "rb", buffering=0) as f:
+        got = []
+        pos = 0
+        while pos < end_of_first:
+            chunk = f.read(min(8192, end_of_first - pos))
+            assert chunk
+            got.append(chunk)
+            pos += len(chunk)
+        assert b"".join(got) == data[:end_of_first]
+        key = second["objects"]["log"]["key"]
+        # (a GET of 4 MiB in flight: give it time to land, without reading)
+        wait_for(lambda: len(_block_files(fs, key)) >= 4, 30, interval=0.05, what="the next segment's blocks")
+        assert _block_files(fs, key)[:4] == [0, 1, 2, 3]
+        rest = []
+        while True:
+            chunk = f.read(8192)
+            if not chunk:
+                break
+            rest.append(chunk)
+    assert b"".join(got + rest) == data
+
+
+def test_through_the_mount_random_reads_fetch_no_more_than_their_blocks(mount_logfs, creds):
+    """Random position lookups and reads at them (each a jump) leave at most the blocks they touched in the
+    cache: nothing fetched ahead, in their segment or the next."""
+    fs, data, segments = _tiered_mount(mount_logfs, creds, "xrnd-" + uuid.uuid4().hex[:8])
+    starts = [0]
+    for line in data.splitlines(keepends=True)[:-1]:
+        starts.append(starts[-1] + len(line))
+    rng = random.Random(11)
+    tiered_end = segments[-1]["next_offset"]
+    with open(fs.path("t", 0), "rb", buffering=0) as f:
+        for offset in rng.sample(range(tiered_end), 20):
+            pos = int(fs.getx("t/0", f"position.{offset}"))
+            assert pos == starts[offset]
+            assert data[pos:].startswith(os.pread(f.fileno(), 100, pos))
+    blocks = sum(len(_block_files(fs, s["objects"]["log"]["key"])) for s in segments)
+    assert 0 < blocks <= 2 * 20, blocks
