@@ -28,6 +28,7 @@ import threading
 import uuid
 from collections import OrderedDict
 from concurrent.futures import Future, InvalidStateError
+from concurrent.futures import TimeoutError as FutureTimeoutError
 from typing import Callable
 
 from crc32c import crc32c
@@ -74,6 +75,10 @@ def on_request_thread() -> bool:
     return not _may_fetch()
 
 
+WAIT_BASE_S = 5.0  # the read store's read timeout (logfs.service.tiering.READ_TIMEOUTS)
+WAIT_RATE = 64 << 10  # bytes/s: the S3 store's minimum transfer rate (logfs.remote.s3.MIN_TRANSFER_RATE)
+
+
 class BlockCache:
     """Blocks of remote objects as files (in each partition's ``logfs-remote/blocks/``), least recently used
     evicted beyond ``limit`` bytes over all partitions; the most recently used also in memory (:data:`HOT_BYTES`),
@@ -102,6 +107,10 @@ class BlockCache:
         self._reserved = 0  # bytes of block files being written (their temporaries), counted against the limit
         self._inflight: dict[str, Future] = {}
         self._pool: _DaemonPool | None = None
+        # How long a reader waits for a block another fetch has in flight (read-ahead's GETs are larger than the
+        # reader's own would be, and a store that trickles bytes may take their own, longer, bound): this plus
+        # the block at WAIT_RATE, the bound of a GET of that block alone. Then the read fails (EIO).
+        self.wait_base_s = WAIT_BASE_S
         self.requests = 0  # ranged GETs sent (demand and ahead), and their bytes: for tests and the bench
         self.fetched_bytes = 0
 
@@ -272,7 +281,12 @@ class BlockCache:
                         if self._inflight.get(path) is future:
                             del self._inflight[path]
         for block, future in waits.items():
-            found[block] = future.result()  # read-ahead's GETs have the store's own time bounds
+            bound = self.wait_base_s + length_of(block) / WAIT_RATE
+            try:
+                found[block] = future.result(timeout=bound)
+            except FutureTimeoutError:
+                raise RemoteUnavailableError(f"{key} block {block}: the fetch in flight did not complete within "
+                                             f"{bound:.1f} s") from None
             with self.lock:
                 self._read(self._path(directory, key, block))
         return [found[block] for block in range(first, last + 1)]

@@ -89,6 +89,7 @@ class RemoteLogManager:
         self.prefix = prefix
         self.deletes_path = os.path.join(data_dir, REMOTE_DELETES_FILE)
         self.blocks = BlockCache(cache_bytes)
+        self.blocks.wait_base_s = getattr(self.read_store, "read_timeout", self.blocks.wait_base_s)
         for plog in list(logs.values()):
             self.blocks.scan(os.path.join(plog.directory, REMOTE_CACHE_DIR, "blocks"))
         self.tiers: dict[tuple[str, int], PartitionTier] = {}

@@ -32,6 +32,7 @@ class CountingStore(DirectoryStore):
         self.gets: list[tuple[str, int, int]] = []
         self.threads: list[str] = []
         self.down = False
+        self.hold_ahead: threading.Event | None = None  # when set: GETs by other threads than the test's wait on it
 
     def get_range(self, key, start, length):
         if self.down:
@@ -39,6 +40,9 @@ class CountingStore(DirectoryStore):
         with self.lock:
             self.gets.append((key, start, length))
             self.threads.append(threading.current_thread().name)
+        held = self.hold_ahead
+        if held is not None and threading.current_thread() is not threading.main_thread():
+            held.wait(60)
         return super().get_range(key, start, length)
 
     def log_gets(self):
@@ -297,6 +301,41 @@ def test_a_store_that_fails_fails_only_the_reads_that_need_it(tiered):
             view.read(15 << 20, 1 << 20)  # far from anything fetched
         store.down = False
         assert view.read(15 << 20, 100) == data[15 << 20 : (15 << 20) + 100]
+    finally:
+        view.release()
+
+
+def test_a_reader_waits_for_a_fetch_in_flight_no_longer_than_for_its_own(tiered):
+    """A read-ahead GET is larger than a reader's own, so a store that trickles (or stalls) may hold it far longer
+    than the bound a read promises (EIO within about 10 s). A reader waiting for a block such a GET has in flight
+    gives up after its own bound (the wait base, 5 s in the daemon, plus the block at 64 KiB/s), then reads again
+    once the store answers."""
+    data, reopen = tiered
+    plog, rlm, store = reopen()
+    rlm.blocks.wait_base_s = 0.5
+    view = open_view(plog)
+    release = threading.Event()
+    try:
+        first = view.read(0, 1 << 20)
+        store.hold_ahead = release  # read-ahead's GETs (sent from here on) hang
+        second = view.read(len(first), 1 << 20)  # sequential: read-ahead starts
+        assert first + second == data[: len(first) + len(second)]
+        time.sleep(0.2)
+        ahead = [g for g in store.log_gets_by_thread() if g[3] != threading.main_thread().name]
+        assert ahead, "no read-ahead GET was sent"
+        position = ahead[0][1] - (ahead[0][1] % BLOCK_BYTES)  # (the segment's own position: its first segment)
+        start = time.monotonic()
+        with pytest.raises(RemoteUnavailableError, match="in flight did not complete"):
+            view.read(position, 8192)
+        waited = time.monotonic() - start
+        assert 0.5 <= waited < 0.5 + BLOCK_BYTES / (64 << 10) + 2, waited
+    finally:
+        store.hold_ahead = None
+        release.set()
+        view.release()
+    view = open_view(plog)
+    try:
+        assert view.read(position, 8192) == data[position: position + 8192]
     finally:
         view.release()
 
