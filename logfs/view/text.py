@@ -522,16 +522,30 @@ class SegmentView:
             return out, stored_size, skip_after, ended  # the batch is done: on to the next one, in the file
         return out, 0, skip_after, ended
 
-    def _records_with_lines(self, segment, file_pos: int, header, buf, at: int):
-        """(offset, line length) of each record of the batch at ``file_pos`` (``buf[at:]`` holds it whole). A
-        compressed batch is decompressed once (:meth:`_plain`: kept for the read of the line looked up) and its
-        records decoded in a worker thread, never on the request thread (FetchNeededError)."""
-        if not header.compression or _speedups is None:
-            return self.fmt.records_with_lines(buf, at, header.size)
-        if on_request_thread():
-            raise FetchNeededError(f"{segment.log_path}: a compressed batch at {file_pos} to look into")
-        plain = self._plain(segment, file_pos, header, buf, at)
-        return self.fmt.records_with_lines(plain, 0, len(plain))
+    def _seek(self, segment, file_pos: int, header, buf, at: int, offset: int = -1, position: int = -1
+              ) -> tuple[int, int | None]:
+        """In the batch at ``file_pos`` (``buf[at:]`` holds it whole): (bytes of the lines before the first record
+        whose offset is ``offset`` or more, or whose line holds byte ``position`` of the batch's lines; that
+        record's offset), or (all the batch's lines, None). In C, no Python object per record; a compressed batch
+        is decompressed once (:meth:`_plain`: kept for the read of the line looked up), in a worker thread, never
+        on the request thread (FetchNeededError)."""
+        if header.is_control:
+            return 0, None
+        if _speedups is None:
+            passed = 0
+            for rec_offset, n in self.fmt.records_with_lines(buf, at, header.size):
+                if (0 <= offset <= rec_offset) or (0 <= position < passed + n):
+                    return passed, rec_offset
+                passed += n
+            return passed, None
+        if header.compression and not header.is_control:
+            if on_request_thread():
+                raise FetchNeededError(f"{segment.log_path}: a compressed batch at {file_pos} to look into")
+            batch = self._plain(segment, file_pos, header, buf, at)
+        else:
+            batch = memoryview(buf)[at : at + header.size]
+        passed, found = _speedups.seek_line(batch, self.fmt.separator, self.fmt.null_marker, offset, position)
+        return passed, (found if found >= 0 else None)
 
     def offset_at(self, pos: int) -> int | None:
         """Offset of the record whose line holds byte ``pos``, or None if out of range."""
@@ -542,10 +556,10 @@ class SegmentView:
         entry = segment.view_index.floor_by_view(local, self.fmt.length)
         file_pos, cum = (entry.position, self.fmt.length(entry.stats)) if entry else (0, 0)
         for batch_pos, header, buf, at in segment.batches_from(file_pos):
-            for offset, n in self._records_with_lines(segment, batch_pos, header, buf, at):
-                if cum + n > local:
-                    return offset
-                cum += n
+            passed, found = self._seek(segment, batch_pos, header, buf, at, position=local - cum)
+            if found is not None:
+                return found
+            cum += passed
         return None
 
     def position_of(self, offset: int) -> int | None:
@@ -566,13 +580,11 @@ class SegmentView:
                 entry = segment.view_index.floor_by_offset(offset)
                 file_pos, cum = (entry.position, self.fmt.length(entry.stats)) if entry else (0, 0)
                 for batch_pos, header, buf, at in segment.batches_from(file_pos):
-                    if header.last_offset < offset:
-                        cum += sum(n for _, n in self._records_with_lines(segment, batch_pos, header, buf, at))
-                        continue
-                    for rec_offset, n in self._records_with_lines(segment, batch_pos, header, buf, at):
-                        if rec_offset >= offset:
-                            return self._start(i) + cum - (self._prefix if i == 0 else 0)
-                        cum += n
+                    passed, found = self._seek(segment, batch_pos, header, buf, at,
+                                               offset=-1 if header.last_offset < offset else offset)
+                    if found is not None:
+                        return self._start(i) + cum + passed - (self._prefix if i == 0 else 0)
+                    cum += passed
             i += 1
             offset = max(offset, self.segments[i].base_offset) if i < len(self.segments) else offset
         return self.length()
