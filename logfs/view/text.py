@@ -528,7 +528,7 @@ class SegmentView:
         whose offset is ``offset`` or more, or whose line holds byte ``position`` of the batch's lines; that
         record's offset), or (all the batch's lines, None). In C, no Python object per record; a compressed batch
         is decompressed once (:meth:`_plain`: kept for the read of the line looked up), in a worker thread, never
-        on the request thread (FetchNeededError)."""
+        on the request thread (FetchNeededError, unless it is among the batches decompressed last)."""
         if header.is_control:
             return 0, None
         if _speedups is None:
@@ -538,10 +538,8 @@ class SegmentView:
                     return passed, rec_offset
                 passed += n
             return passed, None
-        if header.compression and not header.is_control:
-            if on_request_thread():
-                raise FetchNeededError(f"{segment.log_path}: a compressed batch at {file_pos} to look into")
-            batch = self._plain(segment, file_pos, header, buf, at)
+        if header.compression:
+            batch = self._plain(segment, file_pos, header, buf, at)  # (FetchNeededError on the request thread)
         else:
             batch = memoryview(buf)[at : at + header.size]
         passed, found = _speedups.seek_line(batch, self.fmt.separator, self.fmt.null_marker, offset, position)
