@@ -16,10 +16,11 @@ Not thread-safe; one per handle.
 Compressed batches (sealed segments rewritten in the topic's codec, CONTRACT section 8) are decompressed whole, once
 each, never on the request thread (:func:`~logfs.storage.remote_segment.on_request_thread`: FetchNeededError, and
 the caller repeats the call in a worker thread). Reading one line decompresses the batch that holds it and nothing
-else. A sequential reader (a read starting where the previous one ended) gets the next
-:data:`READ_AHEAD_BATCHES` compressed batches decompressed ahead of it in a worker thread, so that the request
-thread finds them ready and renders them as plain batches; the last few decompressed batches are kept
-(:class:`_PlainBatches`), so a lookup (``position.``) and the read of the line it found share one decompression.
+else. A sequential reader (a read starting where the previous one ended) gets the compressed batches after its
+own decompressed ahead of it, up to :data:`READ_AHEAD_BYTES` of lines, by up to :data:`READ_AHEAD_THREADS` worker
+threads (:class:`_ReadAhead`), so that the request thread finds them ready and renders them as plain batches. The
+last few batches decompressed for reads and lookups are kept (:class:`_PlainBatches`), so a lookup (``position.``)
+and the read of the line it found share one decompression.
 """
 
 from __future__ import annotations
@@ -260,13 +261,8 @@ class _ReadAhead:
                 buf = segment.read(pos, size)
                 if len(buf) < size:
                     return None
-            header = rec.parse_header(buf)
-            key = (segment, pos, header.crc)
-            plain = _plain_batches.get(key)
-            if plain is None:
-                plain = _decompress(buf)
-                _plain_batches.put(key, plain)
-            return plain, size
+            plain = _plain_batches.get((segment, pos, rec.parse_header(buf).crc))
+            return (plain if plain is not None else _decompress(buf)), size  # (not kept there: the reader takes it)
         except Exception as exc:  # noqa: BLE001 - handed to the reader, whose own path reports it
             return exc
 
@@ -287,8 +283,8 @@ class SegmentView:
         self._prefix = self._prefix_length(self.segments[0], start_offset) if self.segments else 0
         self._cursor: tuple[int, int, int, int] | None = None  # (view pos, segment idx, batch position, skip)
         self._scratch = bytearray()  # reused read buffer for sequential reads
-        # (segment, position) -> (the batch decompressed, its size as stored): the compressed batches this view's
-        # reads are in (the last few)
+        # (segment, position) -> (the batch decompressed, its size as stored): the compressed batches the read in
+        # progress used (a read repeated in a worker thread finds them), then only the one the cursor is in
         self._batches: dict = {}
         self._ahead: _ReadAhead | None = None  # decompression ahead of a sequential reader (views with a snapshot)
         self.lines = 0  # records whose line ends in what the last read() returned (the metrics' read counter)
