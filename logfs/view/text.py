@@ -291,19 +291,29 @@ class SegmentView:
 
     # -- layout ------------------------------------------------------------------------------------
     def _prefix_length(self, segment: LogSegment, offset: int) -> int:
-        """View bytes of the segment's records with offset < ``offset`` (log start inside the segment)."""
+        """View bytes of the segment's records with offset < ``offset`` (log start inside the segment). Made with
+        the view, wherever it is made (an open, on the request thread): a compressed batch holding ``offset`` is
+        decompressed here, once (one batch at most, as a read of its line would)."""
         if offset <= segment.base_offset:
             return 0
         entry = segment.view_index.floor_by_offset(offset)
         position, stats = (entry.position, entry.stats) if entry else (0, ZERO_STATS)
         length = self.fmt.length(stats)
-        for _, header, buf, at in segment.batches_from(position):
+        for file_pos, header, buf, at in segment.batches_from(position):
             if header.base_offset >= offset:
                 break
-            for rec_offset, n in self.fmt.records_with_lines(buf, at, header.size):
-                if rec_offset >= offset:
-                    return length
-                length += n
+            if header.compression and not header.is_control and _speedups is not None:
+                key = (segment, file_pos, header.crc)
+                plain = _plain_batches.get(key)
+                if plain is None:
+                    plain = _decompress(buf, at)
+                    _plain_batches.put(key, plain)
+                buf, at = plain, 0
+            passed, found = self._seek(segment, file_pos, rec.parse_header(buf, at), buf, at,
+                                       offset=-1 if header.last_offset < offset else offset)
+            length += passed
+            if found is not None:
+                return length
         return length
 
     def _segment_length(self, i: int) -> int:

@@ -199,3 +199,40 @@ def test_a_view_released_during_read_ahead_unpins_its_segments_when_the_workers_
             time.sleep(0.001)
     finally:
         fuse.close()
+
+
+def test_a_log_start_inside_a_compressed_batch(zstd_log):
+    """The log start moved inside a compressed batch (and into the next segments): an open on the request thread
+    measures the part before it (one batch decompressed there), and reads and lookups give the text from it."""
+    plog, data = zstd_log
+    fuse = Fuse()
+    lines = data.splitlines(keepends=True)
+    starts = [0]
+    for line in lines:
+        starts.append(starts[-1] + len(line))
+    try:
+        for start in (37, plog.segments.as_list()[1].base_offset + 301, plog.segments.as_list()[3].base_offset + 5):
+            plog.increment_log_start_offset(start)
+            text_view._plain_batches.clear()
+            before = text_view.decompressions()
+            mark_request_thread(True)
+            try:
+                view = open_view(plog)  # (as PartitionHandle is made in open(), on the request thread)
+            finally:
+                mark_request_thread(False)
+            assert text_view.decompressions() - before <= 1
+            try:
+                want = data[starts[start]:]
+                assert view.length() == len(want)
+                pos, got = 0, []
+                while chunk := fuse.call(view.read, pos, 65536):
+                    got.append(chunk)
+                    pos += len(chunk)
+                assert b"".join(got) == want
+                for offset in (start, start + 1, start + 250):
+                    assert fuse.call(view.position_of, offset) == starts[offset] - starts[start]
+                    assert fuse.call(view.offset_at, starts[offset] - starts[start] + 1) == offset
+            finally:
+                view.release()
+    finally:
+        fuse.close()
