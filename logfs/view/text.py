@@ -537,7 +537,7 @@ class SegmentView:
         on the request thread (FetchNeededError, unless it is among the batches decompressed last)."""
         if header.is_control:
             return 0, None
-        if _speedups is None:
+        if _speedups is None or not hasattr(_speedups, "seek_line"):  # (an accelerator built before seek_line)
             passed = 0
             for rec_offset, n in self.fmt.records_with_lines(buf, at, header.size):
                 if (0 <= offset <= rec_offset) or (0 <= position < passed + n):
