@@ -12,6 +12,8 @@
  * render_records(batch, separator, null_marker) -> bytes: the lines of one batch ([key + separator] +
  *     (value | marker | "") + "\n" per record).
  * batch_stats(batch): line statistics of one batch (recovery, cleaning).
+ * seek_line(batch, separator, null_marker, offset, position): the text view's lookups (position_of, offset_at)
+ *     inside one batch.
  * index_ok(kind, buf, n, log_size): the sanity checks of an index's entries (loading a store).
  * decode_columns(batches, start, end): Arrow column buffers of plain batches (the Spark data source).
  * merge_batches(batches, last_offset): plain batches merged into one (the rewrite of a sealed segment in its codec).
@@ -449,6 +451,65 @@ static PyObject *batch_stats(PyObject *self, PyObject *args) {
     if (!(attributes & 0x20) && walk(buf, view.len, (int32_t)be32(buf + 57), count, &s) < 0)
         goto done;
     result = Py_BuildValue("(LLLLL)", s.records, s.keyed, s.nulls, s.key_bytes, s.value_bytes);
+done:
+    PyBuffer_Release(&view);
+    return result;
+}
+
+/* seek_line(batch, separator, null_marker, offset, position) -> (passed, found)
+ *
+ * The lookups of the text view inside one uncompressed batch, without a Python object per record: the records are
+ * walked in order, each one's line measured (``[key + separator] + (value | marker) + "\n"``), and the walk stops
+ * at the first record whose offset is ``offset`` or more (``offset`` >= 0: position_of), or whose line holds byte
+ * ``position`` of the batch's lines (``position`` >= 0: offset_at). ``passed`` is the bytes of the lines before
+ * that record, ``found`` its offset; -1 if no record stops the walk (``passed`` then is all the batch's lines). A
+ * control batch has no lines. ValueError for a compressed or malformed batch. */
+typedef struct {
+    render_ctx fmt;
+    int64_t base, offset, position, found;
+} seek_ctx;
+
+static int seek_one(const parsed_record *r, void *c) {
+    seek_ctx *s = c;
+    int64_t offset = s->base + r->offset_delta;
+    Py_ssize_t before = s->fmt.total;
+    if (s->offset >= 0 && offset >= s->offset) {
+        s->found = offset;
+        return 1;
+    }
+    measure(r, &s->fmt);
+    if (s->position >= 0 && s->fmt.total > s->position) {
+        s->fmt.total = before;
+        s->found = offset;
+        return 1;
+    }
+    return 0;
+}
+
+static PyObject *seek_line(PyObject *self, PyObject *args) {
+    Py_buffer view;
+    PyObject *sep = Py_None, *marker = Py_None;
+    long long offset, position;
+    if (!PyArg_ParseTuple(args, "y*OOLL", &view, &sep, &marker, &offset, &position))
+        return NULL;
+    PyObject *result = NULL;
+    const unsigned char *buf = view.buf;
+    seek_ctx s = {{NULL, NULL, 0, 0, 0, NULL}, 0, offset, position, -1};
+    if (set_format(&s.fmt, sep, marker) < 0)
+        goto done;
+    if (view.len < HEADER_SIZE || buf[16] != 2) {
+        PyErr_SetString(PyExc_ValueError, "not a v2 batch");
+        goto done;
+    }
+    int16_t attributes = (int16_t)((buf[21] << 8) | buf[22]);
+    if (attributes & 0x07) {
+        PyErr_SetString(PyExc_ValueError, "compressed batch");
+        goto done;
+    }
+    s.base = (int64_t)(((uint64_t)be32(buf) << 32) | be32(buf + 4));
+    if (!(attributes & 0x20) && walk(buf, view.len, (int32_t)be32(buf + 57), seek_one, &s) < 0)
+        goto done;
+    result = Py_BuildValue("(nL)", s.fmt.total, (long long)s.found);
 done:
     PyBuffer_Release(&view);
     return result;
@@ -1283,6 +1344,7 @@ static PyMethodDef methods[] = {
     {"decode_columns", decode_columns, METH_VARARGS, "Arrow column buffers of plain batches (Spark source)."},
     {"index_ok", index_ok, METH_VARARGS, "Sanity checks of an index's entries, in one pass."},
     {"batch_stats", batch_stats, METH_VARARGS, "Line statistics of one uncompressed batch."},
+    {"seek_line", seek_line, METH_VARARGS, "Lines before an offset, or the record holding a byte, in one batch."},
     {"render_window", render_window, METH_VARARGS, "Text-view bytes of a read request, from a skip, within a limit."},
     {"encode_lines", encode_lines, METH_VARARGS, "Whole batches of plain lines, for the bulk append."},
     {"grow_lines", grow_lines, METH_VARARGS, "Plain lines appended to a batch's records, for the small append."},

@@ -331,10 +331,11 @@ def compress_batch(batch, codec: int, level: int | None = None) -> bytes:
                     codecs.compress(codec, view[HEADER_SIZE:], level))
 
 
-def decompress_batch(buf, pos: int = 0):
+def decompress_batch(buf, pos: int = 0, stamp: bool = True):
     """The batch at ``pos`` in ``buf`` as the equivalent uncompressed batch: the records section decompressed
-    (once, sized from what the frame records), the codec bits cleared, the length and CRC-32C recomputed, every
-    other header field kept. An uncompressed batch is returned as it is, without a copy: ``buf`` itself when it
+    (once, sized from what the frame records), the codec bits cleared, the length and CRC-32C recomputed (with
+    ``stamp`` False the CRC field is left as the compressed batch had it: for a reader that renders the records
+    and never checks the plain batch's CRC, the text view), every other header field kept. An uncompressed batch is returned as it is, without a copy: ``buf`` itself when it
     holds exactly that batch, else a memoryview of it; a decompressed one is new ``bytes``.
 
     The compressed batch's CRC-32C is checked first (it covers the compressed bytes, and a damaged zstd or lz4
@@ -352,7 +353,7 @@ def decompress_batch(buf, pos: int = 0):
     if header.compression not in codecs.NAMES:
         raise CorruptRecordError(f"unknown compression codec {header.compression} in batch at position {pos}")
     records = codecs.decompress(header.compression, view[HEADER_SIZE:], _INT_MAX - (HEADER_SIZE - LOG_OVERHEAD))
-    return _rebuild(view, header, header.attributes & ~ATTR_COMPRESSION_MASK, records)
+    return _rebuild(view, header, header.attributes & ~ATTR_COMPRESSION_MASK, records, stamp)
 
 
 def _whole_batch(view: memoryview) -> BatchHeader:
@@ -362,17 +363,18 @@ def _whole_batch(view: memoryview) -> BatchHeader:
     return header
 
 
-def _rebuild(view: memoryview, header: BatchHeader, attributes: int, records) -> bytes:
+def _rebuild(view: memoryview, header: BatchHeader, attributes: int, records, stamp: bool = True) -> bytes:
     """The batch of ``view`` (its header ``header``) with ``attributes`` and the records section ``records``: the
-    header's other fields copied, the length and CRC-32C computed; one copy of ``records``."""
+    header's other fields copied, the length and (with ``stamp``) the CRC-32C computed; one copy of ``records``."""
     length = HEADER_SIZE - LOG_OVERHEAD + len(records)
     if length > _INT_MAX:
         raise CorruptRecordError(f"batch at offset {header.base_offset} would exceed 2 GiB")
     head = bytearray(view[:HEADER_SIZE])
     _ATTRIBUTES.pack_into(head, 21, attributes)
     _LENGTH.pack_into(head, 8, length)
-    crc = _crc32c.crc32c(records, _crc32c.crc32c(memoryview(head)[_CRC_START:]))
-    _CRC.pack_into(head, 17, crc)
+    if stamp:
+        crc = _crc32c.crc32c(records, _crc32c.crc32c(memoryview(head)[_CRC_START:]))
+        _CRC.pack_into(head, 17, crc)
     return b"".join((head, records))
 
 

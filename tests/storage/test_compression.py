@@ -139,6 +139,24 @@ def test_the_child_process_writes_what_the_thread_writes(tmp_path, clock):
         plog.close()
 
 
+@pytest.mark.parametrize("level", [1, 8, 19])
+def test_other_zstd_levels_are_read_by_kafka_python(tmp_path, clock, level):
+    """The levels docs/compression.md weighs against the default (ratio against CPU): standard zstd frames whatever
+    the level (the window stays within the batch), read by kafka-python's reader and by logfs's."""
+    plog = load_log(str(tmp_path / "t-0"), "t", 0, config(4, compression_zstd_level=level), clock=clock)
+    fill(plog, clock, random.Random(level))
+    before = records_of(plog)
+    sealed = plog.segments.as_list()[:-1]
+    compress_in_thread(plog, sealed, clock.time_ms())
+    assert records_of(plog) == before
+    for segment in plog.segments.as_list()[:-1]:
+        headers = [h for _, h in rec.iter_headers(open(segment.log_path, "rb").read())]
+        assert headers and all(h.compression == 4 for h in headers)
+        want = [(o, t, k, v) for o, t, k, v, _ in before if segment.base_offset <= o < segment.next_offset]
+        assert kafka_python_records(segment.log_path) == want
+    plog.close()
+
+
 def test_a_changed_codec_applies_to_what_is_sealed_from_then_on(tmp_path, clock):
     plog = load_log(str(tmp_path / "t-0"), "t", 0, config(0), clock=clock)
     fill(plog, clock, random.Random(3))

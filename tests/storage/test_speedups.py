@@ -184,3 +184,38 @@ def test_append_lines_without_the_accelerator(open_log, tmp_path, monkeypatch):
     slow = open_log(None, tmp_path / "slow-0")
     assert slow.append_lines(b"", text, len(text)) == (0, 5)
     assert _segment_bytes(fast) == _segment_bytes(slow)
+
+
+@pytest.mark.parametrize("seed", range(20))
+@pytest.mark.parametrize("fmt", [LineFormat(), LineFormat(b"=", b"NULL")])
+def test_seek_line_matches_the_records_lines(seed, fmt):
+    """seek_line (the view's position_of and offset_at inside a batch) stops where a walk over
+    LineFormat.records_with_lines stops, with gaps in the offsets (a compacted batch) and headers."""
+    rnd = random.Random(seed)
+    values, keys = random_records(rnd, rnd.choice([1, 64, 500]))
+    deltas = sorted(rnd.sample(range(len(values) * 3), len(values)))
+    headers = [[("h", b"v")] if rnd.random() < 0.2 else [] for _ in values]
+    batch = rec.build_batch_generic(1000, 1_700_000_000_000, values, keys, headers, offset_deltas=deltas,
+                                    last_offset_delta=deltas[-1])
+    lines = fmt.records_with_lines(batch, 0, len(batch))
+    total = sum(n for _, n in lines)
+    assert speedups.seek_line(batch, fmt.separator, fmt.null_marker, -1, -1) == (total, -1)
+    for target in [0, 999, 1000, 1001, 1000 + deltas[-1], 1001 + deltas[-1]] + [rnd.randrange(900, 2600)
+                                                                               for _ in range(20)]:
+        passed = 0
+        want = (total, -1)
+        for offset, n in lines:
+            if offset >= target:
+                want = (passed, offset)
+                break
+            passed += n
+        assert speedups.seek_line(batch, fmt.separator, fmt.null_marker, target, -1) == want, target
+    for position in [0, total - 1, total, total + 5] + [rnd.randrange(total + 1) for _ in range(20)]:
+        passed = 0
+        want = (total, -1)
+        for offset, n in lines:
+            if passed + n > position:
+                want = (passed, offset)
+                break
+            passed += n
+        assert speedups.seek_line(batch, fmt.separator, fmt.null_marker, -1, position) == want, position

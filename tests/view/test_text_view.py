@@ -364,3 +364,15 @@ def test_view_counts_the_records_whose_line_ends_in_each_read(make_log, compress
         assert total == len(values)
     finally:
         view.release()
+
+
+def test_lookups_and_reads_without_the_accelerator(make_log, monkeypatch):
+    """The view's pure-Python paths (no logfs._speedups) give what the C ones give."""
+    from logfs.view import text as text_module
+
+    rng = random.Random(5)
+    log = make_log(index_interval_bytes=512, **FMT)
+    model = Model(b"=", b"NULL")
+    fill(log, model, rng, appends=60)
+    monkeypatch.setattr(text_module, "_speedups", None)
+    check_view(live_view(log), model, rng, probes=40)

@@ -1,0 +1,238 @@
+"""Reading compressed segments through the text view as the FUSE layer does (the request thread marked: a read that
+would decompress raises FetchNeededError and is repeated in a worker thread): the read-ahead of a sequential reader
+returns the text at every position and decompresses each batch once; a random read decompresses only the batch
+that holds its line; a view released while its read-ahead runs lets its segments go once the workers are done."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from logfs.storage import LogConfig, load_log
+from logfs.storage import compression
+from logfs.storage import records as rec
+from logfs.storage.cleaner_process import compress_in_thread
+from logfs.storage.errors import FetchNeededError
+from logfs.storage.remote_segment import mark_request_thread
+from logfs.view import text as text_view
+from logfs.view.text import live_view, open_view
+
+BATCH = 8 << 10  # records per rewritten batch: many batches per segment with little data
+
+
+@pytest.fixture
+def zstd_log(tmp_path, clock, monkeypatch):
+    """A zstd topic of ~600 KB of log lines: 4 sealed segments rewritten in ~8 KiB batches, and an active segment
+    (plain). Returns (log, text)."""
+    monkeypatch.setattr(compression, "TARGET_BATCH_BYTES", BATCH)
+    config = dataclasses.replace(LogConfig.for_tests(segment_bytes=160 << 10, index_interval_bytes=4096),
+                                 compression_type="zstd")
+    plog = load_log(str(tmp_path / "t-0"), "t", 0, config, clock=clock)
+    rng = random.Random(7)
+    words = [b"GET", b"POST", b"/api/v1/orders", b"/health", b"200", b"404", b"user=alice", b"ms", b"retry"]
+    lines = [b"%d %s\n" % (i, b" ".join(rng.choice(words) for _ in range(rng.randrange(1, 30))))
+             for i in range(9000)]
+    data = b"".join(lines)
+    for start in range(0, len(lines), 500):
+        chunk = b"".join(lines[start:start + 500])
+        plog.append_lines(b"", chunk, len(chunk))
+    sealed = plog.segments.as_list()[:-1]
+    assert len(sealed) >= 4
+    compress_in_thread(plog, sealed, clock.time_ms())
+    yield plog, data
+    plog.close()
+
+
+def compressed_batches(plog) -> int:
+    n = 0
+    for segment in plog.segments.as_list():
+        with open(segment.log_path, "rb") as f:
+            n += sum(1 for _, h in rec.iter_headers(f.read()) if h.compression)
+    return n
+
+
+class Fuse:
+    """Reads as logfs.fuse.operations makes them: on the (marked) request thread first, repeated in a worker thread
+    on FetchNeededError; counts both."""
+
+    def __init__(self):
+        self.pool = ThreadPoolExecutor(1)
+        self.here = self.repeated = 0
+
+    def call(self, fn, *args):
+        mark_request_thread(True)
+        try:
+            result = fn(*args)
+            self.here += 1
+            return result
+        except FetchNeededError:
+            self.repeated += 1
+        finally:
+            mark_request_thread(False)
+        return self.pool.submit(fn, *args).result()
+
+    def close(self):
+        self.pool.shutdown()
+
+
+def idle(view, timeout: float = 10.0) -> None:
+    """Wait until the view's read-ahead workers have nothing left to do."""
+    deadline = time.monotonic() + timeout
+    while view._ahead is not None and view._ahead._workers:
+        assert time.monotonic() < deadline, "read-ahead never went idle"
+        time.sleep(0.001)
+
+
+@pytest.mark.parametrize("size", [200_000, 131072, 4099, 333])
+def test_sequential_reads_return_the_text_and_decompress_each_batch_once(zstd_log, size):
+    plog, data = zstd_log
+    fuse = Fuse()
+    view = open_view(plog)
+    before = text_view.decompressions()
+    try:
+        got, pos, reads = [], 0, 0
+        while chunk := fuse.call(view.read, pos, size):
+            got.append(chunk)
+            pos += len(chunk)
+            reads += 1
+            if reads % 7 == 0 and pos < len(data):
+                # The read-ahead decompressed the batches after this one: the next read finds them ready and is
+                # served on the request thread.
+                idle(view)
+                repeated = fuse.repeated
+                chunk = fuse.call(view.read, pos, size)
+                assert fuse.repeated == repeated, (pos, size)
+                got.append(chunk)
+                pos += len(chunk)
+        assert b"".join(got) == data
+        assert text_view.decompressions() - before == compressed_batches(plog)
+        assert view._ahead is not None  # (the read-ahead was used)
+    finally:
+        view.release()
+        fuse.close()
+
+
+def test_reads_from_every_kind_of_position_return_the_text(zstd_log):
+    """Sequential reads starting anywhere (inside batches, at batch and segment boundaries), in sizes that end
+    anywhere, with the read-ahead running: the same bytes as the text."""
+    plog, data = zstd_log
+    fuse = Fuse()
+    rng = random.Random(3)
+    starts = [0, len(data) - 1] + [rng.randrange(len(data)) for _ in range(40)]
+    starts += [live_view(plog).position_of(s.base_offset) for s in plog.segments.as_list()]
+    try:
+        for start in starts:
+            view = open_view(plog)
+            try:
+                pos = start
+                for _ in range(12):
+                    size = rng.choice([1, 97, 4096, 8191, 65536, 300_000])
+                    chunk = fuse.call(view.read, pos, size)
+                    assert chunk == data[pos:pos + size], (start, pos, size)
+                    pos += len(chunk)
+            finally:
+                view.release()
+    finally:
+        fuse.close()
+
+
+def test_a_random_read_decompresses_only_the_batch_holding_its_line(zstd_log):
+    """``getxattr position.<offset>`` (a lookup: on the request thread it is repeated in a worker thread, with a
+    view of its own) and the read of that line (a handle's view): one decompression between them, of the batch that
+    holds the line; no read-ahead."""
+    plog, data = zstd_log
+    fuse = Fuse()
+    rng = random.Random(11)
+    end = plog.segments.as_list()[-1].base_offset  # the sealed (compressed) part
+    handle = open_view(plog)
+    try:
+        for offset in [0, end - 1] + [rng.randrange(end) for _ in range(60)]:
+            text_view._plain_batches.clear()
+            before = text_view.decompressions()
+            pos = fuse.call(lambda: _lookup_position(plog, offset))
+            line_end = data.index(b"\n", pos) + 1
+            line = fuse.call(handle.read, pos, line_end - pos)
+            assert line == data[pos:line_end]
+            assert pos == 0 or data[pos - 1:pos] == b"\n"
+            assert text_view.decompressions() - before == 1, offset
+        assert handle._ahead is None  # random reads: nothing read ahead
+    finally:
+        handle.release()
+        fuse.close()
+
+
+def _lookup_position(plog, offset: int) -> int:
+    """What the position xattr does: the live view on the request thread, else a pinned view of its own."""
+    try:
+        return live_view(plog).position_of(offset)
+    except FetchNeededError:
+        from logfs.storage.remote_segment import on_request_thread
+
+        if on_request_thread():
+            raise
+        view = open_view(plog)
+        try:
+            return view.position_of(offset)
+        finally:
+            view.release()
+
+
+def test_a_view_released_during_read_ahead_unpins_its_segments_when_the_workers_are_done(zstd_log):
+    plog, data = zstd_log
+    fuse = Fuse()
+    segments = plog.segments.as_list()
+    refs = [s.refs for s in segments]
+    view = open_view(plog)
+    try:
+        pos = 0
+        for _ in range(3):
+            pos += len(fuse.call(view.read, pos, 4096))
+        assert view._ahead is not None
+        view.release()  # (workers may still be reading)
+        deadline = time.monotonic() + 10
+        while [s.refs for s in segments] != refs:
+            assert time.monotonic() < deadline, [s.refs for s in segments]
+            time.sleep(0.001)
+    finally:
+        fuse.close()
+
+
+def test_a_log_start_inside_a_compressed_batch(zstd_log):
+    """The log start moved inside a compressed batch (and into the next segments): an open on the request thread
+    measures the part before it (one batch decompressed there), and reads and lookups give the text from it."""
+    plog, data = zstd_log
+    fuse = Fuse()
+    lines = data.splitlines(keepends=True)
+    starts = [0]
+    for line in lines:
+        starts.append(starts[-1] + len(line))
+    try:
+        for start in (37, plog.segments.as_list()[1].base_offset + 301, plog.segments.as_list()[3].base_offset + 5):
+            plog.increment_log_start_offset(start)
+            text_view._plain_batches.clear()
+            before = text_view.decompressions()
+            mark_request_thread(True)
+            try:
+                view = open_view(plog)  # (as PartitionHandle is made in open(), on the request thread)
+            finally:
+                mark_request_thread(False)
+            assert text_view.decompressions() - before <= 1
+            try:
+                want = data[starts[start]:]
+                assert view.length() == len(want)
+                pos, got = 0, []
+                while chunk := fuse.call(view.read, pos, 65536):
+                    got.append(chunk)
+                    pos += len(chunk)
+                assert b"".join(got) == want
+                for offset in (start, start + 1, start + 250):
+                    assert fuse.call(view.position_of, offset) == starts[offset] - starts[start]
+                    assert fuse.call(view.offset_at, starts[offset] - starts[start] + 1) == offset
+            finally:
+                view.release()
+    finally:
+        fuse.close()
