@@ -96,7 +96,8 @@ def _swap_in(plog: Log, sealed: list, reply: dict) -> CleanResult:
     before = after = removed = replaced = 0
     by_base = {s.base_offset: s for s in sealed}
     for group in reply["groups"]:
-        cleaned = open_segment(plog.directory, group["base"], plog.config, suffix=CLEANED_SUFFIX, active=False)
+        cleaned = open_segment(plog.directory, group["base"], plog.config, suffix=CLEANED_SUFFIX, active=False,
+                               create=False)
         cleaned.load_state()
         old = [by_base[b] for b in group["old"]]
         try:
@@ -118,12 +119,21 @@ def _worker(request: dict) -> dict:
     # reads another (they open again when read), so a pass over many segments holds few descriptors.
     owner = threading.RLock()
     try:
+        compress = request.get("mode") == "compress"
         for base in request["bases"]:
-            segment = open_segment(directory, base, config, active=False)
+            # Never created here: retention may have renamed a segment away since the daemon asked (an empty one
+            # made in its place would be found by the next start). Gone: not compressed (its group is skipped in
+            # the daemon anyway); for compaction the pass fails and is retried.
+            try:
+                segment = open_segment(directory, base, config, active=False, create=False)
+            except FileNotFoundError:
+                if compress:
+                    continue
+                raise
             segments.append(segment)
             segment.load_state()
             segment.owner = owner
-        if request.get("mode") == "compress":
+        if compress:
             groups = []
             for segment in segments:
                 cleaned = write_compressed(directory, config, segment, request["now_ms"])

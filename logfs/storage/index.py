@@ -66,7 +66,8 @@ class _MappedIndex:
 
     ENTRY: struct.Struct
 
-    def __init__(self, path: str, base_offset: int, max_index_size: int, *, active: bool = True):
+    def __init__(self, path: str, base_offset: int, max_index_size: int, *, active: bool = True,
+                 create: bool = True):
         self.path = path
         self.base_offset = base_offset
         self.entry_size = self.ENTRY.size
@@ -78,7 +79,7 @@ class _MappedIndex:
         # holds no map at all, and a mapped index holds one descriptor, the map's own.
         self.open = True
         exists = os.path.exists(path)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(path, os.O_RDWR | (os.O_CREAT if create else 0), 0o644)
         try:
             length = os.fstat(fd).st_size
             self.entries = self._count_entries(length - length % self.entry_size, fd) if exists else 0

@@ -31,15 +31,16 @@ from .segment import SWAP_SUFFIX, LogSegment
 
 
 def open_segment(directory: str, base_offset: int, config, *, created_ms: int = 0, suffix: str = "",
-                 active: bool = True, jittered: bool = False) -> LogSegment:
-    """The segment at ``base_offset`` of ``directory`` (its files created if missing), with ``config``'s index
-    sizes; ``jittered`` draws its roll jitter from ``segment.jitter.ms`` (a freshly rolled segment)."""
+                 active: bool = True, jittered: bool = False, create: bool = True) -> LogSegment:
+    """The segment at ``base_offset`` of ``directory`` (its files created if missing, unless ``create`` is false:
+    then FileNotFoundError), with ``config``'s index sizes; ``jittered`` draws its roll jitter from
+    ``segment.jitter.ms`` (a freshly rolled segment)."""
     jitter = random_jitter(config.segment_jitter_ms, config.segment_ms) if jittered else 0
     view_index_size = ViewIndex.bytes_for(config.segment_index_bytes, config.segment_bytes,
                                           config.index_interval_bytes)
     return LogSegment(directory, base_offset, index_interval_bytes=config.index_interval_bytes,
                       max_index_size=config.segment_index_bytes, roll_jitter_ms=jitter, created_ms=created_ms,
-                      suffix=suffix, active=active, max_view_index_size=view_index_size)
+                      suffix=suffix, active=active, max_view_index_size=view_index_size, create=create)
 
 
 def random_jitter(segment_jitter_ms: int, segment_ms: int) -> int:

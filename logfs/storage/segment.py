@@ -122,6 +122,7 @@ class LogSegment(SegmentRecovery, SegmentFile):
         suffix: str = "",
         active: bool = True,
         max_view_index_size: int | None = None,
+        create: bool = True,
     ):
         self.directory = directory
         self.base_offset = base_offset
@@ -137,7 +138,9 @@ class LogSegment(SegmentRecovery, SegmentFile):
         stem = os.path.join(directory, filename_prefix(base_offset))
         self.log_path = stem + LOG_SUFFIX + suffix
         with OPEN_FILES.lock:
-            fd = os.open(self.log_path, os.O_RDWR | os.O_CREAT, 0o644)
+            # (create=False: a segment that must exist, opened by another process than its log's: were it renamed
+            # away meanwhile, creating it again would leave an empty segment where the log has none)
+            fd = os.open(self.log_path, os.O_RDWR | (os.O_CREAT if create else 0), 0o644)
             OPEN_FILES.admit(self)
             self.fd = fd
         if max_view_index_size is None:
@@ -145,13 +148,14 @@ class LogSegment(SegmentRecovery, SegmentFile):
         opened = []
         try:  # (on EMFILE, ENOSPC...: release what was opened, never leak descriptors)
             self.size = os.fstat(fd).st_size
-            self.offset_index = OffsetIndex(stem + INDEX_SUFFIX + suffix, base_offset, max_index_size, active=active)
+            self.offset_index = OffsetIndex(stem + INDEX_SUFFIX + suffix, base_offset, max_index_size, active=active,
+                                            create=create)
             opened.append(self.offset_index)
             self.time_index = TimeIndex(stem + TIME_INDEX_SUFFIX + suffix, base_offset, max_index_size,
-                                        active=active)
+                                        active=active, create=create)
             opened.append(self.time_index)
             self.view_index = ViewIndex(stem + VIEW_INDEX_SUFFIX + suffix, base_offset, max_view_index_size,
-                                        active=active)
+                                        active=active, create=create)
         except BaseException:
             for index in opened:
                 index.close_handler()

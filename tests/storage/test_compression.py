@@ -139,6 +139,29 @@ def test_the_child_process_writes_what_the_thread_writes(tmp_path, clock):
         plog.close()
 
 
+def test_a_segment_retention_removed_before_the_child_opened_it_is_not_created_again(tmp_path, clock):
+    """Retention renames a sealed segment away after the daemon chose it for the rewrite, before the child process
+    opens it: the child must not create its files again (an empty segment where the log has none, which the
+    next start would load: a gap under the log start). The other segments are compressed."""
+    plog = load_log(str(tmp_path / "t-0"), "t", 0, config(4), clock=clock)
+    fill(plog, clock, random.Random(3))
+    sealed = plog.segments.as_list()[:-1]
+    assert len(sealed) >= 3
+    gone = sealed[0]
+    plog.delete_segments([gone])  # renamed .deleted (and unlinked later)
+    names_before = set(os.listdir(plog.directory))
+    result = compress_in_subprocess(plog, sealed, clock.time_ms())
+    assert result.segments_replaced == len(sealed) - 1
+    stem = "%020d" % gone.base_offset
+    created = [n for n in set(os.listdir(plog.directory)) - names_before if n.startswith(stem)]
+    assert created == [], created
+    assert not [n for n in os.listdir(plog.directory) if n.startswith(stem) and not n.endswith(".deleted")]
+    plog.close()
+    reloaded = load_log(str(tmp_path / "t-0"), "t", 0, config(4), clock=clock)
+    assert reloaded.segments.first.base_offset > gone.base_offset
+    reloaded.close()
+
+
 @pytest.mark.parametrize("level", [1, 8, 19])
 def test_other_zstd_levels_are_read_by_kafka_python(tmp_path, clock, level):
     """The levels docs/compression.md weighs against the default (ratio against CPU): standard zstd frames whatever
