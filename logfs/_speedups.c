@@ -51,6 +51,33 @@ static inline unsigned char *put_varint(unsigned char *p, int64_t v) {
     return p;
 }
 
+/* One record of a v2 batch with no headers and timestampDelta 0 (the batches logfs builds): its size with its
+ * length prefix, and writing it at p (returns the end). klen/vlen -1: a null key/value. */
+static inline Py_ssize_t plain_record_body(Py_ssize_t delta, int64_t klen, int64_t vlen) {
+    return 1 + 1 + varint_size(delta) + varint_size(klen) + (klen > 0 ? klen : 0) + varint_size(vlen) +
+           (vlen > 0 ? vlen : 0) + 1;
+}
+
+static inline unsigned char *put_plain_record(unsigned char *p, Py_ssize_t delta, const void *kp, int64_t klen,
+                                              const void *vp, int64_t vlen) {
+    p = put_varint(p, plain_record_body(delta, klen, vlen));
+    *p++ = 0; /* attributes */
+    *p++ = 0; /* timestampDelta */
+    p = put_varint(p, delta);
+    p = put_varint(p, klen);
+    if (klen > 0) {
+        memcpy(p, kp, klen);
+        p += klen;
+    }
+    p = put_varint(p, vlen);
+    if (vlen > 0) {
+        memcpy(p, vp, vlen);
+        p += vlen;
+    }
+    *p++ = 0; /* headers */
+    return p;
+}
+
 /* Reads a zigzag varint; returns 0 on success, -1 past end or on an over-long encoding. */
 static inline int get_varint(const unsigned char **pp, const unsigned char *end, int64_t *out) {
     const unsigned char *p = *pp;
@@ -101,8 +128,7 @@ static PyObject *encode_records(PyObject *self, PyObject *args) {
             return NULL;
         if (keys != Py_None && field(PyList_GET_ITEM(keys, i), &d, &klen) < 0)
             return NULL;
-        Py_ssize_t body = 1 + 1 + varint_size(i) + varint_size(klen) + (klen > 0 ? klen : 0) + varint_size(vlen) +
-                          (vlen > 0 ? vlen : 0) + 1;
+        Py_ssize_t body = plain_record_body(i, klen, vlen);
         total += varint_size(body) + body;
     }
     PyObject *out = PyBytes_FromStringAndSize(NULL, total);
@@ -115,23 +141,7 @@ static PyObject *encode_records(PyObject *self, PyObject *args) {
         field(PyList_GET_ITEM(values, i), &vdata, &vlen);
         if (keys != Py_None)
             field(PyList_GET_ITEM(keys, i), &kdata, &klen);
-        Py_ssize_t body = 1 + 1 + varint_size(i) + varint_size(klen) + (klen > 0 ? klen : 0) + varint_size(vlen) +
-                          (vlen > 0 ? vlen : 0) + 1;
-        p = put_varint(p, body);
-        *p++ = 0; /* attributes */
-        *p++ = 0; /* timestampDelta */
-        p = put_varint(p, i);
-        p = put_varint(p, klen);
-        if (klen > 0) {
-            memcpy(p, kdata, klen);
-            p += klen;
-        }
-        p = put_varint(p, vlen);
-        if (vlen > 0) {
-            memcpy(p, vdata, vlen);
-            p += vlen;
-        }
-        *p++ = 0; /* headers */
+        p = put_plain_record(p, i, kdata, klen, vdata, vlen);
     }
     return out;
 }
@@ -1206,8 +1216,7 @@ done:
 }
 
 static inline Py_ssize_t sink_record_size(int64_t klen, int64_t vlen, int64_t delta) {
-    Py_ssize_t body = 1 + 1 + varint_size(delta) + varint_size(klen) + (klen > 0 ? klen : 0) + varint_size(vlen) +
-                      (vlen > 0 ? vlen : 0) + 1;
+    Py_ssize_t body = plain_record_body(delta, klen, vlen);
     return varint_size(body) + body;
 }
 
@@ -1301,23 +1310,7 @@ static PyObject *encode_arrow(PyObject *self, PyObject *args) {
             Py_ssize_t row = rows ? (Py_ssize_t)rows[j + i] : j + i;
             const unsigned char *kp = NULL, *vp = NULL;
             int64_t vlen = col_bytes(&values, row, &vp), klen = keys_t != Py_None ? col_bytes(&keys, row, &kp) : -1;
-            Py_ssize_t body = 1 + 1 + varint_size(i) + varint_size(klen) + (klen > 0 ? klen : 0) +
-                              varint_size(vlen) + (vlen > 0 ? vlen : 0) + 1;
-            q = put_varint(q, body);
-            *q++ = 0; /* attributes */
-            *q++ = 0; /* timestampDelta */
-            q = put_varint(q, i);
-            q = put_varint(q, klen);
-            if (klen > 0) {
-                memcpy(q, kp, klen);
-                q += klen;
-            }
-            q = put_varint(q, vlen);
-            if (vlen > 0) {
-                memcpy(q, vp, vlen);
-                q += vlen;
-            }
-            *q++ = 0; /* headers */
+            q = put_plain_record(q, i, kp, klen, vp, vlen);
         }
         if (PyList_Append(out, batch) < 0)
             goto fail;

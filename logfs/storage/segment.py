@@ -256,15 +256,7 @@ class LogSegment(SegmentRecovery, SegmentFile):
             self._pwrite(batch, position)
         except (OSError, StorageIOError) as exc:
             marks, self.max_timestamp, self.offset_of_max_timestamp, self.bytes_since_last_index_entry = saved
-            for index, mark in zip(indexes, marks or ()):
-                index.rollback(mark)
-            try:
-                os.ftruncate(self.fd, position)
-            except OSError:
-                pass
-            if isinstance(exc, StorageIOError):
-                raise
-            raise StorageIOError(f"write to {self.log_path} failed: {exc.strerror}", exc.errno) from exc
+            self._undo_write(indexes, marks or (), position, exc)
         self._account(header, stats)
         self.size = position + len(batch)  # publish last: readers never see a half-written batch
 
@@ -309,15 +301,7 @@ class LogSegment(SegmentRecovery, SegmentFile):
                 since += header.size
                 position += header.size
         except (OSError, StorageIOError) as exc:
-            for index, mark in zip(indexes, marks):
-                index.rollback(mark)
-            try:
-                os.ftruncate(self.fd, start)
-            except OSError:
-                pass
-            if isinstance(exc, StorageIOError):
-                raise
-            raise StorageIOError(f"write to {self.log_path} failed: {exc.strerror}", exc.errno) from exc
+            self._undo_write(indexes, marks, start, exc)
         if self.rolling_based_timestamp is None:
             self.rolling_based_timestamp = batches[0][2].max_timestamp
         self.max_timestamp, self.offset_of_max_timestamp = max_ts, off_max
@@ -325,6 +309,19 @@ class LogSegment(SegmentRecovery, SegmentFile):
         self.stats = stats
         self.next_offset = batches[-1][2].next_offset
         self.size = position  # publish last
+
+    def _undo_write(self, indexes, marks, position: int, exc: BaseException) -> None:
+        """After a failed append (ENOSPC, EIO...): index entries rolled back to ``marks``, the file cut back to
+        ``position``; raises the failure as StorageIOError."""
+        for index, mark in zip(indexes, marks):
+            index.rollback(mark)
+        try:
+            os.ftruncate(self.fd, position)
+        except OSError:
+            pass
+        if isinstance(exc, StorageIOError):
+            raise exc
+        raise StorageIOError(f"write to {self.log_path} failed: {exc.strerror}", exc.errno) from exc
 
     def _pwritev(self, buffers, position: int) -> None:
         """All of ``buffers`` at ``position`` (os.pwritev, finishing a short write)."""
