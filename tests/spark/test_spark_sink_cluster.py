@@ -30,8 +30,8 @@ def test_the_cluster_writes_each_row_once_staging_through_the_bucket(cluster_dri
     markers = tmp_path / "markers"
     markers.mkdir()
     staging = {"staging": f"s3://{creds.bucket}/sink-staging", "s3.endpoint": creds.endpoint}
-    rows = 120_000
-    cluster_driver.run("sink_write", timeout=300, mount=str(fs.mnt), rows=rows, markers=str(markers),
+    rows = 1_000_000 if os.environ.get("LOGFS_LONG") == "1" else 120_000
+    cluster_driver.run("sink_write", timeout=600, mount=str(fs.mnt), rows=rows, markers=str(markers),
                        options={"topic": "out", **staging}, stall=1)
     names = os.listdir(markers)
     assert {"failed-0", "failed-3"} <= set(names)  # first attempts failed half way, and were retried
