@@ -51,8 +51,8 @@ HOT_BYTES = 32 << 20
 #: READ_AHEAD_GET bytes (never across objects), READ_AHEAD_THREADS in flight at once over the whole daemon.
 READ_AHEAD_FIRST = 1 << 20
 READ_AHEAD_AFTER = 4  # blocks (1 MiB) a reader must move forward by, read after read, before read-ahead starts
-READ_AHEAD_MAX = 16 << 20
-READ_AHEAD_GET = 4 << 20
+READ_AHEAD_MAX = 32 << 20
+READ_AHEAD_GET = 16 << 20
 READ_AHEAD_THREADS = 4
 _CRC = struct.Struct(">I")  # the trailer of a cached block file
 

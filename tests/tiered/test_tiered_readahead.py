@@ -18,11 +18,21 @@ import pytest
 from logfs.remote import DirectoryStore
 from logfs.remote.api import RemoteUnavailableError
 from logfs.storage import BrokerConfig, LogManager
-from logfs.storage.remote_segment import BLOCK_BYTES, READ_AHEAD_GET
+from logfs.storage import remote_segment
+from logfs.storage.remote_segment import BLOCK_BYTES
 from logfs.storage.tiered import RemoteLogManager
 from logfs.view.text import live_view, open_view
 
 SEGMENT = 8 << 20
+# The engine tests' read-ahead at a quarter of the daemon's (16 MiB GETs, 32 MiB window), so that its GETs are
+# smaller than these 8 MiB segments (what they check does not depend on the scale).
+READ_AHEAD_GET = 4 << 20
+
+
+@pytest.fixture(autouse=True)
+def quarter_scale_read_ahead(monkeypatch):
+    monkeypatch.setattr(remote_segment, "READ_AHEAD_GET", READ_AHEAD_GET)
+    monkeypatch.setattr(remote_segment, "READ_AHEAD_MAX", 4 * READ_AHEAD_GET)
 
 
 class CountingStore(DirectoryStore):
