@@ -442,6 +442,20 @@ static int count(const parsed_record *r, void *c) {
 
 /* batch_stats(batch) -> (records, keyed, nulls, key_bytes, value_bytes) of one uncompressed batch (a control
  * batch counts nothing). ValueError for a compressed or malformed batch: the caller decodes those generically. */
+/* The attributes of an uncompressed v2 batch at buf (len bytes); -1 with ValueError set if it is not one. */
+static int plain_v2_attributes(const unsigned char *buf, Py_ssize_t len) {
+    if (len < HEADER_SIZE || buf[16] != 2) {
+        PyErr_SetString(PyExc_ValueError, "not a v2 batch");
+        return -1;
+    }
+    int attributes = (buf[21] << 8) | buf[22]; /* (0..65535: -1 is only the error) */
+    if (attributes & 0x07) {
+        PyErr_SetString(PyExc_ValueError, "compressed batch");
+        return -1;
+    }
+    return attributes;
+}
+
 static PyObject *batch_stats(PyObject *self, PyObject *args) {
     Py_buffer view;
     if (!PyArg_ParseTuple(args, "y*", &view))
@@ -449,15 +463,9 @@ static PyObject *batch_stats(PyObject *self, PyObject *args) {
     PyObject *result = NULL;
     const unsigned char *buf = view.buf;
     stats_ctx s = {0, 0, 0, 0, 0};
-    if (view.len < HEADER_SIZE || buf[16] != 2) {
-        PyErr_SetString(PyExc_ValueError, "not a v2 batch");
+    int attributes = plain_v2_attributes(buf, view.len);
+    if (attributes < 0)
         goto done;
-    }
-    int16_t attributes = (int16_t)((buf[21] << 8) | buf[22]);
-    if (attributes & 0x07) {
-        PyErr_SetString(PyExc_ValueError, "compressed batch");
-        goto done;
-    }
     if (!(attributes & 0x20) && walk(buf, view.len, (int32_t)be32(buf + 57), count, &s) < 0)
         goto done;
     result = Py_BuildValue("(LLLLL)", s.records, s.keyed, s.nulls, s.key_bytes, s.value_bytes);
@@ -507,15 +515,9 @@ static PyObject *seek_line(PyObject *self, PyObject *args) {
     seek_ctx s = {{NULL, NULL, 0, 0, 0, NULL}, 0, offset, position, -1};
     if (set_format(&s.fmt, sep, marker) < 0)
         goto done;
-    if (view.len < HEADER_SIZE || buf[16] != 2) {
-        PyErr_SetString(PyExc_ValueError, "not a v2 batch");
+    int attributes = plain_v2_attributes(buf, view.len);
+    if (attributes < 0)
         goto done;
-    }
-    int16_t attributes = (int16_t)((buf[21] << 8) | buf[22]);
-    if (attributes & 0x07) {
-        PyErr_SetString(PyExc_ValueError, "compressed batch");
-        goto done;
-    }
     s.base = (int64_t)(((uint64_t)be32(buf) << 32) | be32(buf + 4));
     if (!(attributes & 0x20) && walk(buf, view.len, (int32_t)be32(buf + 57), seek_one, &s) < 0)
         goto done;
