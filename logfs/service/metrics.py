@@ -156,6 +156,25 @@ class Metrics:
             family("logfs_retention_deleted_segments_total", "counter", "Local segments deleted by retention "
                    "(tiered partitions: by the tiering task, not counted here).",
                    [("", stats.retention_deleted_segments)])
+            family("logfs_compression_segments_total", "counter", "Sealed segments rewritten in their topic's "
+                   "compression.type.", [("", stats.compressed_segments)])
+            family("logfs_compression_failures_total", "counter", "Rewrites in a topic's compression.type that "
+                   "failed (retried later, or the segments left as they are).", [("", stats.compression_failures)])
+            family("logfs_compression_input_bytes_total", "counter", "Bytes of the segments the compression "
+                   "rewrites replaced.", [("", stats.compression_bytes_before)])
+            family("logfs_compression_output_bytes_total", "counter", "Bytes of the compressed segments that "
+                   "replaced them.", [("", stats.compression_bytes_after)])
+        remote = self.manager.remote
+        if remote is not None:
+            cache = remote.blocks
+            family("logfs_remote_cache_bytes", "gauge", "Bytes of fetched tiered data in the local cache.",
+                   [("", cache.used)])
+            family("logfs_remote_cache_limit_bytes", "gauge", "The cache's bound (logfs.remote.cache.bytes).",
+                   [("", cache.limit)])
+            family("logfs_remote_fetch_requests_total", "counter", "Ranged GETs of tiered segments sent to the "
+                   "object store for reads (on demand and read-ahead).", [("", cache.requests)])
+            family("logfs_remote_fetched_bytes_total", "counter", "Bytes those GETs fetched.",
+                   [("", cache.fetched_bytes)])
         startup = self.startup
         if startup:
             family("logfs_startup_duration_seconds", "gauge", "Time the daemon took to load (or, after an unclean "

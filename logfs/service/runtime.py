@@ -39,11 +39,14 @@ class ServiceStats:
     thread doing that work, read from anywhere."""
 
     __slots__ = ("cleaner_runs", "cleaner_failures", "cleaner_removed_records", "cleaner_reclaimed_bytes",
-                 "retention_deleted_segments")
+                 "retention_deleted_segments", "compressed_segments", "compression_failures",
+                 "compression_bytes_before", "compression_bytes_after")
 
     def __init__(self):
         self.cleaner_runs = self.cleaner_failures = self.cleaner_removed_records = 0
         self.cleaner_reclaimed_bytes = self.retention_deleted_segments = 0
+        self.compressed_segments = self.compression_failures = 0
+        self.compression_bytes_before = self.compression_bytes_after = 0
 
 
 class LogService:
@@ -152,6 +155,7 @@ class LogService:
                     else:
                         result = compress_in_thread(plog, due, now_ms)
                 except LogfsError as exc:
+                    self.stats.compression_failures += 1
                     log.error("compressing %s-%d failed, its segments stay uncompressed: %s", plog.topic,
                               plog.partition, exc)
                     for segment in due:  # not retried, and tiering does not wait for them
@@ -159,6 +163,10 @@ class LogService:
                     return False
                 finally:
                     plog.rewrite_lock.release()
+            stats = self.stats
+            stats.compressed_segments += result.segments_replaced
+            stats.compression_bytes_before += result.bytes_before
+            stats.compression_bytes_after += result.bytes_after
             log.info("compressed %d segment(s) of %s-%d: %d -> %d bytes", result.segments_replaced, plog.topic,
                      plog.partition, result.bytes_before, result.bytes_after)
             return True
@@ -173,6 +181,8 @@ class LogService:
         except (OSError, LogfsError) as exc:
             if what == "cleaning":
                 self.stats.cleaner_failures += 1
+            elif what == "compressing sealed segments":
+                self.stats.compression_failures += 1
             self._failed(what, exc)
             return None
         self._recovered(what)

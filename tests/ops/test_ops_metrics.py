@@ -139,6 +139,76 @@ async def test_service_counts(ops_fs, clock):
     assert got[("logfs_cleaner_failures_total", frozenset())] == 0
 
 
+async def test_compression_counts(ops_fs, clock):
+    """The compression rewrite's counts come from the service's own passes: segments rewritten, and the bytes they
+    took before and after (the ratio an operator watches)."""
+    fs = ops_fs(num_partitions=1, log_segment_bytes=4096)
+    service = LogService(fs.manager)
+    service.cleaner_mode = "thread"
+    await fs.mkdir("z")
+    await fs.setconfig("z", "compression.type", "zstd")
+    for round_ in range(12):
+        await fs.append("z/0", b"".join(b"GET /api/v1/orders/%d 200 %d ms\n" % (i, round_) for i in range(40)))
+    plog = fs.manager.get_log("z", 0)
+    sealed = len(plog.segments.as_list()) - 1
+    assert sealed >= 3
+    before = sum(s.size for s in plog.segments.as_list()[:-1])
+    while service.compress_once(clock.time_ms()):
+        pass
+    after = sum(s.size for s in plog.segments.as_list()[:-1])
+    got = render(fs, service)
+    assert got[("logfs_compression_segments_total", frozenset())] == sealed
+    assert got[("logfs_compression_input_bytes_total", frozenset())] == before
+    assert got[("logfs_compression_output_bytes_total", frozenset())] == after < before / 3
+    assert got[("logfs_compression_failures_total", frozenset())] == 0
+    assert ("logfs_remote_cache_bytes", frozenset()) not in got  # no tiered storage on this mount
+
+
+def test_remote_cache_counts(tmp_path, clock):
+    """With tiered storage on: the cache's bytes and bound, and the GETs reads sent and the bytes they fetched."""
+    from logfs.remote import DirectoryStore
+    from logfs.storage import BrokerConfig, LogManager
+    from logfs.storage.tiered import RemoteLogManager
+    from logfs.view.text import open_view
+
+    archive = tmp_path / "archive"
+    archive.mkdir()
+    props = {"log.segment.bytes": "4096", "log.index.interval.bytes": "512", "log.segment.delete.delay.ms": "0",
+             "remote.log.storage.system.enable": "true", "logfs.remote.dir": str(archive)}
+    manager = LogManager(str(tmp_path / "data"), BrokerConfig.from_properties(props), clock=clock)
+    try:
+        manager.remote = RemoteLogManager(manager.data_dir, manager.logs, DirectoryStore(archive),
+                                          cache_bytes=64 << 10)
+        manager.create_topic("t", 1)
+        manager.set_topic_config("t", "remote.storage.enable", "true")
+        manager.set_topic_config("t", "local.retention.bytes", "8192")
+        plog = manager.get_log("t", 0)
+        data = b"".join(b"record-%06d\n" % i for i in range(3000))
+        plog.append_lines(b"", data, len(data))
+        plog.roll()
+        plog.flush()
+        manager.remote.sync(plog, clock.time_ms())
+        assert plog.remote_segments
+        metrics = Metrics(manager, None, LogService(manager), STARTUP)
+        got = parse(metrics.render())
+        assert got[("logfs_remote_cache_limit_bytes", frozenset())] == 64 << 10
+        assert got[("logfs_remote_fetch_requests_total", frozenset())] == 0
+        view = open_view(plog)
+        try:
+            assert view.read(0, len(data) + 10) == data
+        finally:
+            view.release()
+        got = parse(metrics.render())
+        cache = manager.remote.blocks
+        assert got[("logfs_remote_fetch_requests_total", frozenset())] == cache.requests > 0
+        local_start = plog.segments.as_list()[0].base_offset  # below it, the view read the bucket's copies
+        tiered_only = sum(s.size for s in plog.remote_segments if s.next_offset <= local_start)
+        assert got[("logfs_remote_fetched_bytes_total", frozenset())] == cache.fetched_bytes >= tiered_only > 0
+        assert 0 < got[("logfs_remote_cache_bytes", frozenset())] == cache.used <= 64 << 10
+    finally:
+        manager.close()
+
+
 def test_metrics_file_is_replaced_atomically_and_readable_by_all(tmp_path):
     path = tmp_path / "logfs.prom"
     old = os.umask(0o077)
