@@ -182,6 +182,10 @@ def test_second_daemon_on_same_data_dir_fails(fs, tmp_path):
     ("num.partitions=0", "num.partitions"),
     ("log.cleanup.policy=shred", "cleanup"),
     ("log.retention.ms", "log.retention.ms"),
+    ("compression.type=bogus", "compression.type"),  # CONTRACT section 8: a mount-time error
+    ("compression.zstd.level=23", "compression.zstd.level"),
+    ("compression.lz4.level=18", "compression.lz4.level"),
+    ("compression.gzip.level=10", "compression.gzip.level"),
 ])
 def test_bad_option_fails_and_mounts_nothing(tmp_path, opts, needle):
     data, mnt = tmp_path / "data", tmp_path / "mnt"
