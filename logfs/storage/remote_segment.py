@@ -86,17 +86,18 @@ class BlockCache:
     evicted beyond ``limit`` bytes over all partitions; the most recently used also in memory (:data:`HOT_BYTES`),
     so small reads inside a block cost no file read; and read-ahead (:meth:`prefetch`) in worker threads.
 
-    Thread-safe. A block file is the block's bytes and their CRC-32C (4 bytes, big-endian), written to a
-    temporary and renamed, not fsynced: a block torn or emptied by a power cut fails its CRC when read, is
-    removed, and is fetched again. It is named by a hash of the object key and the block number. The cache
+    Thread-safe. A block file is the block's bytes and their CRC-32C (4 bytes, big-endian), written in
+    place by one writev (it joins the cache only once written; temporaries of older versions are removed by
+    :meth:`scan`), not fsynced: a block torn or emptied by a power cut fails its CRC when read, is removed, and is
+    fetched again. It is named by a hash of the object key and the block number. The cache
     survives restarts: :meth:`scan` takes in a directory's blocks, oldest modification time first.
 
     A block being fetched (on demand or ahead) is in flight once: a reader that needs it waits for that fetch
     instead of sending its own request, so concurrent readers of one segment share fetches. A block fetched ahead
     enters as the most recently used (its reader is on its way to it: a full cache must not evict it on arrival);
     the blocks a reader fetched ahead and never read, once it jumps elsewhere, become the first evicted
-    (:meth:`demote`). A block file being written counts against the limit from the start (room is made before its
-    temporary is written), so the files on disk stay within it."""
+    (:meth:`demote`). A block file being written counts against the limit from the start (room is made before it is
+    written), so the files on disk stay within it."""
 
     def __init__(self, limit: int):
         self.limit = limit
