@@ -336,6 +336,9 @@ class StallProxy(TcpProxy):
         #: When set, a connection's answer passes its first 4 KiB (the headers) at once, then one byte every this
         #: many seconds: a store that trickles, each byte well within any read timeout.
         self.trickle: float | None = None
+        #: When set, a connection's answer is cut (the connection shut) after this many bytes: a body that ends
+        #: short of its Content-Length.
+        self.cut_answer_after: int | None = None
         super().__init__(target_port)
 
     def _hold(self) -> bool:
@@ -355,6 +358,10 @@ class StallProxy(TcpProxy):
             while self.stalled and not self._closed.is_set():
                 time.sleep(0.05)  # an open connection goes quiet too (a read that starts then stalls)
             if self._closed.is_set():
+                break
+            cut = self.cut_answer_after
+            if not upstream and cut is not None and sent > cut:
+                dst.sendall(data[:max(0, cut - (sent - len(data)))])
                 break
             if not upstream and self.trickle is not None and sent > 4096:
                 head = max(0, 4096 - (sent - len(data)))

@@ -88,6 +88,11 @@ class RemoteStore(abc.ABC):
         RemoteNotFoundError if the object is missing.
         """
 
+    def get_range_buffer(self, key: str, start: int, length: int) -> bytes | bytearray:
+        """As :meth:`get_range`, as a buffer the caller owns (a store may read the body straight into it, with no
+        copy into a ``bytes``): the tiered read path slices it into blocks as views."""
+        return self.get_range(key, start, length)
+
     @abc.abstractmethod
     def delete(self, keys: Iterable[str]) -> None:
         """Delete the keys; keys that do not exist are skipped (a retried delete succeeds)."""

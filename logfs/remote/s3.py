@@ -27,6 +27,8 @@ Compatibility: request and response checksums only "when_required", because boto
 
 from __future__ import annotations
 
+import http.client
+import io
 import os
 import time
 from collections.abc import Iterable
@@ -157,14 +159,19 @@ class S3Store(RemoteStore):
     def put_bytes(self, key: str, data: bytes) -> None:
         self._call("put", key, self._client.put_object, Bucket=self.bucket, Key=key, Body=data)
 
-    def _read_body(self, op: str, key: str, r) -> bytes:
-        """The response's body, complete, within ``read_timeout`` + its length at MIN_TRANSFER_RATE."""
+    def _read_body(self, op: str, key: str, r, into: bool = False) -> bytes | bytearray:
+        """The response's body, complete, within ``read_timeout`` + its length at MIN_TRANSFER_RATE. With
+        ``into``: read from the socket straight into one ``bytearray`` of the body's length (no chunks, no join)."""
         expected = r.get("ContentLength")
         deadline = time.monotonic() + self.read_timeout + (expected or 0) / MIN_TRANSFER_RATE
         try:
             with r["Body"] as raw:  # (botocore's StreamingBody enters as urllib3's response)
                 if expected is None or not hasattr(raw, "read1"):
                     return raw.read()
+                if into and expected:
+                    buffered = _socket_reader(raw)
+                    if buffered is not None:
+                        return self._read_into(op, key, raw, buffered, expected, deadline)
                 chunks, got = [], 0
                 while got < expected:
                     chunk = raw.read1(min(expected - got, 1 << 20))
@@ -182,15 +189,42 @@ class S3Store(RemoteStore):
                 return chunks[0] if len(chunks) == 1 else b"".join(chunks)
         except (bx.BotoCoreError, bx.ClientError) as e:
             raise self._error(op, key, e) from None
-        except (urllib3.exceptions.HTTPError, OSError) as e:
+        except (urllib3.exceptions.HTTPError, http.client.HTTPException, OSError) as e:
             raise RemoteUnavailableError(f"{op} s3://{self.bucket}/{key} at {self._where}: "
                                          f"unreachable ({type(e).__name__})") from None
+
+    def _read_into(self, op: str, key: str, raw, buffered, expected: int, deadline: float) -> bytearray:
+        """(in _read_body) The body into one buffer by ``readinto1`` of the connection's reader: each call at most
+        one ``recv`` (what has arrived), so the deadline is checked as often as with ``read1``. The same checks and
+        errors as the chunked read; once complete, the response is closed and its connection back in the pool,
+        as urllib3 does after a complete read."""
+        buf = bytearray(expected)
+        view = memoryview(buf)
+        got = 0
+        try:
+            while got < expected:
+                n = buffered.readinto1(view[got:])
+                if not n:
+                    break
+                got += n
+                if got < expected and time.monotonic() > deadline:
+                    raise RemoteUnavailableError(
+                        f"{op} s3://{self.bucket}/{key} at {self._where}: cut off after {got} of {expected} "
+                        f"bytes, slower than {MIN_TRANSFER_RATE >> 10} KiB/s")
+        finally:
+            view.release()
+        if got != expected:
+            raise RemoteUnavailableError(f"{op} s3://{self.bucket}/{key} at {self._where}: the body ended "
+                                         f"after {got} of {expected} bytes")
+        raw._fp.close()  # http.client's response: read to its end (the connection may serve the next request)
+        raw.release_conn()
+        return buf
 
     def get_bytes(self, key: str) -> bytes:
         return self._read_body("get", key, self._call("get", key, self._client.get_object,
                                                       Bucket=self.bucket, Key=key))
 
-    def get_range(self, key: str, start: int, length: int) -> bytes:
+    def get_range(self, key: str, start: int, length: int, *, into: bool = False) -> bytes:
         if start < 0 or length < 0:
             raise ValueError("negative range")
         if length == 0:
@@ -203,10 +237,13 @@ class S3Store(RemoteStore):
             raise self._error("get", key, e) from None
         except bx.BotoCoreError as e:
             raise self._error("get", key, e) from None
-        data = self._read_body("get", key, r)
+        data = self._read_body("get", key, r, into=into)
         if "ContentRange" not in r and len(data) > length:
             data = data[start:start + length]  # a service that ignored Range sent the whole object
         return data
+
+    def get_range_buffer(self, key: str, start: int, length: int) -> bytes | bytearray:
+        return self.get_range(key, start, length, into=True)
 
     def delete(self, keys: Iterable[str]) -> None:
         keys = list(keys)
@@ -245,3 +282,16 @@ class S3Store(RemoteStore):
 
     def close(self) -> None:
         self._client.close()
+
+
+def _socket_reader(raw) -> io.BufferedReader | None:
+    """The buffered reader of the connection under urllib3's response ``raw`` (http.client's ``fp``), when the body
+    is plain bytes on it (no content decoding, not chunked, nothing read yet through urllib3); else None (the
+    caller reads through urllib3)."""
+    response = getattr(raw, "_fp", None)
+    if not isinstance(response, http.client.HTTPResponse) or response.chunked or response.length is None:
+        return None
+    if getattr(raw, "_fp_bytes_read", 1) or raw.headers.get("content-encoding", "identity") != "identity":
+        return None
+    reader = getattr(response, "fp", None)
+    return reader if isinstance(reader, io.BufferedReader) else None

@@ -55,6 +55,8 @@ READ_AHEAD_MAX = 32 << 20
 READ_AHEAD_GET = 16 << 20
 READ_AHEAD_THREADS = 4
 _CRC = struct.Struct(">I")  # the trailer of a cached block file
+#: A block's bytes: a read-only view of the GET's buffer it came in, or of the block file's bytes read back.
+Block = bytes | memoryview
 
 _thread = threading.local()
 log = logging.getLogger(__name__)
@@ -84,25 +86,30 @@ class BlockCache:
     evicted beyond ``limit`` bytes over all partitions; the most recently used also in memory (:data:`HOT_BYTES`),
     so small reads inside a block cost no file read; and read-ahead (:meth:`prefetch`) in worker threads.
 
-    Thread-safe. A block file is the block's bytes and their CRC-32C (4 bytes, big-endian), written to a
-    temporary and renamed, not fsynced: a block torn or emptied by a power cut fails its CRC when read, is
-    removed, and is fetched again. It is named by a hash of the object key and the block number. The cache
+    Thread-safe. A block file is the block's bytes and their CRC-32C (4 bytes, big-endian), written in
+    place by one writev (it joins the cache only once written; temporaries of older versions are removed by
+    :meth:`scan`), not fsynced: a block torn or emptied by a power cut fails its CRC when read, is removed, and is
+    fetched again. It is named by a hash of the object key and the block number. The cache
     survives restarts: :meth:`scan` takes in a directory's blocks, oldest modification time first.
 
     A block being fetched (on demand or ahead) is in flight once: a reader that needs it waits for that fetch
     instead of sending its own request, so concurrent readers of one segment share fetches. A block fetched ahead
     enters as the most recently used (its reader is on its way to it: a full cache must not evict it on arrival);
     the blocks a reader fetched ahead and never read, once it jumps elsewhere, become the first evicted
-    (:meth:`demote`). A block file being written counts against the limit from the start (room is made before its
-    temporary is written), so the files on disk stay within it."""
+    (:meth:`demote`). A block file being written counts against the limit from the start (room is made before it is
+    written), so the files on disk stay within it."""
 
     def __init__(self, limit: int):
         self.limit = limit
         self.lock = threading.Lock()
         self._lru: OrderedDict[str, int] = OrderedDict()  # path -> bytes on disk; the oldest first
         self.used = 0
-        self._hot: OrderedDict[str, bytes] = OrderedDict()  # path -> the block, in memory
+        self._hot: OrderedDict[str, Block] = OrderedDict()  # path -> the block, in memory
+        # A block in memory may be a view of a whole GET's buffer (RemoteLogSegment._fetch): each buffer is
+        # counted once, whole, while any of its blocks is kept, so HOT_BYTES bounds the memory really held.
+        self._hot_buffers: dict[int, list[int]] = {}  # id of the buffer -> [blocks kept of it, its bytes]
         self._hot_used = 0
+        self._dirs: set[str] = set()  # blocks directories known to exist (made once, not per block)
         self._ahead: set[str] = set()  # fetched ahead, not read yet
         self._reserved = 0  # bytes of block files being written (their temporaries), counted against the limit
         self._inflight: dict[str, Future] = {}
@@ -137,7 +144,7 @@ class BlockCache:
     def _path(directory: str, key: str, block: int) -> str:
         return _block_stem(directory, key) + str(block)
 
-    def _cached(self, path: str, length: int) -> bytes | None:
+    def _cached(self, path: str, length: int) -> Block | None:
         with self.lock:
             data = self._hot.get(path)
             if data is not None:
@@ -152,8 +159,9 @@ class BlockCache:
                 data = f.read()
         except FileNotFoundError:
             return None  # evicted meanwhile
-        if len(data) == length + _CRC.size and _CRC.unpack_from(data, length)[0] == crc32c(data[:length]):
-            data = data[:length]
+        if len(data) == length + _CRC.size and _CRC.unpack_from(data, length)[0] == crc32c(
+                memoryview(data)[:length]):
+            data = memoryview(data)[:length]  # (no copy without the CRC)
             with self.lock:
                 self._keep_hot(path, data)
             return data
@@ -167,27 +175,56 @@ class BlockCache:
             self._lru.move_to_end(path)
         self._ahead.discard(path)
 
-    def _keep_hot(self, path: str, data: bytes) -> None:
+    def _keep_hot(self, path: str, data: Block) -> None:
         """(lock held)"""
-        self._hot_used += len(data) - len(self._hot.pop(path, b""))
+        self._drop_hot(path)
         self._hot[path] = data
+        owner = data.obj if isinstance(data, memoryview) else data
+        counted = self._hot_buffers.get(id(owner))
+        if counted is None:
+            self._hot_buffers[id(owner)] = [1, len(owner)]
+            self._hot_used += len(owner)
+        else:
+            counted[0] += 1
         while self._hot_used > HOT_BYTES and self._hot:
-            self._hot_used -= len(self._hot.popitem(last=False)[1])
+            self._drop_hot(next(iter(self._hot)))
 
-    def _store(self, path: str, data: bytes, ahead: bool = False) -> None:
+    def _drop_hot(self, path: str) -> None:
+        """(lock held) ``path``'s block no longer kept in memory (its buffer's bytes uncounted with its last)."""
+        data = self._hot.pop(path, None)
+        if data is None:
+            return
+        owner = data.obj if isinstance(data, memoryview) else data
+        counted = self._hot_buffers[id(owner)]
+        counted[0] -= 1
+        if not counted[0]:
+            del self._hot_buffers[id(owner)]
+            self._hot_used -= counted[1]
+
+    def _store(self, path: str, data: Block, ahead: bool = False) -> None:
         size = len(data) + _CRC.size
         if size > self.limit:
             return
-        with self.lock:  # room first: the temporary, then the block file, count from the start
+        with self.lock:  # room first: the block file counts from the start
             self._reserved += size
             self._evict()
         try:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            tmp = f"{path}.tmp-{uuid.uuid4().hex}"
-            with open(tmp, "wb") as f:
-                f.write(data)
-                f.write(_CRC.pack(crc32c(data)))
-            os.replace(tmp, path)
+            # Written in place (no temporary, no rename: a new file is the costly part here, see
+            # docs/benchmarks.md): one writer per block at a time (in flight once), and the file joins the cache
+            # only once complete; one cut short (a crash) fails its CRC when read and is fetched again.
+            directory = os.path.dirname(path)
+            if directory not in self._dirs:
+                os.makedirs(directory, exist_ok=True)
+                self._dirs.add(directory)
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+            except FileNotFoundError:  # the directory was removed meanwhile
+                os.makedirs(directory, exist_ok=True)
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+            try:
+                _write_all(fd, [data, _CRC.pack(crc32c(data))])
+            finally:
+                os.close(fd)
         finally:
             with self.lock:
                 self._reserved -= size
@@ -206,7 +243,7 @@ class BlockCache:
     def _remove(self, path: str) -> None:
         """(lock held) One block gone: from the disk cache, memory and the books."""
         self.used -= self._lru.pop(path, 0)
-        self._hot_used -= len(self._hot.pop(path, b""))
+        self._drop_hot(path)
         self._ahead.discard(path)
         try:
             os.unlink(path)
@@ -214,7 +251,7 @@ class BlockCache:
             pass
 
     def _fetch_run(self, paths: list[str], futures: list[Future], a: int, b: int,
-                   fetch: Callable[[int, int], list[bytes]], ahead: bool) -> None:
+                   fetch: Callable[[int, int], list[Block]], ahead: bool) -> None:
         """Fetch blocks a..b (one request), store them, and settle their futures (with the error, if it failed)."""
         try:
             blocks = fetch(a, b)
@@ -237,12 +274,12 @@ class BlockCache:
                         del self._inflight[path]
 
     def get_blocks(self, directory: str, key: str, first: int, last: int, length_of: Callable[[int], int],
-                   fetch: Callable[[int, int], list[bytes]]) -> list[bytes]:
+                   fetch: Callable[[int, int], list[Block]]) -> list[Block]:
         """Blocks ``first..last`` of ``key``: from memory or the disk cache; the missing ones by ``fetch(a, b)``
         (blocks a..b in one request) per run of consecutive missing blocks not already in flight, then cached; a
         block in flight (another reader's fetch, or read-ahead) is waited for. On the request thread a missing
         block raises FetchNeededError before anything is fetched or waited for."""
-        found: dict[int, bytes] = {}
+        found: dict[int, Block] = {}
         missing: list[int] = []
         for block in range(first, last + 1):
             data = self._cached(self._path(directory, key, block), length_of(block))
@@ -291,7 +328,7 @@ class BlockCache:
                 self._read(self._path(directory, key, block))
         return [found[block] for block in range(first, last + 1)]
 
-    def prefetch(self, directory: str, key: str, first: int, last: int, fetch: Callable[[int, int], list[bytes]]
+    def prefetch(self, directory: str, key: str, first: int, last: int, fetch: Callable[[int, int], list[Block]]
                  ) -> int:
         """Fetch blocks ``first..last`` of ``key`` ahead of a sequential reader, in worker threads (at most
         :data:`READ_AHEAD_THREADS` GETs of up to :data:`READ_AHEAD_GET` bytes in flight), skipping blocks cached or
@@ -384,6 +421,24 @@ class _DaemonPool:
             self._queue.put(None)
 
 
+def _write_all(fd: int, parts: list) -> None:
+    """``parts`` to ``fd`` by ``writev`` (a short write goes on with the rest)."""
+    left = sum(len(p) for p in parts)
+    while True:
+        done = os.writev(fd, parts)
+        left -= done
+        if not left:
+            return
+        views = []
+        for p in parts:
+            if done >= len(p):
+                done -= len(p)
+                continue
+            views.append(memoryview(p)[done:])
+            done = 0
+        parts = views
+
+
 @functools.lru_cache(maxsize=4096)
 def _block_stem(directory: str, key: str) -> str:
     """``directory/<hash of key>.``: every read looks a block up by its path, and a SHA-1 per lookup was ~2 us of
@@ -391,7 +446,7 @@ def _block_stem(directory: str, key: str) -> str:
     return os.path.join(directory, hashlib.sha1(key.encode()).hexdigest()[:24]) + "."
 
 
-def _settle(future: Future, data: bytes | None = None, exc: BaseException | None = None) -> None:
+def _settle(future: Future, data: Block | None = None, exc: BaseException | None = None) -> None:
     """Set a block fetch's outcome once (a fetch and a stop may both try)."""
     try:
         if exc is not None:
@@ -527,14 +582,16 @@ class RemoteLogSegment(SegmentFile):
     def _block_length(self, block: int) -> int:
         return min(BLOCK_BYTES, self.size - block * BLOCK_BYTES)
 
-    def _fetch(self, first: int, last: int) -> list[bytes]:
-        """Blocks ``first..last`` of the .log object by one ranged GET."""
+    def _fetch(self, first: int, last: int) -> list[Block]:
+        """Blocks ``first..last`` of the .log object by one ranged GET: read-only views of the one buffer the
+        body was read into (no copy per block; nothing writes to that buffer once it is returned)."""
         start = first * BLOCK_BYTES
         want = min((last + 1) * BLOCK_BYTES, self.size) - start
-        data = self.store.get_range(self.key, start, want)
+        data = self.store.get_range_buffer(self.key, start, want)
         if len(data) != want:
             raise RemoteCorruptError(f"{self.key}: {len(data)} bytes at {start}, expected {want}")
-        return [data[i:i + BLOCK_BYTES] for i in range(0, want, BLOCK_BYTES)]
+        view = memoryview(data).toreadonly()
+        return [view[i:i + BLOCK_BYTES] for i in range(0, want, BLOCK_BYTES)]
 
     def read(self, position: int, length: int) -> bytes:
         end = min(position + length, self.size)

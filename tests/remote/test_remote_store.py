@@ -277,9 +277,11 @@ def test_s3_stalled_endpoint_fails_within_the_bound(seaweed, stall_proxy, aws_en
     assert s.get_range(f"{pfx}/seg", 5, 5) == b"56789"
 
 
-def test_s3_a_trickling_store_is_cut_off_by_the_minimum_rate(seaweed, stall_proxy, aws_env, pfx):
+@pytest.mark.parametrize("method", ["get_range", "get_range_buffer"])
+def test_s3_a_trickling_store_is_cut_off_by_the_minimum_rate(seaweed, stall_proxy, aws_env, pfx, method):
     """A store that sends one byte every 0.2 s, each well within the read timeout (2 s), cannot hold a GET for
-    ever: a 256 KiB body must arrive within read_timeout + 256 KiB at 64 KiB/s."""
+    ever: a 256 KiB body must arrive within read_timeout + 256 KiB at 64 KiB/s (read in chunks, or straight into
+    one buffer as the tiered read path does)."""
     from logfs.remote.s3 import MIN_TRANSFER_RATE
 
     s = s3_store(seaweed, aws_env, endpoint=stall_proxy.endpoint)
@@ -287,12 +289,46 @@ def test_s3_a_trickling_store_is_cut_off_by_the_minimum_rate(seaweed, stall_prox
     s.put_bytes(f"{pfx}/seg", body)
     stall_proxy.trickle = 0.2
     bound = FAST["read_timeout"] + len(body) / MIN_TRANSFER_RATE
-    elapsed, err = _timed(lambda: s.get_range(f"{pfx}/seg", 0, len(body)))
+    elapsed, err = _timed(lambda: getattr(s, method)(f"{pfx}/seg", 0, len(body)))
     assert isinstance(err, RemoteUnavailableError) and bound <= elapsed < bound + 3, (elapsed, err)
     assert f"cut off after " in str(err) and f"of {len(body)} bytes, slower than 64 KiB/s" in str(err)
     stall_proxy.trickle = None
-    assert s.get_range(f"{pfx}/seg", 0, len(body)) == body  # the next GET, at full speed, completes
+    assert getattr(s, method)(f"{pfx}/seg", 0, len(body)) == body  # the next GET, at full speed, completes
     assert s.get_bytes(f"{pfx}/seg") == body
+
+
+@pytest.mark.parametrize("method", ["get_range", "get_range_buffer"])
+def test_s3_a_body_that_ends_short_is_unavailable_not_short_data(seaweed, stall_proxy, aws_env, pfx, method):
+    """The connection closes after part of the body (fewer bytes than its Content-Length): the read fails with
+    RemoteUnavailableError, never returns the part; the next read, on a new connection, gets it all."""
+    s = s3_store(seaweed, aws_env, endpoint=stall_proxy.endpoint)
+    body = os.urandom(1 << 20)
+    s.put_bytes(f"{pfx}/seg", body)
+    stall_proxy.cut_answer_after = 300 << 10  # the headers and about 300 KiB of the body
+    _, err = _timed(lambda: getattr(s, method)(f"{pfx}/seg", 0, len(body)))
+    assert isinstance(err, RemoteUnavailableError), err
+    assert f"s3://{s.bucket}/{pfx}/seg" in str(err) and "after" in str(err), err
+    stall_proxy.cut_answer_after = None
+    assert getattr(s, method)(f"{pfx}/seg", 0, len(body)) == body
+
+
+def test_s3_ranged_reads_into_a_buffer(seaweed, aws_env, pfx):
+    """get_range_buffer: the same bytes as get_range (inside, at the end, short at the end, past the end), as a
+    buffer; many in a row reuse the pooled connections (each read to its end gives its connection back)."""
+    s = s3_store(seaweed, aws_env)
+    body = os.urandom(3 * (1 << 20) + 12345)
+    s.put_bytes(f"{pfx}/seg.log", body)
+    for start, length in ((0, 1), (0, len(body)), (1 << 20, 1 << 20), (len(body) - 100, 100),
+                          (len(body) - 100, 4096), (5, 262144)):
+        got = s.get_range_buffer(f"{pfx}/seg.log", start, length)
+        assert isinstance(got, (bytes, bytearray)) and got == body[start:start + length], (start, length)
+    assert s.get_range_buffer(f"{pfx}/seg.log", len(body), 10) == b""
+    assert s.get_range_buffer(f"{pfx}/seg.log", 0, 0) == b""
+    pool = s._client._endpoint.http_session._manager.connection_from_url(seaweed.endpoint)
+    for i in range(50):
+        assert s.get_range_buffer(f"{pfx}/seg.log", i * 1000, 70000) == body[i * 1000:i * 1000 + 70000]
+    assert pool.num_connections <= 2, pool.num_connections  # (not one new connection per GET)
+    assert s.get_range(f"{pfx}/seg.log", 7, 9) == body[7:16]
 
 
 def test_s3_a_multipart_upload_that_fails_midway_is_aborted(seaweed, stall_proxy, aws_env, pfx, tmp_path):

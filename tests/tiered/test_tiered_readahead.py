@@ -449,3 +449,47 @@ def test_through_the_mount_random_reads_fetch_no_more_than_their_blocks(mount_lo
             assert data[pos:].startswith(os.pread(f.fileno(), 100, pos))
     blocks = sum(len(_block_files(fs, s["objects"]["log"]["key"])) for s in segments)
     assert 0 < blocks <= 2 * 20, blocks
+
+
+def test_blocks_are_read_only_views_of_one_get_correct_at_block_boundaries_and_the_last_block(tiered, monkeypatch):
+    """A GET of several blocks is handed out as read-only views of the one buffer its body was read into: the
+    bytes are the object's at every block boundary and in the object's last, partial, block; read back from the
+    block files (written by writev with their CRC) they are the same; and the memory of blocks kept in memory is
+    counted by the GET buffers they hold, within HOT_BYTES."""
+    monkeypatch.setattr(remote_segment, "HOT_BYTES", 3 * BLOCK_BYTES)
+    data, reopen = tiered
+    plog, rlm, store = reopen()
+    seg = plog.remote_segments[0]
+    obj = store.get_range(seg.key, 0, seg.size)
+    assert len(obj) == seg.size and seg.size % BLOCK_BYTES  # the last block is partial
+    last = (seg.size - 1) // BLOCK_BYTES
+    blocks = rlm.blocks.get_blocks(seg.blocks_dir, seg.key, last - 3, last, seg._block_length, seg._fetch)
+    assert store.log_gets()[1:] == [(seg.key, (last - 3) * BLOCK_BYTES, seg.size - (last - 3) * BLOCK_BYTES)]
+    assert all(isinstance(b, memoryview) and b.readonly and b.obj is blocks[0].obj for b in blocks)
+    with pytest.raises(TypeError):
+        blocks[0][0] = 0
+    assert b"".join(blocks) == obj[(last - 3) * BLOCK_BYTES:]
+    assert len(blocks[-1]) == seg.size - last * BLOCK_BYTES
+    # Kept in memory: the blocks of that one GET, counted as its whole buffer (4 blocks' worth > HOT_BYTES: the
+    # oldest dropped until the buffer no longer counts).
+    cache = rlm.blocks
+    owners = {id(b.obj if isinstance(b, memoryview) else b): len(b.obj if isinstance(b, memoryview) else b)
+              for b in cache._hot.values()}
+    assert cache._hot_used == sum(owners.values()) <= remote_segment.HOT_BYTES
+    for position, length in ((BLOCK_BYTES - 10, 20), ((last - 2) * BLOCK_BYTES - 1, 2), (last * BLOCK_BYTES, 7),
+                             (seg.size - 100, 500), ((last - 3) * BLOCK_BYTES, 4 * BLOCK_BYTES)):
+        assert seg.read(position, length) == obj[position:position + length], (position, length)
+    with cache.lock:  # out of memory: the blocks now come from the block files
+        cache._hot.clear()
+        cache._hot_buffers.clear()
+        cache._hot_used = 0
+    remote_segment._thread.last_block = None
+    gets = len(store.log_gets())
+    for position, length in ((seg.size - 100, 500), ((last - 2) * BLOCK_BYTES - 1, 2),
+                             ((last - 3) * BLOCK_BYTES, 4 * BLOCK_BYTES)):
+        assert seg.read(position, length) == obj[position:position + length], (position, length)
+    assert len(store.log_gets()) == gets
+    files = os.listdir(seg.blocks_dir)
+    assert files and not [n for n in files if ".tmp" in n]
+    assert all(os.path.getsize(os.path.join(seg.blocks_dir, n)) in (BLOCK_BYTES + 4, seg.size % BLOCK_BYTES + 4)
+               for n in files)
