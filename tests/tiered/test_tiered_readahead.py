@@ -107,10 +107,15 @@ def tiered(tmp_path, clock):
         opened.append((m, r))
         return m.get_log("t", 0), r, s
 
+    def close_all():  # (a restart: what reopen opened is closed)
+        while opened:
+            m, r = opened.pop()
+            r.close()
+            m.close()
+
+    reopen.close_all = close_all
     yield data, reopen
-    for m, r in opened:
-        r.close()
-        m.close()
+    close_all()
 
 
 def read_all(view, size):
@@ -392,13 +397,19 @@ def _tiered_mount(mount_logfs, seaweed, prefix):
 
 
 def _block_files(fs, key):
-    """Block numbers of ``key`` in the mount's block cache (files named by a hash of the key and the number)."""
+    """Block numbers of ``key`` in the mount's block cache (run files named by a hash of the key and the numbers
+    of their first and last blocks, ``<hash>.<first>-<last>``, or ``<hash>.<block>``)."""
     import hashlib
 
     stem = hashlib.sha1(key.encode()).hexdigest()[:24] + "."
     blocks = fs.data / "t-0" / "logfs-remote" / "blocks"
     names = os.listdir(blocks) if blocks.is_dir() else []
-    return sorted(int(n[len(stem):]) for n in names if n.startswith(stem) and ".tmp-" not in n)
+    found = []
+    for name in names:
+        if name.startswith(stem):
+            first, _, last = name[len(stem):].partition("-")
+            found += range(int(first), int(last or first) + 1)
+    return sorted(found)
 
 
 def test_through_the_mount_8k_reads_have_the_next_segment_fetched_ahead(mount_logfs, creds):
@@ -491,5 +502,63 @@ def test_blocks_are_read_only_views_of_one_get_correct_at_block_boundaries_and_t
     assert len(store.log_gets()) == gets
     files = os.listdir(seg.blocks_dir)
     assert files and not [n for n in files if ".tmp" in n]
-    assert all(os.path.getsize(os.path.join(seg.blocks_dir, n)) in (BLOCK_BYTES + 4, seg.size % BLOCK_BYTES + 4)
-               for n in files)
+    for name in files:  # a run file: each block and its CRC (the last block of the object is partial)
+        first, _, last = name.rpartition(".")[2].partition("-")
+        first, last = int(first), int(last or first)
+        sizes = [min(BLOCK_BYTES, seg.size - b * BLOCK_BYTES) + 4 for b in range(first, last + 1)]
+        assert os.path.getsize(os.path.join(seg.blocks_dir, name)) == sum(sizes), name
+
+
+def test_fetched_runs_are_one_file_each_and_survive_a_restart(tiered):
+    """The blocks one GET fetched are one run file (each block with its CRC), evicted together; after a restart
+    the cache takes the run files in (and a file of one block as older versions named it), and a reader of the
+    whole log sends no GET; a run file cut short (a power cut) is dropped at the restart and its blocks fetched
+    again, nothing else."""
+    data, reopen = tiered
+    plog, rlm, store = reopen()
+    view = open_view(plog)
+    try:
+        assert read_all(view, 1 << 20) == data
+    finally:
+        view.release()
+    gets = store.log_gets()
+    blocks_dir = plog.remote_segments[0].blocks_dir
+    names = sorted(os.listdir(blocks_dir))
+    assert len(names) == len(gets)  # one file per GET
+    cache = rlm.blocks
+    assert cache.used == sum(os.path.getsize(os.path.join(blocks_dir, n)) for n in names)
+    assert any("-" in n for n in names)
+    # A run's blocks go together: evicting one of them removes its file and all its blocks.
+    run = next(n for n in names if "-" in n)
+    stem, _, numbers = run.rpartition(".")
+    first, last = map(int, numbers.split("-"))
+    with cache.lock:
+        cache._remove(os.path.join(blocks_dir, f"{stem}.{first + 1}"))
+        assert not any(os.path.join(blocks_dir, f"{stem}.{b}") in cache._lru for b in range(first, last + 1))
+    assert not os.path.exists(os.path.join(blocks_dir, run))
+    assert cache.used == sum(os.path.getsize(os.path.join(blocks_dir, n)) for n in os.listdir(blocks_dir))
+    # Restart: the runs left are taken in; a one-block file named as before runs were; a torn run is dropped.
+    names = sorted(os.listdir(blocks_dir))
+    torn = next(n for n in names if "-" in n)
+    with open(os.path.join(blocks_dir, torn), "r+b") as f:
+        f.truncate(BLOCK_BYTES + 100)
+    single = next(n for n in names if "-" in n and n != torn)
+    stem, _, numbers = single.rpartition(".")
+    b = int(numbers.split("-")[0])
+    with open(os.path.join(blocks_dir, single), "rb") as f:
+        head = f.read(BLOCK_BYTES + 4)
+    with open(os.path.join(blocks_dir, f"{stem}.{b}"), "wb") as f:
+        f.write(head)
+    os.unlink(os.path.join(blocks_dir, single))
+    reopen.close_all()
+    plog, rlm, store = reopen()
+    assert os.path.exists(os.path.join(blocks_dir, f"{stem}.{b}")) and not os.path.exists(
+        os.path.join(blocks_dir, torn))
+    view = open_view(plog)
+    try:
+        assert read_all(view, 1 << 20) == data
+    finally:
+        view.release()
+    # Only what was removed is fetched again: the evicted run, the torn one and the rest of the run cut to one.
+    assert 0 < sum(n for _, _, n in store.log_gets()) <= 3 * READ_AHEAD_GET
+    assert rlm.blocks.used == sum(os.path.getsize(os.path.join(blocks_dir, n)) for n in os.listdir(blocks_dir))
