@@ -54,8 +54,7 @@ READ_AHEAD_AFTER = 4  # blocks (1 MiB) a reader must move forward by, read after
 READ_AHEAD_MAX = 32 << 20
 READ_AHEAD_GET = 16 << 20
 READ_AHEAD_THREADS = 4
-_CRC = struct.Struct(">I")  # the trailer of each block in a cached run file
-_IOV_MAX = 1024  # buffers per writev (Linux's UIO_MAXIOV)
+_CRC = struct.Struct(">I")  # the trailer of a cached block file
 #: A block's bytes: a read-only view of the GET's buffer it came in, or of the block file's bytes read back.
 Block = bytes | memoryview
 
@@ -87,14 +86,11 @@ class BlockCache:
     evicted beyond ``limit`` bytes over all partitions; the most recently used also in memory (:data:`HOT_BYTES`),
     so small reads inside a block cost no file read; and read-ahead (:meth:`prefetch`) in worker threads.
 
-    Thread-safe. The blocks one GET fetched (a run of consecutive blocks: a read-ahead GET's up to
-    :data:`READ_AHEAD_GET` bytes, a demand read's one or two) are one file: each block's bytes followed by their
-    CRC-32C (4 bytes, big-endian), written in place by one writev (the run joins the cache only once written), not
-    fsynced: a block torn or emptied by a power cut fails its CRC when read, and its run is removed and fetched
-    again. A run's blocks are evicted together (a file per 256 KiB block made creating files the largest cost of a
-    sequential read, docs/benchmarks.md). A run file is named by a hash of the object key and its first and last
-    block numbers (``<hash>.<first>-<last>``, or ``<hash>.<block>`` for one block, the name files of one block had
-    before). The cache survives restarts: :meth:`scan` takes in a directory's runs, oldest modification time first.
+    Thread-safe. A block file is the block's bytes and their CRC-32C (4 bytes, big-endian), written in
+    place by one writev (it joins the cache only once written; temporaries of older versions are removed by
+    :meth:`scan`), not fsynced: a block torn or emptied by a power cut fails its CRC when read, is removed, and is
+    fetched again. It is named by a hash of the object key and the block number. The cache
+    survives restarts: :meth:`scan` takes in a directory's blocks, oldest modification time first.
 
     A block being fetched (on demand or ahead) is in flight once: a reader that needs it waits for that fetch
     instead of sending its own request, so concurrent readers of one segment share fetches. A block fetched ahead
@@ -106,11 +102,7 @@ class BlockCache:
     def __init__(self, limit: int):
         self.limit = limit
         self.lock = threading.Lock()
-        # A block is known by its path (its run file's directory, the object's hash, its number): the books are
-        # per block, the files per run.
-        self._lru: OrderedDict[str, int] = OrderedDict()  # block path -> bytes on disk; the oldest first
-        self._where: dict[str, tuple[str, int]] = {}  # block path -> (its run file, the block's offset in it)
-        self._runs: dict[str, list[str]] = {}  # run file -> the block paths in it
+        self._lru: OrderedDict[str, int] = OrderedDict()  # path -> bytes on disk; the oldest first
         self.used = 0
         self._hot: OrderedDict[str, Block] = OrderedDict()  # path -> the block, in memory
         # A block in memory may be a view of a whole GET's buffer (RemoteLogSegment._fetch): each buffer is
@@ -137,42 +129,16 @@ class BlockCache:
         found = []
         for name in names:
             path = os.path.join(directory, name)
-            stem, _, numbers = name.rpartition(".")
-            first, _, last = numbers.partition("-")
-            try:
-                st = os.stat(path)
-                first, last = int(first), int(last or first)
-            except FileNotFoundError:
-                continue
-            except ValueError:  # not a run file (a temporary of an older version)
+            if ".tmp-" in name:
                 os.unlink(path)
                 continue
-            whole = (last - first) * (BLOCK_BYTES + _CRC.size)  # all but the last block are whole blocks
-            if not stem or last < first or not whole + _CRC.size < st.st_size <= whole + BLOCK_BYTES + _CRC.size:
-                os.unlink(path)  # cut short (a power cut) or not ours
-                continue
-            found.append((st.st_mtime, path, first, last, st.st_size))
+            st = os.stat(path)
+            found.append((st.st_mtime, path, st.st_size))
         with self.lock:
-            for _, path, first, last, size in sorted(found):
-                stem = path[:len(path) - len(path.rpartition(".")[2])]
-                blocks = [stem + str(block) for block in range(first, last + 1)]
-                self._add_run(path, blocks, [BLOCK_BYTES + _CRC.size] * (last - first) + [
-                    size - (last - first) * (BLOCK_BYTES + _CRC.size)])
+            for _, path, size in sorted(found):
+                self.used += size - self._lru.pop(path, 0)
+                self._lru[path] = size
             self._evict()
-
-    def _add_run(self, run: str, paths: list[str], sizes: list[int]) -> None:
-        """(lock held) The blocks ``paths`` (``sizes`` bytes each on disk, CRCs included) are in file ``run``, in
-        that order: most recently used."""
-        for path in paths:
-            if path in self._lru:
-                self._remove(path)
-        offset = 0
-        for path, size in zip(paths, sizes):
-            self.used += size
-            self._lru[path] = size
-            self._where[path] = (run, offset)
-            offset += size
-        self._runs[run] = paths
 
     @staticmethod
     def _path(directory: str, key: str, block: int) -> str:
@@ -188,15 +154,11 @@ class BlockCache:
             if path not in self._lru:
                 return None
             self._read(path)
-            run, offset = self._where.get(path, (path, 0))
         try:
-            fd = os.open(run, os.O_RDONLY | os.O_CLOEXEC)
+            with open(path, "rb") as f:
+                data = f.read()
         except FileNotFoundError:
             return None  # evicted meanwhile
-        try:
-            data = os.pread(fd, length + _CRC.size, offset)
-        finally:
-            os.close(fd)
         if len(data) == length + _CRC.size and _CRC.unpack_from(data, length)[0] == crc32c(
                 memoryview(data)[:length]):
             data = memoryview(data)[:length]  # (no copy without the CRC)
@@ -239,54 +201,39 @@ class BlockCache:
             del self._hot_buffers[id(owner)]
             self._hot_used -= counted[1]
 
-    def _store_run(self, paths: list[str], blocks: list[Block], ahead: bool = False) -> None:
-        """Blocks ``paths`` (consecutive), fetched by one GET, into one run file. A failure to write it (a full
-        disk) leaves them uncached: the read that fetched them has them, a later one fetches them again."""
-        sizes = [len(data) + _CRC.size for data in blocks]
-        total = sum(sizes)
-        if total > self.limit:
+    def _store(self, path: str, data: Block, ahead: bool = False) -> None:
+        size = len(data) + _CRC.size
+        if size > self.limit:
             return
-        first = paths[0]
-        run = first if len(paths) == 1 else f"{first}-{paths[-1].rpartition('.')[2]}"
-        with self.lock:  # room first: the run file counts from the start
-            self._reserved += total
+        with self.lock:  # room first: the block file counts from the start
+            self._reserved += size
             self._evict()
         try:
-            # Written in place (no temporary, no rename: creating a file is the costly part here, see
-            # docs/benchmarks.md): its blocks are in flight once, so one writer, and the run joins the cache only
-            # once complete; one cut short (a crash) fails its blocks' CRCs when read and is fetched again.
-            directory = os.path.dirname(run)
+            # Written in place (no temporary, no rename: a new file is the costly part here, see
+            # docs/benchmarks.md): one writer per block at a time (in flight once), and the file joins the cache
+            # only once complete; one cut short (a crash) fails its CRC when read and is fetched again.
+            directory = os.path.dirname(path)
             if directory not in self._dirs:
                 os.makedirs(directory, exist_ok=True)
                 self._dirs.add(directory)
             try:
-                fd = os.open(run, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
             except FileNotFoundError:  # the directory was removed meanwhile
                 os.makedirs(directory, exist_ok=True)
-                fd = os.open(run, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
             try:
-                parts: list = []
-                for data in blocks:
-                    parts += (data, _CRC.pack(crc32c(data)))
-                _write_all(fd, parts)
+                _write_all(fd, [data, _CRC.pack(crc32c(data))])
             finally:
                 os.close(fd)
-        except OSError as exc:
-            log.warning("caching %d fetched block(s) in %s failed: %s", len(paths), run, exc)
-            try:
-                os.unlink(run)
-            except OSError:
-                pass
-            return
         finally:
             with self.lock:
-                self._reserved -= total
+                self._reserved -= size
         with self.lock:
-            self._add_run(run, paths, sizes)
-            for path, data in zip(paths, blocks):
-                if ahead:  # not read yet, and the most recently used all the same: its reader is on its way
-                    self._ahead.add(path)
-                self._keep_hot(path, data)
+            self.used += size - self._lru.pop(path, 0)
+            self._lru[path] = size
+            if ahead:  # not read yet, and the most recently used all the same: its reader is on its way
+                self._ahead.add(path)
+            self._keep_hot(path, data)
             self._evict()
 
     def _forget(self, path: str) -> None:
@@ -294,17 +241,12 @@ class BlockCache:
             self._remove(path)
 
     def _remove(self, path: str) -> None:
-        """(lock held) A block gone, with the others of its run file: from the disk cache, memory and the books."""
-        run = self._where.get(path, (path, 0))[0]
-        for block in self._runs.pop(run, None) or [path]:
-            if self._where.get(block, (run,))[0] != run:
-                continue  # cached again since, in another run
-            self.used -= self._lru.pop(block, 0)
-            self._where.pop(block, None)
-            self._drop_hot(block)
-            self._ahead.discard(block)
+        """(lock held) One block gone: from the disk cache, memory and the books."""
+        self.used -= self._lru.pop(path, 0)
+        self._drop_hot(path)
+        self._ahead.discard(path)
         try:
-            os.unlink(run)
+            os.unlink(path)
         except FileNotFoundError:
             pass
 
@@ -316,9 +258,9 @@ class BlockCache:
             with self.lock:
                 self.requests += 1
                 self.fetched_bytes += sum(len(d) for d in blocks)
-            for future, data in zip(futures, blocks):  # (waiters go on while the run file is written)
+            for path, future, data in zip(paths, futures, blocks):
+                self._store(path, data, ahead=ahead)
                 _settle(future, data)
-            self._store_run(paths, blocks, ahead=ahead)
         except BaseException as exc:
             for future in futures:
                 _settle(future, exc=exc)
@@ -353,7 +295,7 @@ class BlockCache:
         mine: list[tuple[int, str, Future]] = []
         for attempt in range(3):
             # Looked at again, all under the lock: a fetch that ended since the look above has its blocks cached
-            # (a fetch's blocks join the cache before they leave the in-flight set), not fetched again here.
+            # (a fetched block joins the cache before it leaves the in-flight set), not fetched again here.
             late: list[int] = []
             with self.lock:
                 for block in missing:
@@ -366,7 +308,7 @@ class BlockCache:
                         continue
                     future = self._inflight.get(path)
                     if future is None and path in self._lru and attempt < 2:
-                        late.append(block)  # in its run file: read below, outside the lock
+                        late.append(block)  # in its block file: read below, outside the lock
                         continue
                     if future is None:
                         future = self._inflight[path] = Future()
@@ -504,10 +446,6 @@ class _DaemonPool:
 
 def _write_all(fd: int, parts: list) -> None:
     """``parts`` to ``fd`` by ``writev`` (a short write goes on with the rest)."""
-    if len(parts) > _IOV_MAX:
-        for i in range(0, len(parts), _IOV_MAX):
-            _write_all(fd, parts[i:i + _IOV_MAX])
-        return
     left = sum(len(p) for p in parts)
     while True:
         done = os.writev(fd, parts)
