@@ -187,3 +187,48 @@ def test_settings_from_a_config_file(tmp_path):
                  what="a periodic write")
     finally:
         m.cleanup()
+
+
+def test_compression_and_tiered_read_cache_through_the_mount(mount_logfs, tmp_path):
+    """A zstd topic's background rewrite and the reads of a tiered range through the mount show in the metrics
+    file: segments rewritten with their bytes before and after (what the partition holds now), and the GETs the
+    reads sent, their bytes and the cache's use under its bound."""
+    prom = tmp_path / "logfs.prom"
+    archive = tmp_path / "archive"
+    archive.mkdir()
+    fs = mount_logfs(f"logfs.metrics.file={prom}", "logfs.metrics.interval.ms=200",
+                     "remote.log.storage.system.enable=true", f"logfs.remote.dir={archive}",
+                     "remote.log.manager.task.interval.ms=100", f"logfs.remote.cache.bytes={4 << 20}")
+    os.mkdir(fs.path("z"))
+    sh(f"setfattr -n user.logfs.config.compression.type -v zstd {fs.path('z')}")
+    sh(f"setfattr -n user.logfs.config.segment.bytes -v 65536 {fs.path('z')}")
+    zdata = b"".join(b"GET /api/v1/orders/%d 200 %d ms\n" % (i, i % 97) for i in range(12000))
+    fs.append("z/0", zdata)
+    os.mkdir(fs.path("h"))
+    for key, value in (("remote.storage.enable", "true"), ("segment.bytes", "16384"), ("local.retention.bytes", "0")):
+        sh(f"setfattr -n user.logfs.config.{key} -v {value} {fs.path('h')}")
+    hdata = b"".join(LINES) * 4
+    fs.append("h/0", hdata)
+    wait_for(lambda: int(fs.getx("h/0", "local_log_start_offset")) >= 1000, 30, what="h tiered and deleted locally")
+
+    def compressed():
+        got = parse(prom) if prom.exists() else {}
+        return got if got.get(("logfs_compression_segments_total", frozenset()), 0) >= 5 else None
+
+    got = wait_for(compressed, 30, interval=0.2, what="the rewrite in the metrics")
+    assert got[("logfs_compression_failures_total", frozenset())] == 0
+    before = got[("logfs_compression_input_bytes_total", frozenset())]
+    after = got[("logfs_compression_output_bytes_total", frozenset())]
+    assert 0 < after < before / 4, (after, before)
+    assert got[("logfs_remote_cache_limit_bytes", frozenset())] == 4 << 20
+    fetched_before = got[("logfs_remote_fetched_bytes_total", frozenset())]
+    assert fs.read("h/0") == hdata  # the tiered range through the bucket
+    assert fs.read("z/0") == zdata
+
+    def fetched():
+        got = parse(prom)
+        return got if got[("logfs_remote_fetched_bytes_total", frozenset())] > fetched_before else None
+
+    got = wait_for(fetched, 10, interval=0.1, what="the reads' GETs in the metrics")
+    assert got[("logfs_remote_fetch_requests_total", frozenset())] >= 1
+    assert 0 < got[("logfs_remote_cache_bytes", frozenset())] <= 4 << 20
