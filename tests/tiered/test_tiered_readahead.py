@@ -128,15 +128,20 @@ def read_all(view, size):
         pos += len(chunk)
 
 
+def read_log(plog, size):
+    """The whole partition through a view of its own (as a new open), in reads of ``size``."""
+    view = open_view(plog)
+    try:
+        return read_all(view, size)
+    finally:
+        view.release()
+
+
 @pytest.mark.parametrize("size", [8 << 10, 1 << 20])
 def test_a_sequential_reader_fetches_ahead_in_large_gets(tiered, size):
     data, reopen = tiered
     plog, rlm, store = reopen()
-    view = open_view(plog)
-    try:
-        assert read_all(view, size) == data
-    finally:
-        view.release()
+    assert read_log(plog, size) == data
     gets = store.log_gets()
     fetched = sum(n for _, _, n in gets)
     stored = sum(s.size for s in plog.remote_segments)
@@ -178,11 +183,7 @@ def test_read_ahead_goes_on_into_the_next_tiered_segment(tiered, size):
     segments = plog.remote_segments
     assert len(segments) >= 3
     assert [s.successor for s in segments] == segments[1:] + [None]
-    view = open_view(plog)
-    try:
-        assert read_all(view, size) == data
-    finally:
-        view.release()
+    assert read_log(plog, size) == data
     gets = store.log_gets_by_thread()
     me = threading.current_thread().name
     first_key = segments[0].key
@@ -241,11 +242,7 @@ def test_concurrent_sequential_readers_share_fetches(tiered):
     results = []
 
     def reader():
-        view = open_view(plog)
-        try:
-            results.append(read_all(view, 64 << 10))
-        finally:
-            view.release()
+        results.append(read_log(plog, 64 << 10))
 
     threads = [threading.Thread(target=reader) for _ in range(3)]
     for t in threads:
@@ -515,11 +512,7 @@ def test_the_block_cache_survives_a_restart(tiered):
     again alone."""
     data, reopen = tiered
     plog, rlm, store = reopen()
-    view = open_view(plog)
-    try:
-        assert read_all(view, 1 << 20) == data
-    finally:
-        view.release()
+    assert read_log(plog, 1 << 20) == data
     blocks_dir = plog.remote_segments[0].blocks_dir
     names = sorted(os.listdir(blocks_dir))
     cache = rlm.blocks
@@ -531,11 +524,7 @@ def test_the_block_cache_survives_a_restart(tiered):
         f.truncate(BLOCK_BYTES // 2)
     reopen.close_all()
     plog, rlm, store = reopen()
-    view = open_view(plog)
-    try:
-        assert read_all(view, 1 << 20) == data
-    finally:
-        view.release()
+    assert read_log(plog, 1 << 20) == data
     gets = store.log_gets()
     assert len(gets) == 2 and all(n <= BLOCK_BYTES for _, _, n in gets), gets
     assert rlm.blocks.used == sum(os.path.getsize(os.path.join(blocks_dir, n)) for n in os.listdir(blocks_dir))
