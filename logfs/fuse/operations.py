@@ -23,7 +23,7 @@ from typing import Callable
 import pyfuse3
 import trio
 
-from ..storage.errors import FetchNeededError, InvalidRecordError, LogfsError, RecordTooLargeError
+from ..storage.errors import FetchNeededError, InvalidRecordError, LogfsError, RecordTooLargeError, StorageIOError
 from ..storage.manager import LogManager
 from ..storage.names import MOUNT_COMMIT, MOUNT_STAGING, parse_partition_number
 from ..view.text import live_view
@@ -381,7 +381,9 @@ class Operations(pyfuse3.Operations, ControlEntries):
         writable = (flags & os.O_ACCMODE) in (os.O_WRONLY, os.O_RDWR)
         if writable and self.read_only:
             fail(errno.EROFS)
-        if flags & os.O_TRUNC and live_view(self.manager.logs[(topic, partition)]).length() > 0:
+        plog = self.manager.logs[(topic, partition)]
+        plog.log_dir.check()  # a partition of an offline directory: EIO until the next mount
+        if flags & os.O_TRUNC and live_view(plog).length() > 0:
             fail(errno.EPERM)
         return self._open_handle(inode, topic, partition, flags, ctx)
 
@@ -406,14 +408,22 @@ class Operations(pyfuse3.Operations, ControlEntries):
         if control is not None:
             return control.read(off, size)
         handle = self._handle(fh)
+        log_dir = handle.log.log_dir
+        log_dir.check()
         data = None
-        if fh not in self._fetching:
-            try:
-                data, lines = handle.read(off, size)
-            except FetchNeededError:
-                pass
-        if data is None:
-            data, lines = await self._fetch(fh, handle.read, off, size)
+        try:
+            if fh not in self._fetching:
+                try:
+                    data, lines = handle.read(off, size)
+                except FetchNeededError:
+                    pass
+            if data is None:
+                data, lines = await self._fetch(fh, handle.read, off, size)
+        except (OSError, StorageIOError) as exc:  # the disk failed a read: the directory goes offline
+            error = log_dir.io_error(exc, f"read of {handle.log.name}")
+            if error is exc:
+                raise
+            raise error from exc
         counters = handle.counters  # (here, on the trio thread, also after a read in a worker thread)
         counters.read_bytes += len(data)
         counters.read_records += lines
@@ -442,6 +452,7 @@ class Operations(pyfuse3.Operations, ControlEntries):
             return await self._write_control(control, buf)
         if handle.log.closed:
             fail(errno.ENOENT)  # the partition was deleted while open
+        handle.log.log_dir.check()
         written = handle.write(off, buf)
         handle.counters.appended_bytes += written
         if handle.log.flush_due:  # flush.messages: durable before the write() returns, as Kafka's flush
@@ -497,6 +508,7 @@ class Operations(pyfuse3.Operations, ControlEntries):
         handle = self._handle(fh)
         if handle.log.closed:
             return
+        handle.log.log_dir.check()  # (never a success over bytes whose fsync failed: the directory is offline)
         await self.run_blocking(handle.log.flush)
 
     @translate
@@ -550,6 +562,7 @@ class Operations(pyfuse3.Operations, ControlEntries):
         if partition is None:
             return xattrs.topic_get(self.manager, topic, text)
         plog = self.manager.logs[(topic, partition)]
+        plog.log_dir.check()
         try:
             return xattrs.partition_get(plog, text)
         except FetchNeededError:

@@ -38,6 +38,11 @@ except ImportError:  # pragma: no cover - exercised when built without a compile
     _speedups = None
 
 
+# Disk blocks are reserved for an index one page ahead of its entries (see _FileIndex._reserve): one
+# posix_fallocate per 512 offset index entries, and no more disk than the entries need.
+_RESERVE_BYTES = 4096
+
+
 def _increasing(column) -> bool:
     return all(map(operator.lt, column, column[1:]))
 
@@ -86,6 +91,7 @@ class _FileIndex:
         try:
             length = os.fstat(fd).st_size
             self.entries = self._count_entries(length - length % self.entry_size, fd) if exists else 0
+            self._backed = self.entries * self.entry_size  # bytes known to have disk blocks behind them
             if active:
                 # Never below the entries already there (segment.index.bytes may have been lowered since).
                 size = max(self.max_index_size, self.entries * self.entry_size)
@@ -145,6 +151,22 @@ class _FileIndex:
         except OSError as exc:
             raise StorageIOError(f"cannot resize index {self.path}: {exc.strerror}", exc.errno) from exc
         self.max_entries = length // self.entry_size
+        self._backed = min(self._backed, length)
+
+    def _reserve(self, end: int) -> None:
+        """Give the file disk blocks up to ``end`` (and a page ahead) before storing into it: a preallocated index
+        is a sparse file, and entries stored into its reserve still fit once the disk is full (the end entries a
+        roll or a clean shutdown writes)."""
+        length = self.max_entries * self.entry_size
+        start = self._backed
+        stop = min(max(end, start + _RESERVE_BYTES), length)
+        if stop <= start:
+            return
+        try:
+            os.posix_fallocate(self._fd, start, stop - start)
+        except OSError as exc:
+            raise StorageIOError(f"cannot extend index {self.path}: {exc.strerror}", exc.errno) from exc
+        self._backed = stop
 
     def _count_entries(self, length: int, fd: int) -> int:
         """Entries in an existing file: a preallocated file ends in all-zero slots (never a valid entry past
@@ -211,7 +233,10 @@ class _FileIndex:
     def _put(self, values) -> None:
         if self.entries >= self.max_entries:
             raise CorruptRecordError(f"index {self.path} is full")
-        self._pwrite(self.entries * self.entry_size, self.ENTRY.pack(*values))
+        at = self.entries * self.entry_size
+        if at + self.entry_size > self._backed:
+            self._reserve(at + self.entry_size)
+        self._pwrite(at, self.ENTRY.pack(*values))
         self.entries += 1
         self.recent = True
 

@@ -312,13 +312,16 @@ class LogSegment(SegmentRecovery, SegmentFile):
 
     def _undo_write(self, indexes, marks, position: int, exc: BaseException) -> None:
         """After a failed append (ENOSPC, EIO...): index entries rolled back to ``marks``, the file cut back to
-        ``position``; raises the failure as StorageIOError."""
-        for index, mark in zip(indexes, marks):
-            index.rollback(mark)
+        ``position``; raises the failure as StorageIOError. If the undo fails too, raises an EIO StorageIOError
+        (the log directory then goes offline: :mod:`~logfs.storage.failure`): the in-memory state is the one before
+        the append either way (each rollback sets its count first), and recovery cuts what the disk kept."""
         try:
+            for index, mark in zip(indexes, marks):
+                index.rollback(mark)
             os.ftruncate(self.fd, position)
-        except OSError:
-            pass
+        except (OSError, StorageIOError) as undo:
+            raise StorageIOError(f"write to {self.log_path} failed ({exc}), and so did its undo ({undo})",
+                                 _errno.EIO) from exc
         if isinstance(exc, StorageIOError):
             raise exc
         raise StorageIOError(f"write to {self.log_path} failed: {exc.strerror}", exc.errno) from exc
