@@ -17,7 +17,7 @@ import pyfuse3
 
 from ..remote.api import RemoteStoreError
 from ..storage import errors as e
-from ..storage.failure import disk_errno
+from ..storage.failure import LogDirOfflineError, disk_errno
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +75,9 @@ def translate(fn):
             raise
         except e.LogfsError as exc:
             code = errno_for(exc)
-            if code in (errno.EIO, errno.ENOSPC):
+            if isinstance(exc, LogDirOfflineError):
+                log.debug("%s: %s", fn.__name__, exc)  # (logged once, when the directory went offline)
+            elif code in (errno.EIO, errno.ENOSPC):
                 log.error("%s: %s", fn.__name__, exc)
             else:
                 log.debug("%s: %s -> %s", fn.__name__, exc, errno.errorcode.get(code))

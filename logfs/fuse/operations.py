@@ -46,6 +46,15 @@ BLOCK_SIZE = 1 << 20
 NOW_SLACK_NS = 2_000_000_000
 
 
+def _disk_failed(plog, exc: BaseException, what: str):
+    """Raise for a disk error ``exc`` met serving ``what`` on ``plog``: its log directory goes offline unless the
+    error is not the disk's (storage/failure.py)."""
+    error = plog.log_dir.io_error(exc, f"{what} of {plog.name}")
+    if error is exc:
+        raise exc
+    raise error from exc
+
+
 def _decode(name: bytes) -> str:
     try:
         return name.decode("utf-8")
@@ -420,10 +429,7 @@ class Operations(pyfuse3.Operations, ControlEntries):
             if data is None:
                 data, lines = await self._fetch(fh, handle.read, off, size)
         except (OSError, StorageIOError) as exc:  # the disk failed a read: the directory goes offline
-            error = log_dir.io_error(exc, f"read of {handle.log.name}")
-            if error is exc:
-                raise
-            raise error from exc
+            _disk_failed(handle.log, exc, "read")
         counters = handle.counters  # (here, on the trio thread, also after a read in a worker thread)
         counters.read_bytes += len(data)
         counters.read_records += lines
@@ -564,11 +570,14 @@ class Operations(pyfuse3.Operations, ControlEntries):
         plog = self.manager.logs[(topic, partition)]
         plog.log_dir.check()
         try:
-            return xattrs.partition_get(plog, text)
-        except FetchNeededError:
-            pass
-        async with self._fetch_slots:
-            return await self.run_blocking(xattrs.partition_get_pinned, plog, text)
+            try:
+                return xattrs.partition_get(plog, text)
+            except FetchNeededError:
+                pass
+            async with self._fetch_slots:
+                return await self.run_blocking(xattrs.partition_get_pinned, plog, text)
+        except (OSError, StorageIOError) as exc:
+            _disk_failed(plog, exc, f"getxattr {text}")
 
     @translate
     async def listxattr(self, inode, ctx):

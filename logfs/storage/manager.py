@@ -303,7 +303,7 @@ class LogManager:
         os.mkdir(path)  # not exist_ok: a stray of that name is not ours to reuse (FileExistsError -> EEXIST)
         made.append(path)
         plog = self._add_log(load_log(path, topic, partition, config or self.topic_config(topic),
-                                      had_clean_shutdown=True, clock=self.clock))
+                                      had_clean_shutdown=True, clock=self.clock, log_dir=self.log_dir))
         if sync:
             ckpt.fsync_dir(self.data_dir)
         return plog
