@@ -26,6 +26,9 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/pip install -q --upgrade pip >/dev/null
 .venv/bin/pip install -q -e '.[test]'
+# The C accelerator is optional (the build goes on without it); say so when it is missing, as it costs speed.
+.venv/bin/python -c 'import logfs._speedups' 2>/dev/null \
+  || echo "note: logfs's C accelerator was not built (no C compiler?): logfs runs on its slower pure-Python paths" >&2
 
 case "$action" in
   test)
