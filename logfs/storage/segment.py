@@ -222,10 +222,10 @@ class LogSegment(SegmentRecovery, SegmentFile):
             return
         self._forget_fd()
         for index in (self.offset_index, self.time_index, self.view_index):
-            index._unmap()
+            index.release()
 
     def hold_files(self) -> None:
-        """Open the descriptor and map the indexes that have entries, before the files are renamed away or
+        """Open the descriptors of the .log and of the indexes that have entries, before the files are renamed away or
         unlinked while a snapshot pins the segment: it keeps reading them through these. Under the log's
         lock; the caller then marks it ``deleted``, so the budget never closes them."""
         if self.closed:
@@ -233,7 +233,7 @@ class LogSegment(SegmentRecovery, SegmentFile):
         self.fd  # noqa: B018 (opens it)
         for index in (self.offset_index, self.time_index, self.view_index):
             if index.entries:
-                index._mmap  # noqa: B018 (maps it)
+                index.hold()
 
     # -- appending -------------------------------------------------------------------------------
     def append(self, batch: bytes, header: rec.BatchHeader, stats: LineStats) -> None:
