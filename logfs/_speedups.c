@@ -6,7 +6,7 @@
  *     the tail batch being grown.
  * encode_records(values, keys=None) -> bytes: the records section of an uncompressed Kafka v2 batch (record i:
  *     attributes 0, timestampDelta 0, offsetDelta i, the key or null, the value or null, no headers). The caller
- *     adds the 61-byte header and CRC (logfs.storage.records.build_batch).
+ *     adds the 61-byte header and CRC (logfs.storage.format.records.build_batch).
  * render_window(buf, skip, want, separator, null_marker): the read path. The requested bytes of the text-view
  *     lines of the batches in a read buffer.
  * render_records(batch, separator, null_marker) -> bytes: the lines of one batch ([key + separator] +
@@ -21,7 +21,7 @@
  * murmur2(data), partition_rows(n, keys, explicit, parts, rr), encode_arrow(values, keys, indices, start, end,
  *     target, timestamp): the Spark sink. Kafka's default partitioner, and batches, straight from Arrow buffers.
  *
- * Each is documented where it is defined. All are optional accelerators: logfs.storage.records and
+ * Each is documented where it is defined. All are optional accelerators: logfs.storage.format.records and
  * logfs.view.text have pure-Python paths producing identical bytes (tests compare them). Compressed and control
  * batches always take the Python path.
  */
@@ -717,7 +717,7 @@ static inline uint64_t be64(const unsigned char *p) { return ((uint64_t)be32(p) 
  * offsets non-decreasing, offsets >= 0. kind 2, the view index (>IIIIIQQ: offset, position, records, keyed,
  * nulls, key bytes, value bytes): offsets and positions increasing, every stat non-decreasing, records <=
  * offset, keyed and nulls <= records, key + value bytes <= position; the last position <= log_size and the one
- * before it < log_size. The same rules as the pure-Python sanity_check methods in logfs/storage/index.py. */
+ * before it < log_size. The same rules as the pure-Python sanity_check methods in logfs/storage/local/index.py. */
 static PyObject *index_ok(PyObject *self, PyObject *args) {
     int kind;
     Py_buffer view;

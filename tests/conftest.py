@@ -6,7 +6,7 @@ with their own vocabulary (tests/view's ``make_log``, tests/storage/test_loader.
 wrappers over these two.
 
 Also ``small_tmpfs``: a real 8 MiB tmpfs, the disk that fills. ``LOGFS_TEST_OPEN_FILES=N`` runs the engine of
-this process under an open-file budget of N segment files (storage/open_files.py), whatever the descriptor limit.
+this process under an open-file budget of N segment files (storage/local/open_files.py), whatever the descriptor limit.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from logfs.storage import BrokerConfig, LogConfig, LogManager, ManualClock, load_log
-from logfs.storage import open_files
+from logfs.storage.local import open_files
 
 def pytest_configure(config):
     budget = os.environ.get("LOGFS_TEST_OPEN_FILES")

@@ -17,7 +17,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from bench import getx, mount_logfs, timed_shell, unmount, wait
+from benchlib import getx, mount_logfs, timed_shell, unmount, wait
 
 PARTITIONS = 2
 

@@ -46,7 +46,7 @@ import sys
 import threading
 import time
 
-from bench import (PY, ROOT, append_file, daemon_pid, drop_caches, getx, make_lines, mount_logfs, mounted, read_file,
+from benchlib import (PY, ROOT, append_file, daemon_pid, drop_caches, getx, make_lines, mount_logfs, mounted, read_file,
                    unmount, wait)
 
 DEFAULT_CORPUS = "/tmp/codecs-corpus/real.log"
@@ -340,8 +340,8 @@ def engine_rewrites(data: str, rounds: int) -> dict:
     uncompressed topic's sealed segments in each codec, into a scratch directory: bytes and MB/s (best of
     ``rounds`` for zstd, one pass for the others)."""
     from logfs.storage import LogConfig
-    from logfs.storage.compression import write_compressed
-    from logfs.storage.lifecycle import discard, open_segment
+    from logfs.storage.cleaner.compression import write_compressed
+    from logfs.storage.local.lifecycle import discard, open_segment
 
     directory = os.path.join(data, f"{TOPIC}-0")
     scratch = os.path.join(os.path.dirname(data), "rewrite-scratch")
@@ -383,9 +383,9 @@ def append_time_compression(bench, text: bytes) -> dict:
     would add to each write), best of ``rounds``; and the background rewrite of the same segment
     (``write_compressed``: ~256 KiB merged batches), for its ratio and CPU per MiB."""
     from logfs.storage import LogConfig, load_log
-    from logfs.storage import records as rec
-    from logfs.storage.compression import write_compressed
-    from logfs.storage.lifecycle import discard
+    from logfs.storage.format import records as rec
+    from logfs.storage.cleaner.compression import write_compressed
+    from logfs.storage.local.lifecycle import discard
 
     work = os.path.join(bench.work, "compression-engine")
     chunks, at = [], 0

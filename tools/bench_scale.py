@@ -39,7 +39,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 if HERE not in sys.path:
     sys.path.insert(0, HERE)
 
-from bench import PY, daemon_pid, env, mounted, wait  # noqa: E402
+from benchlib import PY, daemon_pid, env, mounted, wait  # noqa: E402
 
 PARTITIONS_PER_TOPIC = 5
 # A clean unmount flushes every partition (an fsync each, as Kafka's shutdown): minutes for 20,000 on a slow disk.

@@ -43,7 +43,7 @@ import threading
 import time
 from contextlib import contextmanager
 
-from bench import PY, ROOT, daemon_pid, drop_caches, env, getx, mounted, timed_shell, unmount, wait
+from benchlib import PY, ROOT, daemon_pid, drop_caches, env, getx, mounted, timed_shell, unmount, wait
 from seaweed import SeaweedS3, StallProxy, TcpProxy
 
 BASE_COMMIT = "f4dc25f"  # the parent of 323f1d8 "Read-ahead for tiered reads (issue 23)"

@@ -33,7 +33,7 @@ def records_sections(path: str, block: int) -> list[bytes]:
         batches, _ = _speedups.encode_lines(b"", data, end, block)
         return [bytes(b[61:]) for b, _n, _p in batches]
     except ImportError:  # the same bytes through the pure-Python encoder
-        from logfs.storage import records
+        from logfs.storage.format import records
 
         out, lines, size = [], [], 0
         for line in data[:end].split(b"\n")[:-1]:
@@ -50,11 +50,11 @@ def records_sections(path: str, block: int) -> list[bytes]:
 def candidates() -> dict[str, tuple]:
     """name -> (codec, compress(data) -> bytes, decompress(data, size) -> bytes)."""
     found: dict[str, tuple] = {}
-    try:  # what logfs does (logfs.storage.codecs, the chosen libraries with Kafka's framing), at Kafka's defaults
-        from logfs.storage import codecs as ours
+    try:  # what logfs does (logfs.storage.format.codecs, the chosen libraries with Kafka's framing), at Kafka's defaults
+        from logfs.storage.format import codecs as ours
 
         for codec in (ours.ZSTD, ours.LZ4, ours.SNAPPY, ours.GZIP):
-            found[f"logfs.storage.codecs {ours.NAMES[codec]}"] = (
+            found[f"logfs.storage.format.codecs {ours.NAMES[codec]}"] = (
                 ours.NAMES[codec], lambda d, c=codec: ours.compress(c, d), lambda d, n, c=codec: ours.decompress(c, d))
     except ImportError:
         pass

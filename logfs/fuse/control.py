@@ -1,12 +1,12 @@
 """The mount's own entries beside the topics: the Spark sink's staging directory and its commit file.
 
 ``MOUNT/.logfs-staging/``
-    A directory of plain files (kept in ``DATA_DIR/.logfs-staging``, :mod:`logfs.storage.staging`): the sink's
+    A directory of plain files (kept in ``DATA_DIR/.logfs-staging``, :mod:`logfs.storage.publish.staging`): the sink's
     tasks create a file each (never an existing name), write it (anywhere: the kernel may send pieces of a large
     write out of order), and may read, fsync, list and remove them. No subdirectories, renames or truncation.
 
 ``MOUNT/.logfs-commit``
-    The daemon's one interface for publishing them (:mod:`logfs.storage.transactions`). A request is one JSON line
+    The daemon's one interface for publishing them (:mod:`logfs.storage.publish.transactions`). A request is one JSON line
     written to it: ``{"op": "commit", "app": ..., "version": ..., "parts": [[topic, partition, [[file, position,
     length], ...]], ...], "cleanup": "prefix.", "close": true}``, ``{"op": "abort", "prefix": "prefix."}`` or
     ``{"op": "status", "app": ..., "version": ...}`` (``abort`` takes ``"close": false`` to leave the prefix open). The ``write()`` that completes the line returns once the
@@ -34,7 +34,7 @@ import stat
 import pyfuse3
 
 from ..storage.errors import LogfsError, RecordTooLargeError
-from ..storage.transactions import MAX_REQUEST_BYTES
+from ..storage.publish.transactions import MAX_REQUEST_BYTES
 from .errors import errno_for, fail
 
 # As the partition files' (logfs.fuse.operations): attributes are never cached, 1 MiB preferred I/O size.

@@ -5,7 +5,7 @@ plus everything appended since, unaffected by retention or compaction. Writes ar
 the complete lines go to ``Log.append_lines`` at once (one call per ``write()``, so lines of concurrent writers
 never interleave), and a trailing partial line waits in the handle until its newline arrives or the handle is
 closed (released: the last close of the open file, not a forked child's close of its copy). What a line means
-and which lines are refused is :mod:`logfs.storage.lines`; the handle only buffers bytes.
+and which lines are refused is :mod:`logfs.storage.format.lines`; the handle only buffers bytes.
 
 A refused line is refused whole, however the writer splits it (the kernel cuts a large ``write()`` into
 1 MiB requests). A failed write is never taken, so the handle stays as it was, except when the refused line
@@ -30,9 +30,9 @@ import logging
 import os
 import time
 
-from ..storage import lines
+from ..storage.format import lines
 from ..storage.errors import InvalidRecordError, LogfsError, RecordTooLargeError
-from ..storage.log import Log
+from ..storage.local.log import Log
 from ..view.text import SegmentView, open_view
 from .errors import fail
 

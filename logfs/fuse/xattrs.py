@@ -10,9 +10,9 @@ from __future__ import annotations
 import errno
 
 from ..storage import TOPIC_SETTINGS
-from ..storage.log import Log
+from ..storage.local.log import Log
 from ..storage.manager import LogManager
-from ..storage.tiered import tier_stats
+from ..storage.tiered.manager import tier_stats
 from ..view.text import SegmentView, live_view, open_view
 from .errors import fail
 
@@ -75,7 +75,7 @@ def partition_get(log: Log, name: str, view: SegmentView | None = None) -> bytes
 
 def _lookup(log: Log, view: SegmentView | None, lookup):
     """``lookup(view)`` through ``view`` (pinned), or through the live view under the log's lock: its segments
-    are not pinned, and a segment is read only under its log's lock or a pin (storage/open_files.py)."""
+    are not pinned, and a segment is read only under its log's lock or a pin (storage/local/open_files.py)."""
     if view is not None:
         return lookup(view)
     with log.lock:

@@ -16,14 +16,14 @@ import threading
 
 import trio
 
-from ..storage.log import Log
+from ..storage.local.log import Log
 from ..storage.manager import LogManager
-from ..storage.cleaner import OffsetMap, clean, grab_filthiest
-from ..storage import compression
-from ..storage.cleaner_process import clean_in_subprocess, compress_in_subprocess, compress_in_thread
-from ..storage.tiered import tier_stats
+from ..storage.cleaner.compaction import OffsetMap, clean, grab_filthiest
+from ..storage.cleaner import compression
+from ..storage.cleaner.process import clean_in_subprocess, compress_in_subprocess, compress_in_thread
+from ..storage.tiered.manager import tier_stats
 from ..storage.errors import LogfsError
-from ..storage.retention import delete_old_segments
+from ..storage.local.retention import delete_old_segments
 
 log = logging.getLogger(__name__)
 
@@ -130,7 +130,7 @@ class LogService:
                 await trio.sleep(backoff)
 
     async def compression_loop(self) -> None:
-        """Rewrite sealed segments in their topic's codec (:mod:`logfs.storage.compression`), one partition's
+        """Rewrite sealed segments in their topic's codec (:mod:`logfs.storage.cleaner.compression`), one partition's
         backlog at a time, in the cleaner's child process; wait a tick when none is due."""
         while True:
             done = await self._guarded("compressing sealed segments", self.compress_once, self.clock.time_ms())

@@ -1,5 +1,5 @@
 """Tiered storage in the daemon: choosing the store from the settings, the check at mount, and the trio task that
-runs :class:`~logfs.storage.tiered.RemoteLogManager` passes in worker threads.
+runs :class:`~logfs.storage.tiered.manager.RemoteLogManager` passes in worker threads.
 
 Stores: ``logfs.remote.dir=/path`` is a :class:`~logfs.remote.directory.DirectoryStore` (a local or NFS
 archive); otherwise ``logfs.remote.s3.bucket`` (+ ``endpoint``, ``region``, ``prefix``) is an
@@ -26,7 +26,7 @@ from ..remote.api import RemoteAuthError, RemoteStore, RemoteStoreError, RemoteU
 from ..remote.directory import DirectoryStore
 from ..storage.errors import LogfsError
 from ..storage.manager import LogManager
-from ..storage.tiered import RemoteLogManager
+from ..storage.tiered.manager import RemoteLogManager
 
 log = logging.getLogger(__name__)
 

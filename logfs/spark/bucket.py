@@ -7,7 +7,7 @@ manifest's ``log_start_offset`` up to ``remote_log_end_offset``. An executor rea
 partition with ranged GETs of only the bytes that hold it: per segment it overlaps, the segment's remote
 ``.index`` (small: one entry per ``index.interval.bytes``) gives the byte positions of the range's first and
 last batches, and only the bytes between are fetched, in bounded chunks. Batches are parsed by the storage's one
-framing code (:class:`~logfs.storage.segment.SegmentFile`) and CRC-checked.
+framing code (:class:`~logfs.storage.local.segment.SegmentFile`) and CRC-checked.
 
 Credentials come from the AWS chain of each process (driver and every executor), through
 :class:`~logfs.remote.s3.S3Store`; the options carry only the endpoint and the region. Store errors keep their
@@ -24,10 +24,10 @@ from typing import Iterator
 from ..remote.api import RemoteCorruptError, RemoteNotFoundError, RemoteStore
 from ..remote.manifest import MANIFEST_NAME, ManifestStore, PartitionManifest, RemoteSegment
 from ..storage import names
-from ..storage import records as rec
+from ..storage.format import records as rec
 from ..storage.errors import CorruptRecordError, DataLossError
-from ..storage.index import OffsetIndex
-from ..storage.segment import SegmentFile
+from ..storage.local.index import OffsetIndex
+from ..storage.local.segment import SegmentFile
 
 log = logging.getLogger(__name__)
 
@@ -141,7 +141,7 @@ def byte_range(index: bytes, seg: RemoteSegment, start: int, end: int) -> tuple[
 
 
 class BucketPartitionReader:
-    """One partition of the bucket, with the local :class:`~logfs.storage.reader.PartitionReader`'s interface
+    """One partition of the bucket, with the local :class:`~logfs.storage.local.reader.PartitionReader`'s interface
     (``offsets()``, ``batches(start, end)``)."""
 
     def __init__(self, store: RemoteStore, prefix: str, tp):

@@ -3,7 +3,7 @@ reads a logfs DATA_DIR's segments directly (no mount, no daemon needed, never th
 in its bucket (``load("s3://BUCKET/PREFIX")``, :mod:`logfs.spark.bucket`).
 
 The rows have Spark's Kafka source schema. Each input partition is one offset range of one topic-partition;
-the executors read segments with the storage's read-only reader (:mod:`logfs.storage.reader`) and hand Spark
+the executors read segments with the storage's read-only reader (:mod:`logfs.storage.local.reader`) and hand Spark
 Arrow record batches. The data directory must be readable at the same path by the driver and every executor
 (local mode, or a shared filesystem); the bucket, by every executor's AWS credential chain.
 """
@@ -31,7 +31,7 @@ from .options import (
 )
 from .segments import TopicPartition
 from . import sink
-from ..storage import records as rec
+from ..storage.format import records as rec
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +80,7 @@ def read_range(options: SourceOptions, r: OffsetRange, schema: StructType) -> It
 
     Batches go to Arrow without a Python object per record: runs of them, up to ``COLUMNS_GROUP_BYTES``, are
     decoded by one C call (``_speedups.decode_columns``) into Arrow buffers; a compressed batch is decompressed
-    once first (:func:`~logfs.storage.records.decompress_batch`). Headers, or a build without the accelerator,
+    once first (:func:`~logfs.storage.format.records.decompress_batch`). Headers, or a build without the accelerator,
     take the per-record path."""
     store = options.store() if options.from_bucket else None
     try:

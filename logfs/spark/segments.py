@@ -1,6 +1,6 @@
 """Which partitions of a logfs (Kafka) data directory a Spark query reads, and the reader it reads them with.
 
-Reading is the storage's read-only reader (:mod:`logfs.storage.reader`: no ``.lock``, no writes, no mmap,
+Reading is the storage's read-only reader (:mod:`logfs.storage.local.reader`: no ``.lock``, no writes, no mmap,
 ``pread`` only, tolerant of segments vanishing under retention and compaction); this module only names
 partitions: ``<topic>-<partition>/`` directories (by the storage's one rule for those names), selected by a topic list, a pattern or an assignment, as Spark's Kafka source selects them.
 """
@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 
 from ..storage import names
-from ..storage import reader as storage_reader
+from ..storage.local import reader as storage_reader
 from ..storage.errors import DataLossError
 
 __all__ = ["DataLossError", "PartitionReader", "TopicPartition", "list_partitions", "topic_partition_of",

@@ -8,7 +8,7 @@ or binary), ``headers`` (array<struct<key: string, value: binary>>), ``topic`` (
 and ``partition`` (int; null: Kafka's default partitioner, ``toPositive(murmur2(key)) % partitions``, and round
 robin over the partitions for a null key). Records get the append time as their timestamp.
 
-How a write goes (the publish primitive is :mod:`logfs.storage.transactions`, reached through the mount):
+How a write goes (the publish primitive is :mod:`logfs.storage.publish.transactions`, reached through the mount):
 
 - ``writer()``/``streamWriter()``, on the driver: the columns, the options, the mount (``user.logfs.sink.protocol``
   on its root) and the topics are checked, and each topic's partitions and limits read from its xattrs. Any error
@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from ..remote.api import RemoteStoreError
-from ..storage import lines as storage_lines
+from ..storage.format import lines as storage_lines
 from ..storage.names import MOUNT_COMMIT, MOUNT_STAGING, is_internal_topic, is_legal_topic, parse_partition_number
 from . import bucket
 from .sink_rows import WRITE_BYTES, StagedWrite, bucket_key, stage  # noqa: F401 (stage: what a task runs)

@@ -15,25 +15,37 @@ import os
 import struct
 import tempfile
 import time
-from typing import TYPE_CHECKING, Iterator
+from typing import Iterator, Protocol
 
 import crc32c as _crc32c
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..storage import records as rec
+from ..storage.format import records as rec
 from ..storage.names import MOUNT_STAGING
 from . import bucket
 
-if TYPE_CHECKING:
-    from .sink import SinkPlan
+
+class SinkPlan(Protocol):
+    """What a task reads of the driver's plan (:class:`logfs.spark.sink.SinkPlan`, which imports this module)."""
+
+    mount: str
+    topic: str | None
+    topics: dict
+    staging: str | None
+    s3_endpoint: str | None
+    s3_region: str | None
+
+    @property
+    def staging_in_bucket(self) -> bool: ...
+
 
 try:
     from .. import _speedups
 except ImportError:  # pragma: no cover - exercised when built without a compiler
     _speedups = None
 
-TARGET_BATCH_BYTES = 64 * 1024  # as the log's own appends (logfs.storage.log.TARGET_BATCH_BYTES)
+TARGET_BATCH_BYTES = 64 * 1024  # as the log's own appends (logfs.storage.local.log.TARGET_BATCH_BYTES)
 CHUNK_BYTES = 8 << 20  # Arrow bytes gathered before they are partitioned (fewer, fuller batches per partition)
 WRITE_BYTES = 1 << 20  # staged bytes per write(): one FUSE request
 _CRC = struct.Struct(">I")

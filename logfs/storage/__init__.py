@@ -13,13 +13,13 @@ from .errors import (
     DataLossError, LogfsError, NoSuchTopicError, OffsetOutOfRangeError, RecordTooLargeError,
     StorageIOError, TopicExistsError, TopicNotEmptyError,
 )
-from .index import LineStats
-from .loader import load_log
-from .log import Log
+from .format.lines import LineStats
+from .local.loader import load_log
+from .local.log import Log
 from .manager import LogManager
 from .names import validate_topic_name
-from .records import Record, build_batch
-from .segment_set import LogSnapshot
+from .format.records import Record, build_batch
+from .local.segments import LogSnapshot
 
 __all__ = [
     "SYSTEM_CLOCK", "Clock", "ManualClock", "BrokerConfig", "LogConfig", "TOPIC_SETTINGS",

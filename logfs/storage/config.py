@@ -11,7 +11,7 @@ import dataclasses
 import re
 from typing import Callable, Mapping
 
-from . import codecs
+from .format import codecs
 from .errors import InvalidConfigError
 
 LONG_MAX = (1 << 63) - 1
@@ -223,7 +223,7 @@ BROKER_ONLY: dict[str, Setting] = {
         Setting("log.cleaner.threads", _long(0), "1"),
         Setting("log.cleaner.enable", _bool, "true"),
         Setting("log.initial.task.delay.ms", _long(0), "0"),
-        # Tiered storage (logfs.storage.tiered): the store is chosen by the service (logfs.service.tiering).
+        # Tiered storage (logfs.storage.tiered.manager): the store is chosen by the service (logfs.service.tiering).
         Setting("remote.log.storage.system.enable", _bool, "false"),
         Setting("remote.log.manager.task.interval.ms", _long(1), "30000"),
         Setting("logfs.remote.s3.bucket", _free_text, ""),
@@ -235,7 +235,7 @@ BROKER_ONLY: dict[str, Setting] = {
         # Metrics (logfs.service.metrics): Prometheus's text format, written to this file (none when empty).
         Setting("logfs.metrics.file", _absolute_path, ""),
         Setting("logfs.metrics.interval.ms", _long(100, INT_MAX), "10000"),
-        # The Spark sink (logfs.storage.transactions): how long a writer's last applied commit is remembered (as
+        # The Spark sink (logfs.storage.publish.transactions): how long a writer's last applied commit is remembered (as
         # Kafka's transactional.id.expiration.ms), and how long an untouched staged file is kept.
         Setting("transactional.id.expiration.ms", _long(1, INT_MAX), "604800000"),
         Setting("logfs.staging.retention.ms", _long(1), "86400000"),

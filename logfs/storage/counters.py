@@ -1,6 +1,6 @@
 """Per-partition traffic counters: what the metrics report as ``logfs_partition_*_total``.
 
-A :class:`PartitionCounters` lives on its :class:`~logfs.storage.log.Log` (``log.counters``), where every layer
+A :class:`PartitionCounters` lives on its :class:`~logfs.storage.local.log.Log` (``log.counters``), where every layer
 already has it at hand. The request path increments its fields in place: plain integer additions on the trio
 thread only (the FUSE layer does them after a read or write returns there, also when the work ran in a worker
 thread), no lock and no lookup. The metrics writer reads them from another thread; a value it reads may be one

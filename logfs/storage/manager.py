@@ -28,10 +28,10 @@ from .errors import (
     ShuttingDownError, TopicExistsError, TopicNotEmptyError,
 )
 from .failure import LogDir, guarded
-from .loader import load_log
-from .transactions import Transactions
-from .log import Log
-from .open_files import OPEN_FILES
+from .local.loader import load_log
+from .publish.transactions import Transactions
+from .local.log import Log
+from .local.open_files import OPEN_FILES
 from .names import (
     LOCK_FILE, LOG_SUFFIX, TOPICS_FILE, DataDirScan, collision_key, delete_dir_name, is_internal_topic,
     is_legal_topic, partition_dir_name, validate_topic_name,
@@ -42,7 +42,7 @@ log = logging.getLogger(__name__)
 
 def raise_fd_limit() -> int:
     """Raise this process's soft RLIMIT_NOFILE to its hard limit (as the JVM does for Kafka), and give half of it
-    (at most half of ``vm.max_map_count``) to segment files (:mod:`~logfs.storage.open_files`: they are opened on
+    (at most half of ``vm.max_map_count``) to segment files (:mod:`~logfs.storage.local.open_files`: they are opened on
     use and the idle ones closed past that budget). Returns the soft limit now in force."""
     soft = _raise_soft_limit()
     OPEN_FILES.set_budget_from_limit(soft)

@@ -159,7 +159,7 @@ LOCK_FILE = ".lock"
 # their .log objects. In DATA_DIR, the partitions deleted whose objects are still to be deleted from the store.
 REMOTE_CACHE_DIR = "logfs-remote"
 REMOTE_DELETES_FILE = "logfs-remote-deletes.json"
-# The Spark sink's publish primitive (logfs.storage.transactions): the files its tasks stage, and the log of the
+# The Spark sink's publish primitive (logfs.storage.publish.transactions): the files its tasks stage, and the log of the
 # transactions applied (which commits were appended, for exactly once; which are in flight, for recovery).
 STAGING_DIR = ".logfs-staging"
 TRANSACTIONS_FILE = "logfs-transactions.log"

@@ -22,7 +22,7 @@ import struct
 import sys
 import time
 
-from ..storage import records as rec
+from ..storage.format import records as rec
 from ..storage.names import (
     INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX, companion_file_name, offset_from_file_name,
 )

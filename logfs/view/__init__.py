@@ -3,7 +3,7 @@
 Free of FUSE and trio, like the engine it reads. See :mod:`logfs.view.text`.
 """
 
-from ..storage.lines import LineFormat
+from ..storage.format.lines import LineFormat
 from .text import SegmentView, live_view
 
 __all__ = ["LineFormat", "SegmentView", "live_view"]

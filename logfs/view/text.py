@@ -1,20 +1,20 @@
-"""Addressing the rendered view of a partition by byte position (the line format: ``logfs.storage.lines``).
+"""Addressing the rendered view of a partition by byte position (the line format: ``logfs.storage.format.lines``).
 
 A partition's view is, for every record from the log start offset to the log end offset in offset order,
 ``[key + separator] + (value | null marker | "") + "\\n"``. Its length is never counted by reading records:
-each segment's ``.viewindex`` stores, at sparse batch positions, the :class:`~logfs.storage.index.LineStats`
+each segment's ``.viewindex`` stores, at sparse batch positions, the :class:`~logfs.storage.format.lines.LineStats`
 of the records before them, and a segment's totals; a length is a linear function of those stats for the
 current separator and marker. Locating a byte position is: bisect the segments' cumulative lengths, bisect
 the segment's view index, then render forward at most one index interval of batches.
 
 A :class:`SegmentView` is over a fixed list of segments: a file handle's is a
-:class:`~logfs.storage.segment_set.LogSnapshot` (pinned by the storage, grown at the end by segments rolled since,
+:class:`~logfs.storage.local.segments.LogSnapshot` (pinned by the storage, grown at the end by segments rolled since,
 released with the handle); the live view (:func:`live_view`, what a new open would see) is over the log's
 segments now, unpinned, and cached here per log until the storage's ``layout_version`` or the format changes.
 Not thread-safe; one per handle.
 
 Compressed batches (sealed segments rewritten in the topic's codec, CONTRACT section 8) are decompressed whole, once
-each, never on the request thread (:func:`~logfs.storage.remote_segment.on_request_thread`: FetchNeededError, and
+each, never on the request thread (:func:`~logfs.storage.tiered.remote_segment.on_request_thread`: FetchNeededError, and
 the caller repeats the call in a worker thread). Reading one line decompresses the batch that holds it and nothing
 else. A sequential reader (a read starting where the previous one ended) gets the compressed batches after its
 own decompressed ahead of it, up to :data:`READ_AHEAD_BYTES` of lines, by up to :data:`READ_AHEAD_THREADS` worker
@@ -31,15 +31,15 @@ import weakref
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 
-from ..storage import records as rec
+from ..storage.format import records as rec
 from ..storage.errors import FetchNeededError
-from ..storage.records import _speedups
-from ..storage.remote_segment import on_request_thread
-from ..storage.index import ZERO_STATS
-from ..storage.lines import LineFormat
-from ..storage.log import Log
-from ..storage.segment import LogSegment
-from ..storage.segment_set import LogSnapshot
+from ..storage.format.records import _speedups
+from ..storage.tiered.remote_segment import on_request_thread
+from ..storage.format.lines import ZERO_STATS
+from ..storage.format.lines import LineFormat
+from ..storage.local.log import Log
+from ..storage.local.segment import LogSegment
+from ..storage.local.segments import LogSnapshot
 
 
 # A read fetches the lines to pass over and the requested size, plus 1/8 for the records' own overhead, plus this

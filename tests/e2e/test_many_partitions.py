@@ -10,7 +10,7 @@ import os
 import subprocess
 
 LIMIT = 512
-BUDGET = LIMIT // 2  # storage/open_files.py: half of the soft limit
+BUDGET = LIMIT // 2  # storage/local/open_files.py: half of the soft limit
 TOPICS = 300
 PER_TOPIC = 5
 # The daemon's own descriptors besides segment files: the FUSE device, trio's, the .lock, std streams...

@@ -12,7 +12,7 @@ import random
 import threading
 import time
 
-from logfs.storage import records as rec
+from logfs.storage.format import records as rec
 from logfs_e2e import expect_errno, sh
 
 LONG = os.environ.get("LOGFS_LONG") == "1"

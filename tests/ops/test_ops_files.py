@@ -236,7 +236,7 @@ async def test_key_separator_and_null_marker(fs):
 
 
 async def test_open_handle_keeps_its_view_across_retention(ops_fs, clock):
-    from logfs.storage.retention import delete_old_segments
+    from logfs.storage.local.retention import delete_old_segments
 
     fs = ops_fs(log_segment_bytes=300, log_retention_ms=1000)
     await fs.mkdir("t")

@@ -168,7 +168,7 @@ def test_remote_cache_counts(tmp_path, clock):
     """With tiered storage on: the cache's bytes and bound, and the GETs reads sent and the bytes they fetched."""
     from logfs.remote import DirectoryStore
     from logfs.storage import BrokerConfig, LogManager
-    from logfs.storage.tiered import RemoteLogManager
+    from logfs.storage.tiered.manager import RemoteLogManager
     from logfs.view.text import open_view
 
     archive = tmp_path / "archive"

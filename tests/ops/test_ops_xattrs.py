@@ -7,7 +7,8 @@ import errno
 import pytest
 
 from ops_helpers import fuse_errno
-from logfs.storage import TOPIC_SETTINGS, codecs
+from logfs.storage import TOPIC_SETTINGS
+from logfs.storage.format import codecs
 
 FIXED = ["log_start_offset", "log_end_offset", "recovery_point", "segment_count", "size_bytes"]
 

@@ -104,7 +104,7 @@ def test_kill9_during_small_appends(mount_logfs, tmp_path, profile, caplog):
     directory = str(fs.data / "t-0")
     ack_dir = tmp_path / "acks"
     ack_dir.mkdir()
-    caplog.set_level(logging.DEBUG, logger="logfs.storage.reader")
+    caplog.set_level(logging.DEBUG, logger="logfs.storage.local.reader")
     acked: dict[str, int] = {}
     reads = 0
     for cycle in range(cycles):

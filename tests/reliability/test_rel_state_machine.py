@@ -25,10 +25,10 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from logfs.storage import BrokerConfig, LogManager, ManualClock
-from logfs.storage.log import Log
-from logfs.storage.cleaner import OffsetMap, cleanable_range, clean
-from logfs.storage.retention import delete_old_segments
-from logfs.storage.segment import LogSegment
+from logfs.storage.local.log import Log
+from logfs.storage.cleaner.compaction import OffsetMap, cleanable_range, clean
+from logfs.storage.local.retention import delete_old_segments
+from logfs.storage.local.segment import LogSegment
 from logfs.view.text import LineFormat, live_view
 
 import rel_helpers

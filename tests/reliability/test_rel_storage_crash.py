@@ -21,8 +21,8 @@ import shutil
 import pytest
 
 from logfs.storage import LogConfig, ManualClock, load_log
-from logfs.storage import records as rec
-from logfs.storage.cleaner_process import compress_in_thread
+from logfs.storage.format import records as rec
+from logfs.storage.cleaner.process import compress_in_thread
 from logfs.view.text import LineFormat, live_view
 
 from rel_helpers import record_stats, scale

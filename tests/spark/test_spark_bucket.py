@@ -23,7 +23,7 @@ from logfs.spark.bucket import BucketPartitionReader, TieredPartitionReader  # n
 from logfs.spark.options import OptionError, SourceOptions, plan_batch  # noqa: E402
 from logfs.spark.segments import PartitionReader, TopicPartition  # noqa: E402
 from logfs.storage.errors import DataLossError  # noqa: E402
-from logfs.storage.records import decode_raw  # noqa: E402
+from logfs.storage.format.records import decode_raw  # noqa: E402
 from logfs_e2e import wait_for  # noqa: E402
 
 SEGMENT = 64 * 1024
@@ -356,7 +356,7 @@ def test_byte_range_from_the_remote_index():
     from logfs.remote.api import RemoteCorruptError
     from logfs.remote.manifest import RemoteFile, RemoteSegment
     from logfs.spark.bucket import byte_range
-    from logfs.storage.index import OffsetIndex
+    from logfs.storage.local.index import OffsetIndex
 
     seg = RemoteSegment(100, 200, 10_000, -1, {e: RemoteFile(f"k.{e}", 0) for e in
                                               ("log", "index", "timeindex", "viewindex")})

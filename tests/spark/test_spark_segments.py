@@ -20,7 +20,7 @@ from logfs.spark import segments as seg
 from logfs.spark.options import OffsetRange, OptionError, SourceOptions
 from logfs.spark.segments import DataLossError, PartitionReader, TopicPartition
 from logfs.storage import ManualClock
-from logfs.storage import reader as storage_reader
+from logfs.storage.local import reader as storage_reader
 
 SMALL = {"log.segment.bytes": "4096", "log.index.interval.bytes": "256", "log.segment.delete.delay.ms": "0"}
 

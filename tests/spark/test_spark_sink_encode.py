@@ -11,7 +11,7 @@ import pytest
 from kafka.partitioner.default import murmur2 as kafka_murmur2
 
 from logfs.spark import sink_rows as sink
-from logfs.storage import records as rec
+from logfs.storage.format import records as rec
 
 _speedups = pytest.importorskip("logfs._speedups")
 

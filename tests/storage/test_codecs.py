@@ -1,4 +1,4 @@
-"""The codecs of Kafka v2 batches (logfs.storage.codecs) and compressed batches (records.compress_batch /
+"""The codecs of Kafka v2 batches (logfs.storage.format.codecs) and compressed batches (records.compress_batch /
 decompress_batch): round trips per codec and level, the framing Kafka's Java reader requires (checked on the bytes,
 field by field, and by the Java stream classes Kafka reads them with), batches read back by two independent Kafka
 parsers (kafka-python's pure-Python reader and aiokafka's compiled one, each with its own codecs), the framings
@@ -18,7 +18,8 @@ from kafka import codec as kafka_codec
 from kafka.record.default_records import DefaultRecordBatch as KafkaPythonBatch
 
 from logfs import _speedups
-from logfs.storage import CorruptRecordError, codecs, records
+from logfs.storage import CorruptRecordError
+from logfs.storage.format import codecs, records
 
 CODECS = [codecs.GZIP, codecs.SNAPPY, codecs.LZ4, codecs.ZSTD]
 LEVELS = [(codecs.ZSTD, lvl) for lvl in (-131072, -5, 1, 3, 19, 22)] + \

@@ -1,4 +1,4 @@
-"""Sealed segments rewritten in the topic's codec (logfs.storage.compression), at the engine level: every reader
+"""Sealed segments rewritten in the topic's codec (logfs.storage.cleaner.compression), at the engine level: every reader
 sees the same records and the same text view before and after, the batches are standard Kafka v2 batches in the
 codec (read back by kafka-python), and the rewrite's swap is crash-safe at every step."""
 
@@ -12,11 +12,11 @@ import shutil
 import pytest
 
 from logfs.storage import LogConfig, load_log
-from logfs.storage import records as rec
+from logfs.storage.format import records as rec
 from logfs.storage.checkpoints import fsync_dir
-from logfs.storage.cleaner_process import compress_in_subprocess, compress_in_thread
-from logfs.storage.compression import needs_rewrite, write_compressed
-from logfs.storage.segment import DELETED_SUFFIX, SWAP_SUFFIX
+from logfs.storage.cleaner.process import compress_in_subprocess, compress_in_thread
+from logfs.storage.cleaner.compression import needs_rewrite, write_compressed
+from logfs.storage.local.segment import DELETED_SUFFIX, SWAP_SUFFIX
 from logfs.view.text import live_view, open_view
 
 CODECS = {"gzip": 1, "snappy": 2, "lz4": 3, "zstd": 4}
@@ -239,7 +239,7 @@ def test_rewrite_crash_points_leave_each_offset_in_one_segment(tmp_path, clock, 
 def test_a_segment_whose_rewrite_failed_is_not_waited_for(tmp_path, clock):
     """A rewrite that fails (a bug, a damaged segment) leaves the segment as it is; the daemon gives up on it, so
     neither the compressor nor tiering (which waits for needs_rewrite) is stuck on it."""
-    from logfs.storage.compression import give_up
+    from logfs.storage.cleaner.compression import give_up
 
     plog = load_log(str(tmp_path / "t-0"), "t", 0, config(4), clock=clock)
     fill(plog, clock, random.Random(9))

@@ -3,7 +3,8 @@ String.trim()), stored and shown as the effective value; broker settings logfs h
 
 import pytest
 
-from logfs.storage import BrokerConfig, InvalidConfigError, LogConfig, codecs, validate_topic_setting
+from logfs.storage import BrokerConfig, InvalidConfigError, LogConfig, validate_topic_setting
+from logfs.storage.format import codecs
 from logfs.storage.config import BROKER_ONLY, broker_keys, parse_double, parse_long
 
 

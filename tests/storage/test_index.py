@@ -6,8 +6,9 @@ import random
 import pytest
 
 from logfs.storage.errors import CorruptRecordError
-from logfs.storage.index import LineStats, OffsetIndex, OffsetPosition, TimeIndex, TimestampOffset, ViewIndex
-from logfs.storage.lines import LineFormat
+from logfs.storage.format.lines import LineStats
+from logfs.storage.local.index import OffsetIndex, OffsetPosition, TimeIndex, TimestampOffset, ViewIndex
+from logfs.storage.format.lines import LineFormat
 
 BASE = 45
 
@@ -390,7 +391,7 @@ def test_sanity_check_in_c_agrees_with_the_python_checks(tmp_path, monkeypatch, 
     """Loading a store checks every entry of every index in one C pass (_speedups.index_ok); built without a
     compiler, the Python column checks do it. Both accept and refuse exactly the same entries: valid indexes,
     and indexes with bytes of one entry overwritten at random (garbage, zeroes, swapped entries)."""
-    from logfs.storage import index as index_module
+    from logfs.storage.local import index as index_module
 
     rnd = random.Random(kind)
     path = str(tmp_path / f"00000000000000000045.{kind}")
@@ -479,7 +480,7 @@ class _FileBytes:
 def test_index_floor_in_c_matches_the_python_search(tmp_path):
     """_speedups.index_floor (the search by pread) and its Python twin give the same slot for every kind of index,
     every key field, below, inside, between and above the entries."""
-    from logfs.storage import index as index_module
+    from logfs.storage.local import index as index_module
 
     assert index_module._speedups is not None
     rnd = random.Random(5)

@@ -7,8 +7,8 @@ import pytest
 
 from logfs.storage import LockedError, LogConfig, load_log
 from logfs.storage import checkpoints as ckpt
-from logfs.storage import records as rec
-from logfs.storage.segment import LogSegment
+from logfs.storage.format import records as rec
+from logfs.storage.local.segment import LogSegment
 
 
 

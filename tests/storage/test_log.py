@@ -5,7 +5,7 @@ import os
 import pytest
 
 from logfs.storage import LogConfig, OffsetOutOfRangeError, RecordTooLargeError
-from logfs.storage import records as rec
+from logfs.storage.format import records as rec
 
 SMALL = dict(segment_bytes=2048, index_interval_bytes=128)
 
@@ -41,7 +41,7 @@ def test_append_returns_contiguous_offsets(open_log):
 
 def test_append_many_records_splits_into_batches(open_log):
     log = open_log()
-    from logfs.storage.log import TARGET_BATCH_BYTES
+    from logfs.storage.local.log import TARGET_BATCH_BYTES
 
     log.append([b"x" * 1000] * (4 * TARGET_BATCH_BYTES // 1000))  # several batches of about TARGET_BATCH_BYTES
     batches = list(log.active_segment.batches_from(0))
@@ -144,7 +144,7 @@ def test_roll_on_segment_ms(open_log, clock):
 
 
 def test_roll_on_segment_ms_with_jitter(open_log, clock, monkeypatch):
-    import logfs.storage.lifecycle as lifecycle
+    import logfs.storage.local.lifecycle as lifecycle
     monkeypatch.setattr(lifecycle, "random_jitter", lambda jitter, ms: 400)
     log = open_log(LogConfig.for_tests(segment_ms=1000, segment_jitter_ms=500))
     log.append([b"a"])

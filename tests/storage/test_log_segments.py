@@ -2,8 +2,8 @@
 
 import pytest
 
-from logfs.storage.segment_set import LogSegments
-from logfs.storage.segment import LogSegment
+from logfs.storage.local.segments import LogSegments
+from logfs.storage.local.segment import LogSegment
 
 
 @pytest.fixture

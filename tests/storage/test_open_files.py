@@ -1,4 +1,4 @@
-"""The open-file budget (storage/open_files.py): segment descriptors and index maps open on use, idle ones close
+"""The open-file budget (storage/local/open_files.py): segment descriptors and index maps open on use, idle ones close
 past the budget, and nothing a reader or writer relies on is ever closed under it: a pinned segment, a segment
 whose log lock is held, a segment whose files are gone. Real files, real descriptors (/proc/self/fd)."""
 
@@ -10,12 +10,12 @@ import threading
 import pytest
 
 from logfs.storage import LogConfig
-from logfs.storage import records as rec
-from logfs.storage.index import OffsetIndex, ViewIndex
-from logfs.storage.lifecycle import open_segment
-from logfs.storage.open_files import MIN_BUDGET, OPEN_FILES, OpenFiles
-from logfs.storage.retention import delete_old_segments
-from logfs.storage.segment import batch_stats
+from logfs.storage.format import records as rec
+from logfs.storage.local.index import OffsetIndex, ViewIndex
+from logfs.storage.local.lifecycle import open_segment
+from logfs.storage.local.open_files import MIN_BUDGET, OPEN_FILES, OpenFiles
+from logfs.storage.local.retention import delete_old_segments
+from logfs.storage.local.segment import batch_stats
 from logfs.view.text import open_view
 
 

@@ -5,7 +5,7 @@ import struct
 
 import pytest
 
-from logfs.storage import records as rec
+from logfs.storage.format import records as rec
 from logfs.storage.errors import CorruptRecordError
 
 

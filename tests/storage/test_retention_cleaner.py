@@ -7,12 +7,12 @@ import shutil
 import pytest
 
 from logfs.storage import LogConfig, load_log
-from logfs.storage.cleaner import (
+from logfs.storage.cleaner.compaction import (
     OffsetMap, _clean_group, build_offset_map, clean, cleanable_range, grab_filthiest,
 )
 from logfs.storage.checkpoints import fsync_dir
-from logfs.storage.retention import delete_old_segments
-from logfs.storage.segment import DELETED_SUFFIX, SWAP_SUFFIX
+from logfs.storage.local.retention import delete_old_segments
+from logfs.storage.local.segment import DELETED_SUFFIX, SWAP_SUFFIX
 from logfs.view.text import live_view, open_view
 
 
@@ -242,7 +242,7 @@ def test_swap_crash_points_recover(tmp_path, clock, crash_point):
 
 
 def test_clean_in_subprocess_matches_in_process(tmp_path, clock):
-    from logfs.storage.cleaner_process import clean_in_subprocess
+    from logfs.storage.cleaner.process import clean_in_subprocess
 
     logs = []
     for name in ("a", "b"):

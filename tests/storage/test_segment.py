@@ -5,10 +5,10 @@ import random
 
 import pytest
 
-from logfs.storage import records as rec
-from logfs.storage.index import LineStats
-from logfs.storage.lifecycle import random_jitter
-from logfs.storage.segment import LogSegment, batch_stats
+from logfs.storage.format import records as rec
+from logfs.storage.format.lines import LineStats
+from logfs.storage.local.lifecycle import random_jitter
+from logfs.storage.local.segment import LogSegment, batch_stats
 
 T0 = 1_700_000_000_000
 

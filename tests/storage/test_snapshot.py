@@ -6,12 +6,12 @@ import os
 import pytest
 
 from logfs.storage import LogConfig
-from logfs.storage import records as rec
-from logfs.storage.cleaner import OffsetMap, clean, cleanable_range
+from logfs.storage.format import records as rec
+from logfs.storage.cleaner.compaction import OffsetMap, clean, cleanable_range
 from logfs.storage.errors import LogfsError
-from logfs.storage.lifecycle import open_segment
-from logfs.storage.retention import delete_old_segments
-from logfs.storage.segment import CLEANED_SUFFIX
+from logfs.storage.local.lifecycle import open_segment
+from logfs.storage.local.retention import delete_old_segments
+from logfs.storage.local.segment import CLEANED_SUFFIX
 from logfs.view.text import live_view, open_view
 
 

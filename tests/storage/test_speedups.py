@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from logfs.storage import records as rec
+from logfs.storage.format import records as rec
 from logfs.view.text import LineFormat
 
 speedups = pytest.importorskip("logfs._speedups")
@@ -108,7 +108,7 @@ def test_render_window_rejects_a_malformed_batch():
 
 @pytest.mark.parametrize("seed", range(10))
 def test_batch_stats_matches_decoding(seed):
-    from logfs.storage import segment
+    from logfs.storage.local import segment
 
     rnd = random.Random(seed)
     values, keys = random_records(rnd, rnd.randrange(1, 300))
@@ -131,7 +131,7 @@ def test_append_lines_writes_the_bytes_append_writes(open_log, tmp_path, seed, m
     tail batch, which Log.append never does, is off here: test_tail_batch covers it.)"""
     from logfs.storage import LogConfig
 
-    monkeypatch.setattr("logfs.storage.log.TAIL_BATCH_CAP", 0)
+    monkeypatch.setattr("logfs.storage.local.log.TAIL_BATCH_CAP", 0)
 
     rnd = random.Random(seed)
     config = LogConfig.for_tests(segment_bytes=rnd.choice([4096, 70_000, 1 << 20]),

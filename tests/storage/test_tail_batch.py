@@ -9,8 +9,8 @@ import os
 
 import pytest
 
-from logfs.storage import log as log_module
-from logfs.storage import records as rec
+from logfs.storage.local import log as log_module
+from logfs.storage.format import records as rec
 from logfs.view.text import open_view
 
 pytestmark = pytest.mark.skipif(rec._speedups is None, reason="growing the tail batch needs the C accelerator")
@@ -280,7 +280,7 @@ def test_the_spark_reader_never_fails_while_a_writer_grows_the_tail(open_log, tm
             done.set()
 
     reader = PartitionReader(str(tmp_path / "data"), TopicPartition("t", 0))
-    caplog.set_level(logging.DEBUG, logger="logfs.storage.reader")
+    caplog.set_level(logging.DEBUG, logger="logfs.storage.local.reader")
     writer = threading.Thread(target=write)
     writer.start()
     reads = 0
@@ -329,7 +329,7 @@ def test_the_spark_reader_between_the_writes_of_a_grow(open_log, tmp_path, caplo
         read_now()
         return n
 
-    caplog.set_level(logging.DEBUG, logger="logfs.storage.reader")
+    caplog.set_level(logging.DEBUG, logger="logfs.storage.local.reader")
     monkeypatch.setattr(os, "pwrite", pwrite)
     for line in lines:
         append_line(log, line)

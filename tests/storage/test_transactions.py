@@ -1,4 +1,4 @@
-"""The Spark sink's publish primitive in the engine (logfs.storage.transactions): staged batches appended once per
+"""The Spark sink's publish primitive in the engine (logfs.storage.publish.transactions): staged batches appended once per
 writer, every check before anything changes, one publish per partition, and a crash at any step completed (or
 never begun) after a restart, each partition holding all of a commit's records or none."""
 
@@ -11,16 +11,16 @@ import time
 
 import pytest
 
-from logfs.storage import records as rec
-from logfs.storage import segment as segment_mod
-from logfs.storage import transaction_log
-from logfs.storage import transactions as txn
+from logfs.storage.format import records as rec
+from logfs.storage.local import segment as segment_mod
+from logfs.storage.publish import transaction_log
+from logfs.storage.publish import transactions as txn
 from logfs.storage.errors import (
     CommitIncompleteError, InvalidRecordError, StorageIOError, InvalidRequestError, NoSuchStagedFileError, NoSuchTopicError, RecordTooLargeError,
     StagingClosedError,
 )
 from logfs.storage.names import STAGING_DIR, TRANSACTIONS_FILE
-from logfs.storage.reader import PartitionReader
+from logfs.storage.local.reader import PartitionReader
 
 
 class Crash(BaseException):
@@ -357,7 +357,7 @@ def test_a_disk_error_after_the_commit_point_is_completed_not_refused(mgr, monke
     each record once."""
     import errno
 
-    from logfs.storage.log import Log
+    from logfs.storage.local.log import Log
 
     parts = []
     for p in range(3):

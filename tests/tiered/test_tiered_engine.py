@@ -11,8 +11,8 @@ from logfs.remote import DirectoryStore
 from logfs.remote.manifest import ManifestStore
 from logfs.storage import BrokerConfig, LogManager
 from logfs.storage.errors import InvalidConfigError
-from logfs.storage.remote_segment import RemoteLogSegment
-from logfs.storage.tiered import RemoteLogManager, tier_stats
+from logfs.storage.tiered.remote_segment import RemoteLogSegment
+from logfs.storage.tiered.manager import RemoteLogManager, tier_stats
 from logfs.view.text import live_view, open_view
 
 PROPS = {"log.segment.bytes": "4096", "log.index.interval.bytes": "512", "log.segment.delete.delay.ms": "0",
@@ -208,7 +208,7 @@ def test_deleted_partition_objects_are_removed_and_the_cache_stays_bounded(tmp_p
 
 
 def test_a_tiered_read_on_the_request_thread_never_fetches(tmp_path, archive, clock):
-    from logfs.storage import remote_segment
+    from logfs.storage.tiered import remote_segment
     from logfs.storage.errors import FetchNeededError
     import threading
 
@@ -279,7 +279,7 @@ def test_an_open_view_keeps_reading_while_segments_move_to_the_store(tmp_path, a
 
 
 def test_a_small_tiered_read_costs_one_ranged_get_of_at_most_two_blocks(tmp_path, archive, clock):
-    from logfs.storage.remote_segment import BLOCK_BYTES
+    from logfs.storage.tiered.remote_segment import BLOCK_BYTES
 
     class Counting(DirectoryStore):
         calls: list = []

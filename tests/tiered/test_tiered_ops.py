@@ -13,8 +13,8 @@ import trio
 from logfs.fuse.operations import Operations
 from logfs.remote import DirectoryStore
 from logfs.storage import BrokerConfig, LogManager
-from logfs.storage.remote_segment import mark_request_thread
-from logfs.storage.tiered import RemoteLogManager
+from logfs.storage.tiered.remote_segment import mark_request_thread
+from logfs.storage.tiered.manager import RemoteLogManager
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "ops"))
 from ops_helpers import OpsFS, run_blocking  # noqa: E402

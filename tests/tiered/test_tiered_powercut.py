@@ -19,10 +19,10 @@ from logfs.remote.manifest import ManifestStore
 from logfs.spark.bucket import BucketPartitionReader, TieredPartitionReader
 from logfs.spark.segments import PartitionReader, TopicPartition
 from logfs.storage import BrokerConfig, LogManager
-from logfs.storage import records as rec
+from logfs.storage.format import records as rec
 from logfs.storage.names import REMOTE_CACHE_DIR
-from logfs.storage.remote_segment import RemoteLogSegment, index_paths
-from logfs.storage.tiered import LOCAL_MANIFEST, RemoteLogManager, tier_stats
+from logfs.storage.tiered.remote_segment import RemoteLogSegment, index_paths
+from logfs.storage.tiered.manager import LOCAL_MANIFEST, RemoteLogManager, tier_stats
 from logfs.view.text import live_view, open_view
 
 PROPS = {"log.segment.bytes": "4096", "log.index.interval.bytes": "512", "log.segment.delete.delay.ms": "0",
@@ -252,7 +252,7 @@ def test_a_rolled_segment_that_lost_its_last_batch_does_not_stop_tiering(tiered,
 def test_tiered_state_is_written_durably_before_it_is_relied_on(tmp_path, monkeypatch):
     """Every local file of the tiered state goes temporary -> fsync -> rename -> directory fsync (the order that
     survives a power cut), for copies from a file and from bytes alike."""
-    from logfs.storage import remote_segment
+    from logfs.storage.tiered import remote_segment
 
     events = []
     real_fsync, real_replace = os.fsync, os.replace

@@ -18,9 +18,9 @@ import pytest
 from logfs.remote import DirectoryStore
 from logfs.remote.api import RemoteUnavailableError
 from logfs.storage import BrokerConfig, LogManager
-from logfs.storage import remote_segment
-from logfs.storage.remote_segment import BLOCK_BYTES
-from logfs.storage.tiered import RemoteLogManager
+from logfs.storage.tiered import remote_segment
+from logfs.storage.tiered.remote_segment import BLOCK_BYTES
+from logfs.storage.tiered.manager import RemoteLogManager
 from logfs.view.text import live_view, open_view
 
 SEGMENT = 8 << 20

@@ -13,11 +13,11 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from logfs.storage import LogConfig, load_log
-from logfs.storage import compression
-from logfs.storage import records as rec
-from logfs.storage.cleaner_process import compress_in_thread
+from logfs.storage.cleaner import compression
+from logfs.storage.format import records as rec
+from logfs.storage.cleaner.process import compress_in_thread
 from logfs.storage.errors import FetchNeededError
-from logfs.storage.remote_segment import mark_request_thread
+from logfs.storage.tiered.remote_segment import mark_request_thread
 from logfs.view import text as text_view
 from logfs.view.text import live_view, open_view
 
@@ -170,7 +170,7 @@ def _lookup_position(plog, offset: int) -> int:
     try:
         return live_view(plog).position_of(offset)
     except FetchNeededError:
-        from logfs.storage.remote_segment import on_request_thread
+        from logfs.storage.tiered.remote_segment import on_request_thread
 
         if on_request_thread():
             raise

@@ -1,4 +1,4 @@
-"""logfs.storage.lines: the one home of the line format (record -> line, line -> record) and of the rules for
+"""logfs.storage.format.lines: the one home of the line format (record -> line, line -> record) and of the rules for
 which lines a topic accepts (one size rule, keys on compacted topics)."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import itertools
 import pytest
 
 from logfs.storage import InvalidRecordError, LogConfig, RecordTooLargeError
-from logfs.storage import lines
-from logfs.storage.lines import LineFormat
+from logfs.storage.format import lines
+from logfs.storage.format.lines import LineFormat
 
 FORMATS = [LineFormat(), LineFormat(b"=", None), LineFormat(None, b"NULL"), LineFormat(b"::", b"<nil>"),
            LineFormat(None, b"")]

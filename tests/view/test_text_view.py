@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from logfs.storage import records as rec
+from logfs.storage.format import records as rec
 from logfs.view.text import LineFormat, SegmentView, live_view, open_view
 
 FMT = dict(key_separator=b"=", null_marker=b"NULL")
@@ -281,7 +281,7 @@ def test_line_format():
     assert fmt.line(None, b"v") == b"v\n"
     assert fmt.line(b"k", None) == b"k=NULL\n"
     assert LineFormat().line(b"k", None) == b"\n"
-    from logfs.storage.index import LineStats
+    from logfs.storage.format.lines import LineStats
     stats = LineStats(records=3, keyed=2, nulls=1, key_bytes=5, value_bytes=10)
     assert fmt.length(stats) == 3 + 10 + 5 + 2 + 4
     assert LineFormat().length(stats) == 13

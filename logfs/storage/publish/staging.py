@@ -24,9 +24,9 @@ import os
 import re
 import time
 
-from .checkpoints import fsync_dir
-from .errors import InvalidRequestError, NoSuchStagedFileError, StagingClosedError
-from .names import STAGING_DIR
+from ..checkpoints import fsync_dir
+from ..errors import InvalidRequestError, NoSuchStagedFileError, StagingClosedError
+from ..names import STAGING_DIR
 
 log = logging.getLogger(__name__)
 

@@ -6,18 +6,25 @@ is renamed, and later its files are unlinked; if a snapshot pins it, its files a
 reading the bytes it saw. Everything that reads segments outside the log lock (a file handle's view, the
 cleaner's pass, a flush, an upload) takes a snapshot and releases it; nothing else touches a segment's reference
 count. That rule is also what lets the open-file budget close an idle segment's files
-(:mod:`~logfs.storage.open_files`): one under neither its log's lock nor a pin is used by no one.
+(:mod:`~logfs.storage.local.open_files`): one under neither its log's lock nor a pin is used by no one.
 """
 
 from __future__ import annotations
 
 import bisect
-from typing import TYPE_CHECKING, Iterator, Sequence
+import threading
+from typing import Iterator, Protocol, Sequence
 
 from .segment import LogSegment
 
-if TYPE_CHECKING:
-    from .log import Log
+
+class PinnedLog(Protocol):
+    """What a snapshot reads of its log (:class:`~logfs.storage.local.log.Log`, which imports this module)."""
+
+    lock: threading.RLock
+    closed: bool
+    segments: "LogSegments"
+    log_start_offset: int
 
 
 class LogSegments:
@@ -91,7 +98,7 @@ class LogSnapshot:
 
     __slots__ = ("log", "segments", "log_start_offset")
 
-    def __init__(self, log: "Log", segments: list[LogSegment], log_start_offset: int):
+    def __init__(self, log: PinnedLog, segments: list[LogSegment], log_start_offset: int):
         self.log = log
         self.segments = segments  # already pinned, under the log lock, by whoever made this
         self.log_start_offset = log_start_offset
@@ -122,7 +129,7 @@ class LogSnapshot:
         self.release()
 
 
-def pin(log: "Log", segments: list[LogSegment]) -> LogSnapshot:
+def pin(log: PinnedLog, segments: list[LogSegment]) -> LogSnapshot:
     """A snapshot of ``segments`` (a selection of ``log``'s segments). Caller holds the log lock."""
     for segment in segments:
         segment.refs += 1

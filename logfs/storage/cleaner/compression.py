@@ -6,14 +6,14 @@ append keeps writing whole batches straight from the write buffer, at the cost t
 Once a segment is sealed (rolled) and the topic has a codec, :func:`write_compressed` reads it and writes it again
 as ``<base>.log.cleaned`` (+ indexes): runs of plain batches (no producer id, not transactional, not control, no
 delete horizon, one timestamp type) merged into batches of about :data:`TARGET_BATCH_BYTES` of records, each
-compressed as one standard Kafka v2 batch (:func:`~logfs.storage.records.compress_batch`: the codecs' framing
-lives in :mod:`~logfs.storage.codecs` alone); other batches are kept as they are, and control batches are never
+compressed as one standard Kafka v2 batch (:func:`~logfs.storage.format.records.compress_batch`: the codecs' framing
+lives in :mod:`~logfs.storage.format.codecs` alone); other batches are kept as they are, and control batches are never
 compressed. Every record keeps its offset, timestamp, key, value and headers; the new segment spans exactly the
 offsets of the old one (its last batch keeps the old last offset). The log then swaps it in for the old one by
-:meth:`~logfs.storage.log.Log.replace_segments` (``.cleaned`` -> ``.swap`` -> live, the commit point being the
+:meth:`~logfs.storage.local.log.Log.replace_segments` (``.cleaned`` -> ``.swap`` -> live, the commit point being the
 ``.log.swap`` rename): after a crash at any point each offset is in exactly one segment.
 
-The file work runs in the cleaner's child process (:mod:`~logfs.storage.cleaner_process`), so neither the
+The file work runs in the cleaner's child process (:mod:`~logfs.storage.cleaner.process`), so neither the
 re-encoding nor the codec competes with request handling for the GIL. Tiering waits for a segment's rewrite, so
 the bucket holds compressed segments.
 
@@ -27,10 +27,10 @@ from __future__ import annotations
 import logging
 import os
 
-from . import records as rec
-from .records import _speedups
-from .lifecycle import discard, open_segment
-from .segment import CLEANED_SUFFIX, LogSegment, batch_stats
+from ..format import records as rec
+from ..format.records import _speedups
+from ..local.lifecycle import discard, open_segment
+from ..local.segment import CLEANED_SUFFIX, LogSegment, batch_stats
 
 log = logging.getLogger(__name__)
 

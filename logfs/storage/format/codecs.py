@@ -40,7 +40,7 @@ import struct
 import threading
 import zlib
 
-from .errors import CorruptRecordError
+from ..errors import CorruptRecordError
 
 NONE, GZIP, SNAPPY, LZ4, ZSTD = 0, 1, 2, 3, 4
 NAMES = {NONE: "none", GZIP: "gzip", SNAPPY: "snappy", LZ4: "lz4", ZSTD: "zstd"}

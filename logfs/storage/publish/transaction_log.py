@@ -20,7 +20,7 @@ import os
 
 import crc32c as _crc32c
 
-from . import checkpoints as ckpt
+from .. import checkpoints as ckpt
 
 log = logging.getLogger(__name__)
 

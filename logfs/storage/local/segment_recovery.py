@@ -1,7 +1,7 @@
 """The recovery and validation half of a log segment: deriving its state from its indexes, checking them
 against the log, and recovering (CRC validation, truncation at the first invalid byte, index rebuild).
 
-:class:`SegmentRecovery` is a base of :class:`~logfs.storage.segment.LogSegment`; the loader calls
+:class:`SegmentRecovery` is a base of :class:`~logfs.storage.local.segment.LogSegment`; the loader calls
 ``load_state`` (after a clean shutdown) or ``recover`` (after an unclean one, or when an index is damaged).
 Recovery is the one place allowed to read a whole segment.
 """
@@ -11,10 +11,10 @@ from __future__ import annotations
 import os
 import struct
 
-from . import records as rec
-from .errors import CorruptRecordError
-from .index import ZERO_STATS, LineStats
-from .records import _speedups
+from ..format import records as rec
+from ..errors import CorruptRecordError
+from ..format.lines import ZERO_STATS, LineStats
+from ..format.records import _speedups
 
 
 

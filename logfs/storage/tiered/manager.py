@@ -41,16 +41,16 @@ import logging
 import os
 import threading
 
-from ..remote.api import RemoteCorruptError, RemoteNotFoundError, RemoteStore, RemoteStoreError
-from ..remote.manifest import (
+from ...remote.api import RemoteCorruptError, RemoteNotFoundError, RemoteStore, RemoteStoreError
+from ...remote.manifest import (
     SEGMENT_EXTS, ManifestStore, PartitionManifest, RemoteFile, RemoteSegment, decode, encode, partition_prefix,
 )
-from .checkpoints import atomic_write
-from .compression import needs_rewrite
-from .log import Log
-from .names import REMOTE_CACHE_DIR, REMOTE_DELETES_FILE
+from ..checkpoints import atomic_write
+from ..cleaner.compression import needs_rewrite
+from ..local.log import Log
+from ..names import REMOTE_CACHE_DIR, REMOTE_DELETES_FILE
 from .remote_segment import BlockCache, RemoteLogSegment, index_paths, install_index
-from .segment_set import close_if_unused
+from ..local.segments import close_if_unused
 
 log = logging.getLogger(__name__)
 
@@ -249,7 +249,7 @@ class RemoteLogManager:
                 if seg.size == 0 or seg.next_offset <= seg.base_offset:
                     continue  # no records (a power cut took all of a rolled segment's): nothing to tier
                 if needs_rewrite(seg, plog.config):
-                    break  # the bucket gets it compressed: after its rewrite (logfs.storage.compression)
+                    break  # the bucket gets it compressed: after its rewrite (logfs.storage.cleaner.compression)
                 if m.segments and seg.base_offset < end:
                     # Cannot happen (a tiered segment is flushed, so no later load changes its range): refuse
                     # rather than tier an offset twice, and say so.

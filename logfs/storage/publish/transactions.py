@@ -54,15 +54,15 @@ from dataclasses import dataclass, field
 
 import crc32c as _crc32c
 
-from . import checkpoints as ckpt
-from . import lines
-from . import records as rec
-from .errors import (
+from .. import checkpoints as ckpt
+from ..format import lines
+from ..format import records as rec
+from ..errors import (
     CommitIncompleteError, CorruptRecordError, InvalidRecordError, InvalidRequestError, LogfsError, NoSuchTopicError,
     RecordTooLargeError,
 )
-from .names import TRANSACTIONS_FILE
-from .segment_recovery import batch_stats
+from ..names import TRANSACTIONS_FILE
+from ..local.segment_recovery import batch_stats
 from .staging import StagingArea, check_name
 from .transaction_log import TransactionLog
 

@@ -8,7 +8,7 @@ decision (size, time minus jitter, full index, relative-offset overflow), the ``
 
 Thread safety: one writer at a time (``lock``) for append, roll, truncate, delete and config changes.
 ``flush`` takes the lock only to snapshot and to publish the recovery point, so an fsync never blocks an
-append. Reads outside the lock go through a :class:`~logfs.storage.segment_set.LogSnapshot` (:meth:`snapshot`)
+append. Reads outside the lock go through a :class:`~logfs.storage.local.segments.LogSnapshot` (:meth:`snapshot`)
 and only touch published bytes. :attr:`layout_version` changes whenever the segment list or the log start offset
 does, so a reader may cache what it derives from the layout.
 """
@@ -23,17 +23,18 @@ from itertools import accumulate, repeat
 import threading
 from typing import Callable, Iterator, Sequence
 
-from . import lines, tail_batch
-from . import records as rec
-from .clock import SYSTEM_CLOCK, Clock
-from .config import LogConfig
-from .counters import PartitionCounters
-from .errors import LogfsError, NoSuchTopicError, OffsetOutOfRangeError, RecordTooLargeError, StorageIOError
-from .failure import SPACE_ERRNOS, LogDir, guarded
-from .index import LineStats
+from ..format import lines
+from . import tail_batch
+from ..format import records as rec
+from ..clock import SYSTEM_CLOCK, Clock
+from ..config import LogConfig
+from ..counters import PartitionCounters
+from ..errors import LogfsError, NoSuchTopicError, OffsetOutOfRangeError, RecordTooLargeError, StorageIOError
+from ..failure import SPACE_ERRNOS, LogDir, guarded
+from ..format.lines import LineStats
 from .lifecycle import discard, open_segment, remove_segment_files, replace_segments
 from .segment import DELETED_SUFFIX, LogSegment
-from .segment_set import LogSegments, LogSnapshot, close_if_unused, pin
+from .segments import LogSegments, LogSnapshot, close_if_unused, pin
 from .tail_batch import PAGE_SIZE, TAIL_BATCH_CAP  # noqa: F401 (PAGE_SIZE: re-exported for tests)
 
 # Appended lines are grouped into batches of about this many bytes: small enough that a read positioned inside
@@ -80,7 +81,7 @@ class Log:
         self.deleted_segments: list[tuple[int, LogSegment]] = []  # (unlink due ms, segment)
         self.closed = False
         self._layout_version = 0
-        # Tiered segments (read-only, logfs.storage.tiered publishes them): the view shows those below the first
+        # Tiered segments (read-only, logfs.storage.tiered.manager publishes them): the view shows those below the first
         # local segment, then the local ones; the log start offset is then the whole log's.
         self.remote_segments: list = []
         self.counters = PartitionCounters(self.log_end_offset)  # traffic, for the metrics
@@ -169,7 +170,7 @@ class Log:
     def append_lines(self, prefix: bytes, data, end: int, headers: rec.Headers | None = None) -> tuple[int, int]:
         """Append the lines of ``prefix + data[:end]`` (``data[end - 1]`` is the last line's ``\n``; ``prefix``,
         the start of the first line, holds none), one record per line in the topic's line format
-        (:mod:`logfs.storage.lines`), the ``\n`` not included, each with the record ``headers`` if given. All-or-
+        (:mod:`logfs.storage.format.lines`), the ``\n`` not included, each with the record ``headers`` if given. All-or-
         nothing like :meth:`append`; a compacted topic also refuses the whole call if a line has no key
         (:class:`InvalidRecordError`). Plain lines without headers take the bulk path: with the C accelerator,
         one call cuts and encodes whole batches straight from ``data`` (no list of lines, no copy of the input);
@@ -490,7 +491,7 @@ class Log:
     @guarded("segment swap", space_ok=False)
     def replace_segments(self, old: Sequence[LogSegment], new: LogSegment) -> None:
         """Swap ``new`` (a cleaned segment, ``.cleaned``) in for the sealed segments ``old`` whose offsets it
-        covers, by the crash-safe protocol of :func:`~logfs.storage.lifecycle.replace_segments`. If the log
+        covers, by the crash-safe protocol of :func:`~logfs.storage.local.lifecycle.replace_segments`. If the log
         changed meanwhile (retention or a truncation removed one of ``old``, or it closed), ``new`` is discarded
         and LogfsError raised: the log is as it was."""
         with self.lock:

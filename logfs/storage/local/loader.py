@@ -1,7 +1,7 @@
 """Opening one partition directory, with recovery, in LogLoader's order.
 
 1. Delete ``.deleted`` files and stray ``.cleaned`` files; complete interrupted swaps by the cleaner's own swap
-   protocol (:func:`~logfs.storage.lifecycle.replace_segments`): a ``.swap`` segment replaces the live segments
+   protocol (:func:`~logfs.storage.local.lifecycle.replace_segments`): a ``.swap`` segment replaces the live segments
    inside its offset range, then is renamed live (its ``.cleaned``/``.swap`` siblings were written completely
    before the first rename, so completing is always safe).
 2. Remove orphan indexes (an index without its ``.log``).
@@ -21,13 +21,13 @@ import logging
 import os
 from typing import Callable
 
-from .clock import SYSTEM_CLOCK, Clock
-from .config import LogConfig
-from .errors import CorruptRecordError, StorageIOError
-from .failure import LogDir
+from ..clock import SYSTEM_CLOCK, Clock
+from ..config import LogConfig
+from ..errors import CorruptRecordError, StorageIOError
+from ..failure import LogDir
 from .lifecycle import discard, open_segment, replace_segments
 from .log import Log
-from .names import (
+from ..names import (
     CLEANED_SUFFIX, DELETED_SUFFIX, INDEX_SUFFIX, INDEX_SUFFIXES, LOG_SUFFIX, SWAP_SUFFIX,
     TIME_INDEX_SUFFIX, VIEW_INDEX_SUFFIX, filename_prefix, parse_segment_file,
 )

@@ -1,7 +1,7 @@
 """The segment files a process holds open, bounded across all its partitions: one LRU (CLOCK) of descriptors.
 
-A *unit* is one open resource of a segment: its ``.log`` descriptor (the :class:`~logfs.storage.segment.LogSegment`
-itself) or the descriptor of one of its indexes (an :class:`~logfs.storage.index._FileIndex`, read and written with
+A *unit* is one open resource of a segment: its ``.log`` descriptor (the :class:`~logfs.storage.local.segment.LogSegment`
+itself) or the descriptor of one of its indexes (an :class:`~logfs.storage.local.index._FileIndex`, read and written with
 pread/pwrite: no memory map). Units open on first use, as Kafka's ``LazyIndex`` maps an index on first use
 (KAFKA-7283), and register here. Once more than :attr:`OpenFiles.budget`
 are open, opening one closes another, least recently used first; a closed unit opens again, by path, the next
@@ -15,7 +15,7 @@ closes the first unit whose flag is clear and that may be closed.
 
 **When a unit may be closed.** Only when nothing can be using it, which is the engine's rule for reading a
 segment: every access happens either under the owning log's lock or through a
-:class:`~logfs.storage.segment_set.LogSnapshot` that pins the segment. So a unit closes only when its segment
+:class:`~logfs.storage.local.segments.LogSnapshot` that pins the segment. So a unit closes only when its segment
 
 - belongs to a log (``owner``, the log's lock; a segment being loaded, cleaned or tested alone has none and is
   closed by whoever owns it),

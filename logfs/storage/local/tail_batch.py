@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import mmap
 
-from . import lines
-from . import records as rec
-from .errors import LogfsError
+from ..format import lines
+from ..format import records as rec
+from ..errors import LogfsError
 from .segment import TailBatch
 
 # The cap bounds the bytes rewritten per append (the CRC covers the whole batch) and a reader's skip into it.

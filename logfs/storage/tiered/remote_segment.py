@@ -1,6 +1,6 @@
 """A tiered segment, read like a local one, and the bounded on-disk cache of the byte ranges fetched for it.
 
-:class:`RemoteLogSegment` has the reading side of :class:`~logfs.storage.segment.LogSegment` (``size``, ``stats``,
+:class:`RemoteLogSegment` has the reading side of :class:`~logfs.storage.local.segment.LogSegment` (``size``, ``stats``,
 the three indexes, ``read``/``read_into``/``batches_from``, ``translate_offset``, ``find_offset_by_timestamp``),
 so the view layer and the log read a tiered range exactly as a local one. Its ``.index``, ``.timeindex`` and
 ``.viewindex`` are small: they are kept whole on local disk (copied at upload, fetched once otherwise) and mapped
@@ -33,13 +33,14 @@ from typing import Callable
 
 from crc32c import crc32c
 
-from ..remote.api import RemoteCorruptError, RemoteStore, RemoteUnavailableError
-from ..remote.manifest import RemoteSegment
-from .checkpoints import fsync_dir
-from .errors import CorruptRecordError, FetchNeededError
-from .index import LineStats, OffsetIndex, TimeIndex, ViewIndex
-from .names import INDEX_SUFFIX, TIME_INDEX_SUFFIX, VIEW_INDEX_SUFFIX, filename_prefix
-from .segment import LogSegment, SegmentFile
+from ...remote.api import RemoteCorruptError, RemoteStore, RemoteUnavailableError
+from ...remote.manifest import RemoteSegment
+from ..checkpoints import fsync_dir
+from ..errors import CorruptRecordError, FetchNeededError
+from ..format.lines import LineStats
+from ..local.index import OffsetIndex, TimeIndex, ViewIndex
+from ..names import INDEX_SUFFIX, TIME_INDEX_SUFFIX, VIEW_INDEX_SUFFIX, filename_prefix
+from ..local.segment import LogSegment, SegmentFile
 
 #: Unit of fetching and caching a remote .log: a small read costs one ranged GET of at most this many bytes.
 BLOCK_BYTES = 256 * 1024

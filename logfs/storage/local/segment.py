@@ -5,10 +5,10 @@ Owns appending batches at the end of one file (and writing the last one grown in
 ``index.interval.bytes`` have been appended since the last one), translating an offset or a timestamp to a
 file position (index lookup, then a forward scan bounded by the interval), truncation, and the roll-time
 bookkeeping. It never decides *when* to roll; the log does. Loading and recovery are in
-:mod:`~logfs.storage.segment_recovery`; segments are opened through :mod:`~logfs.storage.lifecycle`.
+:mod:`~logfs.storage.local.segment_recovery`; segments are opened through :mod:`~logfs.storage.local.lifecycle`.
 
 :class:`SegmentFile` is the reading of a ``.log`` file by ``pread`` alone (the walk over its batches), shared by
-the log's segments and by the read-only :mod:`~logfs.storage.reader`, so the batch framing is read in one place.
+the log's segments and by the read-only :mod:`~logfs.storage.local.reader`, so the batch framing is read in one place.
 
 Thread safety: mutation requires the owning log's writer lock. ``read``/``batches_from``/``translate_offset``
 only touch bytes below the published ``size`` and may run in other threads concurrently with an append.
@@ -20,13 +20,14 @@ import errno as _errno
 import os
 from typing import Iterator
 
-from . import records as rec
-from .errors import StorageIOError
-from .index import ZERO_STATS, LineStats, OffsetIndex, TimeIndex, ViewIndex
+from ..format import records as rec
+from ..errors import StorageIOError
+from ..format.lines import ZERO_STATS, LineStats
+from .index import OffsetIndex, TimeIndex, ViewIndex
 from .open_files import OPEN_FILES
 from .segment_recovery import SegmentRecovery, batch_stats  # noqa: F401  (batch_stats: its callers import it here)
 
-from .names import (  # noqa: F401 (re-exported: the segment's own file names)
+from ..names import (  # noqa: F401 (re-exported: the segment's own file names)
     ALL_SUFFIXES, CLEANED_SUFFIX, DELETED_SUFFIX, INDEX_SUFFIX, INDEX_SUFFIXES, LOG_SUFFIX, SWAP_SUFFIX,
     TIME_INDEX_SUFFIX, VIEW_INDEX_SUFFIX, filename_prefix,
 )
@@ -175,7 +176,7 @@ class LogSegment(SegmentRecovery, SegmentFile):
 
     # -- the descriptor, opened on use ---------------------------------------------------------------
     # ``fd`` is an attribute while the .log is open (-1 once closed for good). The process's open-file budget
-    # (:mod:`~logfs.storage.open_files`) may close it while the segment is idle; the next use of ``fd`` opens
+    # (:mod:`~logfs.storage.local.open_files`) may close it while the segment is idle; the next use of ``fd`` opens
     # the file again by its path (:meth:`__getattr__`), at no cost to a use while it is open.
     def __getattr__(self, name: str):
         if name == "fd":

@@ -8,7 +8,7 @@ skipping a group whose segments retention removed meanwhile. Protocol: one JSON 
     child:  {"end": offset, "groups": [{"old": [base, ...], "base": base, "dropped": n}]}
 
 With ``"mode": "compress"`` the child instead rewrites each of ``bases`` in the topic's codec
-(:func:`~logfs.storage.compression.write_compressed`), one group per segment.
+(:func:`~logfs.storage.cleaner.compression.write_compressed`), one group per segment.
 
 The child dies with the daemon (``PR_SET_PDEATHSIG``): a pass orphaned by a crash of the daemon could otherwise
 go on writing ``.cleaned`` files after the next daemon has loaded the directory, under the names that daemon's
@@ -24,13 +24,13 @@ import subprocess
 import sys
 import threading
 
-from .cleaner import CleanableLog, CleanResult, OffsetMap, write_cleaned
+from .compaction import CleanableLog, CleanResult, OffsetMap, write_cleaned
 from .compression import write_compressed
-from .config import LogConfig
-from .errors import LogfsError
-from .lifecycle import open_segment
-from .log import Log
-from .segment import CLEANED_SUFFIX
+from ..config import LogConfig
+from ..errors import LogfsError
+from ..local.lifecycle import open_segment
+from ..local.log import Log
+from ..local.segment import CLEANED_SUFFIX
 
 _CONFIG_FIELDS = ("segment_bytes", "segment_index_bytes", "index_interval_bytes", "delete_retention_ms",
                   "max_message_bytes", "compression_type", "compression_zstd_level", "compression_lz4_level",
@@ -60,7 +60,7 @@ def _clean(plog: Log, sealed: list, target: CleanableLog, capacity: int, now_ms:
 
 
 def compress_in_subprocess(plog: Log, segments: list, now_ms: int) -> CleanResult:
-    """Rewrite sealed ``segments`` in the topic's codec (:mod:`~logfs.storage.compression`) in a child process,
+    """Rewrite sealed ``segments`` in the topic's codec (:mod:`~logfs.storage.cleaner.compression`) in a child process,
     then swap each in. Blocks the calling thread, not the GIL."""
     request = {
         "mode": "compress",
@@ -84,7 +84,7 @@ def compress_in_thread(plog: Log, segments: list, now_ms: int) -> CleanResult:
 
 
 def _run(request: dict) -> dict:
-    proc = subprocess.run([sys.executable, "-m", "logfs.storage.cleaner_process"], input=json.dumps(request),
+    proc = subprocess.run([sys.executable, "-m", "logfs.storage.cleaner.process"], input=json.dumps(request),
                           capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         raise LogfsError(f"cleaner process failed: {proc.stderr.strip().splitlines()[-1:] or proc.returncode}")

@@ -18,10 +18,11 @@ Lives in the engine because ``Log.append_lines`` applies it; the view renders wi
 from __future__ import annotations
 
 from dataclasses import dataclass
+import operator
+from typing import NamedTuple
 
 from . import records as rec
-from .errors import InvalidRecordError, RecordTooLargeError
-from .index import LineStats
+from ..errors import InvalidRecordError, RecordTooLargeError
 from .records import _speedups
 
 # Bytes of one record beyond its key and value, as a bound (length, attributes, deltas, lengths, header count):
@@ -29,6 +30,24 @@ from .records import _speedups
 _RECORD_FRAMING = 22
 # A segment holds a record of at most segment.bytes minus this (its batch header and framing).
 SEGMENT_SLACK = rec.HEADER_SIZE + _RECORD_FRAMING
+
+
+
+class LineStats(NamedTuple):
+    """Config-independent sizes of a run of records, from which a view length is computed for any key
+    separator and null marker: records + value_bytes + [key_bytes + keyed * len(sep)] + nulls * len(marker)."""
+
+    records: int = 0
+    keyed: int = 0
+    nulls: int = 0
+    key_bytes: int = 0
+    value_bytes: int = 0
+
+    def __add__(self, other):  # type: ignore[override]
+        return LineStats._make(map(operator.add, self, other))  # (C-level: every append adds one)
+
+
+ZERO_STATS = LineStats()
 
 
 @dataclass(frozen=True)

@@ -26,9 +26,9 @@ import os
 import random
 from typing import Callable, Sequence
 
-from .checkpoints import fsync_dir
+from ..checkpoints import fsync_dir
 from .index import ViewIndex
-from .names import ALL_SUFFIXES, filename_prefix
+from ..names import ALL_SUFFIXES, filename_prefix
 from .segment import SWAP_SUFFIX, LogSegment
 
 

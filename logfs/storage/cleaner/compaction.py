@@ -14,7 +14,7 @@ delete horizon (now + ``delete.retention.ms``) the first time it is cleaned, sto
 Kafka v2 does (attribute bit 0x40, baseTimestamp = horizon); a later pass past the horizon drops it.
 
 Each cleaned group goes in by :meth:`Log.replace_segments`, the crash-safe swap of
-:mod:`~logfs.storage.lifecycle` that recovery also completes; the pass reads a snapshot of the sealed segments,
+:mod:`~logfs.storage.local.lifecycle` that recovery also completes; the pass reads a snapshot of the sealed segments,
 so retention removing one meanwhile only makes that group's swap be skipped.
 """
 
@@ -25,11 +25,11 @@ import logging
 import os
 from dataclasses import dataclass
 
-from . import records as rec
+from ..format import records as rec
 from .compression import codec_of
-from .lifecycle import discard, open_segment
-from .log import Log
-from .segment import CLEANED_SUFFIX, LogSegment, batch_stats
+from ..local.lifecycle import discard, open_segment
+from ..local.log import Log
+from ..local.segment import CLEANED_SUFFIX, LogSegment, batch_stats
 
 log = logging.getLogger(__name__)
 ENTRY_BYTES = 24  # MD5 digest + offset, as Kafka's SkimpyOffsetMap

@@ -25,10 +25,10 @@ from typing import Iterator, NamedTuple, Sequence
 import crc32c as _crc32c
 
 from . import codecs
-from .errors import CorruptRecordError
+from ..errors import CorruptRecordError
 
 try:  # the C accelerator (logfs/_speedups.c); optional, with identical pure-Python fallbacks
-    from .. import _speedups
+    from ... import _speedups
 except ImportError:  # pragma: no cover - exercised when built without a compiler
     _speedups = None
 

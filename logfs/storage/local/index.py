@@ -6,7 +6,7 @@ entries: timestamp i64, relative offset i32) and logfs's own ``.viewindex`` (36-
 index to what its segment can need, at most as much) and trimmed to its entries when the segment rolls or
 closes; lookups binary-search for the greatest entry <= target. As Kafka's LazyIndex, a file is opened only when
 an entry is first read or stored, and the process's open-file budget may close it again
-(:mod:`~logfs.storage.open_files`).
+(:mod:`~logfs.storage.local.open_files`).
 
 **No memory map.** Kafka maps its indexes; logfs reads them with ``pread`` and stores entries with ``pwrite``.
 A read of a mapped page that the disk fails to return is SIGBUS, which kills the whole daemon (every partition,
@@ -29,11 +29,12 @@ import os
 import struct
 from typing import NamedTuple
 
-from .errors import CorruptRecordError, StorageIOError
+from ..errors import CorruptRecordError, StorageIOError
+from ..format.lines import LineStats
 from .open_files import OPEN_FILES
 
 try:  # the C accelerator: index_ok checks every entry in one pass, index_floor searches by pread
-    from .. import _speedups
+    from ... import _speedups
 except ImportError:  # pragma: no cover - exercised when built without a compiler
     _speedups = None
 
@@ -68,7 +69,7 @@ class _Entries:
 
 class _FileIndex:
     """One index file, opened on first use and closed when the process's open-file budget needs its descriptor
-    (:mod:`~logfs.storage.open_files`): ``_fd`` is an attribute while open; reading it while closed opens the
+    (:mod:`~logfs.storage.local.open_files`): ``_fd`` is an attribute while open; reading it while closed opens the
     file again (:meth:`__getattr__`). Entry counts and sizes live in memory, so checking whether an index is
     full, or how many entries it has, never opens it."""
 
@@ -436,23 +437,6 @@ class TimeIndex(_FileIndex):
             raise CorruptRecordError(f"corrupt time index {self.path}")
 
 
-class LineStats(NamedTuple):
-    """Config-independent sizes of a run of records, from which a view length is computed for any key
-    separator and null marker: records + value_bytes + [key_bytes + keyed * len(sep)] + nulls * len(marker)."""
-
-    records: int = 0
-    keyed: int = 0
-    nulls: int = 0
-    key_bytes: int = 0
-    value_bytes: int = 0
-
-    def __add__(self, other):  # type: ignore[override]
-        return LineStats._make(map(operator.add, self, other))  # (C-level: every append adds one)
-
-
-ZERO_STATS = LineStats()
-
-
 class ViewEntry(NamedTuple):
     offset: int  # base offset of the batch the entry points at (or the segment's next offset, at the end)
     position: int  # its position in the .log
@@ -507,7 +491,7 @@ class ViewIndex(_FileIndex):
 
     def floor_by_view(self, target: int, fmt) -> ViewEntry | None:
         """Greatest entry whose view length before it, in the line format ``fmt`` (a
-        :class:`~logfs.storage.lines.LineFormat`: its separator and null marker), is <= target."""
+        :class:`~logfs.storage.format.lines.LineFormat`: its separator and null marker), is <= target."""
         sep, marker = fmt.separator, fmt.null_marker
         slot = self._search(target, 2, lambda e: fmt.length(LineStats(*e[2:])),
                             len(sep) if sep else 0, len(marker) if marker else 0)

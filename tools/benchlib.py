@@ -1,0 +1,295 @@
+"""What the benchmarks share (tools/bench.py and every tools/bench_*.py): mounting and unmounting logfs, finding
+its daemon, timing shell and file operations, writer processes, the markdown helpers, and the clean-up that leaves
+nothing behind under a work directory. Imports nothing from the bench scripts, so none of them imports another's
+``__main__``.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+PY = sys.executable
+
+
+# -- mounts -----------------------------------------------------------------------------------------------
+def mounted(path: str) -> bool:
+    target = os.path.abspath(path)
+    with open("/proc/self/mountinfo") as f:
+        return any(line.split()[4] == target for line in f)
+
+
+def wait(predicate, timeout=60.0, what="condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.01)
+    raise RuntimeError(f"timed out waiting for {what}")
+
+
+def daemon_pid(data: str) -> int | None:
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                args = f.read().split(b"\0")
+        except OSError:
+            continue
+        if b"logfs.cli" in b" ".join(args) and data.encode() in args:
+            return int(pid)
+    return None
+
+
+def env():
+    return {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+
+
+def mount_logfs(data: str, mnt: str, *opts: str, extra_env: dict | None = None) -> float:
+    """Mount (daemon mode: returns once usable); returns the seconds the mount command took."""
+    os.makedirs(mnt, exist_ok=True)
+    cmd = [PY, "-m", "logfs.cli", data, mnt]
+    if opts:
+        cmd += ["-o", ",".join(opts)]
+    start = time.perf_counter()
+    subprocess.run(cmd, check=True, env={**env(), **(extra_env or {})}, stderr=subprocess.DEVNULL)
+    took = time.perf_counter() - start
+    assert mounted(mnt)
+    return took
+
+
+def unmount(mnt: str, data: str | None = None) -> None:
+    pid = daemon_pid(data) if data else None
+    subprocess.run(["fusermount3", "-u", mnt], check=False, stderr=subprocess.DEVNULL)
+    if mounted(mnt):
+        subprocess.run(["fusermount3", "-uz", mnt], check=False)
+    if pid:
+        wait(lambda: exited(pid), 120, "the daemon to exit")
+
+
+def exited(pid: int) -> bool:
+    """Gone, or a zombie: it has closed its files and released DATA_DIR's lock. (The daemon's parent is init,
+    which may take a second and more to reap it on some machines.)"""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def kill9(mnt: str, data: str) -> None:
+    pid = daemon_pid(data)
+    os.kill(pid, 9)
+    wait(lambda: exited(pid))
+    subprocess.run(["fusermount3", "-uz", mnt], check=False)
+
+
+class NullFS:
+    def __init__(self, mnt: str, size: int):
+        self.mnt = mnt
+        os.makedirs(mnt, exist_ok=True)
+        self.proc = subprocess.Popen([PY, os.path.join(HERE, "nullfs.py"), mnt, "--size", str(size)])
+        wait(lambda: mounted(mnt), 30, "nullfs")
+
+    def close(self):
+        subprocess.run(["fusermount3", "-u", self.mnt], check=False)
+        self.proc.wait(30)
+
+
+def drop_caches() -> bool:
+    try:
+        os.sync()
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+        return True
+    except OSError:
+        return False
+
+
+def timed_shell(script: str) -> float:
+    start = time.perf_counter()
+    subprocess.run(["bash", "-c", script], check=True)
+    return time.perf_counter() - start
+
+
+def make_lines(path: str, size: int) -> int:
+    """~100-byte JSON lines; returns the line count."""
+    count = 0
+    with open(path, "wb") as f:
+        written = 0
+        chunk = []
+        while written < size:
+            line = b'{"id":%09d,"user":"u%05d","event":"click","payload":"%s"}\n' % (count, count % 50000, b"p" * 30)
+            chunk.append(line)
+            written += len(line)
+            count += 1
+            if len(chunk) >= 10000:
+                f.write(b"".join(chunk))
+                chunk = []
+        f.write(b"".join(chunk))
+    return count
+
+
+def append_file(src: str, dst: str, fsync: bool) -> float:
+    """Seconds to ``cat src`` into ``dst`` opened ``O_APPEND`` (as ``cat src >> dst``), plus, with ``fsync``, an
+    fsync of that descriptor before it is closed. Closing is timed too: it is when logfs commits a partial line."""
+    start = time.perf_counter()
+    fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        subprocess.run(["cat", src], stdout=fd, check=True)
+        if fsync:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+    return time.perf_counter() - start
+
+
+def read_file(path: str, size: int) -> float:
+    """Seconds to ``cat path > /dev/null``."""
+    assert os.stat(path).st_size == size, path
+    with open(os.devnull, "wb") as null:
+        start = time.perf_counter()
+        subprocess.run(["cat", path], stdout=null, check=True)
+        return time.perf_counter() - start
+
+
+def _line_writer(path: str, writer: int, count: int, length: int, barrier, results) -> None:
+    """One writer process: ``count`` lines of ``length`` bytes, one ``os.write`` each, on an O_APPEND fd."""
+    try:
+        lines = []
+        for i in range(count):
+            head = b"w%d %09d " % (writer, i)
+            lines.append(head + b"x" * (length - len(head) - 1) + b"\n")
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+        barrier.wait(60)
+        start = time.perf_counter()  # CLOCK_MONOTONIC: comparable across processes
+        for line in lines:
+            os.write(fd, line)
+        end = time.perf_counter()
+        os.close(fd)
+        results.put((start, end, None))
+    except BaseException as exc:  # reported to the parent, which raises
+        results.put((0.0, 0.0, repr(exc)))
+
+
+def line_writers(path: str, writers: int, count: int, length: int) -> float:
+    """Seconds from the first writer's first line to the last writer's last, ``writers`` processes (not threads,
+    so the client's GIL is not the ceiling) each appending ``count`` lines to ``path``."""
+    ctx = multiprocessing.get_context("fork")
+    barrier, results = ctx.Barrier(writers), ctx.Queue()
+    procs = [ctx.Process(target=_line_writer, args=(path, w, count, length, barrier, results))
+             for w in range(writers)]
+    for proc in procs:
+        proc.start()
+    spans = [results.get(timeout=600) for _ in procs]
+    for proc in procs:
+        proc.join(60)
+    errors = [error for _, _, error in spans if error]
+    if errors:
+        raise RuntimeError(f"writer failed on {path}: {errors[0]}")
+    return max(end for _, end, _ in spans) - min(start for start, _, _ in spans)
+
+
+def rss_kb(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+def getx(path: str, name: str) -> str:
+    return os.getxattr(path, f"user.logfs.{name}").decode()
+
+
+# -- markdown ---------------------------------------------------------------------------------------------------
+def fmt(value) -> str:
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}"
+    return str(value)
+
+
+def met(ok: bool) -> str:
+    return "yes" if ok else "no"
+
+
+def table(header: list[str], rows: list[list]) -> list[str]:
+    out = ["", "| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+    return out + ["| " + " | ".join(fmt(cell) for cell in row) + " |" for row in rows]
+
+
+def _mountpoints_under(root: str) -> list[str]:
+    """Mountpoints at or below ``root`` (from /proc/self/mountinfo, octal escapes undone), deepest first."""
+    root = os.path.abspath(root)
+    found = []
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            point = line.split()[4]
+            point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), point)
+            if point == root or point.startswith(root + "/"):
+                found.append(point)
+    return sorted(found, key=len, reverse=True)
+
+
+def _processes_naming(root: str) -> list[int]:
+    """This user's processes (other than this one) whose command line names a path at or below ``root``: the
+    logfs daemons (detached, so not our children), nullfs, SeaweedFS, Spark JVMs a run started there."""
+    me, uid, out = os.getpid(), os.getuid(), []
+    needle = os.path.abspath(root).encode()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == me:
+            continue
+        try:
+            if os.stat(f"/proc/{entry}").st_uid != uid:
+                continue
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmdline = f.read()
+        except OSError:
+            continue
+        if any(arg == needle or arg.startswith(needle + b"/") or (b"=" + needle) in arg
+               for arg in cmdline.split(b"\0")):
+            out.append(int(entry))
+    return out
+
+
+def leave_nothing(workdir: str, remove: bool) -> None:
+    """Undo what a run left under ``workdir``, whether it finished or failed: writer processes, mounts (logfs and
+    nullfs; a plain unmount first, so a daemon can shut down cleanly, then a lazy one), every process still naming
+    the directory (terminated, then killed), and, with ``remove``, the directory itself. Signals that would end
+    the run are ignored meanwhile, so a second Ctrl-C or SIGTERM does not cut the clean-up short."""
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
+    for child in multiprocessing.active_children():
+        child.terminate()
+        child.join(5)
+    for point in _mountpoints_under(workdir):
+        subprocess.run(["fusermount3", "-u", point], check=False, stderr=subprocess.DEVNULL)
+        if mounted(point):
+            subprocess.run(["fusermount3", "-uz", point], check=False, stderr=subprocess.DEVNULL)
+    for sig, grace in ((signal.SIGTERM, 60.0), (signal.SIGKILL, 10.0)):
+        pids = _processes_naming(workdir)
+        if sig == signal.SIGKILL and pids:
+            print(f"bench: killing {pids}, still running after the clean-up", file=sys.stderr, flush=True)
+        for pid in pids:  # SIGTERM to a logfs daemon is its clean shutdown
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + grace
+        while _processes_naming(workdir) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    if remove:
+        shutil.rmtree(workdir, ignore_errors=True)
+        if os.path.exists(workdir):
+            print(f"bench: could not remove {workdir}", file=sys.stderr, flush=True)
