@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 
 SCHEME = "s3://"
 READ_CHUNK = 16 << 20  # bytes per ranged GET of a .log (a range smaller than this is fetched in one)
-LOOKUP_CHUNK = 256 << 10  # bytes per ranged GET while looking for a timestamp (a scan of one index interval)
+LOOKUP_CHUNK = 64 << 10  # bytes per ranged GET while looking for a timestamp (a scan of about one index interval)
 # A reader gives up sooner than the daemon's store would: a wrong endpoint should fail the query fast.
 MAX_ATTEMPTS = 2
 
@@ -81,8 +81,9 @@ class _RangeFile(SegmentFile):
     through one chunk, the next is already being fetched (one worker thread), so the store's latency overlaps the
     decoding. ``close()`` when done."""
 
-    def __init__(self, store: RemoteStore, key: str, lo: int, hi: int, chunk: int = READ_CHUNK):
-        self.store, self.key, self.chunk = store, key, chunk
+    def __init__(self, store: RemoteStore, key: str, lo: int, hi: int, chunk: int = READ_CHUNK,
+                 prefetch: bool = True):
+        self.store, self.key, self.chunk, self.prefetch = store, key, chunk, prefetch
         self.size = hi
         self.log_path = f"remote object {key}"
         self._at, self._buf = lo, b""
@@ -108,7 +109,7 @@ class _RangeFile(SegmentFile):
                 want = min(max(end, position + self.chunk), self.size) - position
                 self._buf, self._at = self._fetch(position, want), position
             held = self._at + len(self._buf)
-            if held < self.size and (self._next is None or self._next[0] != held):
+            if self.prefetch and held < self.size and (self._next is None or self._next[0] != held):
                 if self._pool is None:
                     self._pool = ThreadPoolExecutor(1, thread_name_prefix="logfs-prefetch")
                 self._next = (held, self._pool.submit(self._fetch, held, min(self.chunk, self.size - held)))
@@ -192,7 +193,7 @@ class BucketPartitionReader:
                     ) -> Iterator[tuple[rec.BatchHeader, bytes]]:
         """CRC-checked batches of ``seg``'s .log between byte positions ``lo`` and ``hi``, fetched by ranged GETs
         of ``chunk`` bytes."""
-        segment_log = _RangeFile(self.store, seg.objects["log"].key, lo, hi, chunk)
+        segment_log = _RangeFile(self.store, seg.objects["log"].key, lo, hi, chunk, prefetch=chunk >= READ_CHUNK)
         covered = lo
         try:
             for pos, header, buf, at in segment_log.batches_from(lo, hi, chunk=chunk):
