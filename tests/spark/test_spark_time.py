@@ -335,9 +335,11 @@ def test_a_stream_starts_at_a_timestamp(spark, timed, tmp_path):
     q.awaitTermination(120)
     got = sorted(tuple(r) for r in spark.sql("SELECT partition, offset, ts FROM from_ts").collect())
     assert got == expected(recs, {p: (offsets_for_times(recs[p], ts), recs[p][-1][0] + 1) for p in range(2)})
+    never = (spark.readStream.format("logfs").option("subscribe", TOPIC).option("endingTimestamp", "1").load(d)
+             .writeStream.format("memory").queryName("never").option("checkpointLocation", str(tmp_path / "c2"))
+             .start())
     with pytest.raises(Exception, match="for batch queries only"):
-        spark.readStream.format("logfs").option("subscribe", TOPIC).option("endingTimestamp", "1").load(d) \
-            .writeStream.format("memory").queryName("never").start()
+        never.awaitTermination(60)
 
 
 # -- pushdown ------------------------------------------------------------------------------------------------
