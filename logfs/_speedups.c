@@ -15,6 +15,7 @@
  * seek_line(batch, separator, null_marker, offset, position): the text view's lookups (position_of, offset_at)
  *     inside one batch.
  * index_ok(kind, buf, n, log_size): the sanity checks of an index's entries (loading a store).
+ * index_floor(fd, kind, field, n, target, sep_len, marker_len): an index file's binary search, by pread.
  * decode_columns(batches, start, end): Arrow column buffers of plain batches (the Spark data source).
  * merge_batches(batches, last_offset): plain batches merged into one (the rewrite of a sealed segment in its codec).
  * murmur2(data), partition_rows(n, keys, explicit, parts, rr), encode_arrow(values, keys, indices, start, end,
@@ -28,6 +29,7 @@
 #include <Python.h>
 #include <stdint.h>
 #include <string.h>
+#include <unistd.h>
 
 #define HEADER_SIZE 61
 
@@ -1331,6 +1333,59 @@ done:
     return out;
 }
 
+/* index_floor(fd, kind, field, n, target, sep_len, marker_len) -> slot: the binary search of an index file for the
+ * greatest of its first n entries whose key is <= target (-1: none; -2: the file is shorter than its entries),
+ * reading one entry per probe with pread. Indexes are read with pread, never through a memory map: an I/O error
+ * on a mapped page kills the process with SIGBUS, while pread returns it (raised here as OSError). kind 0, the
+ * offset index (>ii), field 0: the relative offset. kind 1, the time index (>qi), field 0: the timestamp,
+ * field 1: the relative offset. kind 2, the view index (>IIIIIQQ), field 0: the relative offset, field 1: the
+ * position, field 2: the view length before the entry (records + value bytes + nulls * marker_len, plus key
+ * bytes + keyed * sep_len when sep_len > 0: LineFormat.length). The Python twin is _FileIndex._search_py. */
+static PyObject *index_floor(PyObject *self, PyObject *args) {
+    int fd, kind, field;
+    Py_ssize_t n;
+    long long target, sep_len, marker_len;
+    if (!PyArg_ParseTuple(args, "iiinLLL", &fd, &kind, &field, &n, &target, &sep_len, &marker_len))
+        return NULL;
+    static const Py_ssize_t sizes[3] = {8, 12, 36};
+    if (kind < 0 || kind > 2 || field < 0 || field > 2 || n < 0) {
+        PyErr_SetString(PyExc_ValueError, "index_floor: bad kind, field or entry count");
+        return NULL;
+    }
+    const Py_ssize_t size = sizes[kind];
+    unsigned char e[36];
+    Py_ssize_t lo = 0, hi = n;
+    while (lo < hi) {
+        Py_ssize_t mid = lo + (hi - lo) / 2;
+        ssize_t got = pread(fd, e, (size_t)size, (off_t)mid * size);
+        if (got < 0)
+            return PyErr_SetFromErrno(PyExc_OSError);
+        if (got != size)
+            return PyLong_FromLong(-2);
+        long long key;
+        if (kind == 0) {
+            key = (int32_t)be32(e);
+        } else if (kind == 1) {
+            key = field == 0 ? (long long)(int64_t)be64(e) : (long long)(int32_t)be32(e + 8);
+        } else if (field == 0) {
+            key = be32(e);
+        } else if (field == 1) {
+            key = be32(e + 4);
+        } else {
+            long long records = be32(e + 8), keyed = be32(e + 12), nulls = be32(e + 16);
+            long long key_bytes = (long long)be64(e + 20), value_bytes = (long long)be64(e + 28);
+            key = records + value_bytes + nulls * marker_len;
+            if (sep_len > 0)
+                key += key_bytes + keyed * sep_len;
+        }
+        if (target < key)
+            hi = mid;
+        else
+            lo = mid + 1;
+    }
+    return PyLong_FromSsize_t(lo - 1);
+}
+
 static PyMethodDef methods[] = {
     {"murmur2", py_murmur2, METH_VARARGS, "Kafka's murmur2 hash of bytes (the default partitioner's)."},
     {"partition_rows", partition_rows, METH_VARARGS, "Kafka's default partitioner over Arrow columns (the sink)."},
@@ -1338,6 +1393,7 @@ static PyMethodDef methods[] = {
     {"merge_batches", merge_batches, METH_VARARGS, "Plain batches merged into one (the compressed rewrite)."},
     {"decode_columns", decode_columns, METH_VARARGS, "Arrow column buffers of plain batches (Spark source)."},
     {"index_ok", index_ok, METH_VARARGS, "Sanity checks of an index's entries, in one pass."},
+    {"index_floor", index_floor, METH_VARARGS, "Binary search of an index file by pread (greatest entry <= a key)."},
     {"batch_stats", batch_stats, METH_VARARGS, "Line statistics of one uncompressed batch."},
     {"seek_line", seek_line, METH_VARARGS, "Lines before an offset, or the record holding a byte, in one batch."},
     {"render_window", render_window, METH_VARARGS, "Text-view bytes of a read request, from a skip, within a limit."},

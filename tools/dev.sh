@@ -21,11 +21,26 @@ if [ ${#need_apt[@]} -gt 0 ]; then
 fi
 [ -e /dev/fuse ] || { echo "error: /dev/fuse is missing (load the fuse module)" >&2; exit 1; }
 
+# pip, less one notice that is about the machine, not logfs: for each package it names every index directory of
+# the machine's pip configuration (find-links, extra-index-url file:// entries) that does not exist, ~50 lines.
+# Everything else pip prints, errors included, is shown, and its exit status kept.
+quiet_pip() {
+  local log rc=0
+  log=$(mktemp)
+  "$@" >"$log" 2>&1 || rc=$?
+  grep -v -E "^WARNING: Location '[^']*' is ignored: it is neither a file nor a directory\.$" "$log" >&2 || true
+  rm -f "$log"
+  return $rc
+}
+
 if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi
-.venv/bin/pip install -q --upgrade pip >/dev/null
-.venv/bin/pip install -q -e '.[test]'
+quiet_pip .venv/bin/pip install -q --upgrade pip
+quiet_pip .venv/bin/pip install -q -e '.[test]'
+# The C accelerator is optional (the build goes on without it); say so when it is missing, as it costs speed.
+.venv/bin/python -c 'import logfs._speedups' 2>/dev/null \
+  || echo "note: logfs's C accelerator was not built (no C compiler?): logfs runs on its slower pure-Python paths" >&2
 
 case "$action" in
   test)

@@ -17,6 +17,7 @@ import pyfuse3
 
 from ..remote.api import RemoteStoreError
 from ..storage import errors as e
+from ..storage.failure import LogDirOfflineError, disk_errno
 
 log = logging.getLogger(__name__)
 
@@ -49,13 +50,13 @@ ERRNO_OF: list[tuple[type[BaseException], int]] = [
 
 
 def errno_for(exc: BaseException) -> int:
-    if isinstance(exc, e.StorageIOError):
-        return exc.errno or errno.EIO
+    # An error of the disk is EIO or ENOSPC, whatever the disk said (storage/failure.disk_errno): on a logfs file
+    # EFBIG means a line too long and EINVAL a keyless line on a compacted topic, not a disk's EFBIG or EINVAL.
+    if isinstance(exc, (e.StorageIOError, OSError)):
+        return disk_errno(exc)
     for cls, code in ERRNO_OF:
         if isinstance(exc, cls):
             return code
-    if isinstance(exc, OSError) and exc.errno:
-        return exc.errno
     return errno.EIO
 
 
@@ -74,7 +75,9 @@ def translate(fn):
             raise
         except e.LogfsError as exc:
             code = errno_for(exc)
-            if code in (errno.EIO, errno.ENOSPC):
+            if isinstance(exc, LogDirOfflineError):
+                log.debug("%s: %s", fn.__name__, exc)  # (logged once, when the directory went offline)
+            elif code in (errno.EIO, errno.ENOSPC):
                 log.error("%s: %s", fn.__name__, exc)
             else:
                 log.debug("%s: %s -> %s", fn.__name__, exc, errno.errorcode.get(code))

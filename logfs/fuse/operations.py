@@ -23,7 +23,7 @@ from typing import Callable
 import pyfuse3
 import trio
 
-from ..storage.errors import FetchNeededError, InvalidRecordError, LogfsError, RecordTooLargeError
+from ..storage.errors import FetchNeededError, InvalidRecordError, LogfsError, RecordTooLargeError, StorageIOError
 from ..storage.manager import LogManager
 from ..storage.names import MOUNT_COMMIT, MOUNT_STAGING, parse_partition_number
 from ..view.text import live_view
@@ -44,6 +44,15 @@ BLOCK_SIZE = 1 << 20
 # setattr of the times to "now" (touch, utime(path, None)) reaches us as the current time, taken by pyfuse3
 # just before; any other time is an explicit one.
 NOW_SLACK_NS = 2_000_000_000
+
+
+def _disk_failed(plog, exc: BaseException, what: str):
+    """Raise for a disk error ``exc`` met serving ``what`` on ``plog``: its log directory goes offline unless the
+    error is not the disk's (storage/failure.py)."""
+    error = plog.log_dir.io_error(exc, f"{what} of {plog.name}")
+    if error is exc:
+        raise exc
+    raise error from exc
 
 
 def _decode(name: bytes) -> str:
@@ -381,7 +390,9 @@ class Operations(pyfuse3.Operations, ControlEntries):
         writable = (flags & os.O_ACCMODE) in (os.O_WRONLY, os.O_RDWR)
         if writable and self.read_only:
             fail(errno.EROFS)
-        if flags & os.O_TRUNC and live_view(self.manager.logs[(topic, partition)]).length() > 0:
+        plog = self.manager.logs[(topic, partition)]
+        plog.log_dir.check()  # a partition of an offline directory: EIO until the next mount
+        if flags & os.O_TRUNC and live_view(plog).length() > 0:
             fail(errno.EPERM)
         return self._open_handle(inode, topic, partition, flags, ctx)
 
@@ -406,14 +417,19 @@ class Operations(pyfuse3.Operations, ControlEntries):
         if control is not None:
             return control.read(off, size)
         handle = self._handle(fh)
+        log_dir = handle.log.log_dir
+        log_dir.check()
         data = None
-        if fh not in self._fetching:
-            try:
-                data, lines = handle.read(off, size)
-            except FetchNeededError:
-                pass
-        if data is None:
-            data, lines = await self._fetch(fh, handle.read, off, size)
+        try:
+            if fh not in self._fetching:
+                try:
+                    data, lines = handle.read(off, size)
+                except FetchNeededError:
+                    pass
+            if data is None:
+                data, lines = await self._fetch(fh, handle.read, off, size)
+        except (OSError, StorageIOError) as exc:  # the disk failed a read: the directory goes offline
+            _disk_failed(handle.log, exc, "read")
         counters = handle.counters  # (here, on the trio thread, also after a read in a worker thread)
         counters.read_bytes += len(data)
         counters.read_records += lines
@@ -442,6 +458,7 @@ class Operations(pyfuse3.Operations, ControlEntries):
             return await self._write_control(control, buf)
         if handle.log.closed:
             fail(errno.ENOENT)  # the partition was deleted while open
+        handle.log.log_dir.check()
         written = handle.write(off, buf)
         handle.counters.appended_bytes += written
         if handle.log.flush_due:  # flush.messages: durable before the write() returns, as Kafka's flush
@@ -497,6 +514,7 @@ class Operations(pyfuse3.Operations, ControlEntries):
         handle = self._handle(fh)
         if handle.log.closed:
             return
+        handle.log.log_dir.check()  # (never a success over bytes whose fsync failed: the directory is offline)
         await self.run_blocking(handle.log.flush)
 
     @translate
@@ -550,12 +568,16 @@ class Operations(pyfuse3.Operations, ControlEntries):
         if partition is None:
             return xattrs.topic_get(self.manager, topic, text)
         plog = self.manager.logs[(topic, partition)]
+        plog.log_dir.check()
         try:
-            return xattrs.partition_get(plog, text)
-        except FetchNeededError:
-            pass
-        async with self._fetch_slots:
-            return await self.run_blocking(xattrs.partition_get_pinned, plog, text)
+            try:
+                return xattrs.partition_get(plog, text)
+            except FetchNeededError:
+                pass
+            async with self._fetch_slots:
+                return await self.run_blocking(xattrs.partition_get_pinned, plog, text)
+        except (OSError, StorageIOError) as exc:
+            _disk_failed(plog, exc, f"getxattr {text}")
 
     @translate
     async def listxattr(self, inode, ctx):

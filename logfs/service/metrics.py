@@ -138,6 +138,12 @@ class Metrics:
         family("logfs_partitions", "gauge", "Partitions in the mount.", [("", len(manager.logs))])
         family("logfs_open_files", "gauge", "Partition files open through the mount.",
                [("", self.ops.open_files if self.ops is not None else 0)])
+        log_dir = manager.log_dir
+        label = '{log_dir="%s"}' % log_dir.path.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+        family("logfs_log_dir_offline", "gauge", "1 once the log directory went offline after an I/O error: its "
+               "partitions answer EIO until the next mount recovers it.", [(label, int(log_dir.offline))])
+        family("logfs_log_dir_io_errors_total", "counter", "I/O errors of the log directory's disk (the first takes "
+               "it offline; a full disk is not counted).", [(label, log_dir.failures)])
         errors = sorted(error_counts().items())
         family("logfs_fuse_errors_total", "counter", "Requests the filesystem answered with an error, by "
                "request and errno.",

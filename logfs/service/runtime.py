@@ -173,12 +173,16 @@ class LogService:
         return False
 
     async def _guarded(self, what: str, fn, *args):
-        """Background work in a worker thread. A failure of the disk (ENOSPC, EIO, EMFILE...) is logged, once
-        until the step works again, and the step is retried on a later tick: it never ends the daemon, which
-        keeps serving reads (and appends, once the disk recovers)."""
+        """Background work in a worker thread. A full disk (or EMFILE...) is logged, once until the step works
+        again, and the step is retried on a later tick. Any other I/O error takes the data directory offline
+        (storage/failure.py), and no background work runs there any more until the next mount; the daemon never
+        ends for either."""
+        if self.manager.log_dir.offline:
+            return None  # nothing more is done on a directory whose disk failed, until the next mount
         try:
             result = await trio.to_thread.run_sync(fn, *args)
         except (OSError, LogfsError) as exc:
+            self.manager.log_dir.report(exc, what)
             if what == "cleaning":
                 self.stats.cleaner_failures += 1
             elif what == "compressing sealed segments":

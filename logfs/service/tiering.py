@@ -146,12 +146,16 @@ class TieringTask:
         await self._guarded("deleting the remote objects of deleted partitions", self.rlm.purge_deleted)
 
     async def _guarded(self, what: str, fn, *args) -> bool:
+        if self.manager.log_dir.offline:
+            return False  # uploads read local segments and local retention deletes them: not on a failed disk
         try:
             # Abandoned when the daemon stops: a call to a stalled store may take its whole time bound (~50 s),
             # and shutdown does not wait for it. The pass sees manager.stopping and changes nothing local after
             # that (RemoteLogManager.sync); what it leaves in the bucket is an orphan, removed at the next start.
             await trio.to_thread.run_sync(fn, *args, abandon_on_cancel=True)
         except (RemoteStoreError, OSError, LogfsError, ValueError) as exc:
+            if not isinstance(exc, RemoteStoreError):
+                self.manager.log_dir.report(exc, what)  # the local disk failed: offline (a full one: retried)
             message = f"{type(exc).__name__}: {exc}"
             if self._failing.get(what) != message:
                 log.error("%s failed (will retry with backoff): %s", what, message)

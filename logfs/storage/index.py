@@ -1,12 +1,20 @@
-"""Sparse, fixed-width, memory-mapped segment indexes.
+"""Sparse, fixed-width segment indexes, read and written with pread/pwrite.
 
 Owns the byte layout of ``.index`` (8-byte entries: relative offset i32, position i32), ``.timeindex`` (12-byte
 entries: timestamp i64, relative offset i32) and logfs's own ``.viewindex`` (36-byte entries, see
 :class:`ViewIndex`). Like Kafka's AbstractIndex, an active index is preallocated to its maximum size (the view
 index to what its segment can need, at most as much) and trimmed to its entries when the segment rolls or
-closes; lookups binary-search for the greatest entry <= target. As Kafka's LazyIndex, a file is mapped only when
-an entry is first read or stored, and the process's open-file budget may unmap it again
+closes; lookups binary-search for the greatest entry <= target. As Kafka's LazyIndex, a file is opened only when
+an entry is first read or stored, and the process's open-file budget may close it again
 (:mod:`~logfs.storage.open_files`).
+
+**No memory map.** Kafka maps its indexes; logfs reads them with ``pread`` and stores entries with ``pwrite``.
+A read of a mapped page that the disk fails to return is SIGBUS, which kills the whole daemon (every partition,
+every mount of the process); ``pread`` returns the error, which takes the log directory offline
+(:mod:`~logfs.storage.failure`) and fails that request alone. A store into a sparse preallocated file on a full
+disk is SIGBUS through a map too; ``pwrite`` returns ENOSPC. The binary search reads one entry per probe with
+``pread``, in one C call (``_speedups.index_floor``, ~0.2 us a probe: faster than the Python probes of a map it
+replaced); the Python twin (:meth:`_FileIndex._search_py`) gives the same slot.
 
 Thread safety: mutation (append, truncate, resize) requires the owning log's writer lock. Lookups only read
 entries below the published entry count and may run concurrently with appends.
@@ -17,7 +25,6 @@ from __future__ import annotations
 import bisect
 import errno
 import operator
-import mmap
 import os
 import struct
 from typing import NamedTuple
@@ -25,14 +32,15 @@ from typing import NamedTuple
 from .errors import CorruptRecordError, StorageIOError
 from .open_files import OPEN_FILES
 
-try:  # the C accelerator: index_ok checks every entry in one pass (the Python column checks below are the fallback)
+try:  # the C accelerator: index_ok checks every entry in one pass, index_floor searches by pread
     from .. import _speedups
 except ImportError:  # pragma: no cover - exercised when built without a compiler
     _speedups = None
 
-# Disk blocks are reserved for an index one page ahead of its entries (see _MappedIndex._reserve): one
+
+# Disk blocks are reserved for an index one page ahead of its entries (see _FileIndex._reserve): one
 # posix_fallocate per 512 offset index entries, and no more disk than the entries need.
-_RESERVE_BYTES = mmap.PAGESIZE
+_RESERVE_BYTES = 4096
 
 
 def _increasing(column) -> bool:
@@ -44,11 +52,11 @@ def _non_decreasing(column) -> bool:
 
 
 class _Entries:
-    """Sequence view over the first ``n`` entries' key field, for :mod:`bisect`."""
+    """Sequence view over the first ``n`` entries' key field, for :mod:`bisect` (the Python search)."""
 
     __slots__ = ("index", "n", "key")
 
-    def __init__(self, index: "_MappedIndex", n: int, key):
+    def __init__(self, index: "_FileIndex", n: int, key):
         self.index, self.n, self.key = index, n, key
 
     def __len__(self) -> int:
@@ -58,13 +66,14 @@ class _Entries:
         return self.key(self.index.entry(i))
 
 
-class _MappedIndex:
-    """One index file, mapped on first use and unmapped when the process's open-file budget needs its descriptor
-    (:mod:`~logfs.storage.open_files`): ``_mmap`` is an attribute while mapped; reading it while unmapped maps
-    the file again (:meth:`__getattr__`). Entry counts and sizes live in memory, so checking whether an index is
-    full, or how many entries it has, never maps it."""
+class _FileIndex:
+    """One index file, opened on first use and closed when the process's open-file budget needs its descriptor
+    (:mod:`~logfs.storage.open_files`): ``_fd`` is an attribute while open; reading it while closed opens the
+    file again (:meth:`__getattr__`). Entry counts and sizes live in memory, so checking whether an index is
+    full, or how many entries it has, never opens it."""
 
     ENTRY: struct.Struct
+    KIND: int  # the layout's number for _speedups (index_ok, index_floor)
 
     def __init__(self, path: str, base_offset: int, max_index_size: int, *, active: bool = True,
                  create: bool = True):
@@ -74,16 +83,15 @@ class _MappedIndex:
         self.max_index_size = max(self.entry_size, max_index_size - max_index_size % self.entry_size)
         self.segment = None  # the segment this index belongs to (set by it): the open-file budget asks it
         self.recent = False  # used since the open-file budget's clock last passed it
-        self.dirty = False  # entries stored since the last flush (the map may have gone meanwhile)
-        # No descriptor is kept open and nothing is mapped until an entry is read or stored: an idle partition
-        # holds no map at all, and a mapped index holds one descriptor, the map's own.
+        self.dirty = False  # entries stored since the last flush (the descriptor may have closed meanwhile)
+        # No descriptor is kept open until an entry is read or stored: an idle partition holds none.
         self.open = True
         exists = os.path.exists(path)
         fd = os.open(path, os.O_RDWR | (os.O_CREAT if create else 0), 0o644)
         try:
             length = os.fstat(fd).st_size
             self.entries = self._count_entries(length - length % self.entry_size, fd) if exists else 0
-            self._backed = self.entries * self.entry_size  # bytes known to have disk blocks behind the mapping
+            self._backed = self.entries * self.entry_size  # bytes known to have disk blocks behind them
             if active:
                 # Never below the entries already there (segment.index.bytes may have been lowered since).
                 size = max(self.max_index_size, self.entries * self.entry_size)
@@ -95,83 +103,67 @@ class _MappedIndex:
         finally:
             os.close(fd)
 
-    # -- mapping ---------------------------------------------------------------------------------
+    # -- the descriptor --------------------------------------------------------------------------
     def __getattr__(self, name: str):
-        if name == "_mmap":  # not mapped (yet, or any more): map it
-            return self._map()
+        if name == "_fd":  # not open (yet, or any more): open it
+            return self._open_fd()
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
-    def _map(self):
-        """The file's map (None for an empty file: no entry is ever read from it), registered with the budget."""
+    def _open_fd(self) -> int:
+        """The file's descriptor, registered with the budget."""
         with OPEN_FILES.lock:
-            mapped = self.__dict__.get("_mmap")
-            if mapped is not None:
-                return mapped
+            fd = self.__dict__.get("_fd")
+            if fd is not None:
+                return fd
             if not self.open:
                 raise StorageIOError(f"index {self.path} is closed", errno.EBADF)
-            length = self.max_entries * self.entry_size
-            if not length:
-                return None
             try:
                 fd = os.open(self.path, os.O_RDWR)
-                try:
-                    mapped = mmap.mmap(fd, length)
-                finally:
-                    os.close(fd)
             except OSError as exc:
-                raise StorageIOError(f"cannot map index {self.path}: {exc.strerror}", exc.errno) from exc
+                raise StorageIOError(f"cannot open index {self.path}: {exc.strerror}", exc.errno) from exc
             OPEN_FILES.admit(self)
-            self._mmap = mapped
-            return mapped
+            self._fd = fd
+            return fd
 
     def _close_unit(self) -> bool:
-        """Unmap (the open-file budget's call, under its lock). False while a buffer of the map is in use."""
-        mapped = self.__dict__.get("_mmap")
-        if mapped is not None:
-            try:
-                mapped.close()
-            except BufferError:
-                return False
-            del self._mmap
+        """Close the descriptor (the open-file budget's call, under its lock)."""
+        fd = self.__dict__.pop("_fd", None)
+        if fd is not None:
+            os.close(fd)
         return True
 
-    def _unmap(self) -> None:
+    def release(self) -> None:
+        """Close the descriptor now (it opens again on the next use) and leave the budget."""
         with OPEN_FILES.lock:
-            mapped = self.__dict__.get("_mmap")
-            if mapped is not None:
-                mapped.close()  # (BufferError while a buffer of it is in use: a bug, the map stays)
-                del self._mmap
+            fd = self.__dict__.pop("_fd", None)
+            if fd is not None:
+                os.close(fd)
             OPEN_FILES.forget(self)
 
-    def _remap(self, length: int, fd: int | None = None) -> None:
-        """Set the file's length (preallocate or trim); the map follows on the next use."""
-        self._unmap()
-        own = fd is None
-        if own:
-            fd = os.open(self.path, os.O_RDWR)
+    def hold(self) -> None:
+        """Open the descriptor before the file is renamed away or unlinked while a snapshot still reads it."""
+        self._fd  # noqa: B018 (opens it)
+
+    def _set_length(self, length: int) -> None:
+        """Set the file's length (preallocate or trim)."""
         try:
-            os.ftruncate(fd, length)
-        finally:
-            if own:
-                os.close(fd)
+            os.ftruncate(self._fd, length)
+        except OSError as exc:
+            raise StorageIOError(f"cannot resize index {self.path}: {exc.strerror}", exc.errno) from exc
         self.max_entries = length // self.entry_size
         self._backed = min(self._backed, length)
 
     def _reserve(self, end: int) -> None:
-        """Give the mapped range up to ``end`` disk blocks before storing into it. A preallocated index is a
-        sparse file: a store through the mapping into a hole, when the filesystem is full, raises SIGBUS and
-        kills the process; ``posix_fallocate`` fails with ENOSPC instead, which the append reports."""
+        """Give the file disk blocks up to ``end`` (and a page ahead) before storing into it: a preallocated index
+        is a sparse file, and entries stored into its reserve still fit once the disk is full (the end entries a
+        roll or a clean shutdown writes)."""
         length = self.max_entries * self.entry_size
         start = self._backed
         stop = min(max(end, start + _RESERVE_BYTES), length)
         if stop <= start:
             return
         try:
-            fd = os.open(self.path, os.O_RDWR)
-            try:
-                os.posix_fallocate(fd, start, stop - start)
-            finally:
-                os.close(fd)
+            os.posix_fallocate(self._fd, start, stop - start)
         except OSError as exc:
             raise StorageIOError(f"cannot extend index {self.path}: {exc.strerror}", exc.errno) from exc
         self._backed = stop
@@ -197,12 +189,16 @@ class _MappedIndex:
             return 0
         return lo
 
-    def _checked_in_c(self, kind: int, log_size: int, what: str) -> bool:
+    def _entries_bytes(self) -> bytes:
+        """Every entry's bytes, in one read (loading checks them all)."""
+        return self._pread(0, self.entries * self.entry_size) if self.entries else b""
+
+    def _checked_in_c(self, log_size: int, what: str) -> bool:
         """Check every entry in one C pass (``_speedups.index_ok``), raising CorruptRecordError on a bad one.
         False without the accelerator: the caller checks in Python."""
         if _speedups is None:
             return False
-        if self.entries and not _speedups.index_ok(kind, self._mmap, self.entries, log_size):
+        if self.entries and not _speedups.index_ok(self.KIND, self._entries_bytes(), self.entries, log_size):
             raise CorruptRecordError(f"corrupt {what} {self.path}")
         return True
 
@@ -210,33 +206,16 @@ class _MappedIndex:
         """The entries' fields as columns (one tuple per field), unpacked in C."""
         if not self.entries:
             return [() for _ in range(len(self.ENTRY.format) - 1)]
-        data = memoryview(self._mmap)[: self.entries * self.entry_size]
-        try:
-            return list(zip(*self.ENTRY.iter_unpack(data)))
-        finally:
-            data.release()
+        return list(zip(*self.ENTRY.iter_unpack(self._entries_bytes())))
 
     def entry(self, i: int):
-        return self.ENTRY.unpack_from(self._mmap, i * self.entry_size)
-
-    # One entry read or stored while the file is not mapped goes by pread/pwrite instead of mapping it: the last
-    # entry checked and the entry added when an idle segment rolls or closes, the slots zeroed when one loads.
-    # (Besides holding a descriptor, a map costs a write fault on the first store into each of its pages, ~2.3
-    # ms here against ~10 us for a pwrite: 20,000 idle partitions took minutes to close.) The append path maps
-    # the index (:meth:`mark`), and stores through the map from then on; pwrite is coherent with a map.
-    def _entry_at(self, i: int):
-        mapped = self.__dict__.get("_mmap")
-        if mapped is not None:
-            return self.ENTRY.unpack_from(mapped, i * self.entry_size)
         return self.ENTRY.unpack(self._pread(i * self.entry_size, self.entry_size))
+
+    _entry_at = entry
 
     def _pread(self, at: int, length: int) -> bytes:
         try:
-            fd = os.open(self.path, os.O_RDONLY)
-            try:
-                data = os.pread(fd, length, at)
-            finally:
-                os.close(fd)
+            data = os.pread(self._fd, length, at)
         except OSError as exc:
             raise StorageIOError(f"read of index {self.path} failed: {exc.strerror}", exc.errno) from exc
         if len(data) != length:
@@ -244,16 +223,12 @@ class _MappedIndex:
         return data
 
     def _pwrite(self, at: int, data: bytes) -> None:
+        self.dirty = True  # (before the write: a failed one may have changed the page cache all the same)
         try:
-            fd = os.open(self.path, os.O_RDWR)
-            try:
-                if os.pwrite(fd, data, at) != len(data):
-                    raise OSError(errno.EIO, "short write")
-            finally:
-                os.close(fd)
+            if os.pwrite(self._fd, data, at) != len(data):
+                raise OSError(errno.EIO, "short write")
         except OSError as exc:
             raise StorageIOError(f"write to index {self.path} failed: {exc.strerror}", exc.errno) from exc
-        self.dirty = True
 
     def _put(self, values) -> None:
         if self.entries >= self.max_entries:
@@ -261,39 +236,51 @@ class _MappedIndex:
         at = self.entries * self.entry_size
         if at + self.entry_size > self._backed:
             self._reserve(at + self.entry_size)
-        mapped = self.__dict__.get("_mmap")
-        if mapped is not None:
-            self.ENTRY.pack_into(mapped, at, *values)
-        else:
-            self._pwrite(at, self.ENTRY.pack(*values))
+        self._pwrite(at, self.ENTRY.pack(*values))
         self.entries += 1
-        self.dirty = self.recent = True
+        self.recent = True
 
     def mark(self) -> tuple[int, bytes]:
-        """The entry count and the last entry's bytes, for :meth:`rollback` (an append that failed). On the append
-        path, before an entry is added: the index is mapped here, and that entry and the next are stored
-        through the map."""
+        """The entry count and the last entry's bytes, for :meth:`rollback` (an append that failed)."""
         if not self.entries:
             return 0, b""
-        at = (self.entries - 1) * self.entry_size
-        return self.entries, bytes(self._mmap[at : at + self.entry_size])
+        return self.entries, self._pread((self.entries - 1) * self.entry_size, self.entry_size)
 
     def rollback(self, mark: tuple[int, bytes]) -> None:
+        """Back to ``mark``. The count is set first: if the disk refuses the writes below, the entries past the
+        mark are not counted (the caller then takes the log directory offline, and recovery rebuilds the index
+        from the ``.log``), so the index never refuses later entries as non-increasing."""
         entries, last = mark
-        self._truncate_entries(entries)
+        stale = self.entries
         self.entries = entries  # (a time index entry overwritten in place left the count one lower)
+        if stale > entries:
+            self._pwrite(entries * self.entry_size, bytes((stale - entries) * self.entry_size))
         if entries:
             self._pwrite((entries - 1) * self.entry_size, last)
 
-    def _search(self, target, key) -> int:
+    # The search: (field, key of a Python entry tuple) by name, as the C function numbers them.
+    def _search(self, target: int, field: int, key, sep_len: int = 0, marker_len: int = 0) -> int:
         """Slot of the greatest entry whose key <= target, or -1."""
         self.recent = True
+        if not self.entries:
+            return -1
+        if _speedups is None:
+            return self._search_py(target, key)
+        try:
+            slot = _speedups.index_floor(self._fd, self.KIND, field, self.entries, target, sep_len, marker_len)
+        except OSError as exc:
+            raise StorageIOError(f"read of index {self.path} failed: {exc.strerror}", exc.errno) from exc
+        if slot == -2:
+            raise CorruptRecordError(f"index {self.path} is shorter than its entries")
+        return slot
+
+    def _search_py(self, target: int, key) -> int:
         return bisect.bisect_right(_Entries(self, self.entries, key), target) - 1
 
     def _truncate_entries(self, n: int) -> None:
         if n < self.entries:
-            self._pwrite(n * self.entry_size, bytes((self.entries - n) * self.entry_size))
-        self.entries = min(self.entries, n)
+            stale, self.entries = self.entries, n  # (counted first, as in rollback)
+            self._pwrite(n * self.entry_size, bytes((stale - n) * self.entry_size))
 
     # -- lifecycle -------------------------------------------------------------------------------
     @property
@@ -302,49 +289,39 @@ class _MappedIndex:
 
     def trim_to_valid_size(self) -> None:
         """Shrink the file to its entries (on roll and close)."""
-        if self.max_entries == self.entries:  # (a sealed segment's: nothing to open)
-            self._unmap()
-            return
-        self._remap(self.entries * self.entry_size)
+        if self.max_entries != self.entries:  # (a sealed segment's: nothing to do)
+            self._set_length(self.entries * self.entry_size)
 
     def resize(self, max_index_size: int) -> None:
         self.max_index_size = max(self.entry_size, max_index_size - max_index_size % self.entry_size)
-        self._remap(max(self.max_index_size, self.entries * self.entry_size))
+        self._set_length(max(self.max_index_size, self.entries * self.entry_size))
 
     def reset(self) -> None:
         self._truncate_entries(0)
 
     def flush(self) -> None:
-        """Make the stored entries durable: msync of the map, or an fsync of the file if it was unmapped since
-        (its dirty pages stayed in the page cache)."""
-        mapped = self.__dict__.get("_mmap")
-        dirty, self.dirty = self.dirty, False
+        """Make the stored entries durable: an fsync of the file if entries were stored since the last one. A
+        failed fsync leaves it dirty (and takes the directory offline: it is never retried as if it succeeded)."""
+        if not self.dirty:
+            return
+        self.dirty = False
         try:
-            if mapped is not None:
-                try:
-                    mapped.flush()
-                    return
-                except ValueError:  # unmapped meanwhile (a roll trimmed the file): its pages are in the page cache
-                    dirty = True
-            if dirty:
-                fd = os.open(self.path, os.O_RDONLY)
-                try:
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
-        except OSError:
+            os.fsync(self._fd)
+        except OSError as exc:
             self.dirty = True
-            raise
+            raise StorageIOError(f"fsync of index {self.path} failed: {exc.strerror}", exc.errno) from exc
 
     def close(self) -> None:
         if self.open:
-            self.trim_to_valid_size()
-            self._unmap()
-            self.open = False
+            try:
+                self.trim_to_valid_size()
+            finally:
+                self.release()
+                self.open = False
 
     def close_handler(self) -> None:
-        """Release the mapping without trimming (the file is being deleted or renamed away, or was only read)."""
-        self._unmap()
+        """Release the descriptor without trimming (the file is being deleted or renamed away, or was only read)."""
+        self.release()
         self.open = False
 
     def relative(self, offset: int) -> int:
@@ -359,10 +336,11 @@ class OffsetPosition(NamedTuple):
     position: int
 
 
-class OffsetIndex(_MappedIndex):
+class OffsetIndex(_FileIndex):
     """Maps an offset to the file position of the batch holding it (sparse, one entry per interval)."""
 
     ENTRY = struct.Struct(">ii")
+    KIND = 0
 
     def append(self, offset: int, position: int) -> None:
         rel = self.relative(offset)
@@ -376,7 +354,7 @@ class OffsetIndex(_MappedIndex):
 
     def lookup(self, target: int) -> OffsetPosition:
         """Greatest entry with offset <= target, else (base_offset, 0)."""
-        slot = self._search(target - self.base_offset, lambda e: e[0])
+        slot = self._search(target - self.base_offset, 0, _field0)
         if slot < 0:
             return OffsetPosition(self.base_offset, 0)
         rel, pos = self.entry(slot)
@@ -390,12 +368,12 @@ class OffsetIndex(_MappedIndex):
 
     def truncate_to(self, offset: int) -> None:
         """Remove entries with offset >= ``offset``."""
-        self._truncate_entries(self._search(offset - self.base_offset - 1, lambda e: e[0]) + 1)
+        self._truncate_entries(self._search(offset - self.base_offset - 1, 0, _field0) + 1)
 
     def sanity_check(self, log_size: int) -> None:
         """Offsets strictly increasing, positions non-decreasing and inside the log (every entry: loading a
         store checks them all, in one C pass)."""
-        if self._checked_in_c(0, log_size, "offset index"):
+        if self._checked_in_c(log_size, "offset index"):
             return
         rels, positions = self._columns()
         if rels and (not _increasing(rels) or not _non_decreasing(positions) or positions[-1] >= max(log_size, 1)
@@ -408,11 +386,12 @@ class TimestampOffset(NamedTuple):
     offset: int
 
 
-class TimeIndex(_MappedIndex):
+class TimeIndex(_FileIndex):
     """Maps a timestamp to the offset at or before which it is the largest seen. The last slot is reserved
     for the entry written when the segment becomes inactive."""
 
     ENTRY = struct.Struct(">qi")
+    KIND = 1
 
     @property
     def is_full(self) -> bool:
@@ -440,17 +419,17 @@ class TimeIndex(_MappedIndex):
 
     def lookup(self, target_ts: int) -> TimestampOffset:
         """Greatest entry with timestamp <= target, else (-1, base_offset)."""
-        slot = self._search(target_ts, lambda e: e[0])
+        slot = self._search(target_ts, 0, _field0)
         if slot < 0:
             return TimestampOffset(-1, self.base_offset)
         ts, rel = self.entry(slot)
         return TimestampOffset(ts, self.base_offset + rel)
 
     def truncate_to(self, offset: int) -> None:
-        self._truncate_entries(self._search(offset - self.base_offset - 1, lambda e: e[1]) + 1)
+        self._truncate_entries(self._search(offset - self.base_offset - 1, 1, _field1) + 1)
 
     def sanity_check(self, log_size: int) -> None:
-        if self._checked_in_c(1, log_size, "time index"):
+        if self._checked_in_c(log_size, "time index"):
             return
         timestamps, rels = self._columns()
         if timestamps and (not _non_decreasing(timestamps) or not _non_decreasing(rels) or rels[0] < 0):
@@ -480,7 +459,7 @@ class ViewEntry(NamedTuple):
     stats: LineStats  # sizes of all records in the segment before that position
 
 
-class ViewIndex(_MappedIndex):
+class ViewIndex(_FileIndex):
     """logfs's own sparse index from text-view length to batch position, kept beside Kafka's indexes.
 
     Entry: relative offset u32, position u32, then the :class:`LineStats` of every record in the segment
@@ -491,6 +470,7 @@ class ViewIndex(_MappedIndex):
     """
 
     ENTRY = struct.Struct(">IIIIIQQ")
+    KIND = 2
 
     @classmethod
     def bytes_for(cls, max_index_size: int, segment_bytes: int | None = None,
@@ -525,17 +505,20 @@ class ViewIndex(_MappedIndex):
         rel, pos, *stats = self._entry_at(self.entries - 1)
         return ViewEntry(self.base_offset + rel, pos, LineStats(*stats))
 
-    def floor_by_view(self, target: int, length_of) -> ViewEntry | None:
-        """Greatest entry whose view length before it, per ``length_of(stats)``, is <= target."""
-        slot = self._search(target, lambda e: length_of(LineStats(*e[2:])))
+    def floor_by_view(self, target: int, fmt) -> ViewEntry | None:
+        """Greatest entry whose view length before it, in the line format ``fmt`` (a
+        :class:`~logfs.storage.lines.LineFormat`: its separator and null marker), is <= target."""
+        sep, marker = fmt.separator, fmt.null_marker
+        slot = self._search(target, 2, lambda e: fmt.length(LineStats(*e[2:])),
+                            len(sep) if sep else 0, len(marker) if marker else 0)
         return self.get(slot) if slot >= 0 else None
 
     def floor_by_offset(self, target: int) -> ViewEntry | None:
-        slot = self._search(target - self.base_offset, lambda e: e[0])
+        slot = self._search(target - self.base_offset, 0, _field0)
         return self.get(slot) if slot >= 0 else None
 
     def floor_by_position(self, position: int) -> ViewEntry | None:
-        slot = self._search(position, lambda e: e[1])
+        slot = self._search(position, 1, _field1)
         return self.get(slot) if slot >= 0 else None
 
     def sanity_check(self, log_size: int) -> None:
@@ -544,7 +527,7 @@ class ViewIndex(_MappedIndex):
         bytes are not bounded by the position: a compressed segment holds more than its size)."""
         if not self.entries:
             return
-        if self._checked_in_c(2, log_size, "view index"):
+        if self._checked_in_c(log_size, "view index"):
             return
         rels, positions, records, keyed, nulls, key_bytes, value_bytes = self._columns()
         le = operator.le
@@ -559,4 +542,8 @@ class ViewIndex(_MappedIndex):
 
     def truncate_to_position(self, position: int) -> None:
         """Remove entries at positions >= ``position``."""
-        self._truncate_entries(self._search(position - 1, lambda e: e[1]) + 1)
+        self._truncate_entries(self._search(position - 1, 1, _field1) + 1)
+
+
+_field0 = operator.itemgetter(0)
+_field1 = operator.itemgetter(1)

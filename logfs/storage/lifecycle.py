@@ -22,11 +22,13 @@ a log that already went live, and is renamed live too.
 
 from __future__ import annotations
 
+import os
 import random
 from typing import Callable, Sequence
 
 from .checkpoints import fsync_dir
 from .index import ViewIndex
+from .names import ALL_SUFFIXES, filename_prefix
 from .segment import SWAP_SUFFIX, LogSegment
 
 
@@ -61,6 +63,16 @@ def replace_segments(directory: str, new: LogSegment, old: Sequence[LogSegment],
         retire(segment)
     new.change_suffix("")
     fsync_dir(directory)
+
+
+def remove_segment_files(directory: str, base_offset: int) -> None:
+    """Unlink the live files of the segment at ``base_offset`` that exist (a segment whose creation failed)."""
+    stem = os.path.join(directory, filename_prefix(base_offset))
+    for suffix in ALL_SUFFIXES:
+        try:
+            os.unlink(stem + suffix)
+        except FileNotFoundError:
+            pass
 
 
 def discard(segment: LogSegment) -> None:

@@ -23,7 +23,8 @@ from typing import Callable
 
 from .clock import SYSTEM_CLOCK, Clock
 from .config import LogConfig
-from .errors import CorruptRecordError
+from .errors import CorruptRecordError, StorageIOError
+from .failure import LogDir
 from .lifecycle import discard, open_segment, replace_segments
 from .log import Log
 from .names import (
@@ -58,6 +59,7 @@ def load_log(
     had_clean_shutdown: bool = False,
     clock: Clock = SYSTEM_CLOCK,
     progress: Callable[[int, int], None] | None = None,
+    log_dir: LogDir | None = None,
 ) -> Log:
     os.makedirs(directory, exist_ok=True)
     names = os.listdir(directory)
@@ -101,35 +103,21 @@ def load_log(
             for suffix in (LOG_SUFFIX,) + INDEX_SUFFIXES:
                 _remove(os.path.join(directory, filename_prefix(base) + suffix))
             continue
-        prefix = filename_prefix(base)
-        indexes_present = all(prefix + s in present for s in (INDEX_SUFFIX, TIME_INDEX_SUFFIX))
-        index_trouble = not indexes_present or prefix + VIEW_INDEX_SUFFIX not in present
-        segment = open_segment(directory, base, config, created_ms=clock.time_ms(), active=(i == len(bases) - 1))
-        needs_recovery = recover_from is not None and base >= recover_from
-        if not needs_recovery and not indexes_present and segment.size > 0:
-            log.info("rebuilding missing indexes of %s", segment.log_path)
-            needs_recovery = True
-        if not needs_recovery:
-            try:
-                segment.load_state()
-            except CorruptRecordError as exc:
-                log.warning("%s; rebuilding indexes of %s", exc, segment.log_path)
-                needs_recovery = True
-            else:
-                if not segment.active and not segment.sealed_on_disk():
-                    # Rolled, its records flushed, but the roll's index work (trim, the view index's end entry)
-                    # lost in a power cut: sealed again now, so nothing (tiering) ever sees a preallocated index.
-                    segment.on_become_inactive()
-                    segment.flush()
-        if needs_recovery:
-            # The segment holding the recovery point is re-validated from its last flushed index entry only.
-            truncated = segment.recover(recovery_point if base == recover_from and not index_trouble else None)
-            if truncated:
-                log.warning("truncated %d invalid bytes at the end of %s", truncated, segment.log_path)
-                truncated_at = base
-            if not segment.active:
-                segment.on_become_inactive()
-            segment.flush()
+        active = i == len(bases) - 1
+        try:
+            segment, truncated = _load_segment(directory, base, config, clock, present, active,
+                                               recover_from, recovery_point)
+        except (OSError, StorageIOError) as exc:
+            # Indexes are derived data: one the disk cannot read, write or fsync (a write-back that failed before
+            # the restart reports its error to the first fsync after it) is rebuilt from the .log, in new files.
+            log.warning("%s: I/O error loading segment %d (%s); rebuilding its indexes", directory, base, exc)
+            for suffix in INDEX_SUFFIXES:
+                _remove(os.path.join(directory, filename_prefix(base) + suffix))
+            present = set(os.listdir(directory))
+            segment, truncated = _load_segment(directory, base, config, clock, present, active,
+                                               recover_from, recovery_point, rebuild=True)
+        if truncated:
+            truncated_at = base
         segments.append(segment)
         if not segment.active:
             segment.release()  # its files open again when read: a store's descriptors follow its use
@@ -156,12 +144,53 @@ def load_log(
         recovery_point = log_end  # everything from the recovery point was validated and fsynced above
     recovery_point = min(max(recovery_point, start), log_end)
     plog = Log(directory, topic, partition, config, segments,
-               log_start_offset=start, recovery_point=recovery_point, clock=clock)
+               log_start_offset=start, recovery_point=recovery_point, clock=clock, log_dir=log_dir)
     # st_mtime's source: the newest record's timestamp, also when a roll left the active segment empty; a log
     # without records gives the time its segment file was written (created). A restart changes neither.
     newest = max(s.max_timestamp for s in segments)
     plog.last_append_ms = newest if newest >= 0 else os.stat(segments[-1].log_path).st_mtime_ns // 1_000_000
     return plog
+
+
+def _load_segment(directory: str, base: int, config: LogConfig, clock: Clock, present: set, active: bool,
+                  recover_from: int | None, recovery_point: int, *, rebuild: bool = False) -> tuple[LogSegment, bool]:
+    """Open the segment at ``base``, recovering it when it holds unflushed data (``recover_from``), when its
+    indexes are missing or inconsistent, or with ``rebuild`` (its indexes were removed). Returns it, and whether
+    invalid bytes were cut from its end. On an I/O error the segment is closed before the error is raised."""
+    prefix = filename_prefix(base)
+    indexes_present = all(prefix + s in present for s in (INDEX_SUFFIX, TIME_INDEX_SUFFIX))
+    index_trouble = rebuild or not indexes_present or prefix + VIEW_INDEX_SUFFIX not in present
+    segment = open_segment(directory, base, config, created_ms=clock.time_ms(), active=active)
+    try:
+        needs_recovery = rebuild or (recover_from is not None and base >= recover_from)
+        if not needs_recovery and not indexes_present and segment.size > 0:
+            log.info("rebuilding missing indexes of %s", segment.log_path)
+            needs_recovery = True
+        if not needs_recovery:
+            try:
+                segment.load_state()
+            except CorruptRecordError as exc:
+                log.warning("%s; rebuilding indexes of %s", exc, segment.log_path)
+                needs_recovery = True
+            else:
+                if not segment.active and not segment.sealed_on_disk():
+                    # Rolled, its records flushed, but the roll's index work (trim, the view index's end entry)
+                    # lost in a power cut: sealed again now, so nothing (tiering) ever sees a preallocated index.
+                    segment.on_become_inactive()
+                    segment.flush()
+        truncated = 0
+        if needs_recovery:
+            # The segment holding the recovery point is re-validated from its last flushed index entry only.
+            truncated = segment.recover(recovery_point if base == recover_from and not index_trouble else None)
+            if truncated:
+                log.warning("truncated %d invalid bytes at the end of %s", truncated, segment.log_path)
+            if not segment.active:
+                segment.on_become_inactive()
+            segment.flush()
+        return segment, bool(truncated)
+    except BaseException:
+        segment.close_readonly()
+        raise
 
 
 def _complete_swap(directory: str, swap_name: str, config: LogConfig) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import bisect
 import operator
+import os
 import struct
 from itertools import accumulate, repeat
 import threading
@@ -28,8 +29,9 @@ from .clock import SYSTEM_CLOCK, Clock
 from .config import LogConfig
 from .counters import PartitionCounters
 from .errors import LogfsError, NoSuchTopicError, OffsetOutOfRangeError, RecordTooLargeError, StorageIOError
+from .failure import SPACE_ERRNOS, LogDir, guarded
 from .index import LineStats
-from .lifecycle import discard, open_segment, replace_segments
+from .lifecycle import discard, open_segment, remove_segment_files, replace_segments
 from .segment import DELETED_SUFFIX, LogSegment
 from .segment_set import LogSegments, LogSnapshot, close_if_unused, pin
 from .tail_batch import PAGE_SIZE, TAIL_BATCH_CAP  # noqa: F401 (PAGE_SIZE: re-exported for tests)
@@ -55,8 +57,12 @@ class Log:
         log_start_offset: int,
         recovery_point: int,
         clock: Clock = SYSTEM_CLOCK,
+        log_dir: LogDir | None = None,
     ):
         self.directory = directory
+        # The log directory's health (storage/failure.py): a disk error takes it offline, and every method that
+        # touches the disk is refused (EIO) from then on, until the next mount recovers it.
+        self.log_dir = log_dir if log_dir is not None else LogDir(os.path.dirname(os.path.abspath(directory)))
         self.topic = topic
         self.partition = partition
         self.config = config
@@ -78,6 +84,10 @@ class Log:
         # local segment, then the local ones; the log start offset is then the whole log's.
         self.remote_segments: list = []
         self.counters = PartitionCounters(self.log_end_offset)  # traffic, for the metrics
+
+    @property
+    def name(self) -> str:
+        return f"{self.topic}-{self.partition}"
 
     @property
     def layout_version(self) -> int:
@@ -105,6 +115,7 @@ class Log:
         return sum(s.size for s in self.segments)
 
     # -- appending ---------------------------------------------------------------------------------
+    @guarded("append")
     def append(
         self,
         values: Sequence[bytes | None],
@@ -154,6 +165,7 @@ class Log:
 
         return self._append_batches(batches, timestamp_ms)
 
+    @guarded("append")
     def append_lines(self, prefix: bytes, data, end: int, headers: rec.Headers | None = None) -> tuple[int, int]:
         """Append the lines of ``prefix + data[:end]`` (``data[end - 1]`` is the last line's ``\n``; ``prefix``,
         the start of the first line, holds none), one record per line in the topic's line format
@@ -207,11 +219,12 @@ class Log:
                         raise RecordTooLargeError(f"batch of {len(batch)} bytes exceeds segment.bytes")
                     self._maybe_roll(len(batch), header.last_offset)
                     self.segments.active.append(batch, header, stats)
-            except (StorageIOError, OSError):
+            except (StorageIOError, OSError) as exc:
                 # All or nothing: batches of this call already written (a disk that filled up in the middle, a
                 # roll that could not create its segment) are taken back, so a caller that retries never
-                # duplicates records.
-                if self.log_end_offset > first:
+                # duplicates records. (Any other disk error takes the directory offline: nothing is undone, the
+                # next mount recovers the log from its recovery point.)
+                if exc.errno in SPACE_ERRNOS and self.log_end_offset > first:
                     self.truncate_to(first, unlink_later=True)
                 raise
             self.last_append_ms = now  # the records' own timestamp, so st_mtime is the same after a reload
@@ -223,6 +236,7 @@ class Log:
         block (an append never fsyncs itself)."""
         return self.segments.active.next_offset - self.recovery_point >= self.config.flush_messages
 
+    @guarded("append")
     def append_raw_batch(self, batch: bytes) -> tuple[int, int]:
         """Append an already-encoded v2 batch (validated), re-stamping its base offset (tests, tools)."""
         with self.lock:
@@ -236,6 +250,7 @@ class Log:
             self.last_append_ms = self.clock.time_ms()
             return base, header.last_offset
 
+    @guarded("append")
     def append_staged(self, batches, timestamp_ms: int) -> tuple[int, int]:
         """Append whole plain batches as one publish (the Spark sink's commit: :mod:`.transactions`); returns
         (first offset, last offset). ``batches`` is a list of (writable copy of a batch's 61-byte header, its
@@ -281,23 +296,47 @@ class Log:
         if active.should_roll(batch_size, c.segment_bytes, c.segment_ms, self.clock.time_ms(), last_offset):
             self.roll()
 
+    @guarded("roll")
     def roll(self) -> LogSegment:
         """Seal the active segment and start a new one at the log end offset (no-op on an empty active
-        segment). Returns the new active segment."""
+        segment). Returns the new active segment.
+
+        The new segment's files are created first: if that fails (a full disk), they are removed and the active
+        segment is as it was. Sealing the old one comes next; if that fails, the new segment's files are
+        removed and the directory goes offline (the next mount seals the old segment again)."""
         with self.lock:
             old = self.segments.active
             if old.size == 0:
                 return old
             new_base = old.next_offset
-            old.on_become_inactive()
-            segment = open_segment(self.directory, new_base, self.config, created_ms=self.clock.time_ms(),
-                                   jittered=True)
+            segment = self._new_segment(new_base, jittered=True)
+            try:
+                old.on_become_inactive()
+            except (OSError, StorageIOError) as exc:
+                _discard_quietly(segment)
+                raise self.log_dir.io_error(exc, f"sealing segment {old.base_offset} of {self.name}",
+                                            space_ok=False) from exc
             self.segments.add(segment)
             self._layout_changed()
             if self.on_roll is not None:
                 self.on_roll(old)
             return segment
 
+    def _new_segment(self, base: int, *, jittered: bool = False) -> LogSegment:
+        """A new segment's files at ``base``. On failure none of them stays (an empty segment left on disk past
+        the log end would be loaded as the log's end); if they cannot be removed, the directory goes offline."""
+        try:
+            return open_segment(self.directory, base, self.config, created_ms=self.clock.time_ms(),
+                                jittered=jittered)
+        except (OSError, StorageIOError) as exc:
+            try:
+                remove_segment_files(self.directory, base)
+            except OSError as again:
+                raise self.log_dir.io_error(again, f"removing the half-created segment {base} of {self.name}",
+                                            space_ok=False) from exc
+            raise
+
+    @guarded("time-based roll")
     def maybe_roll_for_time(self, now_ms: int | None = None) -> bool:
         """Roll an idle active segment whose age passed ``segment.ms`` minus jitter (the service calls this, for
         every partition on every tick, with the time of the tick: the common case, not due, is decided without
@@ -318,6 +357,7 @@ class Log:
             return False
 
     # -- durability --------------------------------------------------------------------------------
+    @guarded("flush", space_ok=False)
     def flush(self, up_to: int | None = None) -> int:
         """fsync every segment holding offsets below ``up_to`` (default: the log end offset), then advance
         the recovery point. The lock is held only to snapshot and publish, never during the fsync."""
@@ -403,6 +443,7 @@ class Log:
         return None
 
     # -- truncation and deletion -------------------------------------------------------------------
+    @guarded("truncation", space_ok=False)
     def truncate_to(self, offset: int, *, unlink_later: bool = False) -> None:
         """Remove every record with offset >= ``offset``. Segments wholly removed are renamed ``.deleted`` and
         unlinked now, or with ``unlink_later`` by the next :meth:`purge_deleted` (which the service runs in a
@@ -414,20 +455,20 @@ class Log:
                 raise OffsetOutOfRangeError(offset, self.log_start_offset, self.log_end_offset)
             for segment in list(self.segments):
                 if segment.base_offset >= offset and segment is not self.segments.first:
-                    self.segments.remove(segment)
                     self._retire(segment, delay_ms=0, unlink_later=unlink_later)
             last = self.segments.active
             if not last.active:
                 last.become_active(self.config.segment_index_bytes)
             last.truncate_to(offset)
             if last.size == 0 and last.base_offset != offset:
-                # Emptied: restart the active segment exactly at the new end.
-                self.segments.remove(last)
+                # Emptied: restart the active segment exactly at the new end (created before the old one goes).
+                segment = self._new_segment(offset)
                 self._retire(last, delay_ms=0, unlink_later=unlink_later)
-                self.segments.add(open_segment(self.directory, offset, self.config, created_ms=self.clock.time_ms()))
+                self.segments.add(segment)
             self.recovery_point = min(self.recovery_point, self.log_end_offset)
             self._layout_changed()
 
+    @guarded("retention", space_ok=False)
     def delete_segments(self, segments: Sequence[LogSegment], *, tiered: bool = False) -> None:
         """Remove sealed segments from the log: renamed ``.deleted`` now, unlinked after
         ``file.delete.delay.ms`` by :meth:`purge_deleted`. The log start offset moves past removed prefix,
@@ -436,13 +477,17 @@ class Log:
             for segment in segments:
                 if segment is self.segments.active:
                     raise ValueError("the active segment is never deleted")
-                self.segments.remove(segment)
-                self._retire(segment, self.config.file_delete_delay_ms)
+            try:
+                for segment in segments:
+                    self._retire(segment, self.config.file_delete_delay_ms)
+            finally:
+                self._layout_changed()
             if not tiered:
                 self.log_start_offset = max(self.log_start_offset, self.segments.first.base_offset)
             self.recovery_point = max(self.recovery_point, self.log_start_offset)
             self._layout_changed()
 
+    @guarded("segment swap", space_ok=False)
     def replace_segments(self, old: Sequence[LogSegment], new: LogSegment) -> None:
         """Swap ``new`` (a cleaned segment, ``.cleaned``) in for the sealed segments ``old`` whose offsets it
         covers, by the crash-safe protocol of :func:`~logfs.storage.lifecycle.replace_segments`. If the log
@@ -454,14 +499,21 @@ class Log:
                 raise LogfsError("log changed during cleaning; group skipped")
 
             def retire(segment: LogSegment) -> None:
-                self.segments.remove(segment)
                 self._retire(segment, self.config.file_delete_delay_ms)
 
-            replace_segments(self.directory, new, old, retire)
+            # A failure from the commit point on (the .log renamed .swap) takes the directory offline (guarded):
+            # the segments retired so far have left the list with their files, the others are still in it and
+            # live on disk, and the next mount completes the swap from the .swap files. Before it, nothing
+            # changed on disk but .cleaned files, which the next load (or the next cleaning) removes.
+            try:
+                replace_segments(self.directory, new, old, retire)
+            finally:
+                self._layout_changed()
             self.segments.add(new)
-            self._layout_changed()
 
     def _retire(self, segment: LogSegment, delay_ms: int, unlink_later: bool = False) -> None:
+        """Take ``segment`` out of the log: its files renamed ``.deleted`` FIRST, then out of the segment list (a
+        rename that fails leaves it in the log, live on disk, as it is in memory). Under the lock."""
         # A segment a snapshot pins keeps reading its files after they are renamed and unlinked: they are opened
         # now, and stay open until it is purged and unpinned. One nobody pins is read by no one any more.
         if segment.refs > 0:
@@ -469,12 +521,14 @@ class Log:
         else:
             segment.release()
         segment.change_suffix(DELETED_SUFFIX)
+        self.segments.remove(segment)
         segment.deleted = True
         if delay_ms <= 0 and not unlink_later:
             self._purge(segment)
         else:
             self.deleted_segments.append((self.clock.time_ms() + delay_ms, segment))
 
+    @guarded("unlinking deleted segments", space_ok=False)
     def purge_deleted(self, now_ms: int | None = None) -> int:
         """Unlink ``.deleted`` files whose delay has passed; returns how many segments were purged."""
         now = self.clock.time_ms() if now_ms is None else now_ms
@@ -500,9 +554,15 @@ class Log:
             self._layout_changed()
 
     def close(self) -> None:
-        """Flush and close every segment (the active one's indexes are trimmed)."""
+        """Flush and close every segment (the active one's indexes are trimmed). A log of an offline directory
+        is closed without touching its disk: the next mount recovers it."""
         with self.lock:
             if self.closed:
+                return
+            if self.log_dir.offline:
+                for segment in self.segments:
+                    segment.close_readonly()
+                self.closed = True
                 return
             self.flush()
             for segment in self.segments:
@@ -535,6 +595,14 @@ class Log:
             for segment in self.segments:
                 segment.close()
             self.closed = True
+
+
+def _discard_quietly(segment: LogSegment) -> None:
+    """Remove a segment just created that the log will not use (its removal failing changes nothing more)."""
+    try:
+        discard(segment)
+    except (OSError, StorageIOError):
+        pass
 
 
 def _len_or_zero(value: bytes | None) -> int:

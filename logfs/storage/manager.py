@@ -27,6 +27,7 @@ from .errors import (
     InvalidConfigError, InvalidPartitionError, InvalidTopicError, LockedError, LogfsError, NoSuchTopicError,
     ShuttingDownError, TopicExistsError, TopicNotEmptyError,
 )
+from .failure import LogDir, guarded
 from .loader import load_log
 from .transactions import Transactions
 from .log import Log
@@ -83,6 +84,8 @@ class LogManager:
         # Set (from any thread, without the lock) when the daemon stops: a topic creation still running then
         # gives up and undoes itself, so the shutdown waits for at most one partition.
         self.stopping = threading.Event()
+        # The directory's health: an I/O error takes it offline (storage/failure.py), as Kafka's LogDirFailureChannel
+        self.log_dir = LogDir(self.data_dir)
         raise_fd_limit()
         os.makedirs(self.data_dir, exist_ok=True)
         self._lock_fd = self._acquire_lock()
@@ -150,7 +153,7 @@ class LogManager:
                 path, topic, partition, configs[topic],
                 recovery_point=recovery.get((topic, partition), 0),
                 log_start_offset=starts.get((topic, partition), 0),
-                had_clean_shutdown=clean, clock=self.clock, progress=per_segment,
+                had_clean_shutdown=clean, clock=self.clock, progress=per_segment, log_dir=self.log_dir,
             ))
             seen[0], seen[1] = seen[0] + seen[1], 0
             total_done[0] += 1
@@ -231,6 +234,7 @@ class LogManager:
                 del self._topic_logs[topic]
         return plog
 
+    @guarded("topic creation", convert=False)
     def create_topic(self, topic: str, partitions: int | None = None) -> None:
         validate_topic_name(topic)
         with self.lock:
@@ -270,6 +274,7 @@ class LogManager:
                 raise
             self._collisions[collision_key(topic)] = topic
 
+    @guarded("partition creation", convert=False)
     def create_partition(self, topic: str, partition: int) -> Log:
         """Add partition ``partition``: the next number, or one missing below it (a hole left by a delete, or a
         store whose lowest partitions were removed)."""
@@ -298,7 +303,7 @@ class LogManager:
         os.mkdir(path)  # not exist_ok: a stray of that name is not ours to reuse (FileExistsError -> EEXIST)
         made.append(path)
         plog = self._add_log(load_log(path, topic, partition, config or self.topic_config(topic),
-                                      had_clean_shutdown=True, clock=self.clock))
+                                      had_clean_shutdown=True, clock=self.clock, log_dir=self.log_dir))
         if sync:
             ckpt.fsync_dir(self.data_dir)
         return plog
@@ -309,6 +314,7 @@ class LogManager:
         except KeyError:
             raise NoSuchTopicError(f"no partition {topic}/{partition}") from None
 
+    @guarded("partition deletion", convert=False)
     def delete_partition(self, topic: str, partition: int) -> None:
         """Remove a partition now; its directory is renamed for deletion and removed after
         ``file.delete.delay.ms`` (or at the next startup).
@@ -358,6 +364,7 @@ class LogManager:
                 log.error("checkpoints of %s not updated after a deletion (%s); they are rewritten at the next "
                           "checkpoint or clean shutdown", self.data_dir, again.strerror or again)
 
+    @guarded("topic deletion", convert=False)
     def delete_topic(self, topic: str) -> None:
         with self.lock:
             if self.partitions(topic):
@@ -392,6 +399,7 @@ class LogManager:
         """(mode bits, uid, gid) set for ``name`` ("" = root, "topic", "topic/N"), or None for the default."""
         return self.attrs.get(name)
 
+    @guarded("a mode change", convert=False)
     def set_attrs(self, name: str, mode: int, uid: int, gid: int) -> None:
         with self.lock:
             self.attrs[name] = (mode, uid, gid)
@@ -413,6 +421,7 @@ class LogManager:
                 raise NoSuchTopicError(f"no topic {topic!r}")
             return dict(self.topics[topic])
 
+    @guarded("a topic setting", convert=False)
     def set_topic_config(self, topic: str, key: str, value: str | None) -> None:
         """Set (or, with ``value=None``, remove) a topic override; applies to the topic's logs at once."""
         with self.lock:
@@ -435,7 +444,14 @@ class LogManager:
                     partition_log.config = new_config
 
     # -- checkpoints and shutdown ------------------------------------------------------------------
+    @property
+    def name(self) -> str:
+        return self.data_dir
+
     def checkpoint(self) -> None:
+        """Write the recovery points and log start offsets (never for an offline directory: the next mount
+        recovers it from the checkpoints it had when its disk failed)."""
+        self.log_dir.check()
         with self.lock:
             logs = dict(self.logs)
         ckpt.write_checkpoint(os.path.join(self.data_dir, ckpt.RECOVERY_POINT),
@@ -450,6 +466,7 @@ class LogManager:
             live = {k: v for k, v in self.cleaner_checkpoints.items() if k in self.logs}
         ckpt.write_checkpoint(os.path.join(self.data_dir, ckpt.CLEANER_OFFSET), live)
 
+    @guarded("flush", space_ok=False)
     def flush_all(self) -> None:
         for partition_log in list(self.logs.values()):
             partition_log.flush()
@@ -459,6 +476,20 @@ class LogManager:
         if self.closed:
             return
         with self.lock:
+            if self.log_dir.offline:
+                # Nothing more is written to a directory whose disk failed: no flush (a failed fsync is never
+                # retried), no checkpoint, no clean-shutdown marker. The next mount recovers it as after a crash.
+                log.error("%s was offline (%s): shut down without flushing or the clean-shutdown marker; the "
+                          "next mount recovers it", self.data_dir, self.log_dir.offline_reason)
+                try:
+                    self.transactions.log.close()
+                except (OSError, LogfsError):
+                    pass
+                for partition_log in self.logs.values():
+                    partition_log.close()
+                os.close(self._lock_fd)
+                self.closed = True
+                return
             try:
                 self.purge_deleted_dirs(now_ms=1 << 62)  # first: on a full disk this makes room for what follows
                 self.transactions.close()

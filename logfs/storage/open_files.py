@@ -1,9 +1,9 @@
 """The segment files a process holds open, bounded across all its partitions: one LRU (CLOCK) of descriptors.
 
 A *unit* is one open resource of a segment: its ``.log`` descriptor (the :class:`~logfs.storage.segment.LogSegment`
-itself) or the memory map of one of its indexes (an :class:`~logfs.storage.index._MappedIndex`; Python's mmap
-keeps a descriptor of its own, so a map costs a descriptor and a map). Units open on first use, as Kafka's
-``LazyIndex`` maps an index on first use (KAFKA-7283), and register here. Once more than :attr:`OpenFiles.budget`
+itself) or the descriptor of one of its indexes (an :class:`~logfs.storage.index._FileIndex`, read and written with
+pread/pwrite: no memory map). Units open on first use, as Kafka's ``LazyIndex`` maps an index on first use
+(KAFKA-7283), and register here. Once more than :attr:`OpenFiles.budget`
 are open, opening one closes another, least recently used first; a closed unit opens again, by path, the next
 time it is used. So descriptors and maps grow with the partitions in use, not with the segments on disk. Kafka
 keeps every ``.log`` open and asks operators to raise ``ulimit -n``; a mount here must serve 20,000 partitions
@@ -28,7 +28,7 @@ segment: every access happens either under the owning log's lock or through a
 The sweep takes the log's lock without blocking while holding this module's lock, and a thread holding a log's
 lock may wait for this module's lock, never the other way round: no deadlock. A thread that holds a log's lock
 may close a unit of that same log (the lock is reentrant): code never keeps a segment's descriptor or map in a
-local variable across a call that may open another unit; it reads ``segment.fd`` / ``index._mmap`` at each use.
+local variable across a call that may open another unit; it reads ``segment.fd`` / ``index._fd`` at each use.
 """
 
 from __future__ import annotations

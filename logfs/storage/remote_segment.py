@@ -709,11 +709,11 @@ class RemoteLogSegment(SegmentFile):
     find_offset_by_timestamp = LogSegment.find_offset_by_timestamp
 
     def hold_files(self) -> None:
-        """Map the indexes before their files are unlinked while a snapshot pins this segment (as
+        """Open the indexes before their files are unlinked while a snapshot pins this segment (as
         :meth:`LogSegment.hold_files`; the caller then marks it ``deleted``)."""
         for index in self._mapped():
             if index.entries:
-                index._mmap  # noqa: B018 (maps it)
+                index.hold()
 
     def close(self) -> None:
         indexes, self._indexes = self._indexes, None

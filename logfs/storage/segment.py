@@ -222,10 +222,10 @@ class LogSegment(SegmentRecovery, SegmentFile):
             return
         self._forget_fd()
         for index in (self.offset_index, self.time_index, self.view_index):
-            index._unmap()
+            index.release()
 
     def hold_files(self) -> None:
-        """Open the descriptor and map the indexes that have entries, before the files are renamed away or
+        """Open the descriptors of the .log and of the indexes that have entries, before the files are renamed away or
         unlinked while a snapshot pins the segment: it keeps reading them through these. Under the log's
         lock; the caller then marks it ``deleted``, so the budget never closes them."""
         if self.closed:
@@ -233,7 +233,7 @@ class LogSegment(SegmentRecovery, SegmentFile):
         self.fd  # noqa: B018 (opens it)
         for index in (self.offset_index, self.time_index, self.view_index):
             if index.entries:
-                index._mmap  # noqa: B018 (maps it)
+                index.hold()
 
     # -- appending -------------------------------------------------------------------------------
     def append(self, batch: bytes, header: rec.BatchHeader, stats: LineStats) -> None:
@@ -312,13 +312,16 @@ class LogSegment(SegmentRecovery, SegmentFile):
 
     def _undo_write(self, indexes, marks, position: int, exc: BaseException) -> None:
         """After a failed append (ENOSPC, EIO...): index entries rolled back to ``marks``, the file cut back to
-        ``position``; raises the failure as StorageIOError."""
-        for index, mark in zip(indexes, marks):
-            index.rollback(mark)
+        ``position``; raises the failure as StorageIOError. If the undo fails too, raises an EIO StorageIOError
+        (the log directory then goes offline: :mod:`~logfs.storage.failure`): the in-memory state is the one before
+        the append either way (each rollback sets its count first), and recovery cuts what the disk kept."""
         try:
+            for index, mark in zip(indexes, marks):
+                index.rollback(mark)
             os.ftruncate(self.fd, position)
-        except OSError:
-            pass
+        except (OSError, StorageIOError) as undo:
+            raise StorageIOError(f"write to {self.log_path} failed ({exc}), and so did its undo ({undo})",
+                                 _errno.EIO) from exc
         if isinstance(exc, StorageIOError):
             raise exc
         raise StorageIOError(f"write to {self.log_path} failed: {exc.strerror}", exc.errno) from exc

@@ -368,7 +368,7 @@ class SegmentView:
             _, i, file_pos, skip = cursor
         else:
             i, local = self._locate(pos)
-            entry = self.segments[i].view_index.floor_by_view(local, self.fmt.length)
+            entry = self.segments[i].view_index.floor_by_view(local, self.fmt)
             file_pos, cum = (entry.position, self.fmt.length(entry.stats)) if entry else (0, 0)
             skip = local - cum  # bytes of lines to pass over from file_pos: at most an index interval's worth
         parts: list = []
@@ -557,7 +557,7 @@ class SegmentView:
             return None
         i, local = self._locate(pos)
         segment = self.segments[i]
-        entry = segment.view_index.floor_by_view(local, self.fmt.length)
+        entry = segment.view_index.floor_by_view(local, self.fmt)
         file_pos, cum = (entry.position, self.fmt.length(entry.stats)) if entry else (0, 0)
         for batch_pos, header, buf, at in segment.batches_from(file_pos):
             passed, found = self._seek(segment, batch_pos, header, buf, at, position=local - cum)

@@ -80,3 +80,20 @@ def public_root():
     os.chmod(root, 0o755)
     yield root
     shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def faultfs(tmp_path):
+    """A started FaultFS (tests/reliability/faultfs.py, issue 30): ``tmp_path/"lower"`` seen at
+    ``faultfs.mountpoint`` (``tmp_path/"data"``), the DATA_DIR to give a logfs daemon; faults through
+    ``faultfs.fail(...)``. Unmounted and its daemon reaped at teardown, even on failure. Tests using it are marked
+    ``mount``. ``mount_logfs(..., name=".")`` mounts logfs on it (that LogfsMount's data is tmp_path/"data");
+    request ``faultfs`` before ``mount_logfs`` so that the logfs mount on top is torn down first."""
+    from faultfs_client import FaultFS
+
+    fs = FaultFS(tmp_path / "lower", tmp_path / "data")
+    fs.start()
+    try:
+        yield fs
+    finally:
+        fs.stop()

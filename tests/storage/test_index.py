@@ -7,6 +7,7 @@ import pytest
 
 from logfs.storage.errors import CorruptRecordError
 from logfs.storage.index import LineStats, OffsetIndex, OffsetPosition, TimeIndex, TimestampOffset, ViewIndex
+from logfs.storage.lines import LineFormat
 
 BASE = 45
 
@@ -364,10 +365,11 @@ def test_view_index_floors_and_truncation(tmp_path):
     for i, s in enumerate(stats):  # grows past its initial size
         idx.append(BASE + 10 * (i + 1), 500 * (i + 1), s)
     assert idx.entries == 7
-    length = lambda s: s.records + s.value_bytes  # noqa: E731
-    assert idx.floor_by_view(length(stats[0]) - 1, length) is None
-    assert idx.floor_by_view(length(stats[2]), length).stats == stats[2]
-    assert idx.floor_by_view(length(stats[2]) + 1, length).stats == stats[2]
+    plain = LineFormat()
+    length = plain.length
+    assert idx.floor_by_view(length(stats[0]) - 1, plain) is None
+    assert idx.floor_by_view(length(stats[2]), plain).stats == stats[2]
+    assert idx.floor_by_view(length(stats[2]) + 1, plain).stats == stats[2]
     assert idx.floor_by_offset(BASE + 9) is None
     assert idx.floor_by_offset(BASE + 35).offset == BASE + 30
     assert idx.floor_by_position(1499).position == 1000
@@ -429,31 +431,87 @@ def test_sanity_check_in_c_agrees_with_the_python_checks(tmp_path, monkeypatch, 
     assert index_module._speedups is not None
     assert verdicts(log_size) == (True, True)
     size = idx.entry_size
-    pristine = bytes(idx._mmap[: idx.entries * size])
+    mm = _FileBytes(idx._fd)
+    pristine = bytes(mm[: idx.entries * size])
     outcomes = set()
     for _ in range(300):
-        idx._mmap[: len(pristine)] = pristine
+        mm[: len(pristine)] = pristine
         at = rnd.randrange(idx.entries) * size
         how = rnd.randrange(4)
         if how == 0:  # garbage bytes somewhere in one entry
             k = rnd.randrange(1, size + 1)
             start = at + rnd.randrange(size - k + 1)
-            idx._mmap[start : start + k] = rnd.randbytes(k)
+            mm[start : start + k] = rnd.randbytes(k)
         elif how == 1:  # one entry zeroed
-            idx._mmap[at : at + size] = bytes(size)
+            mm[at : at + size] = bytes(size)
         elif how == 2 and idx.entries > 1:  # two neighbours swapped
             j = at // size
             j = j - 1 if j else j + 1
-            a, b = idx._mmap[at : at + size], idx._mmap[j * size : (j + 1) * size]
-            idx._mmap[at : at + size], idx._mmap[j * size : (j + 1) * size] = b, a
+            a, b = mm[at : at + size], mm[j * size : (j + 1) * size]
+            mm[at : at + size], mm[j * size : (j + 1) * size] = b, a
         else:  # one field nudged by a small amount
             field = rnd.randrange(len(idx.ENTRY.format) - 1)
-            values = list(idx.ENTRY.unpack_from(idx._mmap, at))
+            values = list(idx.ENTRY.unpack(mm[at : at + size]))
             values[field] = max(0, values[field] + rnd.choice([-1, 1, -1000, 1000]))
-            idx.ENTRY.pack_into(idx._mmap, at, *values)
+            mm[at : at + size] = idx.ENTRY.pack(*values)
         c, python = verdicts(rnd.choice([log_size, 7, 100 * (n - 2) + 7, 100 * (n - 2) + 8]))
         assert c == python
         outcomes.add(c)
     assert outcomes == {True, False}  # both kinds of verdict were exercised
-    idx._mmap[: len(pristine)] = pristine
+    mm[: len(pristine)] = pristine
     idx.close()
+
+
+class _FileBytes:
+    """An index file's bytes by slice, read and written with pread/pwrite (indexes are not memory-mapped)."""
+
+    def __init__(self, fd: int):
+        self.fd = fd
+
+    def __getitem__(self, s: slice) -> bytes:
+        return os.pread(self.fd, s.stop - (s.start or 0), s.start or 0)
+
+    def __setitem__(self, s: slice, data: bytes) -> None:
+        assert len(data) == s.stop - (s.start or 0)
+        os.pwrite(self.fd, data, s.start or 0)
+
+
+def test_index_floor_in_c_matches_the_python_search(tmp_path):
+    """_speedups.index_floor (the search by pread) and its Python twin give the same slot for every kind of index,
+    every key field, below, inside, between and above the entries."""
+    from logfs.storage import index as index_module
+
+    assert index_module._speedups is not None
+    rnd = random.Random(5)
+    offsets = OffsetIndex(str(tmp_path / "0.index"), BASE, 1 << 16)
+    times = TimeIndex(str(tmp_path / "0.timeindex"), BASE, 1 << 16)
+    views = ViewIndex(str(tmp_path / "0.viewindex"), BASE, 1 << 16)
+    stats = LineStats()
+    offset, position, ts = BASE, 0, 1_000
+    for _ in range(700):
+        offset += rnd.randrange(1, 40)
+        position += rnd.randrange(1, 5000)
+        ts += rnd.randrange(0, 30)
+        offsets.append(offset, position)
+        times.maybe_append(ts, offset)
+        views.append(offset, position, stats)
+        n = rnd.randrange(1, 40)
+        keyed, nulls = rnd.randrange(n + 1), rnd.randrange(n + 1)
+        stats = stats + LineStats(n, keyed, nulls, rnd.randrange(100), rnd.randrange(10_000))
+    fmts = [LineFormat(), LineFormat(b"=", None), LineFormat(None, b"NULL"), LineFormat(b"::", b"")]
+    cases = [
+        (offsets, 0, lambda e: e[0], lambda: rnd.randrange(-5, offset - BASE + 5), None),
+        (times, 0, lambda e: e[0], lambda: rnd.randrange(900, ts + 50), None),
+        (times, 1, lambda e: e[1], lambda: rnd.randrange(-5, offset - BASE + 5), None),
+        (views, 0, lambda e: e[0], lambda: rnd.randrange(-5, offset - BASE + 5), None),
+        (views, 1, lambda e: e[1], lambda: rnd.randrange(-5, position + 5), None),
+    ] + [(views, 2, lambda e, f=f: f.length(LineStats(*e[2:])), lambda f=f: rnd.randrange(-5, f.length(stats) + 5), f)
+         for f in fmts]
+    for index, field, key, target, fmt in cases:
+        sep = len(fmt.separator) if fmt and fmt.separator else 0
+        marker = len(fmt.null_marker) if fmt and fmt.null_marker else 0
+        for _ in range(300):
+            t = target()
+            assert index._search(t, field, key, sep, marker) == index._search_py(t, key), (field, fmt, t)
+    for index in (offsets, times, views):
+        index.close()

@@ -40,12 +40,12 @@ def config(**kw):
 
 
 def units(log) -> list:
-    """The log's units open now: .log descriptors and index maps."""
+    """The log's units open now: .log and index descriptors."""
     out = []
     for segment in log.segments:
         if segment.__dict__.get("fd", -1) >= 0:
             out.append(segment)
-        out += [i for i in (segment.offset_index, segment.time_index, segment.view_index) if "_mmap" in i.__dict__]
+        out += [i for i in (segment.offset_index, segment.time_index, segment.view_index) if "_fd" in i.__dict__]
     return out
 
 
@@ -122,10 +122,10 @@ def test_a_pinned_segment_is_never_closed(open_log, tmp_path, clock, budget):
     text = view.read(0, 1 << 20)  # opens every segment of it, and the view indexes it looks up
     for pos in range(0, len(text), 500):
         view.read(pos, 10)
-    held = {id(u): u.__dict__.get("fd", u.__dict__.get("_mmap")) for u in units(pinned_log)}
+    held = {id(u): u.__dict__.get("fd", u.__dict__.get("_fd")) for u in units(pinned_log)}
     assert len(held) > 8  # more than the whole budget: pins go over it rather than close what readers use
     many_logs(open_log, tmp_path, clock, 20)
-    now = {id(u): u.__dict__.get("fd", u.__dict__.get("_mmap")) for u in units(pinned_log)}
+    now = {id(u): u.__dict__.get("fd", u.__dict__.get("_fd")) for u in units(pinned_log)}
     assert now == held  # the same descriptors, the same maps
     assert view.read(0, 1 << 20) == text
     view.release()
@@ -242,16 +242,16 @@ def test_a_full_view_index_grows(tmp_path, clock):
         segment.close()
 
 
-def test_entries_stored_before_an_unmap_are_flushed(tmp_path):
+def test_entries_stored_before_a_close_are_flushed(tmp_path):
     path = str(tmp_path / "00000000000000000000.index")
     index = OffsetIndex(path, 0, 4096)
     for i in range(1, 50):
         index.append(i, i * 100)
-    index._unmap()  # as the budget would
-    assert "_mmap" not in index.__dict__ and index.dirty
+    index.release()  # as the budget would
+    assert "_fd" not in index.__dict__ and index.dirty
     index.flush()  # an fsync of the file: its pages stayed in the page cache
     assert not index.dirty
-    assert index.lookup(25) == (25, 2500)  # mapped again on use
+    assert index.lookup(25) == (25, 2500)  # opened again on use
     index.close()
     again = OffsetIndex(path, 0, 4096, active=False)
     assert again.entries == 49 and again.last_entry() == (49, 4900)
