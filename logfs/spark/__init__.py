@@ -15,11 +15,34 @@ in. :mod:`logfs.spark.segments` and :mod:`logfs.spark.options` do not import PyS
 from __future__ import annotations
 
 
-def register(spark) -> None:
-    """Register the ``logfs`` format with ``spark`` (a SparkSession)."""
+PUSHDOWN_CONF = "spark.sql.python.filterPushdown.enabled"
+
+
+def register(spark, *, pushdown: bool = True) -> None:
+    """Register the ``logfs`` format with ``spark`` (a SparkSession), and turn on Spark's filter pushdown for
+    Python data sources (``spark.sql.python.filterPushdown.enabled``, off by default) unless ``pushdown`` is
+    false or the session has set it itself. The source reads correctly either way: with pushdown off it plans
+    every read without it."""
     from .datasource import LogfsDataSource
 
     spark.dataSource.register(LogfsDataSource)
+    if pushdown:
+        try:
+            if _unset(spark):
+                spark.conf.set(PUSHDOWN_CONF, "true")
+        except Exception as exc:  # a session that does not allow it (Spark Connect policies): read without
+            import logging
+
+            logging.getLogger(__name__).warning("logfs: could not turn on %s (%s): filters are not pushed down",
+                                                PUSHDOWN_CONF, exc)
+
+
+def _unset(spark) -> bool:
+    """Whether the session has not set the pushdown setting itself (it then reads as Spark's default)."""
+    try:
+        return not spark._jsparkSession.conf().contains(PUSHDOWN_CONF)
+    except Exception:
+        return True
 
 
 def __getattr__(name: str):
