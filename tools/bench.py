@@ -388,6 +388,11 @@ class Bench:
         from bench_options import writer_headers
 
         writer_headers(self)
+
+    def spark_time(self):
+        from bench_spark_time import spark_time
+
+        spark_time(self)
     def spark_sink(self):
         """The logfs sink against ``df.write.json`` to a local directory (same rows, same run), and the publish
         alone against ``cp`` + ``fsync`` of the same bytes."""
@@ -582,6 +587,7 @@ SCENARIOS = {
     "spark_sink": "spark_sink",
     "tiered": "tiered",
     "spark_cluster": "spark_cluster",
+    "spark_time": "spark_time",
     "many_partitions": "many_partitions",
     "compression": "compression",
 }

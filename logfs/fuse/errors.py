@@ -38,6 +38,7 @@ ERRNO_OF: list[tuple[type[BaseException], int]] = [
     (e.NoSuchTopicError, errno.ENOENT),
     (e.TopicNotEmptyError, errno.ENOTEMPTY),
     (e.OffsetOutOfRangeError, errno.ENODATA),
+    (e.InvalidOffsetError, errno.EINVAL),
     (e.RecordTooLargeError, errno.EFBIG),
     (e.InvalidRecordError, errno.EINVAL),
     (e.CorruptRecordError, errno.EIO),

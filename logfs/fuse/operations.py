@@ -26,7 +26,7 @@ import trio
 from ..storage.errors import FetchNeededError, InvalidRecordError, LogfsError, RecordTooLargeError, StorageIOError
 from ..storage.manager import LogManager
 from ..storage.names import MOUNT_COMMIT, MOUNT_STAGING, parse_partition_number
-from ..view.text import live_view
+from ..view.text import live_view, measure_start
 from . import xattrs
 from .control import SINK_PROTOCOL, SINK_PROTOCOL_XATTR, ControlEntries, StagedFileHandle
 from .errors import fail, translate
@@ -202,11 +202,20 @@ class Operations(pyfuse3.Operations, ControlEntries):
         entry.st_atime_ns = entry.st_mtime_ns = entry.st_ctime_ns = handle.log.last_append_ms * 1_000_000
         return entry
 
+    async def _partition_attrs(self, inode: int) -> pyfuse3.EntryAttributes:
+        """:meth:`_attrs`; when the view's length needs a fetch first (a log start inside a tiered batch, set by
+        DeleteRecords), measured in a worker thread and asked again."""
+        try:
+            return self._attrs(inode)
+        except FetchNeededError:
+            await self.run_blocking(measure_start, self.manager.logs[self._resolve_partition(inode)])
+            return self._attrs(inode)
+
     @translate
     async def getattr(self, inode, ctx=None):
         if self._is_control(inode):
             return self._control_attrs(inode)
-        return self._removed_attrs(inode) or self._attrs(inode)
+        return self._removed_attrs(inode) or await self._partition_attrs(inode)
 
     @translate
     async def lookup(self, parent_inode, name, ctx=None):
@@ -233,7 +242,7 @@ class Operations(pyfuse3.Operations, ControlEntries):
             fail(errno.ENOTDIR)
         number = parse_partition_number(text)
         if number is not None and (topic, number) in self.manager.logs:
-            return self._attrs(self._partition_inode(topic, number))
+            return await self._partition_attrs(self._partition_inode(topic, number))
         fail(errno.ENOENT)
 
     @translate
@@ -320,7 +329,8 @@ class Operations(pyfuse3.Operations, ControlEntries):
             if partition + 1 <= start_id:
                 continue
             ino = self._partition_inode(topic, partition)
-            if not pyfuse3.readdir_reply(token, str(partition).encode(), self._attrs(ino), partition + 1):
+            attrs = await self._partition_attrs(ino)
+            if not pyfuse3.readdir_reply(token, str(partition).encode(), attrs, partition + 1):
                 return
 
     async def releasedir(self, fh):
@@ -392,9 +402,15 @@ class Operations(pyfuse3.Operations, ControlEntries):
             fail(errno.EROFS)
         plog = self.manager.logs[(topic, partition)]
         plog.log_dir.check()  # a partition of an offline directory: EIO until the next mount
-        if flags & os.O_TRUNC and live_view(plog).length() > 0:
-            fail(errno.EPERM)
-        return self._open_handle(inode, topic, partition, flags, ctx)
+        try:
+            if flags & os.O_TRUNC and live_view(plog).length() > 0:
+                fail(errno.EPERM)
+            return self._open_handle(inode, topic, partition, flags, ctx)
+        except FetchNeededError:  # the log start inside a tiered batch: measured in a worker thread first
+            await self.run_blocking(measure_start, plog)
+            if flags & os.O_TRUNC and live_view(plog).length() > 0:
+                fail(errno.EPERM)
+            return self._open_handle(inode, topic, partition, flags, ctx)
 
     def _open_handle(self, inode: int, topic: str, partition: int, flags: int, ctx) -> pyfuse3.FileInfo:
         # The opener's identity, for logfs.writer.headers (handler calls without a kernel pass no context: then
@@ -595,7 +611,12 @@ class Operations(pyfuse3.Operations, ControlEntries):
             fail(errno.ENOTSUP)
         topic, partition = self._resolve(inode)
         if partition is not None:
-            fail(xattrs.partition_set_error(text))
+            if text != xattrs.WRITABLE_LOG_START:
+                fail(xattrs.partition_set_error(text))
+            if self.read_only:
+                fail(errno.EROFS)
+            await self.run_blocking(xattrs.delete_records, self.manager, topic, partition, value)
+            return
         if self.read_only:
             fail(errno.EROFS)
         await self.run_blocking(xattrs.topic_set, self.manager, topic, text, value)

@@ -13,7 +13,7 @@ from ..storage import TOPIC_SETTINGS
 from ..storage.local.log import Log
 from ..storage.manager import LogManager
 from ..storage.tiered.manager import tier_stats
-from ..view.text import SegmentView, live_view, open_view
+from ..view.text import SegmentView, live_view, measure_start, open_view
 from .errors import fail
 
 PREFIX = "user.logfs."
@@ -85,9 +85,23 @@ def _lookup(log: Log, view: SegmentView | None, lookup):
 PARTITION_PARAMETRISED = ("position.", "offset.", "time.")
 
 
+WRITABLE_LOG_START = PREFIX + "log_start_offset"  # setfattr on a partition: DeleteRecords
+
+
+def delete_records(manager: LogManager, topic: str, partition: int, value: bytes) -> None:
+    """``setfattr -n user.logfs.log_start_offset -v N``: Kafka's DeleteRecords (N, or -1 for the log end offset).
+    Anything but an ASCII decimal is EINVAL, as is N past the log end offset."""
+    text = value.decode("ascii", "replace").strip()
+    if text != "-1" and (not (text.isascii() and text.isdigit()) or len(text) > 19):
+        fail(errno.EINVAL)
+    manager.delete_records(topic, partition, int(text))
+    measure_start(manager.get_log(topic, partition))  # (a start inside a batch: measured here, in this worker)
+
+
 def partition_set_error(name: str) -> int:
     """errno for setting/removing ``name`` on a partition file: its own (read-only) names are EPERM, any other
-    ``user.logfs.`` name is an unknown key (EINVAL), other namespaces are not supported."""
+    ``user.logfs.`` name is an unknown key (EINVAL), other namespaces are not supported. (``log_start_offset``
+    is writable: :func:`delete_records`; removing it is EPERM.)"""
     if not name.startswith(PREFIX):
         return errno.ENOTSUP
     key = name[len(PREFIX):]

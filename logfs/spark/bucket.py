@@ -27,12 +27,14 @@ from ..storage import names
 from ..storage.format import records as rec
 from ..storage.errors import CorruptRecordError, DataLossError
 from ..storage.local.index import OffsetIndex
+from ..storage.local.reader import first_offset_at_or_after, time_index_floor
 from ..storage.local.segment import SegmentFile
 
 log = logging.getLogger(__name__)
 
 SCHEME = "s3://"
 READ_CHUNK = 16 << 20  # bytes per ranged GET of a .log (a range smaller than this is fetched in one)
+LOOKUP_CHUNK = 64 << 10  # bytes per ranged GET while looking for a timestamp (a scan of about one index interval)
 # A reader gives up sooner than the daemon's store would: a wrong endpoint should fail the query fast.
 MAX_ATTEMPTS = 2
 
@@ -79,8 +81,9 @@ class _RangeFile(SegmentFile):
     through one chunk, the next is already being fetched (one worker thread), so the store's latency overlaps the
     decoding. ``close()`` when done."""
 
-    def __init__(self, store: RemoteStore, key: str, lo: int, hi: int):
-        self.store, self.key = store, key
+    def __init__(self, store: RemoteStore, key: str, lo: int, hi: int, chunk: int = READ_CHUNK,
+                 prefetch: bool = True):
+        self.store, self.key, self.chunk, self.prefetch = store, key, chunk, prefetch
         self.size = hi
         self.log_path = f"remote object {key}"
         self._at, self._buf = lo, b""
@@ -103,13 +106,13 @@ class _RangeFile(SegmentFile):
                 self._buf, self._at = tail.tobytes() + self._next[1].result(), position
                 self._next = None
             if position < self._at or end > self._at + len(self._buf):
-                want = min(max(end, position + READ_CHUNK), self.size) - position
+                want = min(max(end, position + self.chunk), self.size) - position
                 self._buf, self._at = self._fetch(position, want), position
             held = self._at + len(self._buf)
-            if held < self.size and (self._next is None or self._next[0] != held):
+            if self.prefetch and held < self.size and (self._next is None or self._next[0] != held):
                 if self._pool is None:
                     self._pool = ThreadPoolExecutor(1, thread_name_prefix="logfs-prefetch")
-                self._next = (held, self._pool.submit(self._fetch, held, min(READ_CHUNK, self.size - held)))
+                self._next = (held, self._pool.submit(self._fetch, held, min(self.chunk, self.size - held)))
         return memoryview(self._buf)[position - self._at : end - self._at]
 
     def close(self) -> None:
@@ -162,6 +165,48 @@ class BucketPartitionReader:
         start = max(m.log_start_offset, m.segments[0].base_offset) if m.segments else end
         return min(start, end), end, [s.base_offset for s in m.segments]
 
+    def offset_for_timestamp(self, timestamp: int, start: int | None = None) -> int | None:
+        """Kafka's ``offsetsForTimes`` over the tiered log: the earliest offset >= ``start`` (default: the tiered
+        log start) whose timestamp is >= ``timestamp``, or None. A segment whose largest timestamp (the
+        manifest's) is below is skipped without a GET; in the first one that is not, the remote ``.timeindex``
+        and ``.index`` give the byte position to start at, and batches are fetched from there in small ranged
+        GETs until the record is found (a scan of about one index interval)."""
+        m = self.manifest()
+        if start is None:
+            start = self.layout()[0]
+        for seg in m.segments:
+            if seg.next_offset <= start or seg.max_timestamp < timestamp:
+                continue
+            try:
+                rel = time_index_floor(self.store.get_bytes(seg.objects["timeindex"].key), timestamp)
+                begin = max(start, seg.base_offset + rel if rel is not None else seg.base_offset)
+                lo = byte_range(self.store.get_bytes(seg.objects["index"].key), seg, begin, begin + 1)[0] \
+                    if begin > seg.base_offset else 0
+            except RemoteNotFoundError:
+                continue  # deleted by the bucket's retention since the manifest was read
+            found = first_offset_at_or_after(self._batches_of(seg, lo, seg.size, LOOKUP_CHUNK), timestamp, start)
+            if found is not None:
+                return found
+        return None
+
+    def _batches_of(self, seg: RemoteSegment, lo: int, hi: int, chunk: int = READ_CHUNK
+                    ) -> Iterator[tuple[rec.BatchHeader, bytes]]:
+        """CRC-checked batches of ``seg``'s .log between byte positions ``lo`` and ``hi``, fetched by ranged GETs
+        of ``chunk`` bytes."""
+        segment_log = _RangeFile(self.store, seg.objects["log"].key, lo, hi, chunk, prefetch=chunk >= READ_CHUNK)
+        covered = lo
+        try:
+            for pos, header, buf, at in segment_log.batches_from(lo, hi, chunk=chunk):
+                rec.validate(buf, at)
+                covered = pos + header.size
+                yield header, bytes(buf[at : at + header.size])
+        except CorruptRecordError as exc:
+            raise RemoteCorruptError(f"{segment_log.key}: {exc} (after position {covered})") from None
+        finally:
+            segment_log.close()
+        if covered < hi:  # a tiered segment holds complete batches only, up to the size the manifest gives
+            raise RemoteCorruptError(f"{segment_log.key}: no complete batch at position {covered} of {hi}")
+
     def batches(self, start: int, end: int, *, fail_on_data_loss: bool = False
                 ) -> Iterator[tuple[rec.BatchHeader, bytes]]:
         m = self.manifest()
@@ -186,23 +231,12 @@ class BucketPartitionReader:
                 log.info("%s", message)
                 continue
             lo, hi = byte_range(index, seg, max(start, seg.base_offset), min(end, seg.next_offset))
-            segment_log = _RangeFile(self.store, seg.objects["log"].key, lo, hi)
-            covered = lo
-            try:
-                for pos, header, buf, at in segment_log.batches_from(lo, hi, chunk=READ_CHUNK):
-                    rec.validate(buf, at)
-                    covered = pos + header.size
-                    if header.last_offset < start:
-                        continue
-                    if header.base_offset >= end:
-                        return
-                    yield header, bytes(buf[at : at + header.size])
-            except CorruptRecordError as exc:
-                raise RemoteCorruptError(f"{segment_log.key}: {exc} (after position {covered})") from None
-            finally:
-                segment_log.close()
-            if covered < hi:  # a tiered segment holds complete batches only, up to the size the manifest gives
-                raise RemoteCorruptError(f"{segment_log.key}: no complete batch at position {covered} of {hi}")
+            for header, data in self._batches_of(seg, lo, hi):
+                if header.last_offset < start:
+                    continue
+                if header.base_offset >= end:
+                    return
+                yield header, data
 
 
 class TieredPartitionReader:
@@ -228,6 +262,18 @@ class TieredPartitionReader:
         # The seam is a boundary too: below it the bucket's segments, above it the local ones.
         return start, max(remote_end, local_end), sorted({*remote_bases, remote_end,
                                                           *(b for b in local_bases if b > remote_end)})
+
+    def offset_for_timestamp(self, timestamp: int, start: int | None = None) -> int | None:
+        """``offsetsForTimes`` over the whole log: the tiered part first, then the local segments after the
+        seam."""
+        if start is None:
+            start = self.layout()[0]
+        seam = self.remote.manifest().remote_log_end_offset
+        if start < seam:
+            found = self.remote.offset_for_timestamp(timestamp, start)
+            if found is not None:
+                return found
+        return self.local.offset_for_timestamp(timestamp, max(start, seam))
 
     def batches(self, start: int, end: int, *, fail_on_data_loss: bool = False
                 ) -> Iterator[tuple[rec.BatchHeader, bytes]]:

@@ -11,8 +11,9 @@ Arrow record batches. The data directory must be readable at the same path by th
 from __future__ import annotations
 
 import logging
+import sys
 import uuid
-from typing import Iterator, Sequence
+from typing import Iterable, Iterator, Sequence
 
 import pyarrow as pa
 from pyspark.sql.datasource import (
@@ -27,8 +28,9 @@ from pyspark.sql.types import (
 
 from .options import (
     EARLIEST, LATEST, PartitionOffsets, OffsetRange, SourceOptions, check_data_loss, offsets_from_json, offsets_to_json,
-    plan_batch, rate_limit, resolve_offset, split_ranges,
+    plan_batch, rate_limit, split_ranges, starting_offsets,
 )
+from . import pushdown
 from .segments import TopicPartition
 from . import sink
 from ..storage.format import records as rec
@@ -179,15 +181,55 @@ def _read_batches(options: SourceOptions, r: OffsetRange, schema: StructType, re
 
 
 class LogfsBatchReader(DataSourceReader):
+    """A batch read without filter pushdown (Spark plans it so when pushdown is off, or when the query has no
+    filter it could push): it must not implement ``pushFilters``, or Spark fails the read with
+    DATA_SOURCE_PUSHDOWN_DISABLED while ``spark.sql.python.filterPushdown.enabled`` is false."""
+
+    narrowings: list | None = None  # (pushed-down filters: LogfsPushdownReader)
+
     def __init__(self, options: SourceOptions, schema: StructType):
         self.options = options
         self.schema = schema
 
     def partitions(self) -> Sequence[InputPartition]:
-        return [LogfsPartition(r) for r in plan_batch(self.options)]
+        return [LogfsPartition(r) for r in plan_batch(self.options, self.narrowings)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return _read(self.options, partition, self.schema)
+
+
+class LogfsPushdownReader(LogfsBatchReader):
+    """The batch reader Spark's filter-pushdown planner gets (:mod:`logfs.spark.pushdown`): filters on
+    ``topic``, ``partition``, ``offset`` and ``timestamp`` narrow the offset ranges before they are planned.
+    Every filter is handed back (Spark applies them to what is read: exact rows)."""
+
+    def __init__(self, options: SourceOptions, schema: StructType, relation: str):
+        super().__init__(options, schema)
+        self.relation = relation
+
+    def pushFilters(self, filters: list) -> Iterable:
+        narrowing = pushdown.translate(filters)
+        try:
+            self.narrowings = pushdown.remember(self.relation, narrowing)
+        except OSError as exc:  # no record possible: plan without narrowing (always correct)
+            log.warning("logfs: filter pushdown off for this scan (%s)", exc)
+            self.narrowings = None
+        return filters
+
+
+def _planned_for_pushdown() -> bool:
+    """Whether ``DataSource.reader`` is being called by Spark's filter-pushdown planner (pyspark's
+    ``data_source_pushdown_filters`` worker), the one caller that calls ``pushFilters``. Any other caller (the
+    plain planner, which fails a reader implementing ``pushFilters`` while pushdown is off) gets a reader
+    without it."""
+    frame = sys._getframe(2)
+    for _ in range(8):
+        if frame is None:
+            return False
+        if frame.f_code.co_filename.endswith("data_source_pushdown_filters.py"):
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _read(options: SourceOptions, partition: InputPartition, schema: StructType) -> Iterator[pa.RecordBatch]:
@@ -215,12 +257,9 @@ class LogfsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return {tp: b[0] for tp, b in layouts.items()}, {tp: b[1] for tp, b in layouts.items()}
 
     def initialOffset(self) -> dict:
-        bounds = self.options.bounds(starting=True)
-        offsets = {}
-        for tp, b in bounds.items():
-            offsets[tp] = check_data_loss(tp, resolve_offset(self.options.starting, tp, b, LATEST), b[0],
-                                          self.options.fail_on_data_loss)
-        return offsets_to_json(offsets)
+        """startingTimestamp, startingOffsetsByTimestamp or startingOffsets (in that precedence), default
+        latest."""
+        return offsets_to_json(starting_offsets(self.options))
 
     def getDefaultReadLimit(self) -> ReadLimit:
         if self.options.max_offsets_per_trigger:
@@ -364,6 +403,9 @@ class LogfsDataSource(DataSource):
     def __init__(self, options):
         super().__init__(options)
         self._parsed = None
+        # This relation's id: Spark creates the data source once per load() and pickles it into every planning
+        # call for the relation (see logfs.spark.pushdown for why that matters).
+        self.relation = uuid.uuid4().hex
 
     @property
     def parsed(self) -> SourceOptions:
@@ -382,13 +424,16 @@ class LogfsDataSource(DataSource):
         return source_schema(self.parsed.include_headers)
 
     def reader(self, schema: StructType) -> DataSourceReader:
+        if _planned_for_pushdown():
+            return LogfsPushdownReader(self.parsed, schema, self.relation)
         return LogfsBatchReader(self.parsed, schema)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        if self.parsed.ending is not None:
+        if self.parsed.has_ending:
             from .options import OptionError
 
-            raise OptionError("option endingOffsets is for batch queries only")
+            raise OptionError("options endingOffsets, endingTimestamp and endingOffsetsByTimestamp are for batch "
+                              "queries only")
         return LogfsStreamReader(self.parsed, schema)
 
 

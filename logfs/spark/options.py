@@ -84,6 +84,51 @@ def parse_offsets_spec(raw: str | None, name: str) -> int | dict[TopicPartition,
     return out
 
 
+def _timestamp(raw: str | None, name: str) -> int | None:
+    """A global timestamp option (epoch ms; -2 earliest, -1 latest, as Kafka's ListOffsets takes them)."""
+    if raw is None:
+        return None
+    try:
+        value = int(str(raw).strip())
+    except ValueError:
+        raise OptionError(f"option {name} must be a timestamp in milliseconds since the epoch, not {raw!r}") \
+            from None
+    if value < -2:
+        raise OptionError(f"option {name}: {value} is not a timestamp (-2 earliest, -1 latest, or >= 0)")
+    return value
+
+
+def parse_timestamps_spec(raw: str | None, name: str) -> dict[TopicPartition, int] | None:
+    """``{"topic":{"0":1700000000000,"1":-1}}`` -> a map (epoch ms; -2 earliest, -1 latest), None when unset."""
+    if raw is None:
+        return None
+    text = str(raw).strip()
+    try:
+        data = json.loads(text)
+    except ValueError:
+        data = None
+    if not isinstance(data, dict):
+        raise OptionError(f"option {name} must be JSON like {{\"topic\":{{\"0\":1700000000000}}}}, not {text!r}")
+    out: dict[TopicPartition, int] = {}
+    for topic, parts in data.items():
+        if not isinstance(parts, dict):
+            raise OptionError(f"option {name}: topic {topic!r} must map partitions to timestamps")
+        for part, ts in parts.items():
+            try:
+                partition = int(part)
+            except ValueError:
+                raise OptionError(f"option {name}: {part!r} of topic {topic!r} is not a partition") from None
+            if not isinstance(ts, int) or isinstance(ts, bool) or ts < -2:
+                raise OptionError(f"option {name}: {ts!r} of {topic}-{part} is not a timestamp "
+                                  "(-2 earliest, -1 latest, or milliseconds since the epoch)")
+            out[TopicPartition(topic, partition)] = ts
+    return out
+
+
+STRATEGY_ERROR = "error"
+STRATEGY_LATEST = "latest"
+
+
 @dataclass(frozen=True)
 class OffsetRange:
     """Records [start, end) of one topic-partition: one Spark input partition."""
@@ -114,6 +159,13 @@ class SourceOptions:
     s3_endpoint: str | None = None  # with path s3://BUCKET/PREFIX: the tiered log in the bucket (bucket.py)
     s3_region: str | None = None
     local_data_dir: str | None = None  # with a bucket path: the daemon's DATA_DIR, for what is not tiered yet
+    # Spark's Kafka-source timestamp options (epoch ms; -2 earliest, -1 latest). Precedence as Spark's
+    # getKafkaOffsetRangeLimit: the global timestamp, then the per-partition ones, then the offsets.
+    starting_timestamp: int | None = None
+    starting_by_timestamp: dict[TopicPartition, int] | None = None
+    ending_timestamp: int | None = None
+    ending_by_timestamp: dict[TopicPartition, int] | None = None
+    starting_strategy: str = STRATEGY_ERROR  # startingOffsetsByTimestampStrategy: no offset for the timestamp
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> "SourceOptions":
@@ -156,10 +208,13 @@ class SourceOptions:
             except (ValueError, TypeError, AttributeError):
                 raise OptionError(f"option assign must be JSON like {{\"topic\":[0,1]}}, not {assign_raw!r}") \
                     from None
-        for unsupported in ("startingTimestamp", "startingOffsetsByTimestamp", "endingTimestamp",
-                            "endingOffsetsByTimestamp", "kafka.bootstrap.servers"):
-            if options.get(unsupported) is not None:
-                raise OptionError(f"option {unsupported} is not supported by the logfs source")
+        if options.get("kafka.bootstrap.servers") is not None:
+            raise OptionError("option kafka.bootstrap.servers is not supported by the logfs source (there is no "
+                              "broker: the path names the data directory or the bucket)")
+        strategy = str(options.get("startingOffsetsByTimestampStrategy") or STRATEGY_ERROR).strip().lower()
+        if strategy not in (STRATEGY_ERROR, STRATEGY_LATEST):
+            raise OptionError("option startingOffsetsByTimestampStrategy must be error or latest, not "
+                              f"{options.get('startingOffsetsByTimestampStrategy')!r}")
         return cls(
             data_dir=str(data_dir),
             subscribe=topics,
@@ -176,7 +231,19 @@ class SourceOptions:
             s3_endpoint=options.get("s3.endpoint") or None,
             s3_region=options.get("s3.region") or None,
             local_data_dir=options.get("localDataDir") or None,
+            starting_timestamp=_timestamp(options.get("startingTimestamp"), "startingTimestamp"),
+            starting_by_timestamp=parse_timestamps_spec(options.get("startingOffsetsByTimestamp"),
+                                                        "startingOffsetsByTimestamp"),
+            ending_timestamp=_timestamp(options.get("endingTimestamp"), "endingTimestamp"),
+            ending_by_timestamp=parse_timestamps_spec(options.get("endingOffsetsByTimestamp"),
+                                                      "endingOffsetsByTimestamp"),
+            starting_strategy=strategy,
         )
+
+    @property
+    def has_ending(self) -> bool:
+        """Whether an ending option is set (batch queries only)."""
+        return self.ending is not None or self.ending_timestamp is not None or self.ending_by_timestamp is not None
 
     # -- partitions and their offsets --------------------------------------------------------------------
     @property
@@ -217,7 +284,8 @@ class SourceOptions:
         """(log start offset, log end offset) of every selected partition, now (see :meth:`layouts`)."""
         return {tp: layout[:2] for tp, layout in self.layouts(starting=starting).items()}
 
-    def layouts(self, *, starting: bool = False) -> dict[TopicPartition, tuple[int, int, list[int]]]:
+    def layouts(self, *, starting: bool = False, store=None, readers: dict | None = None
+                ) -> dict[TopicPartition, tuple[int, int, list[int]]]:
         """(log start offset, log end offset, segment base offsets) of every selected partition, now (one
         listing or manifest read per partition). As Spark's Kafka source, a
         subscription (list or pattern) to topics that do not exist selects nothing; an assignment of a topic or
@@ -234,12 +302,19 @@ class SourceOptions:
                 raise OptionError("option assign: unknown topic or partition " + ", ".join(
                     f"{t}-{p}" if t in topics else f"{t}-{p} (no topic {t!r})" for t, p in missing)
                     + f" in {self.data_dir}")
-        store = self.store() if self.from_bucket else None
+        own = store is None and self.from_bucket
+        if own:
+            store = self.store()
         try:
-            return {tp: self.reader(tp, path, store).layout() for tp, path in sorted(
-                found.items(), key=lambda kv: (kv[0].topic, kv[0].partition))}
+            out = {}
+            for tp, path in sorted(found.items(), key=lambda kv: (kv[0].topic, kv[0].partition)):
+                reader = self.reader(tp, path, store)
+                if readers is not None:
+                    readers[tp] = reader
+                out[tp] = reader.layout()
+            return out
         finally:
-            if store is not None:
+            if own:
                 store.close()
 
 
@@ -259,6 +334,59 @@ def resolve_offset(spec, tp: TopicPartition, bounds: tuple[int, int], default: i
     if value == LATEST:
         return end
     return min(value, end)
+
+
+def resolve_timestamp(reader, tp: TopicPartition, timestamp: int, bounds: tuple[int, int], *, starting: bool,
+                      strategy: str = STRATEGY_ERROR) -> int:
+    """A timestamp to an offset as Spark's Kafka source resolves it (Kafka's ListOffsets): -2 the log start, -1
+    the log end, else the earliest offset whose record timestamp is at or after it (through the time index).
+    When no record is that late: the log end for an ending offset; for a starting one, an OptionError
+    (``startingOffsetsByTimestampStrategy`` error, the default) or the log end (``latest``)."""
+    start, end = bounds
+    if timestamp == EARLIEST:
+        return start
+    if timestamp == LATEST:
+        return end
+    found = reader.offset_for_timestamp(timestamp, start) if end > start else None
+    if found is None:
+        if starting and strategy == STRATEGY_ERROR:
+            raise OptionError(f"No offset matched from request of topic-partition {tp} and timestamp {timestamp} "
+                              "(no record at or after it; option startingOffsetsByTimestampStrategy=latest "
+                              "starts at the latest offset instead)")
+        return end
+    return min(max(found, start), end)
+
+
+def _by_timestamp_spec(options: SourceOptions, starting: bool):
+    """(global timestamp, per-partition timestamps, offsets spec) in force for the starting or ending side."""
+    if starting:
+        return options.starting_timestamp, options.starting_by_timestamp, options.starting
+    return options.ending_timestamp, options.ending_by_timestamp, options.ending
+
+
+def check_timestamp_partitions(options: SourceOptions, partitions) -> None:
+    """As Spark's Kafka source: a per-partition timestamp JSON (when no global timestamp overrides it) must name
+    every selected partition."""
+    for name, glob, spec in (("startingOffsetsByTimestamp", options.starting_timestamp,
+                              options.starting_by_timestamp),
+                             ("endingOffsetsByTimestamp", options.ending_timestamp, options.ending_by_timestamp)):
+        if glob is None and spec is not None and set(spec) != set(partitions):
+            names = lambda tps: ", ".join(sorted(str(tp) for tp in tps)) or "none"  # noqa: E731
+            raise OptionError(f"option {name} must name every selected partition (as Spark's Kafka source): "
+                              f"specified {names(spec)}; selected {names(partitions)}")
+
+
+def resolve_side(options: SourceOptions, reader, tp: TopicPartition, bounds: tuple[int, int], *, starting: bool,
+                 default: int) -> int:
+    """The starting (or ending) offset of one partition, with Spark's precedence: ``startingTimestamp`` over
+    ``startingOffsetsByTimestamp`` over ``startingOffsets`` (and the same for ending)."""
+    glob, by_ts, spec = _by_timestamp_spec(options, starting)
+    if glob is not None:
+        return resolve_timestamp(reader, tp, glob, bounds, starting=starting, strategy=options.starting_strategy)
+    if by_ts is not None:
+        return resolve_timestamp(reader, tp, by_ts[tp], bounds, starting=starting,
+                                 strategy=options.starting_strategy)
+    return resolve_offset(spec, tp, bounds, default)
 
 
 def check_data_loss(tp: TopicPartition, requested: int, log_start: int, fail: bool, message: str = "") -> int:
@@ -330,19 +458,53 @@ def _split(r: OffsetRange, parts: int, boundaries: Sequence[int] = ()) -> list[O
     return out
 
 
-def plan_batch(options: SourceOptions) -> list[OffsetRange]:
-    """The input partitions of a batch read: startingOffsets (default earliest) to endingOffsets (default
-    latest) of every selected partition, split by maxRecordsPerPartition / minPartitions on segment
-    boundaries where they can be."""
+def plan_batch(options: SourceOptions, narrowings: Sequence | None = None) -> list[OffsetRange]:
+    """The input partitions of a batch read: the starting offsets (startingTimestamp, startingOffsetsByTimestamp
+    or startingOffsets; default earliest) to the ending ones (endingTimestamp, endingOffsetsByTimestamp or
+    endingOffsets; default latest) of every selected partition, narrowed by pushed-down filters
+    (``narrowings``: the union of what each allows, see :mod:`logfs.spark.pushdown`), split by
+    maxRecordsPerPartition / minPartitions on segment boundaries where they can be."""
     ranges = []
-    layouts = options.layouts(starting=True)
-    for tp, (first, last, _) in layouts.items():
-        start = resolve_offset(options.starting, tp, (first, last), EARLIEST)
-        end = resolve_offset(options.ending, tp, (first, last), LATEST)
-        start = check_data_loss(tp, start, first, options.fail_on_data_loss)
-        ranges.append(OffsetRange(tp.topic, tp.partition, start, max(start, end)))
+    store = options.store() if options.from_bucket else None
+    try:
+        readers: dict = {}
+        layouts = options.layouts(starting=True, store=store, readers=readers)
+        check_timestamp_partitions(options, layouts)
+        for tp, (first, last, _) in layouts.items():
+            reader = readers[tp]
+            start = resolve_side(options, reader, tp, (first, last), starting=True, default=EARLIEST)
+            end = resolve_side(options, reader, tp, (first, last), starting=False, default=LATEST)
+            start = check_data_loss(tp, start, first, options.fail_on_data_loss)
+            if narrowings is None:
+                ranges.append(OffsetRange(tp.topic, tp.partition, start, max(start, end)))
+                continue
+            from .pushdown import narrow_union
+
+            for s, e in narrow_union(narrowings, reader, tp, start, max(start, end), (first, last)):
+                ranges.append(OffsetRange(tp.topic, tp.partition, s, e))
+    finally:
+        if store is not None:
+            store.close()
     return split_ranges(ranges, options.max_records_per_partition, options.min_partitions,
                         {(tp.topic, tp.partition): layout[2] for tp, layout in layouts.items()})
+
+
+def starting_offsets(options: SourceOptions) -> PartitionOffsets:
+    """A stream's first offsets (startingTimestamp, startingOffsetsByTimestamp or startingOffsets; default
+    latest) of every selected partition."""
+    store = options.store() if options.from_bucket else None
+    try:
+        readers: dict = {}
+        layouts = options.layouts(starting=True, store=store, readers=readers)
+        check_timestamp_partitions(options, layouts)
+        out = {}
+        for tp, (first, last, _) in layouts.items():
+            offset = resolve_side(options, readers[tp], tp, (first, last), starting=True, default=LATEST)
+            out[tp] = check_data_loss(tp, offset, first, options.fail_on_data_loss)
+        return out
+    finally:
+        if store is not None:
+            store.close()
 
 
 # -- streaming offsets: Kafka's JSON shape {"topic": {"0": 23}} ------------------------------------------

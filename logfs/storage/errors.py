@@ -45,6 +45,10 @@ class OffsetOutOfRangeError(LogfsError):
         self.log_end_offset = log_end_offset
 
 
+class InvalidOffsetError(LogfsError):
+    """An offset given to change the log (DeleteRecords beyond the log end offset, or not a number)."""
+
+
 class RecordTooLargeError(LogfsError):
     """A record is larger than ``max.message.bytes`` or than a whole segment."""
 

@@ -24,8 +24,8 @@ from . import checkpoints as ckpt
 from .clock import SYSTEM_CLOCK, Clock
 from .config import TOPIC_SETTINGS, BrokerConfig, LogConfig, check_tiering_change, validate_topic_setting
 from .errors import (
-    InvalidConfigError, InvalidPartitionError, InvalidTopicError, LockedError, LogfsError, NoSuchTopicError,
-    ShuttingDownError, TopicExistsError, TopicNotEmptyError,
+    InvalidConfigError, InvalidOffsetError, InvalidPartitionError, InvalidTopicError, LockedError, LogfsError,
+    NoSuchTopicError, ShuttingDownError, TopicExistsError, TopicNotEmptyError,
 )
 from .failure import LogDir, guarded
 from .local.loader import load_log
@@ -447,6 +447,33 @@ class LogManager:
     @property
     def name(self) -> str:
         return self.data_dir
+
+    # -- DeleteRecords -------------------------------------------------------------------------------
+    @guarded("deleting records", convert=False)
+    def delete_records(self, topic: str, partition: int, offset: int) -> int:
+        """Kafka's DeleteRecords (KIP-107): the log of ``topic``/``partition`` starts at ``offset`` from now on
+        (-1: the log end offset). Returns the log start offset. At or below the current start it changes nothing;
+        past the log end offset it is InvalidOffsetError. Before it returns the new start is durable: in the
+        tiered manifest (a tiered partition, whose whole-log start the manifest holds) and in
+        ``log-start-offset-checkpoint``. Segments wholly below it are deleted later by retention (local, and in the
+        bucket by tiering's whole-log retention); open handles keep the view they have."""
+        plog = self.get_log(topic, partition)
+        with plog.lock:
+            end = plog.log_end_offset
+            start = plog.log_start_offset
+        target = end if offset == -1 else offset
+        if target < 0 or target > end:
+            raise InvalidOffsetError(f"cannot delete records of {topic}-{partition} below {offset}: the log ends "
+                                     f"at {end} (-1 means the log end offset)")
+        if target <= start:
+            return start
+        if self.remote is not None and plog.config.remote_storage_enable:
+            self.remote.delete_records(plog, target)  # the manifest first: it is the tiered log's start
+        plog.increment_log_start_offset(target)
+        self.checkpoint()
+        log.info("%s-%d: records below offset %d deleted (DeleteRecords); retention removes their segments",
+                 topic, partition, target)
+        return plog.log_start_offset
 
     def checkpoint(self) -> None:
         """Write the recovery points and log start offsets (never for an offline directory: the next mount

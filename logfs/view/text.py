@@ -296,6 +296,18 @@ class SegmentView:
         decompressed here, once (one batch at most, as a read of its line would)."""
         if offset <= segment.base_offset:
             return 0
+        known = _PREFIXES.get(segment)
+        key = (offset, self.fmt)
+        if known is not None and key in known:
+            return known[key]
+        length = self._measure_prefix(segment, offset)
+        known = _PREFIXES.setdefault(segment, {})
+        if len(known) >= 4:  # (a start moves forward: the older ones are of no use)
+            known.clear()
+        known[key] = length
+        return length
+
+    def _measure_prefix(self, segment: LogSegment, offset: int) -> int:
         entry = segment.view_index.floor_by_offset(offset)
         position, stats = (entry.position, entry.stats) if entry else (0, ZERO_STATS)
         length = self.fmt.length(stats)
@@ -610,6 +622,19 @@ class SegmentView:
 
 # Each log's live view, with the key it was made for; an entry goes with its log.
 _live_views: "weakref.WeakKeyDictionary[Log, tuple[tuple, SegmentView]]" = weakref.WeakKeyDictionary()
+
+
+# segment -> {(offset, format): view bytes of its records below offset}: a log start inside a batch is measured once
+# per segment (a view made on the request thread finds it here; measuring may need a tiered fetch, which only a
+# worker thread may do: :func:`measure_start`).
+_PREFIXES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def measure_start(log: Log) -> None:
+    """Measure the view bytes before the log start when it lies inside a batch (DeleteRecords), in a worker
+    thread: a view made on the request thread then needs no fetch or decompression for it."""
+    with log.snapshot(tiers=True) as snapshot:
+        SegmentView(snapshot.segments, snapshot.log_start_offset, LineFormat.of(log.config))
 
 
 def live_view(log: Log) -> SegmentView:

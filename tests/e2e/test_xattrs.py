@@ -280,8 +280,10 @@ def test_topic_config_invalid_value_or_unknown_key_is_einval(fs, name, value):
 def test_fixed_attributes_are_read_only_and_unknown_keys_einval(fs):
     os.mkdir(fs.path("t"))
     part, topic = fs.path("t", 0), fs.path("t")
-    for name in ("log_end_offset", "log_start_offset", "size_bytes", "position.0", "time.0"):
+    for name in ("log_end_offset", "size_bytes", "position.0", "time.0"):
         expect_errno(errno.EPERM, xattr.setxattr, part, px(name), b"5")
+    # log_start_offset is writable (DeleteRecords, CONTRACT section 4): past the log end offset it is EINVAL.
+    expect_errno(errno.EINVAL, xattr.setxattr, part, px("log_start_offset"), b"5")
     expect_errno(errno.EPERM, xattr.setxattr, topic, px("partitions"), b"7")
     for path in (part, topic):
         expect_errno(errno.EINVAL, xattr.setxattr, path, px("no_such_key"), b"1")

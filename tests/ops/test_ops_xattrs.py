@@ -135,9 +135,11 @@ async def test_topic_config_invalid_value_or_unknown_key_is_einval(fs, name, val
 
 async def test_fixed_attributes_are_read_only(fs):
     await fs.mkdir("t")
-    for name in ("log_end_offset", "log_start_offset", "size_bytes", "position.0", "time.0"):
+    for name in ("log_end_offset", "size_bytes", "position.0", "time.0"):
         with fuse_errno(errno.EPERM):
             await fs.setxattr("t/0", "user.logfs." + name, "5")
+    with fuse_errno(errno.EINVAL):  # writable (DeleteRecords), but past the log end offset
+        await fs.setxattr("t/0", "user.logfs.log_start_offset", "5")
     with fuse_errno(errno.EPERM):
         await fs.setxattr("t", "user.logfs.partitions", "7")
     for path in ("t/0", "t"):

@@ -282,7 +282,12 @@ def test_the_partition_deleted_while_reading_ends_the_read(manager):
     ({"path": "/x", "subscribe": "a", "endingOffsets": '{"a":{"x":1}}'}, "not a partition"),
     ({"path": "/x", "subscribe": "a", "includeHeaders": "yes"}, "true or false"),
     ({"path": "/x", "subscribe": "a", "maxRecordsPerPartition": "-1"}, "negative"),
-    ({"path": "/x", "subscribe": "a", "startingTimestamp": "1"}, "not supported"),
+    ({"path": "/x", "subscribe": "a", "kafka.bootstrap.servers": "h:9092"}, "not supported"),
+    ({"path": "/x", "subscribe": "a", "startingTimestamp": "soon"}, "milliseconds since the epoch"),
+    ({"path": "/x", "subscribe": "a", "endingTimestamp": "-3"}, "not a timestamp"),
+    ({"path": "/x", "subscribe": "a", "startingOffsetsByTimestamp": '{"a":{"0":"x"}}'}, "not a timestamp"),
+    ({"path": "/x", "subscribe": "a", "endingOffsetsByTimestamp": "[1]"}, "must be JSON"),
+    ({"path": "/x", "subscribe": "a", "startingOffsetsByTimestampStrategy": "earliest"}, "error or latest"),
     ({"path": "/x", "assign": "[1]"}, "option assign"),
 ])
 def test_invalid_options(bad, message):

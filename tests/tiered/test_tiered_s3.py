@@ -294,3 +294,41 @@ def test_unmount_does_not_wait_for_an_upload_stalled_midway(mount_logfs, creds, 
     end = int(fs.getx("t/0", "remote_log_end_offset"))
     assert kafka_offsets(bucket_logs(creds, prefix)) == list(range(end))  # once each: no orphan left over
     fs.unmount()
+
+
+def test_delete_records_on_a_tiered_partition(mount_logfs, creds):
+    """DeleteRecords (CONTRACT section 4) on a tiered partition: the manifest, the whole log's start, holds the new
+    start before the call returns (a remount or the Spark source from the bucket never shows the records again),
+    and whole-log retention deletes the tiered segments wholly below it from the bucket."""
+    from logfs.remote.manifest import decode, manifest_key
+
+    prefix = "dr-" + uuid.uuid4().hex[:8]
+    fs = mount_logfs(*opts(creds, prefix), foreground=True)
+    tier_topic(fs, local_bytes=SEGMENT)
+    appended = append_in_chunks(fs, 0, 60_000)
+    wait_for(lambda: int(fs.getx("t/0", "remote_segment_count")) >= 3, 120, interval=0.3, what="uploads")
+    remote_end = int(fs.getx("t/0", "remote_log_end_offset"))
+    target = remote_end - 10  # inside the last tiered segment: the ones before it are wholly below
+    os.setxattr(fs.path("t", 0), "user.logfs.log_start_offset", str(target).encode())
+    key = manifest_key(prefix, "t", 0)
+
+    def manifest():  # (SeaweedFS may answer NoSuchKey for a moment while an object is replaced)
+        try:
+            return decode(creds._client().get_object(Bucket=creds.bucket, Key=key)["Body"].read())
+        except creds._client().exceptions.NoSuchKey:
+            return None
+
+    # Durable in the bucket before the call returned (a later pass only moves the start further with retention).
+    assert wait_for(manifest, 10, what="the manifest").log_start_offset == target
+    lines = appended.splitlines()
+    assert fs.read("t/0").splitlines() == lines[target:]
+
+    def below_gone() -> bool:  # no .log object left whose records all lie below the new start
+        blobs = bucket_logs(creds, prefix)
+        return bool(blobs) and all(max(kafka_offsets({k: v})) >= target for k, v in blobs.items())
+
+    wait_for(below_gone, 60, interval=0.3, what="whole-log retention to delete the tiered segments below the start")
+    assert min(kafka_offsets(bucket_logs(creds, prefix))) <= target  # the segment holding it stays
+    fs.remount()
+    assert int(fs.getx("t/0", "log_start_offset")) == target
+    assert fs.read("t/0").splitlines() == lines[target:]

@@ -37,13 +37,14 @@ from typing import Iterator
 from ..format import records as rec
 from ..checkpoints import LOG_START_OFFSET, read_checkpoint
 from ..errors import CorruptRecordError, DataLossError
-from .index import OffsetIndex
-from ..names import INDEX_SUFFIX, LOG_SUFFIX, SWAP_SUFFIX, filename_prefix, parse_segment_file
+from .index import OffsetIndex, TimeIndex
+from ..names import INDEX_SUFFIX, LOG_SUFFIX, SWAP_SUFFIX, TIME_INDEX_SUFFIX, filename_prefix, parse_segment_file
 from .segment import SegmentFile
 
 log = logging.getLogger(__name__)
 
 _ENTRY = OffsetIndex.ENTRY
+_TIME_ENTRY = TimeIndex.ENTRY
 _READ_CHUNK = 256 * 1024
 SWAP_WAIT_SECONDS = 1.0  # how long a listing waits for an in-flight compaction swap to finish
 _MAX_RELISTS = 1000
@@ -63,9 +64,10 @@ class _IndexEntries:
     just trimmed. (0, 0) is never a real entry: the first entry comes only after index.interval.bytes.) An
     empty slot is None and sorts after every entry."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, entry=_ENTRY):
+        self.entry = entry
         self.fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        self.slots = os.fstat(self.fd).st_size // _ENTRY.size
+        self.slots = os.fstat(self.fd).st_size // entry.size
 
     def close(self) -> None:
         os.close(self.fd)
@@ -74,19 +76,48 @@ class _IndexEntries:
         return self.slots
 
     def __getitem__(self, i: int) -> tuple[int, int] | None:
-        data = os.pread(self.fd, _ENTRY.size, i * _ENTRY.size)
-        if len(data) < _ENTRY.size:
+        data = os.pread(self.fd, self.entry.size, i * self.entry.size)
+        if len(data) < self.entry.size:
             return None
-        entry = _ENTRY.unpack(data)
+        entry = self.entry.unpack(data)
         return None if entry == (0, 0) else entry
 
     def floor(self, rel_target: int) -> int:
-        """Slot of the greatest entry with relative offset <= ``rel_target``, or -1."""
+        """Slot of the greatest entry whose first field (relative offset; timestamp in a ``.timeindex``) is
+        <= ``rel_target``, or -1."""
         return bisect.bisect_left(self, True, key=lambda e: e is None or e[0] > rel_target) - 1
 
     def count(self) -> int:
         """Number of entries (slots before the first empty one)."""
         return bisect.bisect_left(self, True, key=lambda e: e is None)
+
+
+def time_index_floor(data: bytes, timestamp: int) -> int | None:
+    """Relative offset of the greatest entry of a ``.timeindex`` (its bytes) whose timestamp is <= ``timestamp``,
+    or None. Entries are (max timestamp so far, relative offset), appended only when the segment's largest
+    timestamp grew; an all-zero slot ends them (an active index is preallocated). Used only as a place to start
+    a scan: every record before the entry's offset has a timestamp below the entry's, hence below ``timestamp``."""
+    out = None
+    for ts, rel in _TIME_ENTRY.iter_unpack(data[: len(data) - len(data) % _TIME_ENTRY.size]):
+        if (ts, rel) == (0, 0) or ts > timestamp:
+            break
+        out = rel
+    return out
+
+
+def first_offset_at_or_after(batches, timestamp: int, start: int) -> int | None:
+    """Kafka's ``offsetsForTimes`` over ``batches`` ((header, batch bytes) pairs in offset order): the first
+    offset >= ``start`` of a record whose timestamp is >= ``timestamp``, or None. Timestamps are not assumed to
+    grow: a batch is skipped only when its max timestamp is below, and a batch is searched record by record (a
+    LogAppendTime batch's records all have its max timestamp)."""
+    for header, data in batches:
+        if header.is_control or header.max_timestamp < timestamp or header.last_offset < start:
+            continue
+        append_time = header.timestamp_type == 1
+        for r in rec.decode_raw(data):
+            if r.offset >= start and (header.max_timestamp if append_time else r.timestamp) >= timestamp:
+                return r.offset
+    return None
 
 
 class SegmentReader(SegmentFile):
@@ -146,6 +177,20 @@ class SegmentReader(SegmentFile):
         """A file position at or before the batch holding ``offset`` (the greatest usable index entry whose
         offset is <= it), else 0."""
         return self._position_from(lambda index: index.floor(offset - self.base))
+
+    def time_index_floor(self, timestamp: int) -> int | None:
+        """Relative offset of the greatest ``.timeindex`` entry whose timestamp is <= ``timestamp`` (binary
+        search by pread), or None (no entry, or no time index)."""
+        try:
+            index = _IndexEntries(self.index_path[: -len(INDEX_SUFFIX)] + TIME_INDEX_SUFFIX, _TIME_ENTRY)
+        except FileNotFoundError:
+            return None
+        try:
+            slot = index.floor(timestamp)
+            entry = index[slot] if slot >= 0 else None
+            return entry[1] if entry is not None else None
+        finally:
+            index.close()
 
     def last_entry_position(self) -> int:
         """The position of the last usable index entry's batch, else 0."""
@@ -322,6 +367,33 @@ class PartitionReader:
                 if not later:
                     return
                 next_offset = max(next_offset, later[0])
+
+    def offset_for_timestamp(self, timestamp: int, start: int | None = None) -> int | None:
+        """Kafka's ``offsetsForTimes``: the earliest offset >= ``start`` (default: the log start offset) whose
+        record timestamp is >= ``timestamp``, or None when there is none. Per segment, the time index gives the
+        place to start (every record before its greatest entry at or below ``timestamp`` is older), then batches
+        are scanned: a bounded scan, since an entry is written every ``index.interval.bytes`` and when a segment
+        rolls."""
+        bases = self.segment_bases()
+        if not bases:
+            return None
+        if start is None:
+            start = self.log_start_offset(bases)
+        for i, base in enumerate(bases):
+            if i + 1 < len(bases) and bases[i + 1] <= start:
+                continue  # wholly below start
+            segment = self._open(base)
+            if segment is None:
+                continue  # deleted since the listing: retention moved the log start past it
+            with segment:
+                rel = segment.time_index_floor(timestamp)
+                begin = max(start, base + rel if rel is not None else base)
+                position = segment.seek_position(begin) if begin > base else 0
+                found = first_offset_at_or_after(segment.batches(position, tail=i == len(bases) - 1), timestamp,
+                                                 start)
+            if found is not None:
+                return found
+        return None
 
     def records(self, start: int, end: int, *, fail_on_data_loss: bool = False) -> Iterator[rec.Record]:
         """Records with offsets in [start, end) (a compacted log has gaps), in offset order."""

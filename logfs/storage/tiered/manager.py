@@ -40,6 +40,7 @@ import json
 import logging
 import os
 import threading
+from dataclasses import replace
 
 from ...remote.api import RemoteCorruptError, RemoteNotFoundError, RemoteStore, RemoteStoreError
 from ...remote.manifest import (
@@ -75,6 +76,7 @@ class PartitionTier:
         self.manifest: PartitionManifest | None = None  # from the local copy, until ``loaded``
         self.loaded = False  # the store's manifest was read (and orphans deleted) since this daemon started
         self.segments: dict[int, RemoteLogSegment] = {}
+        self.lock = threading.Lock()  # one writer of the manifest at a time: a tiering pass, or DeleteRecords
         self.copied_segments = 0  # uploads committed by this daemon (for the metrics)
         self.copied_bytes = 0
 
@@ -222,16 +224,33 @@ class RemoteLogManager:
         if (plog.topic, plog.partition) in self._pending_deletes():
             return 0  # the objects of an earlier partition of that name go first
         tier = self._tier(plog)
-        if not tier.loaded:
-            self.load(tier)  # the store's manifest is the authority (the local copy may be one upload behind)
-        elif any(seg.broken for seg in tier.segments.values()):
-            self._publish(tier, tier.manifest, fetch=True)  # index copies that failed their check: fetched again
-        uploaded = self.upload(tier)
-        if not self.stopping.is_set():  # (see _upload_one)
-            self.expire(tier, now_ms)
-        if not self.stopping.is_set():
-            self.local_retention(tier, now_ms)
-        return uploaded
+        with tier.lock:
+            if not tier.loaded:
+                self.load(tier)  # the store's manifest is the authority (the local copy may be one upload behind)
+            elif any(seg.broken for seg in tier.segments.values()):
+                self._publish(tier, tier.manifest, fetch=True)  # index copies that failed their check: fetched again
+            uploaded = self.upload(tier)
+            if not self.stopping.is_set():  # (see _upload_one)
+                self.expire(tier, now_ms)
+            if not self.stopping.is_set():
+                self.local_retention(tier, now_ms)
+            return uploaded
+
+    def delete_records(self, plog: Log, offset: int) -> None:
+        """DeleteRecords on a tiered partition: the manifest, the whole log's start, says ``offset`` before the
+        log does (written to the store, the commit point, then the local copy, then published to the log), so no
+        restart or follower brings the records back. Tiered segments wholly below it go at the next pass, by
+        whole-log retention (:meth:`expire`). Raises RemoteStoreError if the store cannot take the manifest."""
+        tier = self._tier(plog)
+        with tier.lock:
+            if not tier.loaded:
+                self.load(tier)
+            m = tier.manifest
+            if m.log_start_offset >= offset:
+                return
+            new = replace(m, generation=m.generation + 1, log_start_offset=offset)
+            self.manifests.write(new)
+            self._publish(tier, new, fetch=False)
 
     def upload(self, tier: PartitionTier) -> int:
         plog = tier.log
