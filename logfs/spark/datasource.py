@@ -37,10 +37,7 @@ from ..storage.format import records as rec
 
 log = logging.getLogger(__name__)
 
-try:  # the C accelerator: whole uncompressed batches to Arrow buffers
-    from .. import _speedups
-except ImportError:  # pragma: no cover - exercised when built without a compiler
-    _speedups = None
+from ..storage.format.speedups import C as _speedups  # whole uncompressed batches to Arrow buffers
 
 ARROW_BATCH_ROWS = 8192  # rows per Arrow batch on the per-record path
 COLUMNS_GROUP_BYTES = 4 << 20  # bytes of batches per C decode (one Arrow batch each)

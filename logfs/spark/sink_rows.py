@@ -40,10 +40,7 @@ class SinkPlan(Protocol):
     def staging_in_bucket(self) -> bool: ...
 
 
-try:
-    from .. import _speedups
-except ImportError:  # pragma: no cover - exercised when built without a compiler
-    _speedups = None
+from ..storage.format.speedups import C as _speedups
 
 TARGET_BATCH_BYTES = 64 * 1024  # as the log's own appends (logfs.storage.local.log.TARGET_BATCH_BYTES)
 CHUNK_BYTES = 8 << 20  # Arrow bytes gathered before they are partitioned (fewer, fuller batches per partition)

@@ -33,7 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from ..storage.format import records as rec
 from ..storage.errors import FetchNeededError
-from ..storage.format.records import _speedups
+from ..storage.format.speedups import C as _speedups
 from ..storage.tiered.remote_segment import on_request_thread
 from ..storage.format.lines import ZERO_STATS
 from ..storage.format.lines import LineFormat
@@ -549,7 +549,7 @@ class SegmentView:
         on the request thread (FetchNeededError, unless it is among the batches decompressed last)."""
         if header.is_control:
             return 0, None
-        if _speedups is None or not hasattr(_speedups, "seek_line"):  # (an accelerator built before seek_line)
+        if _speedups is None:
             passed = 0
             for rec_offset, n in self.fmt.records_with_lines(buf, at, header.size):
                 if (0 <= offset <= rec_offset) or (0 <= position < passed + n):

@@ -135,3 +135,16 @@ def test_tools_never_import_the_tests():
             names = ([a.name for a in node.names] if isinstance(node, ast.Import)
                      else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
             assert not [n for n in names if n.split(".")[0] in ("tests", "conftest")], (module, names)
+
+
+def test_one_module_imports_the_c_accelerator():
+    """logfs.storage.format.speedups is the one import of logfs._speedups (everything else asks it)."""
+    importers = []
+    for module, path in _modules("logfs", "logfs").items():
+        for node in ast.walk(ast.parse(open(path).read())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] + [a.name for a in node.names] if isinstance(node, ast.ImportFrom)
+                     else [])
+            if any(n.rpartition(".")[2] == "_speedups" for n in names):
+                importers.append(module)
+    assert importers == ["logfs.storage.format.speedups"]

@@ -11,9 +11,19 @@ import pytest
 
 from logfs.storage.local import log as log_module
 from logfs.storage.format import records as rec
+from logfs.storage.format import speedups
 from logfs.view.text import open_view
 
-pytestmark = pytest.mark.skipif(rec._speedups is None, reason="growing the tail batch needs the C accelerator")
+
+
+@pytest.fixture(autouse=True, params=["c", "twins"])
+def accelerator(request, monkeypatch):
+    """Each test with the C accelerator and again with its Python twins (logfs.storage.format.twins)."""
+    if request.param == "c" and speedups.C is None:
+        pytest.skip("the C accelerator is not built")
+    if request.param == "twins":
+        for module in ("logfs.storage.local.log", "logfs.storage.local.tail_batch", "logfs.storage.format.records"):
+            monkeypatch.setattr(f"{module}._speedups", None)
 
 
 def append_line(log, line: bytes):

@@ -28,7 +28,8 @@ import logging
 import os
 
 from ..format import records as rec
-from ..format.records import _speedups
+from ..format import twins
+from ..format.speedups import C as _speedups
 from ..local.lifecycle import discard, open_segment
 from ..local.segment import CLEANED_SUFFIX, LogSegment, batch_stats
 
@@ -101,15 +102,7 @@ class _Pending:
 
     def merged(self) -> bytes:
         """One uncompressed batch of all the records (C: no Python object per record)."""
-        if _speedups is not None:
-            return rec.stamp_crc(_speedups.merge_batches(self.batches, self.last_offset))
-        first = rec.parse_header(self.batches[0])
-        rs = [r for b in self.batches for r in rec.decode(b)]
-        return rec.build_batch_generic(
-            first.base_offset, first.base_timestamp, [r.value for r in rs], [r.key for r in rs],
-            [r.headers for r in rs], [r.timestamp for r in rs], [r.offset - first.base_offset for r in rs],
-            base_timestamp=first.base_timestamp, last_offset_delta=self.last_offset - first.base_offset,
-            attributes=self.ts_type, leader_epoch=first.partition_leader_epoch)
+        return rec.stamp_crc((_speedups or twins).merge_batches(self.batches, self.last_offset))
 
 
 def write_compressed(directory: str, config, segment: LogSegment, now_ms: int) -> LogSegment:

@@ -23,7 +23,7 @@ from typing import NamedTuple
 
 from . import records as rec
 from ..errors import InvalidRecordError, RecordTooLargeError
-from .records import _speedups
+from .speedups import C as _speedups
 
 # Bytes of one record beyond its key and value, as a bound (length, attributes, deltas, lengths, header count):
 # a record that cannot fit a segment with them and its batch header is refused like one over the limit.

@@ -27,11 +27,7 @@ import crc32c as _crc32c
 from . import codecs
 from ..errors import CorruptRecordError
 
-try:  # the C accelerator (logfs/_speedups.c); optional, with identical pure-Python fallbacks
-    from ... import _speedups
-except ImportError:  # pragma: no cover - exercised when built without a compiler
-    _speedups = None
-
+from .speedups import C as _speedups
 
 
 @functools.cache

@@ -14,7 +14,7 @@ every mount of the process); ``pread`` returns the error, which takes the log di
 (:mod:`~logfs.storage.failure`) and fails that request alone. A store into a sparse preallocated file on a full
 disk is SIGBUS through a map too; ``pwrite`` returns ENOSPC. The binary search reads one entry per probe with
 ``pread``, in one C call (``_speedups.index_floor``, ~0.2 us a probe: faster than the Python probes of a map it
-replaced); the Python twin (:meth:`_FileIndex._search_py`) gives the same slot.
+replaced); the Python twin (:func:`index_floor`) gives the same slot.
 
 Thread safety: mutation (append, truncate, resize) requires the owning log's writer lock. Lookups only read
 entries below the published entry count and may run concurrently with appends.
@@ -22,7 +22,6 @@ entries below the published entry count and may run concurrently with appends.
 
 from __future__ import annotations
 
-import bisect
 import errno
 import operator
 import os
@@ -33,10 +32,7 @@ from ..errors import CorruptRecordError, StorageIOError
 from ..format.lines import LineStats
 from .open_files import OPEN_FILES
 
-try:  # the C accelerator: index_ok checks every entry in one pass, index_floor searches by pread
-    from ... import _speedups
-except ImportError:  # pragma: no cover - exercised when built without a compiler
-    _speedups = None
+from ..format.speedups import C as _speedups  # index_ok: every entry in one pass; index_floor: search by pread
 
 
 # Disk blocks are reserved for an index one page ahead of its entries (see _FileIndex._reserve): one
@@ -50,21 +46,6 @@ def _increasing(column) -> bool:
 
 def _non_decreasing(column) -> bool:
     return all(map(operator.le, column, column[1:]))
-
-
-class _Entries:
-    """Sequence view over the first ``n`` entries' key field, for :mod:`bisect` (the Python search)."""
-
-    __slots__ = ("index", "n", "key")
-
-    def __init__(self, index: "_FileIndex", n: int, key):
-        self.index, self.n, self.key = index, n, key
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int):
-        return self.key(self.index.entry(i))
 
 
 class _FileIndex:
@@ -259,24 +240,20 @@ class _FileIndex:
         if entries:
             self._pwrite((entries - 1) * self.entry_size, last)
 
-    # The search: (field, key of a Python entry tuple) by name, as the C function numbers them.
-    def _search(self, target: int, field: int, key, sep_len: int = 0, marker_len: int = 0) -> int:
+    # The search: by field, as index_floor numbers them (in C, or its twin below).
+    def _search(self, target: int, field: int, sep_len: int = 0, marker_len: int = 0) -> int:
         """Slot of the greatest entry whose key <= target, or -1."""
         self.recent = True
         if not self.entries:
             return -1
-        if _speedups is None:
-            return self._search_py(target, key)
         try:
-            slot = _speedups.index_floor(self._fd, self.KIND, field, self.entries, target, sep_len, marker_len)
+            floor = index_floor if _speedups is None else _speedups.index_floor
+            slot = floor(self._fd, self.KIND, field, self.entries, target, sep_len, marker_len)
         except OSError as exc:
             raise StorageIOError(f"read of index {self.path} failed: {exc.strerror}", exc.errno) from exc
         if slot == -2:
             raise CorruptRecordError(f"index {self.path} is shorter than its entries")
         return slot
-
-    def _search_py(self, target: int, key) -> int:
-        return bisect.bisect_right(_Entries(self, self.entries, key), target) - 1
 
     def _truncate_entries(self, n: int) -> None:
         if n < self.entries:
@@ -355,7 +332,7 @@ class OffsetIndex(_FileIndex):
 
     def lookup(self, target: int) -> OffsetPosition:
         """Greatest entry with offset <= target, else (base_offset, 0)."""
-        slot = self._search(target - self.base_offset, 0, _field0)
+        slot = self._search(target - self.base_offset, 0)
         if slot < 0:
             return OffsetPosition(self.base_offset, 0)
         rel, pos = self.entry(slot)
@@ -369,7 +346,7 @@ class OffsetIndex(_FileIndex):
 
     def truncate_to(self, offset: int) -> None:
         """Remove entries with offset >= ``offset``."""
-        self._truncate_entries(self._search(offset - self.base_offset - 1, 0, _field0) + 1)
+        self._truncate_entries(self._search(offset - self.base_offset - 1, 0) + 1)
 
     def sanity_check(self, log_size: int) -> None:
         """Offsets strictly increasing, positions non-decreasing and inside the log (every entry: loading a
@@ -420,14 +397,14 @@ class TimeIndex(_FileIndex):
 
     def lookup(self, target_ts: int) -> TimestampOffset:
         """Greatest entry with timestamp <= target, else (-1, base_offset)."""
-        slot = self._search(target_ts, 0, _field0)
+        slot = self._search(target_ts, 0)
         if slot < 0:
             return TimestampOffset(-1, self.base_offset)
         ts, rel = self.entry(slot)
         return TimestampOffset(ts, self.base_offset + rel)
 
     def truncate_to(self, offset: int) -> None:
-        self._truncate_entries(self._search(offset - self.base_offset - 1, 1, _field1) + 1)
+        self._truncate_entries(self._search(offset - self.base_offset - 1, 1) + 1)
 
     def sanity_check(self, log_size: int) -> None:
         if self._checked_in_c(log_size, "time index"):
@@ -493,16 +470,15 @@ class ViewIndex(_FileIndex):
         """Greatest entry whose view length before it, in the line format ``fmt`` (a
         :class:`~logfs.storage.format.lines.LineFormat`: its separator and null marker), is <= target."""
         sep, marker = fmt.separator, fmt.null_marker
-        slot = self._search(target, 2, lambda e: fmt.length(LineStats(*e[2:])),
-                            len(sep) if sep else 0, len(marker) if marker else 0)
+        slot = self._search(target, 2, len(sep) if sep else 0, len(marker) if marker else 0)
         return self.get(slot) if slot >= 0 else None
 
     def floor_by_offset(self, target: int) -> ViewEntry | None:
-        slot = self._search(target - self.base_offset, 0, _field0)
+        slot = self._search(target - self.base_offset, 0)
         return self.get(slot) if slot >= 0 else None
 
     def floor_by_position(self, position: int) -> ViewEntry | None:
-        slot = self._search(position, 1, _field1)
+        slot = self._search(position, 1)
         return self.get(slot) if slot >= 0 else None
 
     def sanity_check(self, log_size: int) -> None:
@@ -526,8 +502,38 @@ class ViewIndex(_FileIndex):
 
     def truncate_to_position(self, position: int) -> None:
         """Remove entries at positions >= ``position``."""
-        self._truncate_entries(self._search(position - 1, 1, _field1) + 1)
+        self._truncate_entries(self._search(position - 1, 1) + 1)
 
 
-_field0 = operator.itemgetter(0)
-_field1 = operator.itemgetter(1)
+# -- the Python twin of _speedups.index_floor (logfs.storage.format.speedups.TWINS) -------------------------------
+_LAYOUTS = {0: struct.Struct(">ii"), 1: struct.Struct(">qi"), 2: struct.Struct(">IIIIIQQ")}
+
+
+def index_floor(fd: int, kind: int, field: int, n: int, target: int, sep_len: int, marker_len: int) -> int:
+    """Slot of the greatest of the first ``n`` entries of the index file ``fd`` (layout ``kind``: 0 offset, 1 time,
+    2 view) whose key ``field`` is <= ``target``; -1 for none, -2 if the file is shorter than its entries. One
+    pread a probe. The view index's field 2 is the view length before the entry (:meth:`LineFormat.length`)."""
+    if kind not in _LAYOUTS or not 0 <= field <= 2 or n < 0:
+        raise ValueError("index_floor: bad kind, field or entry count")
+    layout = _LAYOUTS[kind]
+    lo, hi = 0, n
+    while lo < hi:
+        mid = (lo + hi) // 2
+        raw = os.pread(fd, layout.size, mid * layout.size)
+        if len(raw) != layout.size:
+            return -2
+        e = layout.unpack(raw)
+        if kind == 0:
+            key = e[0]
+        elif kind == 1:
+            key = e[0] if field == 0 else e[1]
+        elif field < 2:
+            key = e[field]
+        else:
+            key = e[2] + e[6] + e[4] * marker_len + (e[5] + e[3] * sep_len if sep_len > 0 else 0)
+        if target < key:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo - 1
+

@@ -26,6 +26,8 @@ from typing import Callable, Iterator, Sequence
 from ..format import lines
 from . import tail_batch
 from ..format import records as rec
+from ..format import twins
+from ..format.speedups import C as _speedups
 from ..clock import SYSTEM_CLOCK, Clock
 from ..config import LogConfig
 from ..counters import PartitionCounters
@@ -173,10 +175,10 @@ class Log:
         (:mod:`logfs.storage.format.lines`), the ``\n`` not included, each with the record ``headers`` if given. All-or-
         nothing like :meth:`append`; a compacted topic also refuses the whole call if a line has no key
         (:class:`InvalidRecordError`). Plain lines without headers take the bulk path: with the C accelerator,
-        one call cuts and encodes whole batches straight from ``data`` (no list of lines, no copy of the input);
-        the others go through :meth:`append` (which never grows a tail batch: that is for headerless records)."""
+        one call cuts and encodes whole batches straight from ``data`` (no list of lines, no copy of the input;
+        without it, its twin gives the same bytes); the others go through :meth:`append` (which never grows a tail batch: that is for headerless records)."""
         c = self.config
-        if headers or c.key_separator or c.null_marker is not None or rec._speedups is None:  # not the bulk path
+        if headers or c.key_separator or c.null_marker is not None:  # not the bulk path
             fmt = lines.LineFormat.of(c)
             values, keys = fmt.parse_lines((prefix + bytes(data[: end - 1])).split(b"\n"))
             has_nulls = None if fmt.null_marker is not None else False
@@ -187,7 +189,7 @@ class Log:
                 grown = tail_batch.grow(self, prefix, data, end)
                 if grown is not None:
                     return grown
-        encoded, longest = rec._speedups.encode_lines(prefix, data, end, self._batch_target())
+        encoded, longest = (_speedups or twins).encode_lines(prefix, data, end, self._batch_target())
         lines.check_record_size(self.config, longest)
         lines.check_keys(self.config, None)
 

@@ -14,7 +14,7 @@ import struct
 from ..format import records as rec
 from ..errors import CorruptRecordError
 from ..format.lines import ZERO_STATS, LineStats
-from ..format.records import _speedups
+from ..format.speedups import C as _speedups
 
 
 

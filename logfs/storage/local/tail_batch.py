@@ -13,6 +13,8 @@ import mmap
 
 from ..format import lines
 from ..format import records as rec
+from ..format import twins
+from ..format.speedups import C as _speedups
 from ..errors import LogfsError
 from .segment import TailBatch
 
@@ -46,7 +48,7 @@ def grow(log, prefix: bytes, data, end: int) -> tuple[int, int] | None:
         return None
     batch = tail.batch
     old_length, old_header = len(batch), batch[: rec.HEADER_SIZE]
-    grown = rec._speedups.grow_lines(batch, prefix, data, end, now - tail.base_timestamp, TAIL_BATCH_CAP)
+    grown = (_speedups or twins).grow_lines(batch, prefix, data, end, now - tail.base_timestamp, TAIL_BATCH_CAP)
     if grown is None:
         return None
     count, payload, longest = grown

@@ -1,0 +1,128 @@
+"""The Python twins of the format's C functions (:data:`logfs.storage.format.speedups.TWINS`): the same
+signatures and the same bytes, for a process without the accelerator and for the parity test. Each is the plain
+statement of what its C function does, not a fast path."""
+
+from __future__ import annotations
+
+from . import records as rec
+from .records import _varint as put_varint
+
+RECORD_OVERHEAD = 12  # bytes a record is counted beyond its line when cutting batches (_speedups.c, Log.append)
+
+
+def _whole_lines(prefix, data, end: int) -> list[bytes]:
+    data = memoryview(data)
+    if end <= 0 or end > len(data) or data[end - 1] != 0x0A or b"\n" in bytes(prefix):
+        raise ValueError("encode_lines needs whole lines")
+    return (bytes(prefix) + bytes(data[:end])).split(b"\n")[:-1]
+
+
+def _line_record(line: bytes, offset_delta: int, ts_delta: int, out: bytearray) -> None:
+    body = bytearray(b"\0")  # attributes
+    put_varint(ts_delta, body)
+    put_varint(offset_delta, body)
+    body += b"\x01"  # key length -1 (null), zigzag
+    put_varint(len(line), body)
+    body += line
+    body += b"\0"  # no headers
+    put_varint(len(body), out)
+    out += body
+
+
+def encode_lines(prefix, data, end: int, target: int) -> tuple[list[tuple[bytearray, int, int]], int]:
+    """The lines of ``prefix + data[:end]`` as whole v2 batches of about ``target`` bytes of records (a line each,
+    no key), their 61 header bytes zeroed: ``[(batch, records, payload bytes), ...]`` and the longest line."""
+    lines = _whole_lines(prefix, data, end)
+    batches, i = [], 0
+    while i < len(lines):
+        batch, j, counted, payload = bytearray(rec.HEADER_SIZE), i, 0, 0
+        while j < len(lines) and (j == i or counted + len(lines[j]) + RECORD_OVERHEAD <= target):
+            _line_record(lines[j], j - i, 0, batch)
+            counted += len(lines[j]) + RECORD_OVERHEAD
+            payload += len(lines[j])
+            j += 1
+        batches.append((batch, j - i, payload))
+        i = j
+    return batches, max(map(len, lines))
+
+
+def grow_lines(batch: bytearray, prefix, data, end: int, ts_delta: int, cap: int) -> tuple[int, int, int] | None:
+    """The lines of ``prefix + data[:end]`` appended as records to ``batch`` (one of :func:`encode_lines`'s making),
+    offset deltas continuing from its count (which is updated); None, ``batch`` untouched, past ``cap`` bytes."""
+    lines = _whole_lines(prefix, data, end)
+    if len(batch) < rec.HEADER_SIZE:
+        raise ValueError("grow_lines needs a whole batch")
+    first = int.from_bytes(batch[57:61], "big")
+    records = bytearray()
+    for k, line in enumerate(lines):
+        _line_record(line, first + k, ts_delta, records)
+        if len(batch) + len(records) > cap:
+            return None
+    batch += records
+    batch[57:61] = (first + len(lines)).to_bytes(4, "big")
+    return len(lines), sum(map(len, lines)), max(map(len, lines))
+
+
+def encode_records(values: list, keys: list | None = None) -> bytes:
+    """The records section of an uncompressed v2 batch (offset delta i, timestamp delta 0, no headers)."""
+    return rec.build_batch_generic(0, 0, values, keys)[rec.HEADER_SIZE:]
+
+
+def render_records(batch, separator: bytes | None, null_marker: bytes | None) -> bytes:
+    """The lines of one uncompressed batch: ``[key + separator] + (value | null marker | "") + "\\n"`` each."""
+    attributes = _plain_attributes(batch)
+    if attributes & rec.ATTR_CONTROL:
+        return b""
+    out = []
+    for r in _decode(batch):
+        body = r.value if r.value is not None else (null_marker or b"")
+        out.append(r.key + separator + body + b"\n" if separator and r.key is not None else body + b"\n")
+    return b"".join(out)
+
+
+def batch_stats(batch) -> tuple[int, int, int, int, int]:
+    """(records, keyed, nulls, key bytes, value bytes) of one uncompressed batch (a control batch counts nothing)."""
+    if _plain_attributes(batch) & rec.ATTR_CONTROL:
+        return (0, 0, 0, 0, 0)
+    records = keyed = nulls = key_bytes = value_bytes = 0
+    for r in _decode(batch):
+        records += 1
+        if r.key is not None:
+            keyed += 1
+            key_bytes += len(r.key)
+        if r.value is None:
+            nulls += 1
+        else:
+            value_bytes += len(r.value)
+    return (records, keyed, nulls, key_bytes, value_bytes)
+
+
+def merge_batches(batches: list, last_offset: int) -> bytes:
+    """Plain batches (in offset order) merged into one: the first's base offset, base timestamp, attributes and
+    leader epoch; each record's deltas re-based; the CRC left 0 (the caller stamps it)."""
+    first = rec.parse_header(batches[0])
+    rs = [r for b in batches for r in _decode(b)]
+    merged = bytearray(rec.build_batch_generic(
+        first.base_offset, first.base_timestamp, [r.value for r in rs], [r.key for r in rs],
+        [r.headers for r in rs], [r.timestamp for r in rs], [r.offset - first.base_offset for r in rs],
+        base_timestamp=first.base_timestamp, last_offset_delta=last_offset - first.base_offset,
+        attributes=first.attributes, leader_epoch=first.partition_leader_epoch))
+    merged[17:21] = bytes(4)
+    return bytes(merged)
+
+
+def _plain_attributes(batch) -> int:
+    view = memoryview(batch)
+    if len(view) < rec.HEADER_SIZE or view[16] != 2:
+        raise ValueError("not a v2 batch")
+    attributes = int.from_bytes(view[21:23], "big")
+    if attributes & rec.ATTR_COMPRESSION_MASK:
+        raise ValueError("compressed batch")
+    return attributes
+
+
+def _decode(batch):
+    try:
+        return list(rec.decode(bytes(batch)))
+    except rec.CorruptRecordError as exc:
+        raise ValueError(str(exc)) from None
