@@ -163,7 +163,7 @@ class ControlEntries:
     def _staged_inode(self, name: str) -> int:
         ino = self._staged_ino.get(name)
         if ino is None:
-            ino = self._staged_ino[name] = next(self._next_inode)
+            ino = self._staged_ino[name] = self.inodes.allocate()
             self._staged_name[ino] = name
         return ino
 

@@ -31,10 +31,10 @@ from . import xattrs
 from .control import SINK_PROTOCOL, SINK_PROTOCOL_XATTR, ControlEntries, StagedFileHandle
 from .errors import fail, translate
 from .handles import PartitionHandle
+from .inodes import ROOT, InodeTable
 
 log = logging.getLogger(__name__)
 
-ROOT = pyfuse3.ROOT_INODE
 FILE_ATTR_TIMEOUT = 0.0
 DIR_ATTR_TIMEOUT = 1.0
 ENTRY_TIMEOUT = 1.0
@@ -73,10 +73,7 @@ class Operations(pyfuse3.Operations, ControlEntries):
         self.manager = manager
         self.read_only = read_only
         self.run_blocking = run_blocking or (lambda fn, *a: trio.to_thread.run_sync(fn, *a))
-        self._next_inode = itertools.count(ROOT + 1)
-        self._topic_ino: dict[str, int] = {}
-        self._partition_ino: dict[tuple[str, int], int] = {}
-        self._inode_of: dict[int, tuple[str, int | None]] = {}
+        self.inodes = InodeTable()
         self._handles: dict[int, PartitionHandle] = {}
         self._fetching: dict[int, trio.Lock] = {}  # handles reading tiered data in a worker thread
         self._root_listing: list[tuple[int, str]] | None = None  # the root's entries, as the listing began
@@ -84,15 +81,15 @@ class Operations(pyfuse3.Operations, ControlEntries):
         self._fetch_slots = trio.CapacityLimiter(8)
         self._next_fh = itertools.count(1)
         # The sink's entries (logfs.fuse.control): the staging directory, its files, the commit file.
-        self._staging_ino = next(self._next_inode)
-        self._commit_ino = next(self._next_inode)
+        self._staging_ino = self.inodes.allocate()
+        self._commit_ino = self.inodes.allocate()
         self._staged_ino: dict[str, int] = {}
         self._staged_name: dict[int, str] = {}
         self._control: dict = {}  # fh -> StagedFileHandle or CommitHandle
         self._started_ns = time.time_ns()
         self._uid, self._gid = os.getuid(), os.getgid()
         for topic in manager.list_topics():
-            self._topic_inode(topic)
+            self.inodes.topic(topic)
 
     @property
     def open_files(self) -> int:
@@ -100,24 +97,9 @@ class Operations(pyfuse3.Operations, ControlEntries):
         return len(self._handles)
 
     # -- inode bookkeeping ---------------------------------------------------------------------------
-    def _topic_inode(self, topic: str) -> int:
-        ino = self._topic_ino.get(topic)
-        if ino is None:
-            ino = self._topic_ino[topic] = next(self._next_inode)
-            self._inode_of[ino] = (topic, None)
-        return ino
-
-    def _partition_inode(self, topic: str, partition: int) -> int:
-        key = (topic, partition)
-        ino = self._partition_ino.get(key)
-        if ino is None:
-            ino = self._partition_ino[key] = next(self._next_inode)
-            self._inode_of[ino] = key
-        return ino
-
     def _resolve(self, inode: int) -> tuple[str, int | None]:
         try:
-            topic, partition = self._inode_of[inode]
+            topic, partition = self.inodes.entry(inode)
         except KeyError:
             fail(errno.ENOENT)
         if topic not in self.manager.topics:
@@ -132,14 +114,6 @@ class Operations(pyfuse3.Operations, ControlEntries):
             return ""
         topic, partition = self._resolve(inode)
         return topic if partition is None else f"{topic}/{partition}"
-
-    def _forget_topic(self, topic: str) -> None:
-        ino = self._topic_ino.pop(topic, None)
-        self._inode_of.pop(ino, None)
-
-    def _forget_partition(self, topic: str, partition: int) -> None:
-        ino = self._partition_ino.pop((topic, partition), None)
-        self._inode_of.pop(ino, None)
 
     # -- attributes ------------------------------------------------------------------------------------
     def _newest_append(self, topic: str) -> int | None:
@@ -187,7 +161,7 @@ class Operations(pyfuse3.Operations, ControlEntries):
     def _removed_attrs(self, inode: int) -> pyfuse3.EntryAttributes | None:
         """Attributes of a removed partition that still has an open handle, from that handle's view (as an
         unlinked open file: ``exec 7< t/1; rm t/1; cat <&7`` fstats before it reads). None for other inodes."""
-        if inode == ROOT or inode in self._inode_of:
+        if inode == ROOT or inode in self.inodes:
             return None  # a live entry: only unlink forgets a partition's inode while handles may stay open
         handle = next((h for h in self._handles.values() if h.inode == inode), None)
         if handle is None:
@@ -222,7 +196,7 @@ class Operations(pyfuse3.Operations, ControlEntries):
         text = _decode(name)
         if parent_inode == ROOT:
             if text in self.manager.topics:
-                return self._attrs(self._topic_inode(text))
+                return self._attrs(self.inodes.topic(text))
             if text == MOUNT_STAGING:
                 return self._control_attrs(self._staging_ino)
             if text == MOUNT_COMMIT:
@@ -242,7 +216,7 @@ class Operations(pyfuse3.Operations, ControlEntries):
             fail(errno.ENOTDIR)
         number = parse_partition_number(text)
         if number is not None and (topic, number) in self.manager.logs:
-            return await self._partition_attrs(self._partition_inode(topic, number))
+            return await self._partition_attrs(self.inodes.partition(topic, number))
         fail(errno.ENOENT)
 
     @translate
@@ -316,7 +290,7 @@ class Operations(pyfuse3.Operations, ControlEntries):
             # bisection (a listing of T topics costs O(T log T), not that per call). A topic created meanwhile
             # may be missed, as POSIX allows; one deleted meanwhile is skipped.
             if start_id == 0 or self._root_listing is None:
-                self._root_listing = sorted((self._topic_inode(t), t) for t in self.manager.list_topics())
+                self._root_listing = sorted((self.inodes.topic(t), t) for t in self.manager.list_topics())
             entries = self._root_listing
             for ino, topic in entries[bisect.bisect_right(entries, (start_id, "\U0010ffff")):]:
                 if topic not in self.manager.topics:
@@ -328,7 +302,7 @@ class Operations(pyfuse3.Operations, ControlEntries):
         for partition in self.manager.partitions(topic):
             if partition + 1 <= start_id:
                 continue
-            ino = self._partition_inode(topic, partition)
+            ino = self.inodes.partition(topic, partition)
             attrs = await self._partition_attrs(ino)
             if not pyfuse3.readdir_reply(token, str(partition).encode(), attrs, partition + 1):
                 return
@@ -347,7 +321,7 @@ class Operations(pyfuse3.Operations, ControlEntries):
             self._resolve(parent_inode)
             fail(errno.EINVAL)  # topics hold only partition files
         await self.run_blocking(self.manager.create_topic, text)
-        return self._attrs(self._topic_inode(text))
+        return self._attrs(self.inodes.topic(text))
 
     @translate
     async def rmdir(self, parent_inode, name, ctx):
@@ -359,7 +333,7 @@ class Operations(pyfuse3.Operations, ControlEntries):
         if text not in self.manager.topics:
             fail(errno.ENOENT)
         await self.run_blocking(self.manager.delete_topic, text)
-        self._forget_topic(text)
+        self.inodes.forget_topic(text)
 
     # -- partition files -------------------------------------------------------------------------------
     @translate
@@ -388,7 +362,7 @@ class Operations(pyfuse3.Operations, ControlEntries):
         if number is None:
             fail(errno.EINVAL)
         await self.run_blocking(self.manager.create_partition, topic, number)
-        inode = self._partition_inode(topic, number)
+        inode = self.inodes.partition(topic, number)
         info = self._open_handle(inode, topic, number, flags & ~os.O_TRUNC, ctx)
         return info, self._attrs(inode)
 
@@ -553,7 +527,7 @@ class Operations(pyfuse3.Operations, ControlEntries):
         if number is None or (topic, number) not in self.manager.logs:
             fail(errno.ENOENT)
         await self.run_blocking(self.manager.delete_partition, topic, number)
-        self._forget_partition(topic, number)
+        self.inodes.forget_partition(topic, number)
 
     # -- refused operations ----------------------------------------------------------------------------
     @translate

@@ -18,7 +18,7 @@ import trio
 
 from ..fuse.operations import Operations
 from ..storage.manager import LogManager
-from ..storage.tiered.remote_segment import mark_request_thread
+from ..storage.threads import mark_request_thread
 from .metrics import Metrics, MetricsFile
 from .notify import notify, watchdog_interval_s
 from .runtime import LogService

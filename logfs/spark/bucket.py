@@ -7,7 +7,7 @@ manifest's ``log_start_offset`` up to ``remote_log_end_offset``. An executor rea
 partition with ranged GETs of only the bytes that hold it: per segment it overlaps, the segment's remote
 ``.index`` (small: one entry per ``index.interval.bytes``) gives the byte positions of the range's first and
 last batches, and only the bytes between are fetched, in bounded chunks. Batches are parsed by the storage's one
-framing code (:class:`~logfs.storage.local.segment.SegmentFile`) and CRC-checked.
+framing code (:class:`~logfs.storage.local.segment_file.SegmentFile`) and CRC-checked.
 
 Credentials come from the AWS chain of each process (driver and every executor), through
 :class:`~logfs.remote.s3.S3Store`; the options carry only the endpoint and the region. Store errors keep their
@@ -28,7 +28,7 @@ from ..storage.format import records as rec
 from ..storage.errors import CorruptRecordError, DataLossError
 from ..storage.local.index import OffsetIndex
 from ..storage.local.reader import first_offset_at_or_after, time_index_floor
-from ..storage.local.segment import SegmentFile
+from ..storage.local.segment_file import SegmentFile
 
 log = logging.getLogger(__name__)
 

@@ -14,257 +14,27 @@ segments now, unpinned, and cached here per log until the storage's ``layout_ver
 Not thread-safe; one per handle.
 
 Compressed batches (sealed segments rewritten in the topic's codec, CONTRACT section 8) are decompressed whole, once
-each, never on the request thread (:func:`~logfs.storage.tiered.remote_segment.on_request_thread`: FetchNeededError, and
+each, never on the request thread (:func:`~logfs.storage.threads.on_request_thread`: FetchNeededError, and
 the caller repeats the call in a worker thread). Reading one line decompresses the batch that holds it and nothing
-else. A sequential reader (a read starting where the previous one ended) gets the compressed batches after its
-own decompressed ahead of it, up to :data:`READ_AHEAD_BYTES` of lines, by up to :data:`READ_AHEAD_THREADS` worker
-threads (:class:`_ReadAhead`), so that the request thread finds them ready and renders them as plain batches. The
-last few batches decompressed for reads and lookups are kept (:class:`_PlainBatches`), so a lookup (``position.``)
-and the read of the line it found share one decompression.
+else. A sequential reader gets the compressed batches after its own decompressed ahead of it, and the last batches
+decompressed are shared: :mod:`logfs.view.readahead`.
 """
 
 from __future__ import annotations
 
 import bisect
-import threading
 import weakref
-from collections import OrderedDict
-from concurrent.futures import ThreadPoolExecutor
 
 from ..storage.format import records as rec
 from ..storage.errors import FetchNeededError
 from ..storage.format.speedups import C as _speedups
-from ..storage.tiered.remote_segment import on_request_thread
+from ..storage.threads import on_request_thread
 from ..storage.format.lines import ZERO_STATS
 from ..storage.format.lines import LineFormat
 from ..storage.local.log import Log
 from ..storage.local.segment import LogSegment
 from ..storage.local.segments import LogSnapshot
-
-
-# A read fetches the lines to pass over and the requested size, plus 1/8 for the records' own overhead, plus this
-# much: the batch straddling the end of the request need not be whole (render_window renders the records that
-# are), so a small read stays small.
-_READ_SLACK = 4096
-
-#: How far a sequential reader's compressed batches are decompressed ahead of it, beyond the batch it is in: this
-#: many bytes of lines (a read request of FUSE's 1 MiB spans several batches), and at least this many batches.
-READ_AHEAD_BYTES = 4 << 20
-READ_AHEAD_BATCHES = 2
-#: Worker threads decompressing ahead for one view, each on its own batch.
-READ_AHEAD_THREADS = 2
-#: Decompressed batches kept in memory (over all views): the ones sequential readers are in, and the last lookups'.
-PLAIN_BATCHES_KEPT = 8
-_POOL_THREADS = 4
-
-_pool: ThreadPoolExecutor | None = None
-_pool_lock = threading.Lock()
-_decompressed = [0]  # batches the views have decompressed, by any thread (under _pool_lock)
-
-
-def decompressions() -> int:
-    """How many batches the text views have decompressed so far in this process (tests count them)."""
-    return _decompressed[0]
-
-
-def _read_ahead_pool() -> ThreadPoolExecutor:
-    global _pool
-    with _pool_lock:
-        if _pool is None:
-            _pool = ThreadPoolExecutor(_POOL_THREADS, thread_name_prefix="logfs-decompress")
-        return _pool
-
-
-def _decompress(buf, at: int = 0) -> bytes:
-    """The compressed batch at ``at`` as a plain batch to render (its compressed bytes' CRC-32C checked; no CRC
-    computed for the plain one: render_window never checks it)."""
-    with _pool_lock:
-        _decompressed[0] += 1
-    return rec.decompress_batch(buf, at, stamp=False)
-
-
-def _whole_batch_size(buf) -> int:
-    return int.from_bytes(buf[8:12], "big") + 12
-
-
-def _whole_compressed_head(buf) -> bool:
-    """Whether ``buf`` starts with the header of a v2 batch in a codec (not a control batch)."""
-    return (len(buf) >= rec.HEADER_SIZE and buf[16] == rec.MAGIC and buf[22] & rec.ATTR_COMPRESSION_MASK
-            and not buf[22] & rec.ATTR_CONTROL and _whole_batch_size(buf) >= rec.HEADER_SIZE)
-
-
-def _whole_compressed(buf) -> bool:
-    """Whether ``buf`` starts with a whole v2 batch in a codec (not a control batch)."""
-    return (len(buf) >= rec.HEADER_SIZE and buf[16] == rec.MAGIC and buf[22] & rec.ATTR_COMPRESSION_MASK
-            and not buf[22] & rec.ATTR_CONTROL and rec.HEADER_SIZE <= _whole_batch_size(buf) <= len(buf))
-
-
-class _PlainBatches:
-    """The last decompressed batches, by (segment, position, CRC-32C as stored): thread-safe, least recently used
-    dropped beyond :data:`PLAIN_BATCHES_KEPT`."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._batches: OrderedDict = OrderedDict()
-
-    def get(self, key):
-        with self._lock:
-            plain = self._batches.get(key)
-            if plain is not None:
-                self._batches.move_to_end(key)
-            return plain
-
-    def put(self, key, plain: bytes) -> None:
-        with self._lock:
-            self._batches[key] = plain
-            self._batches.move_to_end(key)
-            while len(self._batches) > PLAIN_BATCHES_KEPT:
-                self._batches.popitem(last=False)
-
-    def clear(self) -> None:
-        with self._lock:
-            self._batches.clear()
-
-
-_plain_batches = _PlainBatches()
-
-
-_PENDING = object()  # a batch the read-ahead is decompressing now
-
-
-def _after(segments: list, i: int, pos: int, size: int) -> tuple[int, int] | None:
-    """(segment index, position) of the batch after the one of ``size`` bytes at ``pos`` of ``segments[i]``, or
-    None at the end of what is sealed (an active segment may still grow)."""
-    pos += size
-    segment = segments[i]
-    if pos < segment.size:
-        return i, pos
-    if segment.active or i + 1 >= len(segments):
-        return None
-    return i + 1, 0
-
-
-class _ReadAhead:
-    """The compressed batches after a sequential reader's, decompressed ahead of it in worker threads (up to
-    :data:`READ_AHEAD_THREADS` per view, each on its own batch: a batch's header says where the next one starts),
-    as far as :data:`READ_AHEAD_BYTES` of decompressed lines beyond the batch the reader is in; the workers go on
-    by themselves as the reader takes batches. Thread-safe; reads the view's segments only (pinned by its
-    snapshot: :meth:`stop` says when no worker reads them any more)."""
-
-    def __init__(self, segments: list) -> None:
-        self._segments = segments
-        self._cond = threading.Condition()
-        self._done: dict = {}  # (segment index, position) -> (plain, size as stored) | None | an exception
-        self._busy: set = set()  # (segment index, position) of the batches being decompressed
-        self._next: tuple[int, int, int] | None = None  # (segment index, position, read size guess) to claim next
-        self._room = 0  # batches the workers may still claim before the reader takes one
-        self._workers = 0
-        self._generation = 0  # changes when the reader moves elsewhere (a worker's batch from before is dropped)
-        self._on_idle = None  # called once no worker runs, after stop()
-
-    def follow(self, i: int, pos: int, size: int, plain_size: int) -> None:
-        """The reader is in the compressed batch at ``pos`` of segment ``i`` (``size`` bytes as stored,
-        ``plain_size`` decompressed): go on from there, unless already doing so."""
-        after = _after(self._segments, i, pos, size)
-        with self._cond:
-            if self._on_idle is not None or after is None or after in self._done or after in self._busy or (
-                    self._next is not None and self._next[:2] == after):
-                return
-            self._done.clear()
-            self._busy.clear()
-            self._generation += 1
-            self._next = (*after, size + _READ_SLACK)
-            self._room = max(READ_AHEAD_BATCHES, READ_AHEAD_BYTES // max(1, plain_size))
-            self._kick()
-
-    def take(self, i: int, pos: int, wait: bool):
-        """The batch at ``pos`` of segment ``i``: (plain, size as stored) if decompressed ahead; ``_PENDING`` while
-        a worker is on it or about to be (unless ``wait``: then it is waited for); None if not read ahead, not
-        compressed, or its decompression failed (the reader's own path reads it again and reports what is
-        wrong)."""
-        key = (i, pos)
-        with self._cond:
-            while key not in self._done:
-                if key not in self._busy:
-                    if self._next is None or self._next[:2] != key:
-                        return None
-                    self._room = max(self._room, 1)  # the reader waits for it: it is claimed whatever is ahead
-                    self._kick()
-                if not wait:
-                    return _PENDING
-                self._cond.wait()
-            result = self._done.pop(key)
-            self._room += 1
-            self._kick()
-        return result if isinstance(result, tuple) else None
-
-    def stop(self, on_idle) -> None:
-        """No more read-ahead: ``on_idle()`` is called when no worker reads the segments any more (now, or when
-        the last batch in progress is done, from its thread)."""
-        with self._cond:
-            self._next = None
-            self._done.clear()
-            self._generation += 1
-            if self._workers:
-                self._on_idle = on_idle
-                return
-        on_idle()
-
-    def _kick(self) -> None:  # (under the lock) one more worker, if there is a batch to claim and room for it
-        if self._workers < READ_AHEAD_THREADS and self._next is not None and self._room > 0:
-            self._workers += 1
-            _read_ahead_pool().submit(self._work)
-
-    def _work(self) -> None:
-        on_idle = None
-        try:
-            while True:
-                with self._cond:
-                    task = self._next
-                    if task is None or self._room <= 0:
-                        break
-                    self._room -= 1
-                    self._next = None  # until this batch's header says where the next one starts
-                    key, generation = task[:2], self._generation
-                    self._busy.add(key)
-                result = self._one(task, generation)
-                with self._cond:
-                    self._busy.discard(key)
-                    if generation == self._generation:
-                        self._done[key] = result
-                    self._cond.notify_all()
-        finally:
-            with self._cond:
-                self._workers -= 1
-                if not self._workers and self._on_idle is not None:
-                    on_idle, self._on_idle = self._on_idle, None
-                self._cond.notify_all()
-            if on_idle is not None:
-                on_idle()
-
-    def _one(self, task: tuple[int, int, int], generation: int):
-        """Read and decompress one batch; as soon as its header is read, let the next worker go on after it."""
-        i, pos, guess = task
-        segment = self._segments[i]
-        try:
-            buf = segment.read(pos, max(guess, rec.HEADER_SIZE))
-            if not _whole_compressed_head(buf):
-                return None
-            size = _whole_batch_size(buf)
-            after = _after(self._segments, i, pos, size)
-            with self._cond:
-                if generation == self._generation and self._next is None and after is not None:
-                    self._next = (*after, size + _READ_SLACK)
-                    self._kick()  # another worker for the batch after this one
-                    self._cond.notify_all()
-            if len(buf) < size:
-                buf = segment.read(pos, size)
-                if len(buf) < size:
-                    return None
-            plain = _plain_batches.get((segment, pos, rec.parse_header(buf).crc))
-            return (plain if plain is not None else _decompress(buf)), size  # (not kept there: the reader takes it)
-        except Exception as exc:  # noqa: BLE001 - handed to the reader, whose own path reports it
-            return exc
+from .readahead import PENDING, READ_SLACK, ReadAhead, decompress, plain_batches, whole_compressed
 
 
 class SegmentView:
@@ -286,7 +56,7 @@ class SegmentView:
         # (segment, position) -> (the batch decompressed, its size as stored): the compressed batches the read in
         # progress used (a read repeated in a worker thread finds them), then only the one the cursor is in
         self._batches: dict = {}
-        self._ahead: _ReadAhead | None = None  # decompression ahead of a sequential reader (views with a snapshot)
+        self._ahead: ReadAhead | None = None  # decompression ahead of a sequential reader (views with a snapshot)
         self.lines = 0  # records whose line ends in what the last read() returned (the metrics' read counter)
 
     # -- layout ------------------------------------------------------------------------------------
@@ -316,10 +86,10 @@ class SegmentView:
                 break
             if header.compression and not header.is_control and _speedups is not None:
                 key = (segment, file_pos, header.crc)
-                plain = _plain_batches.get(key)
+                plain = plain_batches.get(key)
                 if plain is None:
-                    plain = _decompress(buf, at)
-                    _plain_batches.put(key, plain)
+                    plain = decompress(buf, at)
+                    plain_batches.put(key, plain)
                 buf, at = plain, 0
             passed, found = self._seek(segment, file_pos, rec.parse_header(buf, at), buf, at,
                                        offset=-1 if header.last_offset < offset else offset)
@@ -431,7 +201,7 @@ class SegmentView:
             if ready is not None:  # a batch decompressed already: the one the last read was in, or read ahead
                 return self._render_plain(ready[0], ready[1], skip, want)
         if _speedups is not None:
-            length = (skip + want) * 9 // 8 + _READ_SLACK
+            length = (skip + want) * 9 // 8 + READ_SLACK
             for _attempt in range(2):
                 if len(self._scratch) < length:
                     self._scratch = bytearray(length)
@@ -439,7 +209,7 @@ class SegmentView:
                 short = len(buf) < length
                 out, advanced, skip_after, need, ended = _speedups.render_window(
                     buf, skip, want, self.fmt.separator, self.fmt.null_marker)
-                if need < 0 and not (out or advanced or skip_after != skip) and _whole_compressed(buf):
+                if need < 0 and not (out or advanced or skip_after != skip) and whole_compressed(buf):
                     # A compressed batch, whole in what was read (most are: it is a tenth of its lines' size).
                     try:
                         header = rec.parse_header(buf)
@@ -491,12 +261,12 @@ class SegmentView:
         """The compressed batch at ``file_pos`` (``buf[at:]`` holds it whole) decompressed: from the batches
         decompressed last, or now, in a worker thread (FetchNeededError on the request thread)."""
         key = (segment, file_pos, header.crc)
-        plain = _plain_batches.get(key)
+        plain = plain_batches.get(key)
         if plain is None:
             if on_request_thread():  # decompressing is CPU work: in a worker thread (the call is repeated there)
                 raise FetchNeededError(f"{segment.log_path}: a compressed batch at {file_pos} to decompress")
-            plain = _decompress(buf, at)
-            _plain_batches.put(key, plain)
+            plain = decompress(buf, at)
+            plain_batches.put(key, plain)
         return plain
 
     def _keep(self, segment, file_pos: int, plain: bytes, stored_size: int) -> None:
@@ -513,7 +283,7 @@ class SegmentView:
         if ready is not None or self._ahead is None:
             return ready
         ready = self._ahead.take(i, file_pos, wait=not on_request_thread())
-        if ready is _PENDING:
+        if ready is PENDING:
             raise FetchNeededError(f"{segment.log_path}: the batch at {file_pos} is being decompressed")
         if ready is not None:
             self._keep(segment, file_pos, *ready)
@@ -521,7 +291,7 @@ class SegmentView:
 
     def _read_ahead(self, i: int, file_pos: int) -> None:
         """A sequential reader is in the batch at ``file_pos`` of segment ``i``: if that is a compressed batch,
-        the ones after it are decompressed ahead (:class:`_ReadAhead`)."""
+        the ones after it are decompressed ahead (:class:`ReadAhead`)."""
         segment = self.segments[i]
         if file_pos >= segment.size and not segment.active and i + 1 < len(self.segments):
             i, file_pos = i + 1, 0  # (the next read goes on in the next segment)
@@ -530,7 +300,7 @@ class SegmentView:
         if current is None:
             return
         if self._ahead is None:
-            self._ahead = _ReadAhead(self.segments)
+            self._ahead = ReadAhead(self.segments)
         self._ahead.follow(i, file_pos, current[1], len(current[0]))
 
     def _render_plain(self, plain: bytes, stored_size: int, skip: int, want: int) -> tuple[bytes, int, int, int]:

@@ -208,7 +208,7 @@ def test_deleted_partition_objects_are_removed_and_the_cache_stays_bounded(tmp_p
 
 
 def test_a_tiered_read_on_the_request_thread_never_fetches(tmp_path, archive, clock):
-    from logfs.storage.tiered import remote_segment
+    from logfs.storage import threads
     from logfs.storage.errors import FetchNeededError
     import threading
 
@@ -221,7 +221,7 @@ def test_a_tiered_read_on_the_request_thread_never_fetches(tmp_path, archive, cl
     result = {}
 
     def request_thread():
-        remote_segment.mark_request_thread()
+        threads.mark_request_thread()
         view = open_view(plog)
         try:
             view.read(0, 100)
@@ -279,7 +279,7 @@ def test_an_open_view_keeps_reading_while_segments_move_to_the_store(tmp_path, a
 
 
 def test_a_small_tiered_read_costs_one_ranged_get_of_at_most_two_blocks(tmp_path, archive, clock):
-    from logfs.storage.tiered.remote_segment import BLOCK_BYTES
+    from logfs.storage.tiered.block_cache import BLOCK_BYTES
 
     class Counting(DirectoryStore):
         calls: list = []

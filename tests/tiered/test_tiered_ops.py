@@ -13,7 +13,7 @@ import trio
 from logfs.fuse.operations import Operations
 from logfs.remote import DirectoryStore
 from logfs.storage import BrokerConfig, LogManager
-from logfs.storage.tiered.remote_segment import mark_request_thread
+from logfs.storage.threads import mark_request_thread
 from logfs.storage.tiered.manager import RemoteLogManager
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "ops"))

@@ -18,8 +18,8 @@ import pytest
 from logfs.remote import DirectoryStore
 from logfs.remote.api import RemoteUnavailableError
 from logfs.storage import BrokerConfig, LogManager
-from logfs.storage.tiered import remote_segment
-from logfs.storage.tiered.remote_segment import BLOCK_BYTES
+from logfs.storage.tiered import block_cache, remote_segment
+from logfs.storage.tiered.block_cache import BLOCK_BYTES
 from logfs.storage.tiered.manager import RemoteLogManager
 from logfs.view.text import live_view, open_view
 
@@ -31,7 +31,8 @@ READ_AHEAD_GET = 4 << 20
 
 @pytest.fixture(autouse=True)
 def quarter_scale_read_ahead(monkeypatch):
-    monkeypatch.setattr(remote_segment, "READ_AHEAD_GET", READ_AHEAD_GET)
+    for module in (remote_segment, block_cache):  # (the segment's read-ahead window, the cache's GETs)
+        monkeypatch.setattr(module, "READ_AHEAD_GET", READ_AHEAD_GET)
     monkeypatch.setattr(remote_segment, "READ_AHEAD_MAX", 4 * READ_AHEAD_GET)
 
 
@@ -464,7 +465,7 @@ def test_blocks_are_read_only_views_of_one_get_correct_at_block_boundaries_and_t
     bytes are the object's at every block boundary and in the object's last, partial, block; read back from the
     block files (written by writev with their CRC) they are the same; and the memory of blocks kept in memory is
     counted by the GET buffers they hold, within HOT_BYTES."""
-    monkeypatch.setattr(remote_segment, "HOT_BYTES", 3 * BLOCK_BYTES)
+    monkeypatch.setattr(block_cache, "HOT_BYTES", 3 * BLOCK_BYTES)
     data, reopen = tiered
     plog, rlm, store = reopen()
     seg = plog.remote_segments[0]
@@ -483,7 +484,7 @@ def test_blocks_are_read_only_views_of_one_get_correct_at_block_boundaries_and_t
     cache = rlm.blocks
     owners = {id(b.obj if isinstance(b, memoryview) else b): len(b.obj if isinstance(b, memoryview) else b)
               for b in cache._hot.values()}
-    assert cache._hot_used == sum(owners.values()) <= remote_segment.HOT_BYTES
+    assert cache._hot_used == sum(owners.values()) <= block_cache.HOT_BYTES
     for position, length in ((BLOCK_BYTES - 10, 20), ((last - 2) * BLOCK_BYTES - 1, 2), (last * BLOCK_BYTES, 7),
                              (seg.size - 100, 500), ((last - 3) * BLOCK_BYTES, 4 * BLOCK_BYTES)):
         assert seg.read(position, length) == obj[position:position + length], (position, length)

@@ -17,8 +17,8 @@ from logfs.storage.cleaner import compression
 from logfs.storage.format import records as rec
 from logfs.storage.cleaner.process import compress_in_thread
 from logfs.storage.errors import FetchNeededError
-from logfs.storage.tiered.remote_segment import mark_request_thread
-from logfs.view import text as text_view
+from logfs.storage.threads import mark_request_thread
+from logfs.view import readahead
 from logfs.view.text import live_view, open_view
 
 BATCH = 8 << 10  # records per rewritten batch: many batches per segment with little data
@@ -92,7 +92,7 @@ def test_sequential_reads_return_the_text_and_decompress_each_batch_once(zstd_lo
     plog, data = zstd_log
     fuse = Fuse()
     view = open_view(plog)
-    before = text_view.decompressions()
+    before = readahead.decompressions()
     try:
         got, pos, reads = [], 0, 0
         while chunk := fuse.call(view.read, pos, size):
@@ -109,7 +109,7 @@ def test_sequential_reads_return_the_text_and_decompress_each_batch_once(zstd_lo
                 got.append(chunk)
                 pos += len(chunk)
         assert b"".join(got) == data
-        assert text_view.decompressions() - before == compressed_batches(plog)
+        assert readahead.decompressions() - before == compressed_batches(plog)
         assert view._ahead is not None  # (the read-ahead was used)
     finally:
         view.release()
@@ -151,14 +151,14 @@ def test_a_random_read_decompresses_only_the_batch_holding_its_line(zstd_log):
     handle = open_view(plog)
     try:
         for offset in [0, end - 1] + [rng.randrange(end) for _ in range(60)]:
-            text_view._plain_batches.clear()
-            before = text_view.decompressions()
+            readahead.plain_batches.clear()
+            before = readahead.decompressions()
             pos = fuse.call(lambda: _lookup_position(plog, offset))
             line_end = data.index(b"\n", pos) + 1
             line = fuse.call(handle.read, pos, line_end - pos)
             assert line == data[pos:line_end]
             assert pos == 0 or data[pos - 1:pos] == b"\n"
-            assert text_view.decompressions() - before == 1, offset
+            assert readahead.decompressions() - before == 1, offset
         assert handle._ahead is None  # random reads: nothing read ahead
     finally:
         handle.release()
@@ -170,7 +170,7 @@ def _lookup_position(plog, offset: int) -> int:
     try:
         return live_view(plog).position_of(offset)
     except FetchNeededError:
-        from logfs.storage.tiered.remote_segment import on_request_thread
+        from logfs.storage.threads import on_request_thread
 
         if on_request_thread():
             raise
@@ -213,14 +213,14 @@ def test_a_log_start_inside_a_compressed_batch(zstd_log):
     try:
         for start in (37, plog.segments.as_list()[1].base_offset + 301, plog.segments.as_list()[3].base_offset + 5):
             plog.increment_log_start_offset(start)
-            text_view._plain_batches.clear()
-            before = text_view.decompressions()
+            readahead.plain_batches.clear()
+            before = readahead.decompressions()
             mark_request_thread(True)
             try:
                 view = open_view(plog)  # (as PartitionHandle is made in open(), on the request thread)
             finally:
                 mark_request_thread(False)
-            assert text_view.decompressions() - before <= 1
+            assert readahead.decompressions() - before <= 1
             try:
                 want = data[starts[start]:]
                 assert view.length() == len(want)

@@ -3,7 +3,7 @@
 It never takes ``.lock`` (the daemon holds it), never writes, renames, truncates or creates anything, and never
 mmaps (the daemon truncates a rolled segment's indexes, and touching a mapping past a truncated end would be
 SIGBUS): only ``listdir``, ``open(O_RDONLY)`` and ``pread``. The batch framing is read by the same code as the
-daemon's (:class:`~logfs.storage.local.segment.SegmentFile`), and the offset index by its entry layout in
+daemon's (:class:`~logfs.storage.local.segment_file.SegmentFile`), and the offset index by its entry layout in
 :mod:`~logfs.storage.local.index`, so a change of format lands once.
 
 What it relies on, all part of the on-disk contract:
@@ -39,7 +39,7 @@ from ..checkpoints import LOG_START_OFFSET, read_checkpoint
 from ..errors import CorruptRecordError, DataLossError
 from .index import OffsetIndex, TimeIndex
 from ..names import INDEX_SUFFIX, LOG_SUFFIX, SWAP_SUFFIX, TIME_INDEX_SUFFIX, filename_prefix, parse_segment_file
-from .segment import SegmentFile
+from .segment_file import SegmentFile
 
 log = logging.getLogger(__name__)
 

@@ -1,14 +1,13 @@
 """One log segment: a ``.log`` file of v2 batches and its three sparse indexes.
 
-Owns appending batches at the end of one file (and writing the last one grown in place: :class:`TailBatch`,
+Owns appending batches at the end of one file (and writing the last one grown in place: :class:`~logfs.storage.local.tail_batch.TailBatch`,
 :meth:`LogSegment.grow_tail`), the sparse index cadence (an entry once more than
 ``index.interval.bytes`` have been appended since the last one), translating an offset or a timestamp to a
 file position (index lookup, then a forward scan bounded by the interval), truncation, and the roll-time
 bookkeeping. It never decides *when* to roll; the log does. Loading and recovery are in
 :mod:`~logfs.storage.local.segment_recovery`; segments are opened through :mod:`~logfs.storage.local.lifecycle`.
 
-:class:`SegmentFile` is the reading of a ``.log`` file by ``pread`` alone (the walk over its batches), shared by
-the log's segments and by the read-only :mod:`~logfs.storage.local.reader`, so the batch framing is read in one place.
+The reading of its ``.log`` by ``pread`` (the walk over its batches) is :class:`~logfs.storage.local.segment_file.SegmentFile`'s.
 
 Thread safety: mutation requires the owning log's writer lock. ``read``/``batches_from``/``translate_offset``
 only touch bytes below the published ``size`` and may run in other threads concurrently with an append.
@@ -18,96 +17,20 @@ from __future__ import annotations
 
 import errno as _errno
 import os
-from typing import Iterator
 
 from ..format import records as rec
 from ..errors import StorageIOError
 from ..format.lines import ZERO_STATS, LineStats
 from .index import OffsetIndex, TimeIndex, ViewIndex
 from .open_files import OPEN_FILES
+from .segment_file import SegmentFile
+from .tail_batch import TailBatch
 from .segment_recovery import SegmentRecovery, batch_stats  # noqa: F401  (batch_stats: its callers import it here)
 
 from ..names import (  # noqa: F401 (re-exported: the segment's own file names)
     ALL_SUFFIXES, CLEANED_SUFFIX, DELETED_SUFFIX, INDEX_SUFFIX, INDEX_SUFFIXES, LOG_SUFFIX, SWAP_SUFFIX,
     TIME_INDEX_SUFFIX, VIEW_INDEX_SUFFIX, filename_prefix,
 )
-
-_READ_CHUNK = 64 * 1024
-
-
-class TailBatch:
-    """The last batch of the active segment while appends may still grow it in place: its bytes (a bytearray of
-    ``encode_lines``'s making), where it starts, its base offset, base timestamp and max timestamp."""
-
-    __slots__ = ("batch", "position", "base_offset", "base_timestamp", "max_timestamp")
-
-    def __init__(self, batch: bytearray, position: int, base_offset: int, timestamp: int):
-        self.batch, self.position, self.base_offset = batch, position, base_offset
-        self.base_timestamp = self.max_timestamp = timestamp
-
-
-class SegmentFile:
-    """A ``.log`` file read by ``pread`` up to its published ``size``: bytes, and the walk over whole batches.
-    Subclasses set ``fd``, ``log_path`` and ``size``."""
-
-    fd: int
-    log_path: str
-    size: int
-
-    def read(self, position: int, length: int) -> bytes:
-        length = min(length, self.size - position)
-        if length <= 0:
-            return b""
-        self.recent = True
-        try:
-            return os.pread(self.fd, length, position)
-        except OSError as exc:
-            raise StorageIOError(f"read of {self.log_path} failed: {exc.strerror}", exc.errno) from exc
-
-    def read_into(self, scratch: bytearray, position: int, length: int) -> memoryview:
-        """Like :meth:`read`, into a reusable buffer (no allocation, no page faults on a fresh 1 MiB object);
-        the view is valid until ``scratch`` is reused."""
-        length = min(length, self.size - position)
-        if length <= 0:
-            return memoryview(b"")
-        if len(scratch) < length:  # callers size it; never resize it here (a caller's view may be alive)
-            return memoryview(self.read(position, length))
-        self.recent = True
-        view = memoryview(scratch)[:length]
-        try:
-            got = os.preadv(self.fd, [view], position)
-        except OSError as exc:
-            raise StorageIOError(f"read of {self.log_path} failed: {exc.strerror}", exc.errno) from exc
-        return view[:got]
-
-    def batches_from(self, position: int, end: int | None = None, chunk: int = _READ_CHUNK,
-                     scratch: bytearray | None = None) -> Iterator[tuple[int, rec.BatchHeader, bytes, int]]:
-        """Complete batches from ``position`` up to ``end`` (default: the size now), as
-        (file position, header, buffer, position of the batch within buffer). No CRC check. With ``scratch``,
-        the buffer is a view of it, valid only until the next batch is requested."""
-        limit = self.size if end is None else min(end, self.size)
-        pos = position
-        while pos < limit:
-            length = min(max(chunk, rec.HEADER_SIZE), limit - pos)
-            buf = self.read(pos, length) if scratch is None else self.read_into(scratch, pos, length)
-            at = 0
-            while True:
-                size = rec.peek_size(buf, at)
-                if size is None or len(buf) - at < rec.HEADER_SIZE:
-                    break
-                if size > len(buf) - at:
-                    if at == 0:  # one batch larger than the chunk: read it whole
-                        buf = self.read(pos, size)
-                        if len(buf) < size:
-                            return
-                        continue
-                    break
-                header = rec.parse_header(buf, at)
-                yield pos + at, header, buf, at
-                at += size
-            if at == 0:
-                return  # a partial batch at the end
-            pos += at
 
 
 class LogSegment(SegmentRecovery, SegmentFile):

@@ -16,11 +16,21 @@ from ..format import records as rec
 from ..format import twins
 from ..format.speedups import C as _speedups
 from ..errors import LogfsError
-from .segment import TailBatch
 
 # The cap bounds the bytes rewritten per append (the CRC covers the whole batch) and a reader's skip into it.
 TAIL_BATCH_CAP = 4 * 1024
 PAGE_SIZE = mmap.PAGESIZE
+
+
+class TailBatch:
+    """The last batch of the active segment while appends may still grow it in place: its bytes (a bytearray of
+    ``encode_lines``'s making), where it starts, its base offset, base timestamp and max timestamp."""
+
+    __slots__ = ("batch", "position", "base_offset", "base_timestamp", "max_timestamp")
+
+    def __init__(self, batch: bytearray, position: int, base_offset: int, timestamp: int):
+        self.batch, self.position, self.base_offset = batch, position, base_offset
+        self.base_timestamp = self.max_timestamp = timestamp
 
 
 def keep(log, batch: bytearray, count: int, last: int) -> None:

@@ -50,7 +50,8 @@ from ..checkpoints import atomic_write
 from ..cleaner.compression import needs_rewrite
 from ..local.log import Log
 from ..names import REMOTE_CACHE_DIR, REMOTE_DELETES_FILE
-from .remote_segment import BlockCache, RemoteLogSegment, index_paths, install_index
+from .block_cache import BlockCache
+from .remote_segment import RemoteLogSegment, index_paths, install_index
 from ..local.segments import close_if_unused
 
 log = logging.getLogger(__name__)
