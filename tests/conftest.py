@@ -5,7 +5,7 @@
 with their own vocabulary (tests/view's ``make_log``, tests/storage/test_loader.py's ``managers``) are thin
 wrappers over these two.
 
-Also ``small_tmpfs``: a real 8 MiB tmpfs, the disk that fills. ``LOGFS_TEST_OPEN_FILES=N`` runs the engine of
+Mounted tests get their mount from the harness plugin (tests/harness.py). Also ``small_tmpfs``: a real 8 MiB tmpfs, the disk that fills. ``LOGFS_TEST_OPEN_FILES=N`` runs the engine of
 this process under an open-file budget of N segment files (storage/local/open_files.py), whatever the descriptor limit.
 """
 
@@ -20,6 +20,10 @@ import pytest
 
 from logfs.storage import BrokerConfig, LogConfig, LogManager, ManualClock, load_log
 from logfs.storage.local import open_files
+
+# The one harness (tests/harness.py: the mount fixture, FUSE marking, wait_for, the daemon-log check), and pytester
+# for the harness's own test.
+pytest_plugins = ["harness", "pytester"]
 
 def pytest_configure(config):
     budget = os.environ.get("LOGFS_TEST_OPEN_FILES")

@@ -10,9 +10,10 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
+
+from harness import wait_for
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BENCH = os.path.join(ROOT, "tools", "bench.py")
@@ -40,16 +41,6 @@ def processes_naming(root: str) -> list[str]:
     return out
 
 
-def wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def interrupt_bench(only: str, ready, sig: int) -> tuple[str, subprocess.CompletedProcess]:
     """Start ``bench.py --quick --only ONLY`` (its own /var/tmp workdir), wait until ``ready(workdir)``, send
     ``sig``; returns the workdir and the finished process."""
@@ -60,7 +51,7 @@ def interrupt_bench(only: str, ready, sig: int) -> tuple[str, subprocess.Complet
         assert first.startswith("workdir /var/tmp/logfs-bench-"), first + proc.stderr.read()
         workdir = first.split(None, 1)[1].strip()
         assert os.path.isdir(workdir)
-        wait_for(lambda: ready(workdir) or proc.poll() is not None, 180, f"the bench to reach the point ({only})")
+        wait_for(lambda: ready(workdir) or proc.poll() is not None, 180, what=f"the bench to reach the point ({only})")
         assert proc.poll() is None, proc.stderr.read()
         proc.send_signal(sig)
         out, err = proc.communicate(timeout=180)

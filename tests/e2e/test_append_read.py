@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from logfs_e2e import expect_errno, sh
+from harness import expect_errno, sh
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ import sys
 import textwrap
 import time
 
-from logfs_e2e import wait_for
+from harness import wait_for
 
 SYNCED_WRITER = textwrap.dedent("""
     import os, sys

@@ -12,7 +12,7 @@ from __future__ import annotations
 import errno
 import os
 
-from logfs_e2e import expect_errno, wait_for
+from harness import expect_errno, wait_for
 
 from logfs.storage.local.reader import PartitionReader
 

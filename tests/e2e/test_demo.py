@@ -14,11 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from logfs_e2e import daemon_env, daemon_pids, mounted_at
+from harness import daemon_env, daemon_pids, mounted_at
 
 DEMO = Path(__file__).resolve().parents[2] / "tools" / "demo.py"
-sys.path.append(str(DEMO.parent))
-from demo import spark_missing_reason  # noqa: E402
+from demo import spark_missing_reason  # (tools/ is on sys.path: tests/harness.py)
 
 
 def run_demo(*args: str, env: dict | None = None, timeout: float = 240) -> subprocess.CompletedProcess:

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from logfs_e2e import LogfsMount, daemon_env, expect_errno, mounted_at, sh, wait_for
+from harness import LogfsMount, daemon_env, expect_errno, mounted_at, sh, wait_for
 
 CLI_TIMEOUT = 30
 

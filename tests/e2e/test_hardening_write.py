@@ -11,7 +11,7 @@ import shlex
 
 import pytest
 
-from logfs_e2e import expect_errno, sh
+from harness import expect_errno, sh
 
 BIG = 2_000_000  # one line, two FUSE requests
 REQUEST = 1 << 20

@@ -8,7 +8,7 @@ import shlex
 import time
 
 from logfs.storage import LogManager
-from logfs_e2e import sh
+from harness import sh
 
 
 def read_records(data_dir, topic: str, partition: int = 0):

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from logfs_e2e import (
+from harness import (
     LOGFS_SCRIPT, VENV_BIN, LogfsMount, daemon_env, daemon_pids, mount_fstype, mounted_at, sh,
 )
 

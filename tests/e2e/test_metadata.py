@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from logfs_e2e import expect_errno, sh, wait_for
+from harness import expect_errno, sh, wait_for
 
 
 def test_fstat_of_a_removed_partition_still_open(mount_logfs):

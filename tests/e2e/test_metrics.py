@@ -13,7 +13,7 @@ import sys
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from logfs_e2e import LogfsMount, daemon_env, expect_errno, mounted_at, sh, wait_for
+from harness import LogfsMount, daemon_env, expect_errno, mounted_at, sh, wait_for
 
 
 def parse(path) -> dict[tuple[str, frozenset], float]:

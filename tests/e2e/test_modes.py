@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from logfs_e2e import sh
+from harness import sh
 
 
 def test_chmod_chown_persist_across_remount(fs):

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from logfs_e2e import sh, wait_for
+from harness import sh, wait_for
 
 CODECS = {"gzip": 1, "snappy": 2, "lz4": 3, "zstd": 4}
 SEGMENT = 256 << 10

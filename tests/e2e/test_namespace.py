@@ -8,7 +8,7 @@ import shlex
 
 import pytest
 
-from logfs_e2e import expect_errno, sh, wait_for
+from harness import expect_errno, sh, wait_for
 
 
 def test_mkdir_creates_topic_with_num_partitions(mount_logfs):

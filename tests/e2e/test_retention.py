@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import shlex
 
-from logfs_e2e import sh, wait_for
+from harness import sh, wait_for
 
 OPTS = ("log.segment.bytes=2048", "log.retention.check.interval.ms=50", "log.segment.delete.delay.ms=0")
 

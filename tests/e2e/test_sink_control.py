@@ -13,7 +13,7 @@ import threading
 import time
 
 from logfs.storage.format import records as rec
-from logfs_e2e import expect_errno, sh
+from harness import expect_errno, sh
 
 LONG = os.environ.get("LOGFS_LONG") == "1"
 

@@ -18,7 +18,7 @@ import pytest
 from kafka.record.default_records import DefaultRecordBatch
 from kafka.record.memory_records import MemoryRecords
 
-from logfs_e2e import expect_errno, sh
+from harness import expect_errno, sh
 
 WRITER = r"""
 import os, sys

@@ -13,7 +13,7 @@ import time
 import pytest
 import xattr
 
-from logfs_e2e import daemon_env, daemon_pids, expect_errno, mounted_at, sh, wait_for
+from harness import daemon_env, daemon_pids, expect_errno, mounted_at, sh, wait_for
 
 FIXED = ["log_start_offset", "log_end_offset", "recovery_point", "segment_count", "size_bytes",
          "local_log_start_offset", "remote_log_end_offset", "remote_segment_count", "remote_size_bytes"]

@@ -18,7 +18,6 @@ import pytest
 
 import rel_helpers
 from rel_helpers import fuse_unusable_reason
-from logfs_e2e import mount_factory
 
 
 def _long_selected(config) -> bool:
@@ -66,11 +65,10 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
 
 
 @pytest.fixture
-def mount_logfs(tmp_path, public_root):
-    """Factory: ``mount_logfs(*options, foreground=False, name="fs", root=None)`` -> a mounted LogfsMount; every
-    mount made through it is unmounted (its daemon reaped) in teardown. ``prepare(m)`` runs before mounting."""
-    with mount_factory(tmp_path) as make:
-        yield make
+def mount_logfs(public_root, mount_logfs):
+    """The harness's mount factory, with ``public_root`` made first, so that every mount in it is unmounted before
+    the directory is removed."""
+    return mount_logfs
 
 
 @pytest.fixture

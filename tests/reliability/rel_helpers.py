@@ -1,6 +1,6 @@
 """Shared helpers of the reliability suite (issue 8).
 
-The mount helpers come from ``tests/e2e/logfs_e2e.py`` (imported, not copied). This module adds: the SHORT/LONG
+The mount helpers come from ``tests/e2e/harness.py`` (imported, not copied). This module adds: the SHORT/LONG
 profile switch, a whole-store hash (to prove an operation changed nothing on disk), uniquely identifiable,
 self-checking lines, writer processes that record what the filesystem acknowledged, an independent parse of the
 on-disk ``.log`` files (kafka-python), and the run statistics that ``docs/reliability.md`` summarises.
@@ -19,9 +19,7 @@ import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "e2e"))
-
-from logfs_e2e import (  # noqa: E402,F401  (re-exported for the tests)
+from harness import (  # noqa: E402,F401  (re-exported for the tests)
     LogfsMount, daemon_env, daemon_pids, expect_errno, fuse_unusable_reason, mounted_at, sh, wait_for,
 )
 

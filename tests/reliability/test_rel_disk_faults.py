@@ -21,7 +21,10 @@ import pytest
 
 from rel_helpers import expect_errno, parse_partition_dir_records, wait_for
 
-pytestmark = pytest.mark.mount
+# Logged as ERRORs by design: a directory taken offline (storage/failure.py, the manager at shutdown), and a
+# write the disk refused (fuse/errors.py).
+pytestmark = [pytest.mark.mount, pytest.mark.daemon_errors(
+    "is offline", "was offline", "No space left on device", "Disk quota exceeded")]
 
 SMALL = ["log.segment.bytes=4096", "log.index.interval.bytes=256", "log.segment.delete.delay.ms=0",
          "log.retention.check.interval.ms=100", "log.flush.offset.checkpoint.interval.ms=100"]

@@ -61,7 +61,6 @@ import pytest
 
 from rel_helpers import LINE_CODE, LINE_RE, LogfsMount, WriterRun, fuse_unusable_reason, mounted_at
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "remote"))
 from remote_store import aws_env, seaweed  # noqa: E402,F401  (fixtures)
 
 LAZYFS = os.environ.get("LOGFS_LAZYFS", "")

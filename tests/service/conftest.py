@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
 from service_helpers import NotifySocket, ServiceDaemon
-from logfs_e2e import fuse_unusable_reason
+from harness import fuse_unusable_reason
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "remote"))
-from remote_store import seaweed  # noqa: E402,F401  (fixture: the tiering test's S3 store)
+from remote_store import seaweed  # noqa: F401  (fixture: the tiering test's S3 store)
 
 NEEDS_FUSE = {"service", "notify_socket"}
 

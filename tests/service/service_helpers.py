@@ -2,7 +2,7 @@
 the way ``logfs@.service``'s ExecStart starts it.
 
 The mount helpers (``mounted_at``, ``daemon_env``, ``wait_for``...) are the end-to-end suite's, from
-tests/e2e/logfs_e2e.py.
+tests/e2e/harness.py.
 """
 
 from __future__ import annotations
@@ -21,9 +21,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "e2e"))
-
-from logfs_e2e import _alive, daemon_env, mounted_at, wait_for  # noqa: E402
+from harness import _alive, daemon_env, mounted_at, wait_for  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent.parent
 SYSTEMD_DIR = REPO / "systemd"

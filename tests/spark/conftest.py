@@ -16,11 +16,8 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "e2e"))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "remote"))
-sys.path.append(str(Path(__file__).resolve().parent.parent.parent / "tools"))
 from remote_store import aws_env, creds, seaweed  # noqa: E402,F401  (fixtures)
-from logfs_e2e import fuse_unusable_reason, mount_factory  # noqa: E402
+
 from spark_standalone import ClusterDriver, SparkCluster, spark_class_unusable_reason  # noqa: E402
 
 
@@ -154,13 +151,3 @@ class SharedClusterDriver:
 
     stop = release
 
-
-@pytest.fixture
-def mount_logfs(tmp_path):
-    """Factory: ``mount_logfs("num.partitions=3", name="m")`` -> a mounted LogfsMount (unmounted in teardown).
-    Skips when FUSE is unusable."""
-    reason = fuse_unusable_reason()
-    if reason:
-        pytest.skip(reason)
-    with mount_factory(tmp_path) as make:
-        yield make

@@ -24,7 +24,7 @@ from logfs.spark.options import OptionError, SourceOptions, plan_batch  # noqa: 
 from logfs.spark.segments import PartitionReader, TopicPartition  # noqa: E402
 from logfs.storage.errors import DataLossError  # noqa: E402
 from logfs.storage.format.records import decode_raw  # noqa: E402
-from logfs_e2e import wait_for  # noqa: E402
+from harness import wait_for  # noqa: E402
 
 SEGMENT = 64 * 1024
 ROLL_MS = 2000  # segment.ms of the streaming test

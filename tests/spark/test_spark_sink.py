@@ -191,11 +191,7 @@ CASES = {
 def refusing_mount(tmp_path_factory):
     """One mount for every refusal (they append nothing): topics ``out`` (3 partitions, max.message.bytes=1000)
     and ``kv`` (compacted)."""
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "e2e"))
-    from logfs_e2e import fuse_unusable_reason, mount_factory
+    from harness import fuse_unusable_reason, mount_factory
 
     reason = fuse_unusable_reason()
     if reason:

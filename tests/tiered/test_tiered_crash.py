@@ -12,7 +12,7 @@ import uuid
 
 import pytest
 
-from logfs_e2e import sh, wait_for
+from harness import sh, wait_for
 from test_tiered_s3 import kafka_offsets, records
 
 CYCLES = 30 if os.environ.get("LOGFS_LONG") else 5

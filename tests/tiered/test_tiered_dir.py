@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 
-from logfs_e2e import sh, wait_for
+from harness import sh, wait_for
 from test_tiered_s3 import records
 
 

@@ -3,7 +3,6 @@ repeated in a worker thread, and other requests are answered meanwhile."""
 
 from __future__ import annotations
 
-import sys
 import threading
 import time
 from pathlib import Path
@@ -16,8 +15,7 @@ from logfs.storage import BrokerConfig, LogManager
 from logfs.storage.threads import mark_request_thread
 from logfs.storage.tiered.manager import RemoteLogManager
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "ops"))
-from ops_helpers import OpsFS, run_blocking  # noqa: E402
+from ops_helpers import OpsFS, run_blocking
 
 
 class SlowStore(DirectoryStore):

@@ -370,7 +370,7 @@ def _tiered_mount(mount_logfs, seaweed, prefix):
     with an empty block cache. Returns (mount, the text appended, the tiered segments' manifest entries)."""
     import json
 
-    from logfs_e2e import sh, wait_for
+    from harness import sh, wait_for
 
     options = _mount_opts(seaweed, prefix)
     fs = mount_logfs(*options)
@@ -414,7 +414,7 @@ def test_through_the_mount_8k_reads_have_the_next_segment_fetched_ahead(mount_lo
     """A reader of 8 KiB requests that stops at the end of the first tiered segment already has the second
     segment's first blocks in the cache (fetched ahead while it read the first), though it never read there; the
     rest then reads back exact."""
-    from logfs_e2e import wait_for
+    from harness import wait_for
 
     fs, data, segments = _tiered_mount(mount_logfs, creds, "xseg-" + uuid.uuid4().hex[:8])
     first, second = segments[0], segments[1]

@@ -10,7 +10,7 @@ import subprocess
 import time
 import uuid
 
-from logfs_e2e import daemon_env, expect_errno, sh, wait_for
+from harness import daemon_env, expect_errno, sh, wait_for
 
 SEGMENT = 1 << 20
 

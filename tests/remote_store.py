@@ -2,19 +2,16 @@
 fixtures over it.
 
 The fixtures (``seaweed``, ``seaweed_outage``, ``aws_env``, ``creds``, ``stall_proxy``) are shared the way
-``tests/e2e`` is: a conftest puts ``tests/remote`` on ``sys.path`` and imports them by name
-(``from remote_store import seaweed, aws_env``); pytest then offers them to that directory's tests.
+the harness is: a conftest imports them by name (``from remote_store import seaweed, aws_env``; tests/ is on
+``sys.path`` as the root conftest's directory); pytest then offers them to that directory's tests.
 """
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.append(str(Path(__file__).resolve().parent.parent.parent / "tools"))
-from seaweed import SeaweedS3, StallProxy, free_ports, weed_binary  # noqa: E402,F401
+import harness  # noqa: F401  (puts tools/ on sys.path)
+from seaweed import SeaweedS3, StallProxy, free_ports, weed_binary  # noqa: F401
 
 # ---- pytest fixtures (imported by name into a conftest to use them) ------------------------------------------
 

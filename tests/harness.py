@@ -1,8 +1,14 @@
-"""Helpers for the mounted end-to-end suite (imported by conftest.py and the tests).
+"""The test harness: the one mount of a real logfs for every suite, and the pytest plugin around it (loaded by
+tests/conftest.py; every suite imports its helpers by name: ``from harness import ...``).
 
-Every test mounts a real logfs in its own tmp directory the way a user would (``python -m logfs.cli DATA MNT
-[-o ...]``), drives it with real syscalls and shell tools, and always unmounts in teardown
-(``fusermount3 -u``, falling back to ``fusermount3 -uz``, then waiting for the daemon to exit).
+A mounted test mounts a real logfs in its own tmp directory the way a user would (``python -m logfs.cli DATA MNT
+[-o ...]``) through the ``mount_logfs`` fixture (or ``fs``, one default mount), drives it with real syscalls and
+shell tools, and always unmounts in teardown (``fusermount3 -u``, falling back to ``fusermount3 -uz``, then
+waiting for the daemon to exit). The plugin marks every test that mounts (``mount``; skipped where FUSE is
+unusable), and fails a test whose daemon logged an ERROR, a CRITICAL or a traceback that the test did not declare
+with ``@pytest.mark.daemon_errors(pattern, ...)`` (regular expressions; as S3QL fails a run on unexpected warnings).
+The daemon's log is read from its stderr, kept for foreground mounts (``foreground=True``); a daemon-mode mount
+sends its stderr to /dev/null as the command does for users, so it is not checked.
 """
 
 from __future__ import annotations
@@ -10,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -20,6 +27,12 @@ from pathlib import Path
 import pytest
 
 import logfs
+
+# tools/ holds scripts, not a package: the suites that drive them (SeaweedFS, the Spark cluster, the demo) import
+# their modules by name, from this one entry on sys.path.
+TOOLS = str(Path(__file__).resolve().parent.parent / "tools")
+if TOOLS not in sys.path:
+    sys.path.append(TOOLS)
 
 VENV_BIN = os.path.dirname(sys.executable)
 # The daemon must run the same logfs the tests import (a shared venv's editable install may point elsewhere).
@@ -257,11 +270,23 @@ class LogfsMount:
             os.close(fd)
 
 
+# What in a daemon's log fails a test that did not expect it: the level of logsetup's line format, or a traceback.
+UNEXPECTED = re.compile(r" (ERROR|CRITICAL) |^Traceback \(most recent call last\)")
+
+
+def unexpected_daemon_errors(log: str, expected=()) -> list[str]:
+    """The lines of a daemon's ``log`` that are an ERROR, a CRITICAL or a traceback matching none of the
+    ``expected`` regular expressions."""
+    return [line for line in log.splitlines()
+            if UNEXPECTED.search(line) and not any(re.search(p, line) for p in expected)]
+
+
 @contextlib.contextmanager
-def mount_factory(base: Path):
-    """The ``mount_logfs`` fixtures' factory: ``make(*options, foreground=False, name="fs", root=None,
+def mount_factory(base: Path, expected_errors=()):
+    """The ``mount_logfs`` fixture's factory: ``make(*options, foreground=False, name="fs", root=None,
     prepare=None)`` -> a mounted LogfsMount under ``root or base``; ``prepare(m)`` runs before mounting. On exit
-    every mount made is unmounted and its daemon reaped (all of them, then the first error is raised)."""
+    every mount made is unmounted and its daemon reaped (all of them, then the first error is raised); then a
+    daemon that logged an ERROR, CRITICAL or traceback matching none of ``expected_errors`` fails the test."""
     made: list[LogfsMount] = []
 
     def make(*options: str, foreground: bool = False, name: str = "fs", root: Path | None = None,
@@ -284,6 +309,13 @@ def mount_factory(base: Path):
                 errors.append(exc)
         if errors:
             raise errors[0]
+        logged = [(m, unexpected_daemon_errors(m.stderr(), expected_errors)) for m in made]
+        logged = [(m, lines) for m, lines in logged if lines]
+        if logged:
+            pytest.fail("the daemon logged what this test did not expect (declare it with "
+                        "@pytest.mark.daemon_errors(pattern) if it should):\n"
+                        + "\n".join(f"{m.data}: {line}" for m, lines in logged for line in lines[:20]),
+                        pytrace=False)
 
 
 def expect_errno(code: int, fn, *args, **kwargs):
@@ -304,3 +336,40 @@ def sh(script: str, *, check: bool = True, env: dict | None = None, timeout: flo
         assert result.returncode == 0, (
             f"{script!r} exited {result.returncode}: {result.stderr.decode(errors='replace')}")
     return result
+
+
+# -- the pytest plugin --------------------------------------------------------------------------------------------
+MOUNT_FIXTURES = {"mount_logfs", "faultfs"}
+E2E = Path(__file__).resolve().parent / "e2e"
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "daemon_errors(*patterns): ERROR/CRITICAL lines or tracebacks the daemon may "
+                                       "log in this test (regular expressions); any other fails it")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Every test that mounts (the mounted suite, or a test using the mount fixtures) is marked ``mount``, and
+    skipped where FUSE is unusable."""
+    reason = fuse_unusable_reason()
+    for item in items:
+        if MOUNT_FIXTURES & set(getattr(item, "fixturenames", ())) or E2E in Path(item.path).parents:
+            item.add_marker(pytest.mark.mount)
+            if reason:
+                item.add_marker(pytest.mark.skip(reason=reason))
+
+
+@pytest.fixture
+def mount_logfs(tmp_path, request):
+    """Factory: ``mount_logfs("num.partitions=3", foreground=False, name="m", root=None, prepare=None)`` -> a
+    mounted LogfsMount. Every mount made through it is unmounted (and its daemon reaped) in teardown, and its log
+    checked (``daemon_errors``)."""
+    expected = [p for marker in request.node.iter_markers("daemon_errors") for p in marker.args]
+    with mount_factory(tmp_path, expected) as make:
+        yield make
+
+
+@pytest.fixture
+def fs(mount_logfs) -> LogfsMount:
+    """A default mount (num.partitions=1) with no topics yet."""
+    return mount_logfs()
