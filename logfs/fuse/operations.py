@@ -38,6 +38,9 @@ ROOT = pyfuse3.ROOT_INODE
 FILE_ATTR_TIMEOUT = 0.0
 DIR_ATTR_TIMEOUT = 1.0
 ENTRY_TIMEOUT = 1.0
+# A partition's name is looked up again on every path operation: when retention moves its start while handles are
+# open, the name gets a new inode (below), and a cached entry would send a new open() to the old one.
+FILE_ENTRY_TIMEOUT = 0.0
 # st_blksize, the "preferred I/O size": cat, cp and Java size their buffers from it, and a 1 MiB read is one FUSE
 # request (max_pages 256) instead of eight, which amortises the per-request cost (docs/benchmarks.md).
 BLOCK_SIZE = 1 << 20
@@ -77,6 +80,13 @@ class Operations(pyfuse3.Operations, ControlEntries):
         self._topic_ino: dict[str, int] = {}
         self._partition_ino: dict[tuple[str, int], int] = {}
         self._inode_of: dict[int, tuple[str, int | None]] = {}
+        # Inode generations: a partition's name keeps its inode until its log start moves (retention, DeleteRecords)
+        # while handles are open on it; then those handles keep the old inode, whose size is their own view's
+        # (it never shrinks: ``tail -f`` never sees a truncation), and the name gets a new inode, the file as new
+        # opens see it. As logrotate does, with the old file's name gone (``_removed_attrs``).
+        self._gen_start: dict[tuple[str, int], int] = {}  # the log start when the name's inode was last checked
+        self._open_on: dict[int, int] = {}  # inode -> partition handles open on it
+        self._old_inode: dict[int, tuple[str, int]] = {}  # earlier inodes of a name, while handles are open on them
         self._handles: dict[int, PartitionHandle] = {}
         self._fetching: dict[int, trio.Lock] = {}  # handles reading tiered data in a worker thread
         self._root_listing: list[tuple[int, str]] | None = None  # the root's entries, as the listing began
@@ -110,16 +120,45 @@ class Operations(pyfuse3.Operations, ControlEntries):
     def _partition_inode(self, topic: str, partition: int) -> int:
         key = (topic, partition)
         ino = self._partition_ino.get(key)
+        if ino is not None and self._moved_under_handles(ino, key):
+            ino = None
         if ino is None:
             ino = self._partition_ino[key] = next(self._next_inode)
             self._inode_of[ino] = key
+            plog = self.manager.logs.get(key)
+            self._gen_start[key] = plog.log_start_offset if plog is not None else 0
         return ino
+
+    def _moved_under_handles(self, ino: int, key: tuple[str, int]) -> bool:
+        """Whether the log start of the partition moved since its inode ``ino`` was given out while handles are
+        open on it: then the inode is retired to those handles (True), and the name needs a new one."""
+        plog = self.manager.logs.get(key)
+        if plog is None:
+            return False
+        start = plog.log_start_offset
+        if start == self._gen_start.get(key, start):
+            return False
+        if not self._open_on.get(ino):
+            self._gen_start[key] = start  # nobody holds the old view: the same inode serves the new one
+            return False
+        del self._partition_ino[key]
+        del self._inode_of[ino]
+        self._old_inode[ino] = key
+        return True
+
+    def _retire_if_moved(self, inode: int) -> None:
+        key = self._inode_of.get(inode)
+        if key is not None and key[1] is not None and self._partition_ino.get(key) == inode:
+            self._moved_under_handles(inode, key)
 
     def _resolve(self, inode: int) -> tuple[str, int | None]:
         try:
             topic, partition = self._inode_of[inode]
         except KeyError:
-            fail(errno.ENOENT)
+            old = self._old_inode.get(inode)  # (an earlier inode of a partition, through a handle open on it)
+            if old is None:
+                fail(errno.ENOENT)
+            topic, partition = old
         if topic not in self.manager.topics:
             fail(errno.ENOENT)
         if partition is not None and (topic, partition) not in self.manager.logs:
@@ -140,6 +179,7 @@ class Operations(pyfuse3.Operations, ControlEntries):
     def _forget_partition(self, topic: str, partition: int) -> None:
         ino = self._partition_ino.pop((topic, partition), None)
         self._inode_of.pop(ino, None)
+        self._gen_start.pop((topic, partition), None)
 
     # -- attributes ------------------------------------------------------------------------------------
     def _newest_append(self, topic: str) -> int | None:
@@ -174,6 +214,7 @@ class Operations(pyfuse3.Operations, ControlEntries):
                 entry.st_mode = stat.S_IFREG | (0o444 if self.read_only else 0o644)
                 entry.st_nlink = 1
                 entry.attr_timeout = FILE_ATTR_TIMEOUT
+                entry.entry_timeout = FILE_ENTRY_TIMEOUT
                 entry.st_size = live_view(plog).length()
                 mtime_ns = plog.last_append_ms * 1_000_000
         custom = self.manager.get_attrs(self._attr_name(inode))
@@ -189,9 +230,13 @@ class Operations(pyfuse3.Operations, ControlEntries):
         unlinked open file: ``exec 7< t/1; rm t/1; cat <&7`` fstats before it reads). None for other inodes."""
         if inode == ROOT or inode in self._inode_of:
             return None  # a live entry: only unlink forgets a partition's inode while handles may stay open
-        handle = next((h for h in self._handles.values() if h.inode == inode), None)
-        if handle is None:
+        handles = [h for h in self._handles.values() if h.inode == inode]
+        if not handles:
             return None
+        handle = handles[0]
+        for h in handles:  # (fstat of a ``tail -f`` or shipper: a moment to free what retention removed behind it)
+            if h.log.layout_version != h._layout_seen:
+                h.release_passed()
         entry = pyfuse3.EntryAttributes()
         entry.st_ino, entry.generation, entry.entry_timeout, entry.attr_timeout = inode, 0, 0, FILE_ATTR_TIMEOUT
         entry.st_mode = stat.S_IFREG | (0o444 if self.read_only else 0o644)
@@ -215,6 +260,8 @@ class Operations(pyfuse3.Operations, ControlEntries):
     async def getattr(self, inode, ctx=None):
         if self._is_control(inode):
             return self._control_attrs(inode)
+        if inode in self._open_on:
+            self._retire_if_moved(inode)  # (an fstat of a handle whose file shrank from the front since)
         return self._removed_attrs(inode) or await self._partition_attrs(inode)
 
     @translate
@@ -419,7 +466,16 @@ class Operations(pyfuse3.Operations, ControlEntries):
         handle = PartitionHandle(self.manager.logs[(topic, partition)], inode, flags, pid, uid)
         fh = next(self._next_fh)
         self._handles[fh] = handle
+        self._open_on[inode] = self._open_on.get(inode, 0) + 1
         return pyfuse3.FileInfo(fh=fh, direct_io=True, keep_cache=False, nonseekable=False)
+
+    def _handle_closed(self, handle: PartitionHandle) -> None:
+        left = self._open_on.get(handle.inode, 0) - 1
+        if left > 0:
+            self._open_on[handle.inode] = left
+        else:
+            self._open_on.pop(handle.inode, None)
+            self._old_inode.pop(handle.inode, None)
 
     def _handle(self, fh: int) -> PartitionHandle:
         try:
@@ -501,6 +557,7 @@ class Operations(pyfuse3.Operations, ControlEntries):
         handle = self._handles.pop(fh, None)
         if handle is None:
             return
+        self._handle_closed(handle)
         try:
             if handle.pending and not handle.log.closed:
                 self._commit_pending(handle)

@@ -21,6 +21,7 @@ import os
 import struct
 from itertools import accumulate, repeat
 import threading
+import weakref
 from typing import Callable, Iterator, Sequence
 
 from . import lines, tail_batch
@@ -83,6 +84,8 @@ class Log:
         # Tiered segments (read-only, logfs.storage.tiered publishes them): the view shows those below the first
         # local segment, then the local ones; the log start offset is then the whole log's.
         self.remote_segments: list = []
+        # The snapshots of open file handles: each pins the segments the log rolls, until its reader reaches them
+        self.followers: weakref.WeakSet = weakref.WeakSet()
         self.counters = PartitionCounters(self.log_end_offset)  # traffic, for the metrics
 
     @property
@@ -317,6 +320,8 @@ class Log:
                 raise self.log_dir.io_error(exc, f"sealing segment {old.base_offset} of {self.name}",
                                             space_ok=False) from exc
             self.segments.add(segment)
+            for snapshot in list(self.followers):
+                snapshot.on_roll(segment)
             self._layout_changed()
             if self.on_roll is not None:
                 self.on_roll(old)
@@ -396,13 +401,15 @@ class Log:
         return [s for s in self.remote_segments if s.next_offset <= first] + local
 
     # -- reading -----------------------------------------------------------------------------------
-    def snapshot(self, *, sealed_only: bool = False, tiers: bool = False) -> LogSnapshot:
+    def snapshot(self, *, sealed_only: bool = False, tiers: bool = False, follow: bool = False) -> LogSnapshot:
         """The segments now (only the sealed ones with ``sealed_only``; tiered ones too with ``tiers``), pinned
         until the snapshot is released: they stay readable whatever retention, compaction or truncation does
-        meanwhile."""
+        meanwhile. With ``follow`` (a file handle's view), every segment rolled from now on is pinned too, at the
+        roll, until the snapshot takes it (:meth:`LogSnapshot.extend`) or is released."""
         with self.lock:
             segments = self.view_segments() if tiers else self.segments.as_list()
-            return pin(self, segments[:-1] if sealed_only else segments)
+            snapshot = pin(self, segments[:-1] if sealed_only else segments)
+            return snapshot.follow() if follow else snapshot
 
     def read(self, offset: int, max_bytes: int = 1 << 20, max_records: int | None = None) -> list[rec.Record]:
         """Records from ``offset`` (or the first retained one after it, at a compacted gap), up to about
