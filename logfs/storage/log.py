@@ -86,6 +86,9 @@ class Log:
         self.remote_segments: list = []
         # The snapshots of open file handles: each pins the segments the log rolls, until its reader reaches them
         self.followers: weakref.WeakSet = weakref.WeakSet()
+        # A follower mount's log (service/follower.py): every record is tiered, and the one local segment is empty,
+        # at the tiered log's end (so the log end offset is the writer's remote_log_end_offset): set_remote moves it.
+        self.follower = False
         self.counters = PartitionCounters(self.log_end_offset)  # traffic, for the metrics
 
     @property
@@ -383,13 +386,26 @@ class Log:
 
     # -- tiers -------------------------------------------------------------------------------------
     def set_remote(self, segments: list, log_start_offset: int) -> None:
-        """Publish the tiered segments (ascending) and the whole log's start offset."""
+        """Publish the tiered segments (ascending) and the whole log's start offset. On a follower's log, also move
+        its empty local segment to the tiered log's end, and hand the new segments to open handles, in one step."""
         with self.lock:
             for segment in segments:
                 segment.owner = self.lock
             self.remote_segments = list(segments)
             self.log_start_offset = log_start_offset
+            if self.follower:
+                self._follow_to(segments[-1].next_offset if segments else log_start_offset)
             self._layout_changed()
+
+    def _follow_to(self, end: int) -> None:
+        active = self.segments.active
+        if active.size or len(self.segments) != 1 or end <= active.base_offset:
+            return
+        segment = self._new_segment(end)
+        self.segments.add(segment)
+        self._retire(active, delay_ms=0)
+        for snapshot in list(self.followers):
+            snapshot.catch_up(self.view_segments())
 
     def view_segments(self) -> list:
         """What the whole log reads from: tiered segments below the first local one, then the local ones (a

@@ -111,6 +111,17 @@ class LogSnapshot:
         segment.refs += 1
         self.rolled.append(segment)
 
+    def catch_up(self, segments: list) -> None:
+        """Pin, for :meth:`extend`, the segments of ``segments`` (the log's view now) that start at or after the end
+        of this snapshot's last one: a follower mount's log grows by tiered segments, not by rolls. Under the log
+        lock."""
+        known = self.rolled or self.segments
+        end = known[-1].next_offset if known else -1
+        for segment in segments:
+            if segment.base_offset >= end and not any(segment is k for k in known[-2:]):
+                segment.refs += 1
+                self.rolled.append(segment)
+
     def extend(self) -> list[LogSegment]:
         """Pin the log's segments that start after this snapshot's last one (rolled since); returns them."""
         log = self.log
