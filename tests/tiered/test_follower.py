@@ -15,11 +15,10 @@ import subprocess
 import sys
 import time
 import uuid
-from pathlib import Path
 
 import pytest
 
-from logfs_e2e import LogfsMount, _alive, expect_errno, sh, wait_for
+from logfs_e2e import FollowerMount, expect_errno, sh, wait_for
 
 SEGMENT = 64 * 1024
 FOLLOW_MS = 200
@@ -30,36 +29,6 @@ def writer_opts(seaweed, prefix):
             f"logfs.remote.s3.endpoint={seaweed.endpoint}", f"logfs.remote.s3.prefix={prefix}",
             f"log.segment.bytes={SEGMENT}", "remote.log.manager.task.interval.ms=100",
             "log.segment.delete.delay.ms=0", "log.retention.check.interval.ms=100")
-
-
-class FollowerMount(LogfsMount):
-    """A follower mount: the source is ``s3://BUCKET/PREFIX``, the cache a directory of its own."""
-
-    def __init__(self, root: Path, source: str):
-        super().__init__(root)
-        self.source = source
-        self.cache = root / "cache"
-
-    def command(self, *options: str, foreground: bool = False) -> list[str]:
-        cmd = [sys.executable, "-m", "logfs.cli", self.source, str(self.mnt)]
-        if foreground:
-            cmd.append("-f")
-        return cmd + ["-o", ",".join((f"logfs.remote.cache.dir={self.cache}",) + options)]
-
-    def pids(self) -> list[int]:
-        target = os.fsencode(self.source)
-        out = []
-        for name in os.listdir("/proc"):
-            if not name.isdigit():
-                continue
-            try:
-                with open(f"/proc/{name}/cmdline", "rb") as f:
-                    args = f.read().split(b"\0")
-            except OSError:
-                continue
-            if target in args and str(self.mnt).encode() in args and _alive(int(name)):
-                out.append(int(name))
-        return out
 
 
 @pytest.fixture
