@@ -18,7 +18,7 @@ import uuid
 
 import pytest
 
-from logfs_e2e import FollowerMount, expect_errno, sh, wait_for
+from logfs_e2e import LOGFS_SCRIPT, FollowerMount, daemon_env, expect_errno, sh, wait_for
 
 SEGMENT = 64 * 1024
 FOLLOW_MS = 200
@@ -184,3 +184,32 @@ def test_an_idle_follower_costs_one_request_an_interval_and_rides_out_an_outage(
     wait_for(lambda: f.getx("a/0", "log_end_offset") == w.getx("a/0", "remote_log_end_offset")
              and int(f.getx("a/0", "log_end_offset")) > 2000, 60, interval=0.2, what="following after the outage")
     assert f.read("a/0") == tiered_text(w, "a/0")
+
+
+@pytest.mark.skipif(not (os.path.exists("/sbin/mount.fuse3") or os.path.exists("/usr/sbin/mount.fuse3"))
+                    or os.geteuid() != 0 or not os.path.exists(LOGFS_SCRIPT),
+                    reason="needs root, mount.fuse3 and the logfs console script")
+def test_a_follower_through_mount_fuse3(mount_logfs, creds, tmp_path):
+    """What `mount -t fuse.logfs s3://BUCKET/PREFIX MNT -o ...` and an fstab line run: mount.fuse3 with the source
+    as given."""
+    prefix = "fol-" + uuid.uuid4().hex[:8]
+    w = mount_logfs(*writer_opts(creds, prefix))
+    tier(w, "t")
+    w.append("t/0", lines("m", 0, 3000))
+    wait_for(lambda: int(w.getx("t/0", "remote_segment_count")) >= 1, 60, interval=0.2, what="tiering")
+    f = FollowerMount(tmp_path / "viahelper", f"s3://{creds.bucket}/{prefix}")
+    env = daemon_env(PATH=os.path.dirname(LOGFS_SCRIPT) + os.pathsep + os.environ.get("PATH", "/usr/bin:/bin"))
+    try:
+        r = subprocess.run(["mount.fuse3", f.source, str(f.mnt), "-t", "logfs", "-o",
+                            f"defaults,_netdev,logfs.remote.s3.endpoint={creds.endpoint},"
+                            f"logfs.remote.cache.dir={f.cache},logfs.follow.interval.ms={FOLLOW_MS}"],
+                           capture_output=True, timeout=60, env=env)
+        assert r.returncode == 0, r.stderr.decode()
+        wait_for(lambda: f.getx("t/0", "log_end_offset") == w.getx("t/0", "remote_log_end_offset"), 10,
+                 what="the follower")
+        assert f.read("t/0") == tiered_text(w, "t/0")
+        with open("/proc/self/mountinfo") as info:
+            mine = [line for line in info if f" {f.mnt} " in line]
+        assert mine and "fuse.logfs" in mine[0] and f.source in mine[0] and " ro" in mine[0]
+    finally:
+        f.cleanup()
