@@ -16,6 +16,7 @@ import sys
 
 from . import __version__
 from .service.logsetup import journal_stderr, setup_logging, user_error
+from .service.follower import default_cache_dir, parse_source
 from .service.startup import run
 from .storage import BrokerConfig, InvalidConfigError
 from .storage.config import broker_keys
@@ -91,8 +92,13 @@ def split_options(option_strings: list[str]) -> tuple[list[str], dict[str, str],
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _ArgumentParser(prog="logfs", description="Mount a Kafka-format log store as a filesystem.")
-    p.add_argument("data_dir", help="Kafka log directory (created if missing)")
+    p = _ArgumentParser(prog="logfs", description="Mount a Kafka-format log store as a filesystem.",
+                        epilog="A follower mount: logfs s3://BUCKET[/PREFIX] MOUNTPOINT -o logfs.remote.s3.endpoint=URL "
+                               "mounts, read-only, the tiered log a writing logfs keeps under that bucket prefix "
+                               "(options logfs.remote.cache.dir, logfs.remote.cache.bytes, logfs.follow.interval.ms; "
+                               "credentials from the AWS chain).")
+    p.add_argument("data_dir", help="Kafka log directory (created if missing), or s3://BUCKET[/PREFIX] for a "
+                                    "read-only follower mount of a writer's tiered log")
     p.add_argument("mountpoint")
     p.add_argument("-f", "--foreground", action="store_true", help="stay in the foreground")
     p.add_argument("-o", dest="options", action="append", default=[], metavar="OPTS",
@@ -123,10 +129,22 @@ def main(argv: list[str] | None = None) -> int:
             if unknown:
                 raise UsageError(f"{args.config}: unknown setting {sorted(unknown)[0]!r}")
             props = {**file_props, **props}
+        follow = parse_source(args.data_dir)
+        if follow is not None:  # a follower mount: the bucket is the store, a cache directory the data directory
+            bucket, prefix = follow
+            props = {**props, "remote.log.storage.system.enable": "true", "logfs.remote.s3.bucket": bucket,
+                     "logfs.remote.s3.prefix": prefix}
         broker = BrokerConfig.from_properties(props)
-    except (UsageError, InvalidConfigError) as exc:
+    except (UsageError, InvalidConfigError, ValueError) as exc:
         user_error(str(exc))
         return 2
+    source = args.data_dir
+    if follow is not None:
+        args.data_dir = broker.get("logfs.remote.cache.dir") or default_cache_dir(
+            broker.get("logfs.remote.s3.endpoint"), follow[0], follow[1])
+        read_only = True
+        if "ro" not in fuse_opts:
+            fuse_opts.append("ro")
     mountpoint = os.path.abspath(args.mountpoint)
     try:
         if not stat.S_ISDIR(os.stat(mountpoint).st_mode):
@@ -154,15 +172,16 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging(debug, daemon=not args.foreground)
     log.debug("broker settings %s; FUSE options %s", props, fuse_opts)
     if not any(o.startswith("fsname=") for o in fuse_opts):
-        fuse_opts.append(f"fsname={os.path.abspath(args.data_dir)}")
+        fuse_opts.append(f"fsname={source if follow is not None else os.path.abspath(args.data_dir)}")
     if not any(o.startswith("subtype=") for o in fuse_opts):
         fuse_opts.append("subtype=logfs")
+    prefix = follow[1] if follow is not None else None
     if args.foreground:
-        return run(args.data_dir, mountpoint, broker, fuse_opts, read_only, ready=None)
-    return daemonize(args.data_dir, mountpoint, broker, fuse_opts, read_only)
+        return run(args.data_dir, mountpoint, broker, fuse_opts, read_only, ready=None, follow=prefix)
+    return daemonize(args.data_dir, mountpoint, broker, fuse_opts, read_only, prefix)
 
 
-def daemonize(data_dir, mountpoint, broker, fuse_opts, read_only) -> int:
+def daemonize(data_dir, mountpoint, broker, fuse_opts, read_only, follow=None) -> int:
     """Fork; the child mounts and serves, the parent waits until the mount answers (or failed)."""
     read_fd, write_fd = os.pipe()
     pid = os.fork()
@@ -196,7 +215,7 @@ def daemonize(data_dir, mountpoint, broker, fuse_opts, read_only) -> int:
                 os.dup2(devnull, 1)
                 os.dup2(devnull, 2)
 
-    code = run(data_dir, mountpoint, broker, fuse_opts, read_only, ready=ready)
+    code = run(data_dir, mountpoint, broker, fuse_opts, read_only, ready=ready, follow=follow)
     os._exit(code)
 
 

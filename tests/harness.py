@@ -318,6 +318,36 @@ def mount_factory(base: Path, expected_errors=()):
                         pytrace=False)
 
 
+class FollowerMount(LogfsMount):
+    """A follower mount: the source is ``s3://BUCKET/PREFIX``, the cache a directory of its own."""
+
+    def __init__(self, root: Path, source: str):
+        super().__init__(root)
+        self.source = source
+        self.cache = root / "cache"
+
+    def command(self, *options: str, foreground: bool = False) -> list[str]:
+        cmd = [sys.executable, "-m", "logfs.cli", self.source, str(self.mnt)]
+        if foreground:
+            cmd.append("-f")
+        return cmd + ["-o", ",".join((f"logfs.remote.cache.dir={self.cache}",) + options)]
+
+    def pids(self) -> list[int]:
+        target = os.fsencode(self.source)
+        out = []
+        for name in os.listdir("/proc"):
+            if not name.isdigit():
+                continue
+            try:
+                with open(f"/proc/{name}/cmdline", "rb") as f:
+                    args = f.read().split(b"\0")
+            except OSError:
+                continue
+            if target in args and str(self.mnt).encode() in args and _alive(int(name)):
+                out.append(int(name))
+        return out
+
+
 def expect_errno(code: int, fn, *args, **kwargs):
     """Call ``fn`` and assert it fails with OSError ``code``."""
     with pytest.raises(OSError) as info:

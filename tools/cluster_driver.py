@@ -71,6 +71,16 @@ def read(spark, path: str, options: dict, columns: list | None = None) -> dict:
     return {"partitions": df.rdd.mapPartitionsWithIndex(tagged).collect()}
 
 
+def read_text(spark, path: str) -> dict:
+    """``spark.read.text(path)`` (a mount's files, read as plain files by the executors): every Spark partition's
+    lines, with the executor that read them."""
+
+    def tagged(index, rows):
+        yield {"index": index, "executor": executor_identity(), "lines": [r.value for r in rows]}
+
+    return {"partitions": spark.read.text(path).rdd.mapPartitionsWithIndex(tagged).collect()}
+
+
 def _stream_writer(spark, path: str, options: dict, checkpoint: str, output: str):
     reader = spark.readStream.format("logfs")
     for key, value in options.items():
@@ -206,7 +216,7 @@ def sink_stream(spark, data_dir: str, mount: str, source: str, options: dict, ch
     return {"batches": len([p for p in query.recentProgress if p["numInputRows"] > 0])}
 
 
-JOBS = {"read": read, "timed": timed, "stream": stream, "stream_start": stream_start, "stream_progress": stream_progress,
+JOBS = {"read": read, "read_text": read_text, "timed": timed, "stream": stream, "stream_start": stream_start, "stream_progress": stream_progress,
         "stream_stop": stream_stop, "sink_write": sink_write, "sink_stream": sink_stream}
 
 

@@ -40,7 +40,7 @@ log = logging.getLogger(__name__)
 
 class PartitionHandle:
     __slots__ = ("log", "counters", "view", "append_mode", "writable", "pending", "skipping", "dropped", "inode",
-                 "pid", "uid", "_headers", "_headers_at")
+                 "pid", "uid", "_headers", "_headers_at", "_layout_seen")
 
     def __init__(self, log: Log, inode: int, flags: int, pid: int = 0, uid: int = 0):
         self.log = log
@@ -50,6 +50,7 @@ class PartitionHandle:
         self.counters = log.counters  # the partition's traffic counters (Operations adds to them)
         self.inode = inode
         self.view: SegmentView = open_view(log)
+        self._layout_seen = log.layout_version  # the layout release_passed() last looked at
         self.append_mode = bool(flags & os.O_APPEND)
         self.writable = (flags & os.O_ACCMODE) in (os.O_WRONLY, os.O_RDWR)
         self.pending = b""
@@ -68,7 +69,16 @@ class PartitionHandle:
         view = self.view
         if offset >= view.length():
             self.length()
-        return view.read(offset, size), view.lines
+        data = view.read(offset, size)
+        if self.log.layout_version != self._layout_seen:
+            self.release_passed()
+        return data, view.lines
+
+    def release_passed(self) -> None:
+        """Let go of the segments retention or compaction removed that this handle has read past (their disk is
+        freed now, not when the handle closes): checked once per change of the log's layout."""
+        self._layout_seen = self.log.layout_version
+        self.view.release_passed()
 
     def write(self, offset: int, data: bytes) -> int:
         if not self.append_mode and offset != self.length() + len(self.pending) + self.dropped:

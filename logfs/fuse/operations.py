@@ -38,6 +38,9 @@ log = logging.getLogger(__name__)
 FILE_ATTR_TIMEOUT = 0.0
 DIR_ATTR_TIMEOUT = 1.0
 ENTRY_TIMEOUT = 1.0
+# A partition's name is looked up again on every path operation: when retention moves its start while handles are
+# open, the name gets a new inode (below), and a cached entry would send a new open() to the old one.
+FILE_ENTRY_TIMEOUT = 0.0
 # st_blksize, the "preferred I/O size": cat, cp and Java size their buffers from it, and a 1 MiB read is one FUSE
 # request (max_pages 256) instead of eight, which amortises the per-request cost (docs/benchmarks.md).
 BLOCK_SIZE = 1 << 20
@@ -73,7 +76,7 @@ class Operations(pyfuse3.Operations, ControlEntries):
         self.manager = manager
         self.read_only = read_only
         self.run_blocking = run_blocking or (lambda fn, *a: trio.to_thread.run_sync(fn, *a))
-        self.inodes = InodeTable()
+        self.inodes = InodeTable(self._log_start)  # (inode generations: logfs.fuse.inodes)
         self._handles: dict[int, PartitionHandle] = {}
         self._fetching: dict[int, trio.Lock] = {}  # handles reading tiered data in a worker thread
         self._root_listing: list[tuple[int, str]] | None = None  # the root's entries, as the listing began
@@ -97,9 +100,13 @@ class Operations(pyfuse3.Operations, ControlEntries):
         return len(self._handles)
 
     # -- inode bookkeeping ---------------------------------------------------------------------------
+    def _log_start(self, key: tuple[str, int]) -> int | None:
+        plog = self.manager.logs.get(key)
+        return plog.log_start_offset if plog is not None else None
+
     def _resolve(self, inode: int) -> tuple[str, int | None]:
         try:
-            topic, partition = self.inodes.entry(inode)
+            topic, partition = self.inodes.entry(inode)  # (or an earlier inode, through a handle open on it)
         except KeyError:
             fail(errno.ENOENT)
         if topic not in self.manager.topics:
@@ -148,6 +155,7 @@ class Operations(pyfuse3.Operations, ControlEntries):
                 entry.st_mode = stat.S_IFREG | (0o444 if self.read_only else 0o644)
                 entry.st_nlink = 1
                 entry.attr_timeout = FILE_ATTR_TIMEOUT
+                entry.entry_timeout = FILE_ENTRY_TIMEOUT
                 entry.st_size = live_view(plog).length()
                 mtime_ns = plog.last_append_ms * 1_000_000
         custom = self.manager.get_attrs(self._attr_name(inode))
@@ -163,9 +171,13 @@ class Operations(pyfuse3.Operations, ControlEntries):
         unlinked open file: ``exec 7< t/1; rm t/1; cat <&7`` fstats before it reads). None for other inodes."""
         if inode == ROOT or inode in self.inodes:
             return None  # a live entry: only unlink forgets a partition's inode while handles may stay open
-        handle = next((h for h in self._handles.values() if h.inode == inode), None)
-        if handle is None:
+        handles = [h for h in self._handles.values() if h.inode == inode]
+        if not handles:
             return None
+        handle = handles[0]
+        for h in handles:  # (fstat of a ``tail -f`` or shipper: a moment to free what retention removed behind it)
+            if h.log.layout_version != h._layout_seen:
+                h.release_passed()
         entry = pyfuse3.EntryAttributes()
         entry.st_ino, entry.generation, entry.entry_timeout, entry.attr_timeout = inode, 0, 0, FILE_ATTR_TIMEOUT
         entry.st_mode = stat.S_IFREG | (0o444 if self.read_only else 0o644)
@@ -189,6 +201,8 @@ class Operations(pyfuse3.Operations, ControlEntries):
     async def getattr(self, inode, ctx=None):
         if self._is_control(inode):
             return self._control_attrs(inode)
+        if self.inodes.is_open(inode):
+            self.inodes.retire_if_moved(inode)  # (an fstat of a handle whose file shrank from the front since)
         return self._removed_attrs(inode) or await self._partition_attrs(inode)
 
     @translate
@@ -393,7 +407,11 @@ class Operations(pyfuse3.Operations, ControlEntries):
         handle = PartitionHandle(self.manager.logs[(topic, partition)], inode, flags, pid, uid)
         fh = next(self._next_fh)
         self._handles[fh] = handle
+        self.inodes.opened(inode)
         return pyfuse3.FileInfo(fh=fh, direct_io=True, keep_cache=False, nonseekable=False)
+
+    def _handle_closed(self, handle: PartitionHandle) -> None:
+        self.inodes.closed(handle.inode)
 
     def _handle(self, fh: int) -> PartitionHandle:
         try:
@@ -475,6 +493,7 @@ class Operations(pyfuse3.Operations, ControlEntries):
         handle = self._handles.pop(fh, None)
         if handle is None:
             return
+        self._handle_closed(handle)
         try:
             if handle.pending and not handle.log.closed:
                 self._commit_pending(handle)

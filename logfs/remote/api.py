@@ -81,6 +81,16 @@ class RemoteStore(abc.ABC):
     def get_bytes(self, key: str) -> bytes:
         """The whole object (meant for small ones: manifests); RemoteNotFoundError if it is missing."""
 
+    def get_if_changed(self, key: str, etag: str | None) -> tuple[bytes | None, str | None]:
+        """(the object, its entity tag), or (None, ``etag``) when it has not changed since ``etag`` was given: one
+        request, and no body when nothing changed (S3's ``If-None-Match``). RemoteNotFoundError if missing. This
+        default reads the whole object and tags it by its bytes."""
+        import hashlib
+
+        data = self.get_bytes(key)
+        tag = hashlib.blake2b(data, digest_size=16).hexdigest()
+        return (None, etag) if tag == etag else (data, tag)
+
     @abc.abstractmethod
     def get_range(self, key: str, start: int, length: int) -> bytes:
         """Up to ``length`` bytes of ``key`` from ``start``: fewer only at the object's end, b"" past it.
@@ -110,3 +120,51 @@ class RemoteStore(abc.ABC):
 
     def close(self) -> None:
         """Release connections; the store is not used afterwards."""
+
+
+class ReadOnlyStore(RemoteStore):
+    """A store that reads through ``store`` and refuses every change (a follower mount's: it never writes to the
+    writer's bucket, whatever code path asks)."""
+
+    def __init__(self, store: RemoteStore):
+        self.inner = store
+        self.part_size = store.part_size
+
+    def _refuse(self, key) -> RemoteStoreError:
+        return RemoteStoreError(f"{key}: a follower mount never writes to the store")
+
+    def check(self) -> None:
+        self.inner.check()
+
+    def put_file(self, key: str, path) -> int:
+        raise self._refuse(key)
+
+    def put_bytes(self, key: str, data: bytes) -> None:
+        raise self._refuse(key)
+
+    def delete(self, keys: Iterable[str]) -> None:
+        raise self._refuse(next(iter(keys), ""))
+
+    def get_bytes(self, key: str) -> bytes:
+        return self.inner.get_bytes(key)
+
+    def get_if_changed(self, key: str, etag: str | None) -> tuple[bytes | None, str | None]:
+        return self.inner.get_if_changed(key, etag)
+
+    def get_range(self, key: str, start: int, length: int) -> bytes:
+        return self.inner.get_range(key, start, length)
+
+    def get_range_buffer(self, key: str, start: int, length: int) -> bytes | bytearray:
+        return self.inner.get_range_buffer(key, start, length)
+
+    def list(self, prefix: str) -> list[RemoteObject]:
+        return self.inner.list(prefix)
+
+    def list_dirs(self, prefix: str) -> list[str]:
+        return self.inner.list_dirs(prefix)
+
+    def close(self) -> None:
+        self.inner.close()
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)  # (read_timeout, worst_case_seconds, counters...)

@@ -232,3 +232,57 @@ class ManifestStore:
         named.add(manifest_key(self.prefix, m.topic, m.partition))
         objs = self.store.list(partition_prefix(self.prefix, m.topic, m.partition))
         return [o.key for o in objs if o.key not in named]
+
+
+# -- what a follower reads first: the index of the prefix -------------------------------------------------------
+INDEX_NAME = "logfs-index.json"
+INDEX_FORMAT = "logfs-follower-index"
+INDEX_VERSION = 1
+
+
+def index_key(prefix: str) -> str:
+    """``<prefix>/logfs-index.json`` (``logfs-index.json`` with no prefix): not a partition's name (``<topic>-<n>``
+    is a directory), so no partition's keys ever clash with it."""
+    prefix = prefix.strip("/")
+    return f"{prefix}/{INDEX_NAME}" if prefix else INDEX_NAME
+
+
+@dataclass(frozen=True)
+class FollowerIndex:
+    """What a follower mount needs to find changes with one request: every tiered topic, its settings as the writer
+    has them (``logfs.key.separator`` and ``logfs.null.marker`` shape the text), and per partition the generation
+    of its manifest. Written by the writer after the manifests it names (a follower that reads it then finds
+    manifests at least that new), rewritten only when something in it changed. Format (JSON, UTF-8)::
+
+        {"format": "logfs-follower-index", "version": 1, "generation": 12,
+         "topics": {"orders": {"config": {"logfs.key.separator": "=", ...},
+                               "partitions": {"0": 7, "1": 3}}}}
+
+    A reader ignores fields it does not know (a newer writer may add some) and refuses another ``format``; a
+    higher ``version`` is read for the fields above, which every version keeps."""
+
+    generation: int = 0
+    topics: dict = field(default_factory=dict)  # topic -> {"config": {key: value}, "partitions": {int: generation}}
+
+
+def encode_index(index: FollowerIndex) -> bytes:
+    topics = {t: {"config": dict(sorted(v["config"].items())),
+                  "partitions": {str(p): g for p, g in sorted(v["partitions"].items())}}
+              for t, v in sorted(index.topics.items())}
+    return json.dumps({"format": INDEX_FORMAT, "version": INDEX_VERSION, "generation": index.generation,
+                       "topics": topics}, sort_keys=True).encode()
+
+
+def decode_index(data: bytes, where: str = INDEX_NAME) -> FollowerIndex:
+    try:
+        d = json.loads(data)
+        if d.get("format") != INDEX_FORMAT:
+            raise ValueError(f"format {d.get('format')!r}")
+        topics = {}
+        for topic, v in d.get("topics", {}).items():
+            config = {str(k): str(x) for k, x in v.get("config", {}).items()}
+            partitions = {int(p): int(g) for p, g in v.get("partitions", {}).items()}
+            topics[str(topic)] = {"config": config, "partitions": partitions}
+        return FollowerIndex(int(d.get("generation", 0)), topics)
+    except (ValueError, TypeError, AttributeError) as e:
+        raise RemoteCorruptError(f"{where}: not a valid logfs follower index: {e}") from None

@@ -224,6 +224,20 @@ class S3Store(RemoteStore):
         return self._read_body("get", key, self._call("get", key, self._client.get_object,
                                                       Bucket=self.bucket, Key=key))
 
+    def get_if_changed(self, key: str, etag: str | None) -> tuple[bytes | None, str | None]:
+        kw = {"IfNoneMatch": etag} if etag else {}
+        try:
+            r = self._client.get_object(Bucket=self.bucket, Key=key, **kw)
+        except bx.ClientError as e:
+            status = e.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            if status == 304 or e.response.get("Error", {}).get("Code") in ("304", "NotModified"):
+                return None, etag
+            raise self._error("get", key, e) from None
+        except bx.BotoCoreError as e:
+            raise self._error("get", key, e) from None
+        tag = r.get("ETag")
+        return self._read_body("get", key, r), tag
+
     def get_range(self, key: str, start: int, length: int, *, into: bool = False) -> bytes:
         if start < 0 or length < 0:
             raise ValueError("negative range")

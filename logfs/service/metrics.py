@@ -138,6 +138,14 @@ class Metrics:
         family("logfs_partitions", "gauge", "Partitions in the mount.", [("", len(manager.logs))])
         family("logfs_open_files", "gauge", "Partition files open through the mount.",
                [("", self.ops.open_files if self.ops is not None else 0)])
+        follower = manager.follower
+        if follower is not None:
+            family("logfs_follow_requests_total", "counter", "Requests a follower mount sent to the store to follow "
+                   "its writer (looks at the follower index, manifests read).", [("", follower.requests)])
+            family("logfs_follow_changes_total", "counter", "Changes of the writer's follower index applied.",
+                   [("", follower.syncs)])
+            family("logfs_follow_last_look_seconds", "gauge", "When the follower last looked at the store "
+                   "successfully (seconds since the epoch).", [("", follower.last_sync_s)])
         log_dir = manager.log_dir
         label = '{log_dir="%s"}' % log_dir.path.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
         family("logfs_log_dir_offline", "gauge", "1 once the log directory went offline after an I/O error: its "

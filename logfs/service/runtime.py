@@ -71,6 +71,7 @@ class LogService:
         self._wakeup = trio.Event()
         self._failing: dict[str, str] = {}  # background step -> the error it last failed with
         self.tiering = None  # the TieringTask, when tiered storage is on
+        self.following = None  # the FollowTask of a follower mount
         self.stats = ServiceStats()
 
     def _on_roll(self, key):
@@ -112,7 +113,13 @@ class LogService:
             if self.manager.broker.get("log.cleaner.enable") and self.manager.broker.get("log.cleaner.threads"):
                 nursery.start_soon(self.cleaner_loop)
             nursery.start_soon(self.compression_loop)
-            if self.manager.remote is not None:
+            if self.manager.follower is not None:
+                from .follower import FollowTask
+
+                self.following = FollowTask(self.manager.follower,
+                                            self.manager.broker.get("logfs.follow.interval.ms"))
+                nursery.start_soon(self.following.run)
+            elif self.manager.remote is not None:
                 from .tiering import TieringTask
 
                 self.tiering = TieringTask(self.manager, self.manager.remote)

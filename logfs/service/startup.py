@@ -81,7 +81,8 @@ class StartupProgress:
                 log.info("%s", self.describe())
 
 
-def run(data_dir, mountpoint, broker, fuse_opts, read_only, ready) -> int:
+def run(data_dir, mountpoint, broker, fuse_opts, read_only, ready, follow: str | None = None) -> int:
+    """``follow``: a follower mount of the tiered log under this bucket prefix (data_dir is its cache)."""
     import trio  # here, with the daemon, so that `logfs --help` and option errors do not load pyfuse3 and trio
 
     from .daemon import serve
@@ -133,7 +134,12 @@ def run(data_dir, mountpoint, broker, fuse_opts, read_only, ready) -> int:
     from .tiering import RemoteSetupError, setup
 
     try:
-        manager.remote = setup(manager)
+        if follow is not None:
+            from .follower import setup as setup_follower
+
+            setup_follower(manager, follow)
+        else:
+            manager.remote = setup(manager)
     except (RemoteSetupError, OSError) as exc:
         manager.close()
         return fail(str(exc))

@@ -144,6 +144,8 @@ class TieringTask:
                 self.failed_passes[key] = self.failed_passes.get(key, 0) + 1
                 self._next_try[key] = now + min(self.interval_s * 2 ** n, max(MAX_BACKOFF_S, self.interval_s))
         await self._guarded("deleting the remote objects of deleted partitions", self.rlm.purge_deleted)
+        configs = {t: dict(self.manager.topics.get(t, {})) for t in {k[0] for k in self.rlm.tiers}}
+        await self._guarded("publishing the follower index", self.rlm.publish_index, configs)
 
     async def _guarded(self, what: str, fn, *args) -> bool:
         if self.manager.log_dir.offline:

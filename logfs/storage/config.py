@@ -232,6 +232,10 @@ BROKER_ONLY: dict[str, Setting] = {
         Setting("logfs.remote.s3.region", _free_text, "us-east-1"),
         Setting("logfs.remote.dir", _free_text, ""),
         Setting("logfs.remote.cache.bytes", _long(0), str(1 << 30)),
+        # Follower mounts (logfs.service.follower): where the cache lives (empty: a directory per source under
+        # /var/cache/logfs or ~/.cache/logfs), and how often the bucket is looked at for changes.
+        Setting("logfs.remote.cache.dir", _free_text, ""),
+        Setting("logfs.follow.interval.ms", _long(50, INT_MAX), "5000"),
         # Metrics (logfs.service.metrics): Prometheus's text format, written to this file (none when empty).
         Setting("logfs.metrics.file", _absolute_path, ""),
         Setting("logfs.metrics.interval.ms", _long(100, INT_MAX), "10000"),

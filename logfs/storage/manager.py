@@ -81,6 +81,7 @@ class LogManager:
         self.attrs: dict[str, tuple[int, int, int]] = {}  # "", "topic", "topic/N" -> (mode, uid, gid)
         self._deleted_dirs: list[tuple[int, str]] = []
         self.remote = None  # the tiered storage RemoteLogManager, when the service turns it on
+        self.follower = None  # a follower mount's Follower (logfs.service.follower): the logs come from the bucket
         # Set (from any thread, without the lock) when the daemon stops: a topic creation still running then
         # gives up and undoes itself, so the shutdown waits for at most one partition.
         self.stopping = threading.Event()
@@ -333,7 +334,7 @@ class LogManager:
                     log.warning("%s not updated before deleting the last partition of %r: %s", TOPICS_FILE,
                                 topic, exc.strerror or exc)
             new_path = os.path.join(self.data_dir, delete_dir_name(topic, partition))
-            if self.remote is not None and victim.config.remote_storage_enable:
+            if self.remote is not None and victim.config.remote_storage_enable and not victim.follower:
                 self.remote.schedule_delete(topic, partition)  # its objects go too, even after a crash
             with victim.lock:
                 victim.hold_pinned()  # open handles go on reading the files they pinned, under any name
@@ -415,6 +416,25 @@ class LogManager:
         return len(due)
 
     # -- configs -----------------------------------------------------------------------------------
+    def replace_overrides(self, topic: str, overrides: dict[str, str]) -> None:
+        """Make ``overrides`` the topic's (a follower mount takes its writer's settings as published): invalid
+        ones are dropped with a warning (a newer writer may know settings this one does not)."""
+        with self.lock:
+            clean = {}
+            for key, value in overrides.items():
+                try:
+                    clean[key] = validate_topic_setting(key, value)
+                except InvalidConfigError as exc:
+                    log.warning("topic %s: ignoring the writer's setting %s=%r: %s", topic, key, value, exc)
+            if clean == self.topics.get(topic):
+                return
+            self.topics[topic] = clean
+            config = LogConfig.build(self.broker.topic_defaults, clean)
+            self._save_topics()
+            for partition_log in self.topic_logs(topic):
+                with partition_log.lock:
+                    partition_log.config = config
+
     def topic_overrides(self, topic: str) -> dict[str, str]:
         with self.lock:
             if topic not in self.topics:

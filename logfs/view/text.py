@@ -26,7 +26,7 @@ import bisect
 import weakref
 
 from ..storage.format import records as rec
-from ..storage.errors import FetchNeededError
+from ..storage.errors import DataLossError, FetchNeededError
 from ..storage.format.speedups import C as _speedups
 from ..storage.threads import on_request_thread
 from ..storage.format.lines import ZERO_STATS
@@ -57,6 +57,11 @@ class SegmentView:
         # progress used (a read repeated in a worker thread finds them), then only the one the cursor is in
         self._batches: dict = {}
         self._ahead: ReadAhead | None = None  # decompression ahead of a sequential reader (views with a snapshot)
+        # Segments this view let go: they left the log (retention, compaction) and the reader had read past them,
+        # so their disk is freed (:meth:`release_passed`); reading one again is DataLossError (EIO), never bytes
+        # of another segment. Their lengths stay known: a segment's view length is in memory (its stats).
+        self._dropped: set[int] = set()
+        self._reached = 0  # the furthest segment a read of this view reached
         self.lines = 0  # records whose line ends in what the last read() returned (the metrics' read counter)
 
     # -- layout ------------------------------------------------------------------------------------
@@ -124,6 +129,21 @@ class SegmentView:
         self.segments.extend(newer)
         return bool(newer)
 
+    def release_passed(self) -> int:
+        """Let go of the segments that left the log (retention, compaction, tiering's local deletes) and lie wholly
+        behind the furthest point a read reached: no ``tail -f`` or log shipper reads behind itself, so their
+        disk is freed now rather than when the handle closes. Returns how many were let go."""
+        snapshot = self._snapshot
+        if snapshot is None:
+            return 0
+        self._start(self._reached)  # (lengths up to there known: a view position never moves)
+        dropped = 0
+        for j in range(self._reached):
+            if j not in self._dropped and self.segments[j].deleted and snapshot.drop(self.segments[j]):
+                self._dropped.add(j)
+                dropped += 1
+        return dropped
+
     def _locate(self, pos: int) -> tuple[int, int]:
         """(segment index, position within that segment's own view) for a view position < length()."""
         self._start(len(self.segments) - 1)
@@ -150,6 +170,9 @@ class SegmentView:
             _, i, file_pos, skip = cursor
         else:
             i, local = self._locate(pos)
+            if i in self._dropped:
+                raise DataLossError(f"{self.segments[i].log_path}: removed by retention or compaction after this "
+                                    f"reader had read past it")
             entry = self.segments[i].view_index.floor_by_view(local, self.fmt)
             file_pos, cum = (entry.position, self.fmt.length(entry.stats)) if entry else (0, 0)
             skip = local - cum  # bytes of lines to pass over from file_pos: at most an index interval's worth
@@ -157,6 +180,10 @@ class SegmentView:
         got = lines = 0
         seen = -1
         while got < size and i < len(self.segments):
+            if i in self._dropped:  # (a reader gone back, now reading on into a range it had passed)
+                if got:
+                    break
+                raise DataLossError(f"{self.segments[i].log_path}: removed after this reader had read past it")
             segment = self.segments[i]
             seen = segment.size
             if file_pos >= seen:
@@ -172,6 +199,7 @@ class SegmentView:
                 got += len(out)
                 lines += ended
             file_pos, skip = file_pos + advanced, skip_after
+        self._reached = max(self._reached, min(i, len(self.segments) - 1))
         last = self.segments[-1]
         if i == len(self.segments) - 1 and last.active and file_pos >= seen:
             # The end of what the active segment had published: the end of its last batch, which an append may
@@ -424,5 +452,5 @@ def live_view(log: Log) -> SegmentView:
 
 def open_view(log: Log) -> SegmentView:
     """A pinned view for a file handle: consistent under retention and compaction until released."""
-    snapshot = log.snapshot(tiers=True)
+    snapshot = log.snapshot(tiers=True, follow=True)
     return SegmentView(snapshot.segments, snapshot.log_start_offset, LineFormat.of(log.config), snapshot)

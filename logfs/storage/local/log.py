@@ -21,6 +21,7 @@ import os
 import struct
 from itertools import accumulate, repeat
 import threading
+import weakref
 from typing import Callable, Iterator, Sequence
 
 from ..format import lines
@@ -86,6 +87,11 @@ class Log:
         # Tiered segments (read-only, logfs.storage.tiered.manager publishes them): the view shows those below the first
         # local segment, then the local ones; the log start offset is then the whole log's.
         self.remote_segments: list = []
+        # The snapshots of open file handles: each pins the segments the log rolls, until its reader reaches them
+        self.followers: weakref.WeakSet = weakref.WeakSet()
+        # A follower mount's log (service/follower.py): every record is tiered, and the one local segment is empty,
+        # at the tiered log's end (so the log end offset is the writer's remote_log_end_offset): set_remote moves it.
+        self.follower = False
         self.counters = PartitionCounters(self.log_end_offset)  # traffic, for the metrics
 
     @property
@@ -320,6 +326,8 @@ class Log:
                 raise self.log_dir.io_error(exc, f"sealing segment {old.base_offset} of {self.name}",
                                             space_ok=False) from exc
             self.segments.add(segment)
+            for snapshot in list(self.followers):
+                snapshot.on_roll(segment)
             self._layout_changed()
             if self.on_roll is not None:
                 self.on_roll(old)
@@ -381,13 +389,26 @@ class Log:
 
     # -- tiers -------------------------------------------------------------------------------------
     def set_remote(self, segments: list, log_start_offset: int) -> None:
-        """Publish the tiered segments (ascending) and the whole log's start offset."""
+        """Publish the tiered segments (ascending) and the whole log's start offset. On a follower's log, also move
+        its empty local segment to the tiered log's end, and hand the new segments to open handles, in one step."""
         with self.lock:
             for segment in segments:
                 segment.owner = self.lock
             self.remote_segments = list(segments)
             self.log_start_offset = log_start_offset
+            if self.follower:
+                self._follow_to(segments[-1].next_offset if segments else log_start_offset)
             self._layout_changed()
+
+    def _follow_to(self, end: int) -> None:
+        active = self.segments.active
+        if active.size or len(self.segments) != 1 or end <= active.base_offset:
+            return
+        segment = self._new_segment(end)
+        self.segments.add(segment)
+        self._retire(active, delay_ms=0)
+        for snapshot in list(self.followers):
+            snapshot.catch_up(self.view_segments())
 
     def view_segments(self) -> list:
         """What the whole log reads from: tiered segments below the first local one, then the local ones (a
@@ -399,13 +420,15 @@ class Log:
         return [s for s in self.remote_segments if s.next_offset <= first] + local
 
     # -- reading -----------------------------------------------------------------------------------
-    def snapshot(self, *, sealed_only: bool = False, tiers: bool = False) -> LogSnapshot:
+    def snapshot(self, *, sealed_only: bool = False, tiers: bool = False, follow: bool = False) -> LogSnapshot:
         """The segments now (only the sealed ones with ``sealed_only``; tiered ones too with ``tiers``), pinned
         until the snapshot is released: they stay readable whatever retention, compaction or truncation does
-        meanwhile."""
+        meanwhile. With ``follow`` (a file handle's view), every segment rolled from now on is pinned too, at the
+        roll, until the snapshot takes it (:meth:`LogSnapshot.extend`) or is released."""
         with self.lock:
             segments = self.view_segments() if tiers else self.segments.as_list()
-            return pin(self, segments[:-1] if sealed_only else segments)
+            snapshot = pin(self, segments[:-1] if sealed_only else segments)
+            return snapshot.follow() if follow else snapshot
 
     def read(self, offset: int, max_bytes: int = 1 << 20, max_records: int | None = None) -> list[rec.Record]:
         """Records from ``offset`` (or the first retained one after it, at a compacted gap), up to about

@@ -96,29 +96,75 @@ class LogSnapshot:
     does); releasing again does nothing. Its methods take the log lock; they are safe from any thread.
     """
 
-    __slots__ = ("log", "segments", "log_start_offset")
+    __slots__ = ("log", "segments", "log_start_offset", "rolled", "__weakref__")
 
     def __init__(self, log: PinnedLog, segments: list[LogSegment], log_start_offset: int):
         self.log = log
         self.segments = segments  # already pinned, under the log lock, by whoever made this
         self.log_start_offset = log_start_offset
+        # A following snapshot (a file handle's): segments the log rolled since, pinned by the roll itself
+        # (:meth:`on_roll`) and not yet taken by :meth:`extend`. So retention can never delete a segment a reader
+        # has not reached yet, however fast segments roll and retention runs between its reads.
+        self.rolled: list[LogSegment] | None = None
+
+    def follow(self) -> "LogSnapshot":
+        """Make this snapshot pin every segment the log rolls from now on (caller holds the log lock)."""
+        self.rolled = []
+        self.log.followers.add(self)
+        return self
+
+    def on_roll(self, segment: LogSegment) -> None:
+        """The log rolled ``segment`` (under its lock): pin it for this snapshot, to be taken by :meth:`extend`."""
+        segment.refs += 1
+        self.rolled.append(segment)
+
+    def catch_up(self, segments: list) -> None:
+        """Pin, for :meth:`extend`, the segments of ``segments`` (the log's view now) that start at or after the end
+        of this snapshot's last one: a follower mount's log grows by tiered segments, not by rolls. Under the log
+        lock."""
+        known = self.rolled or self.segments
+        end = known[-1].next_offset if known else -1
+        for segment in segments:
+            if segment.base_offset >= end and not any(segment is k for k in known[-2:]):
+                segment.refs += 1
+                self.rolled.append(segment)
 
     def extend(self) -> list[LogSegment]:
         """Pin the log's segments that start after this snapshot's last one (rolled since); returns them."""
         log = self.log
         with log.lock:
-            if log.closed:
+            if log.closed and not self.rolled:
                 return []
-            last = self.segments[-1].base_offset if self.segments else -1
-            newer = [s for s in log.segments.from_offset(last) if s.base_offset > last]
-            for segment in newer:
+            if self.rolled:
+                newer, self.rolled = self.rolled, []
+            else:
+                newer = []
+            last = (newer or self.segments)[-1].base_offset if (newer or self.segments) else -1
+            more = [] if log.closed else [s for s in log.segments.from_offset(last) if s.base_offset > last]
+            for segment in more:
                 segment.refs += 1
+            newer += more
         self.segments.extend(newer)
         return newer
+
+    def drop(self, segment: LogSegment) -> bool:
+        """Unpin one segment that left the log, before the whole snapshot is released (a reader that has read past
+        it: its disk is freed now). Never the last one (:meth:`extend` goes on from it). Whether it was dropped."""
+        with self.log.lock:
+            for i, pinned in enumerate(self.segments[:-1]):
+                if pinned is segment:
+                    del self.segments[i]
+                    unpin(segment)
+                    return True
+        return False
 
     def release(self) -> None:
         with self.log.lock:
             segments, self.segments = self.segments, []
+            if self.rolled is not None:
+                self.log.followers.discard(self)
+                segments += self.rolled
+                self.rolled = []
             for segment in segments:
                 unpin(segment)
 

@@ -44,7 +44,8 @@ from dataclasses import replace
 
 from ...remote.api import RemoteCorruptError, RemoteNotFoundError, RemoteStore, RemoteStoreError
 from ...remote.manifest import (
-    SEGMENT_EXTS, ManifestStore, PartitionManifest, RemoteFile, RemoteSegment, decode, encode, partition_prefix,
+    SEGMENT_EXTS, FollowerIndex, ManifestStore, PartitionManifest, RemoteFile, RemoteSegment, decode, decode_index,
+    encode, encode_index, index_key, partition_prefix,
 )
 from ..checkpoints import atomic_write
 from ..cleaner.compression import needs_rewrite
@@ -97,6 +98,8 @@ class RemoteLogManager:
             self.blocks.scan(os.path.join(plog.directory, REMOTE_CACHE_DIR, "blocks"))
         self.tiers: dict[tuple[str, int], PartitionTier] = {}
         self.lock = threading.Lock()
+        self._index_body: bytes | None = None  # the follower index last written (its generation aside)
+        self._index_generation: int | None = None
         self.stopping = stopping or threading.Event()  # set when the daemon stops: uploads end between segments
 
     # -- which partitions ----------------------------------------------------------------------------
@@ -436,6 +439,35 @@ class RemoteLogManager:
             log.info("%s-%d: the deleted partition's %d remote object(s) removed", topic, partition, len(objects))
             done += 1
         return done
+
+    # -- followers -----------------------------------------------------------------------------------
+    def publish_index(self, configs: dict[str, dict[str, str]]) -> bool:
+        """Write the prefix's follower index (:class:`~logfs.remote.manifest.FollowerIndex`) if what it would say
+        changed since the last write: each tiered partition's manifest generation, and its topic's settings
+        (``configs``: topic -> overrides). After the manifests it names, so a follower that reads it finds them at
+        least that new. Returns whether it wrote."""
+        topics: dict = {}
+        with self.lock:
+            tiers = list(self.tiers.items())
+        for (topic, partition), tier in tiers:
+            if tier.manifest is None or self.logs.get((topic, partition)) is not tier.log or tier.log.closed:
+                continue
+            entry = topics.setdefault(topic, {"config": dict(configs.get(topic, {})), "partitions": {}})
+            entry["partitions"][partition] = tier.manifest.generation
+        body = encode_index(FollowerIndex(0, topics))
+        if body == self._index_body:
+            return False
+        if self._index_generation is None:
+            try:
+                self._index_generation = decode_index(self.store.get_bytes(index_key(self.prefix))).generation
+            except RemoteNotFoundError:
+                self._index_generation = 0
+            except RemoteCorruptError:
+                self._index_generation = 0
+        generation = self._index_generation + 1
+        self.store.put_bytes(index_key(self.prefix), encode_index(FollowerIndex(generation, topics)))
+        self._index_generation, self._index_body = generation, body
+        return True
 
     def close(self) -> None:
         self.blocks.close()

@@ -1,0 +1,196 @@
+"""Follower mounts (CONTRACT section 10): the tiered log of a writer, read-only, on any host, from the bucket.
+
+``logfs s3://BUCKET/PREFIX MOUNTPOINT -o logfs.remote.s3.endpoint=URL`` mounts what a writing daemon tiers under
+that prefix. The follower is the writer's daemon with no local records:
+
+- Its "data directory" is a cache directory (``logfs.remote.cache.dir``) laid out as the writer's: one directory
+  per partition, holding one empty local segment at the tiered log's end (so the log end offset is the writer's
+  ``remote_log_end_offset``), the manifest's local copy, the tiered segments' index copies and the bounded block
+  cache (``logfs.remote.cache.bytes``). Reads go through the writer's own tiered read path (remote segments,
+  block cache, read-ahead, outage bounds) and the same view, so text and positions are byte for byte the
+  writer's for those offsets.
+- Following costs one request per ``logfs.follow.interval.ms`` when nothing changed: a GET of the prefix's
+  follower index (:class:`~logfs.remote.manifest.FollowerIndex`) with ``If-None-Match`` (304, no body). When it
+  changed, only the manifests whose generation moved are read, and each new segment's three index objects.
+- The writer publishes that index after each tiering pass that changed a manifest or a topic setting: the topics
+  and their settings (``logfs.key.separator``, ``logfs.null.marker`` shape the text), and each partition's
+  manifest generation. A topic or partition the index no longer names is removed from the mount.
+- Everything that would write is ``EROFS`` (the kernel mount is read-only, and so are the Operations).
+- The store down: stat, listing and xattrs answer from what was seen last; reads of uncached ranges fail with
+  ``EIO`` within the tiered read path's bound; following retries every interval, the failure logged once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import time
+
+from ..remote.api import RemoteNotFoundError, RemoteStoreError
+from ..remote.manifest import ManifestStore, decode_index, index_key
+from ..storage.errors import LogfsError
+from ..storage.manager import LogManager
+
+log = logging.getLogger(__name__)
+
+
+def parse_source(source: str) -> tuple[str, str] | None:
+    """``s3://BUCKET[/PREFIX]`` -> (bucket, prefix); None for anything else (a data directory)."""
+    if not source.startswith("s3://"):
+        return None
+    rest = source[len("s3://"):]
+    bucket, _, prefix = rest.partition("/")
+    if not bucket:
+        raise ValueError(f"{source}: no bucket")
+    return bucket, prefix.strip("/")
+
+
+def default_cache_dir(endpoint: str, bucket: str, prefix: str) -> str:
+    """Where a follower keeps its cache when ``logfs.remote.cache.dir`` is not set: one directory per source under
+    ``$XDG_CACHE_HOME/logfs`` (``/var/cache/logfs`` for root)."""
+    base = "/var/cache/logfs" if os.geteuid() == 0 else os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "logfs")
+    digest = hashlib.blake2b(f"{endpoint}\n{bucket}\n{prefix}".encode(), digest_size=6).hexdigest()
+    name = "".join(c if c.isalnum() or c in "-_." else "_" for c in f"{bucket}-{prefix}")[:80]
+    return os.path.join(base, f"follower-{name}-{digest}")
+
+
+class Follower:
+    """Keeps a follower's LogManager in step with the bucket (:meth:`sync_once`, in a worker thread)."""
+
+    def __init__(self, manager: LogManager, prefix: str):
+        self.manager = manager
+        self.rlm = manager.remote
+        self.store = self.rlm.read_store
+        self.prefix = prefix
+        self.manifests = ManifestStore(self.store, prefix)
+        self.etag: str | None = None
+        self.generations: dict[tuple[str, int], int] = {}  # manifest generation each partition shows
+        self.requests = 0  # requests to the store for following (index polls, manifests; metrics)
+        self.syncs = 0  # index changes applied
+        self.last_sync_s = 0.0  # time.time() of the last successful look at the index
+        for plog in manager.logs.values():
+            plog.follower = True
+
+    def sync_once(self) -> bool:
+        """Look at the index; apply what changed. Whether anything did. Raises RemoteStoreError (the task
+        retries)."""
+        try:
+            data, etag = self.store.get_if_changed(index_key(self.prefix), self.etag)
+        except RemoteNotFoundError:
+            data, etag = None, None  # nothing tiered under that prefix yet
+        finally:
+            self.requests += 1
+        self.last_sync_s = time.time()
+        if data is None:
+            return False
+        index = decode_index(data)
+        manager = self.manager
+        for topic, entry in sorted(index.topics.items()):
+            self._topic(topic, entry["config"], entry["partitions"])
+            for partition, generation in sorted(entry["partitions"].items()):
+                if self.generations.get((topic, partition)) == generation:
+                    continue
+                plog = manager.logs[(topic, partition)]
+                m = self.manifests.read(topic, partition)
+                self.requests += 1
+                tier = self.rlm._tier(plog)
+                tier.loaded = True
+                self.rlm._publish(tier, m, fetch=True)
+                self.generations[(topic, partition)] = m.generation
+        for topic in list(manager.topics):
+            named = index.topics.get(topic, {}).get("partitions", {})
+            for partition in manager.partitions(topic):
+                if partition not in named:
+                    manager.delete_partition(topic, partition)
+                    self.generations.pop((topic, partition), None)
+            if topic not in index.topics:
+                manager.delete_topic(topic)
+        self.etag = etag
+        self.syncs += 1
+        return True
+
+    def _topic(self, topic: str, config: dict[str, str], partitions) -> None:
+        manager = self.manager
+        if topic not in manager.topics:
+            manager.create_topic(topic, partitions=0)
+        manager.replace_overrides(topic, config)
+        for partition in sorted(partitions):
+            if (topic, partition) not in manager.logs:
+                while True:  # (partitions are created in order; a hole the writer left stays an empty one)
+                    nxt = max(manager.partitions(topic), default=-1) + 1
+                    plog = manager.create_partition(topic, min(nxt, partition))
+                    plog.follower = True
+                    if plog.partition == partition:
+                        break
+
+
+class FollowTask:
+    """Every ``logfs.follow.interval.ms``, one :meth:`Follower.sync_once` in a worker thread; a failure is logged
+    once until it works again."""
+
+    def __init__(self, follower: Follower, interval_ms: int):
+        self.follower = follower
+        self.interval_s = interval_ms / 1000
+        self._failing: str | None = None
+
+    async def run(self) -> None:
+        import trio
+
+        while True:
+            await self.once()
+            await trio.sleep(self.interval_s)
+
+    async def once(self) -> None:
+        import trio
+
+        try:
+            await trio.to_thread.run_sync(self.follower.sync_once, abandon_on_cancel=True)
+        except (RemoteStoreError, LogfsError, OSError) as exc:
+            message = f"{type(exc).__name__}: {exc}"
+            if self._failing != message:
+                log.error("following the bucket failed (will retry): %s", message)
+                self._failing = message
+            return
+        if self._failing is not None:
+            log.info("following the bucket works again")
+            self._failing = None
+
+
+def setup(manager: LogManager, prefix: str) -> Follower:
+    """At startup (before mounting): the store (read-only), its check (a missing bucket or refused credentials
+    raise RemoteSetupError; an unreachable store is logged, and following retries), the state cached by the last
+    run published at once, then one look at the bucket if it answers."""
+    from ..remote.api import ReadOnlyStore, RemoteAuthError, RemoteUnavailableError
+    from ..storage.tiered.manager import RemoteLogManager
+    from .tiering import CHECK_TIMEOUT_S, RemoteSetupError, _check, make_stores
+
+    broker = manager.broker
+    store, read_store, where = make_stores(broker)
+    reachable = False
+    try:
+        _check(read_store, CHECK_TIMEOUT_S)
+        reachable = True
+    except RemoteUnavailableError as exc:
+        log.warning("follower: %s cannot be reached (%s); mounting what was seen last, following retries", where,
+                    exc)
+    except RemoteAuthError as exc:
+        raise RemoteSetupError(f"follower: the store refused the credentials of the AWS chain: {exc}") from None
+    except RemoteStoreError as exc:
+        raise RemoteSetupError(f"follower: {exc}") from None
+    manager.remote = RemoteLogManager(manager.data_dir, manager.logs, ReadOnlyStore(store),
+                                      read_store=ReadOnlyStore(read_store), prefix=prefix,
+                                      cache_bytes=broker.get("logfs.remote.cache.bytes"), stopping=manager.stopping)
+    follower = Follower(manager, prefix)
+    manager.remote.attach_cached(store_reachable=False)
+    follower.generations = {k: t.manifest.generation for k, t in manager.remote.tiers.items()
+                            if t.manifest is not None}
+    if reachable:
+        try:
+            follower.sync_once()
+        except (RemoteStoreError, LogfsError, OSError) as exc:
+            log.warning("follower: first look at %s failed (%s); following retries", where, exc)
+    log.info("following %s, prefix %r", where, prefix)
+    manager.follower = follower
+    return follower
