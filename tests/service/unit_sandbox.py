@@ -32,7 +32,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+# A script run in a process of its own: its neighbours (service_helpers, and tests/harness.py, which that imports)
+# are on no path of its own.
+sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parent.parent)]
 from service_helpers import unit_settings  # noqa: E402
 
 UNISTD_64 = "/usr/include/x86_64-linux-gnu/asm/unistd_64.h"
