@@ -32,10 +32,13 @@ def _retention_topic(fs, retention_bytes: int = 4096) -> None:
     os.setxattr(fs.path("t"), "user.logfs.config.retention.bytes", str(retention_bytes).encode())
 
 
-def _append_counting_starts(fs, first: int, n: int, *, pause_every: int = 0) -> set[int]:
-    """Append lines ``first``..``first + n - 1`` one write each; returns the log start offsets seen meanwhile."""
+def _append_counting_starts(fs, first: int, n: int, *, pause_every: int = 0, fd: int | None = None) -> set[int]:
+    """Append lines ``first``..``first + n - 1`` one write each (through ``fd`` if given, kept open); returns the log
+    start offsets seen meanwhile."""
     starts = set()
-    fd = os.open(fs.path("t", 0), os.O_WRONLY | os.O_APPEND)
+    own = fd is None
+    if own:
+        fd = os.open(fs.path("t", 0), os.O_WRONLY | os.O_APPEND)
     try:
         for i in range(first, first + n):
             os.write(fd, line(i) + b"\n")
@@ -44,7 +47,8 @@ def _append_counting_starts(fs, first: int, n: int, *, pause_every: int = 0) -> 
             if pause_every and i % pause_every == 0:
                 time.sleep(0.01)
     finally:
-        os.close(fd)
+        if own:
+            os.close(fd)
     return starts
 
 
@@ -73,7 +77,7 @@ def test_tail_f_shows_every_line_once_across_retention(mount_logfs):
         n = 6000
         starts = _append_counting_starts(fs, 0, n, pause_every=200)
         assert len(starts) >= 50, f"only {len(starts)} retention events"
-        wait_for(lambda: out.stat().st_size >= n * (len(line(0)) + 1), 30, what="tail -f to show every line")
+        wait_for(lambda: out.stat().st_size >= n * (len(line(0)) + 1), 90, what="tail -f to show every line")
     finally:
         tail.terminate()
         tail.wait(10)
@@ -109,12 +113,13 @@ def test_an_open_reader_pins_no_freed_disk_beyond_a_margin(mount_logfs):
     _retention_topic(fs)
     pid = fs.pid()
     _append_counting_starts(fs, 0, 200)
+    writer = os.open(fs.path("t", 0), os.O_WRONLY | os.O_APPEND)  # a writer that keeps its file open, too
     with open(fs.path("t", 0), "rb", buffering=0) as reader:
         got = b""
         peak = (0, 0)
         first = 200
         for _ in range(30):  # a shipper: reads what is there, the writer goes on, retention goes on
-            _append_counting_starts(fs, first, 200)
+            _append_counting_starts(fs, first, 200, fd=writer)
             first += 200
             while chunk := reader.read(65536):
                 got += chunk
@@ -132,6 +137,7 @@ def test_an_open_reader_pins_no_freed_disk_beyond_a_margin(mount_logfs):
         # passed and not yet let go: a segment's four files, 2 KiB of .log and its trimmed indexes, each)
         assert peak[0] <= 16 and peak[1] <= 4 * (2048 + 2048), peak
         wait_for(lambda: _deleted_fds(pid)[0] <= 4, 5, what="freed segments to be let go")
+    os.close(writer)
 
 
 def test_seeking_back_into_a_removed_range_is_eio_or_the_same_bytes(mount_logfs):
