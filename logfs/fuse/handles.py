@@ -51,7 +51,7 @@ class PartitionHandle:
         self.counters = log.counters  # the partition's traffic counters (Operations adds to them)
         self.inode = inode
         self.readable = (flags & os.O_ACCMODE) != os.O_WRONLY
-        self.view: SegmentView = open_view(log, follow=self.readable)
+        self.view: SegmentView = open_view(log, write_only=not self.readable)
         self._layout_seen = log.layout_version  # the layout release_passed() last looked at
         self.append_mode = bool(flags & os.O_APPEND)
         self.writable = (flags & os.O_ACCMODE) in (os.O_WRONLY, os.O_RDWR)

@@ -367,6 +367,8 @@ class SegmentView:
         snapshot = self._snapshot
         if snapshot is None:
             return 0
+        if everything:
+            self.extend()  # (a writer's view takes the segments rolled since only here)
         upto = len(self.segments) - 1 if everything else self._reached
         self._start(upto)  # (lengths up to there known: a view position never moves)
         dropped = 0
@@ -682,8 +684,9 @@ def live_view(log: Log) -> SegmentView:
     return view
 
 
-def open_view(log: Log, *, follow: bool = True) -> SegmentView:
-    """A pinned view for a file handle: consistent under retention and compaction until released. ``follow``: the
-    segments rolled from now on are pinned at the roll (a reader's handle; a write-only one needs none)."""
-    snapshot = log.snapshot(tiers=True, follow=follow)
+def open_view(log: Log, *, write_only: bool = False) -> SegmentView:
+    """A pinned view for a file handle: consistent under retention and compaction until released; the segments
+    rolled from now on are pinned at the roll. ``write_only``: a handle that never reads (its view gives lengths),
+    which lets go of removed segments at every roll."""
+    snapshot = log.snapshot(tiers=True, follow=True, write_only=write_only)
     return SegmentView(snapshot.segments, snapshot.log_start_offset, LineFormat.of(log.config), snapshot)
