@@ -92,6 +92,26 @@ def _put_small(store, key: str, path: str) -> int:
     return len(body)
 
 
+def _fresh_jvm() -> None:
+    """Stop the session and the JVM an earlier scenario of this process started, if any: the source's Python
+    workers (the planner's too) inherit the JVM's environment, which must hold this scenario's store credentials."""
+    from pyspark import SparkContext
+    from pyspark.sql import SparkSession
+
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        active.stop()
+    gateway = SparkContext._gateway
+    if gateway is not None:
+        proc = getattr(gateway, "proc", None)
+        gateway.shutdown()
+        if proc is not None:
+            proc.kill()
+            proc.wait()
+        SparkContext._gateway = None
+        SparkContext._jvm = None
+
+
 def spark_time(bench) -> None:
     try:
         os.environ["PYSPARK_PYTHON"] = sys.executable
@@ -121,6 +141,7 @@ def spark_time(bench) -> None:
     try:
         sw.create_bucket()
         os.environ.update(sw.env())  # before the JVM starts: its Python workers inherit the credentials
+        _fresh_jvm()  # (an earlier scenario's JVM was started without them)
         store = S3Store(sw.bucket, endpoint=sw.endpoint)
         tiered_bytes, tiered_last = _upload(store, "bench", data)
         remote = f"s3://{sw.bucket}/bench"

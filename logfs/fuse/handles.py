@@ -40,7 +40,8 @@ log = logging.getLogger(__name__)
 
 class PartitionHandle:
     __slots__ = ("log", "counters", "view", "append_mode", "writable", "pending", "skipping", "dropped", "inode",
-                 "pid", "uid", "_headers", "_headers_at", "_layout_seen")
+                 "pid", "uid", "_headers", "_headers_at", "_layout_seen",
+                 "readable")
 
     def __init__(self, log: Log, inode: int, flags: int, pid: int = 0, uid: int = 0):
         self.log = log
@@ -49,7 +50,8 @@ class PartitionHandle:
         self._headers_at = 0.0
         self.counters = log.counters  # the partition's traffic counters (Operations adds to them)
         self.inode = inode
-        self.view: SegmentView = open_view(log)
+        self.readable = (flags & os.O_ACCMODE) != os.O_WRONLY
+        self.view: SegmentView = open_view(log, write_only=not self.readable)
         self._layout_seen = log.layout_version  # the layout release_passed() last looked at
         self.append_mode = bool(flags & os.O_APPEND)
         self.writable = (flags & os.O_ACCMODE) in (os.O_WRONLY, os.O_RDWR)
@@ -78,11 +80,13 @@ class PartitionHandle:
         """Let go of the segments retention or compaction removed that this handle has read past (their disk is
         freed now, not when the handle closes): checked once per change of the log's layout."""
         self._layout_seen = self.log.layout_version
-        self.view.release_passed()
+        self.view.release_passed(everything=not self.readable)
 
     def write(self, offset: int, data: bytes) -> int:
         if not self.append_mode and offset != self.length() + len(self.pending) + self.dropped:
             fail(errno.EPERM)  # only appends: a write must land at the end of the file
+        if self.log.layout_version != self._layout_seen:
+            self.release_passed()  # (a writer that keeps its file open pins nothing retention removed)
         if not self.skipping:
             self._take(data)
             return len(data)

@@ -174,10 +174,12 @@ class Operations(pyfuse3.Operations, ControlEntries):
         handles = [h for h in self._handles.values() if h.inode == inode]
         if not handles:
             return None
-        handle = handles[0]
         for h in handles:  # (fstat of a ``tail -f`` or shipper: a moment to free what retention removed behind it)
             if h.log.layout_version != h._layout_seen:
                 h.release_passed()
+        # The largest of their views (handles opened at the same start see the same; a size never shrinks for the
+        # one that reads furthest)
+        handle = max(handles, key=lambda h: h.length())
         entry = pyfuse3.EntryAttributes()
         entry.st_ino, entry.generation, entry.entry_timeout, entry.attr_timeout = inode, 0, 0, FILE_ATTR_TIMEOUT
         entry.st_mode = stat.S_IFREG | (0o444 if self.read_only else 0o644)

@@ -129,16 +129,20 @@ class SegmentView:
         self.segments.extend(newer)
         return bool(newer)
 
-    def release_passed(self) -> int:
+    def release_passed(self, *, everything: bool = False) -> int:
         """Let go of the segments that left the log (retention, compaction, tiering's local deletes) and lie wholly
-        behind the furthest point a read reached: no ``tail -f`` or log shipper reads behind itself, so their
-        disk is freed now rather than when the handle closes. Returns how many were let go."""
+        behind the furthest point a read reached (with ``everything``, all but the last: a handle that cannot
+        read): no ``tail -f`` or log shipper reads behind itself, so their disk is freed now rather than when the
+        handle closes. Returns how many were let go."""
         snapshot = self._snapshot
         if snapshot is None:
             return 0
-        self._start(self._reached)  # (lengths up to there known: a view position never moves)
+        if everything:
+            self.extend()  # (a writer's view takes the segments rolled since only here)
+        upto = len(self.segments) - 1 if everything else self._reached
+        self._start(upto)  # (lengths up to there known: a view position never moves)
         dropped = 0
-        for j in range(self._reached):
+        for j in range(upto):
             if j not in self._dropped and self.segments[j].deleted and snapshot.drop(self.segments[j]):
                 self._dropped.add(j)
                 dropped += 1
@@ -450,7 +454,9 @@ def live_view(log: Log) -> SegmentView:
     return view
 
 
-def open_view(log: Log) -> SegmentView:
-    """A pinned view for a file handle: consistent under retention and compaction until released."""
-    snapshot = log.snapshot(tiers=True, follow=True)
+def open_view(log: Log, *, write_only: bool = False) -> SegmentView:
+    """A pinned view for a file handle: consistent under retention and compaction until released; the segments
+    rolled from now on are pinned at the roll. ``write_only``: a handle that never reads (its view gives lengths),
+    which lets go of removed segments at every roll."""
+    snapshot = log.snapshot(tiers=True, follow=True, write_only=write_only)
     return SegmentView(snapshot.segments, snapshot.log_start_offset, LineFormat.of(log.config), snapshot)

@@ -420,7 +420,8 @@ class Log:
         return [s for s in self.remote_segments if s.next_offset <= first] + local
 
     # -- reading -----------------------------------------------------------------------------------
-    def snapshot(self, *, sealed_only: bool = False, tiers: bool = False, follow: bool = False) -> LogSnapshot:
+    def snapshot(self, *, sealed_only: bool = False, tiers: bool = False, follow: bool = False,
+                 write_only: bool = False) -> LogSnapshot:
         """The segments now (only the sealed ones with ``sealed_only``; tiered ones too with ``tiers``), pinned
         until the snapshot is released: they stay readable whatever retention, compaction or truncation does
         meanwhile. With ``follow`` (a file handle's view), every segment rolled from now on is pinned too, at the
@@ -428,7 +429,7 @@ class Log:
         with self.lock:
             segments = self.view_segments() if tiers else self.segments.as_list()
             snapshot = pin(self, segments[:-1] if sealed_only else segments)
-            return snapshot.follow() if follow else snapshot
+            return snapshot.follow(write_only=write_only) if follow else snapshot
 
     def read(self, offset: int, max_bytes: int = 1 << 20, max_records: int | None = None) -> list[rec.Record]:
         """Records from ``offset`` (or the first retained one after it, at a compacted gap), up to about

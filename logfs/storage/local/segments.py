@@ -96,7 +96,7 @@ class LogSnapshot:
     does); releasing again does nothing. Its methods take the log lock; they are safe from any thread.
     """
 
-    __slots__ = ("log", "segments", "log_start_offset", "rolled", "__weakref__")
+    __slots__ = ("log", "segments", "log_start_offset", "rolled", "write_only", "__weakref__")
 
     def __init__(self, log: PinnedLog, segments: list[LogSegment], log_start_offset: int):
         self.log = log
@@ -106,17 +106,28 @@ class LogSnapshot:
         # (:meth:`on_roll`) and not yet taken by :meth:`extend`. So retention can never delete a segment a reader
         # has not reached yet, however fast segments roll and retention runs between its reads.
         self.rolled: list[LogSegment] | None = None
+        self.write_only = False  # a handle that never reads: it needs lengths, never bytes
 
-    def follow(self) -> "LogSnapshot":
+    def follow(self, *, write_only: bool = False) -> "LogSnapshot":
         """Make this snapshot pin every segment the log rolls from now on (caller holds the log lock)."""
         self.rolled = []
+        self.write_only = write_only
         self.log.followers.add(self)
         return self
 
     def on_roll(self, segment: LogSegment) -> None:
-        """The log rolled ``segment`` (under its lock): pin it for this snapshot, to be taken by :meth:`extend`."""
+        """The log rolled ``segment`` (under its lock): pin it for this snapshot, to be taken by :meth:`extend`. A
+        write-only snapshot lets go, at each roll, of the segments that left the log (it never reads them: their
+        lengths are known from memory), so a writer that keeps its file open pins no freed disk."""
         segment.refs += 1
         self.rolled.append(segment)
+        if self.write_only:
+            for pinned in [s for s in self.segments[:-1] + self.rolled[:-1] if s.deleted]:
+                if any(pinned is s for s in self.segments[:-1]):
+                    self.segments.remove(pinned)
+                else:
+                    self.rolled.remove(pinned)
+                unpin(pinned)
 
     def catch_up(self, segments: list) -> None:
         """Pin, for :meth:`extend`, the segments of ``segments`` (the log's view now) that start at or after the end
