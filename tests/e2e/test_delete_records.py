@@ -52,7 +52,7 @@ def test_delete_records_moves_the_log_start_durably(mount_logfs):
         # An open handle keeps the view it opened.
         assert held.read().splitlines() == written
     # Retention deletes the segments wholly below the new start.
-    wait_for(lambda: int(fs.getx("t/0", "segment_count")) < segments, 10, what="retention to delete segments")
+    wait_for(lambda: int(fs.getx("t/0", "segment_count")) < segments, 60, what="retention to delete segments")
     assert fs.read("t/0").splitlines() == written[120:]
     # At or below the current start: nothing changes.
     os.setxattr(path, START, b"50")
