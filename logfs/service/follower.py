@@ -162,23 +162,13 @@ def setup(manager: LogManager, prefix: str) -> Follower:
     """At startup (before mounting): the store (read-only), its check (a missing bucket or refused credentials
     raise RemoteSetupError; an unreachable store is logged, and following retries), the state cached by the last
     run published at once, then one look at the bucket if it answers."""
-    from ..remote.api import ReadOnlyStore, RemoteAuthError, RemoteUnavailableError
+    from ..remote.api import ReadOnlyStore
     from ..storage.tiered.manager import RemoteLogManager
-    from .tiering import CHECK_TIMEOUT_S, RemoteSetupError, _check, make_stores
+    from .tiering import check_at_mount, make_stores
 
     broker = manager.broker
     store, read_store, where = make_stores(broker)
-    reachable = False
-    try:
-        _check(read_store, CHECK_TIMEOUT_S)
-        reachable = True
-    except RemoteUnavailableError as exc:
-        log.warning("follower: %s cannot be reached (%s); mounting what was seen last, following retries", where,
-                    exc)
-    except RemoteAuthError as exc:
-        raise RemoteSetupError(f"follower: the store refused the credentials of the AWS chain: {exc}") from None
-    except RemoteStoreError as exc:
-        raise RemoteSetupError(f"follower: {exc}") from None
+    reachable = check_at_mount(read_store, where, "follower", "mounting what was seen last, following retries")
     manager.remote = RemoteLogManager(manager.data_dir, manager.logs, ReadOnlyStore(store),
                                       read_store=ReadOnlyStore(read_store), prefix=prefix,
                                       cache_bytes=broker.get("logfs.remote.cache.bytes"), stopping=manager.stopping)

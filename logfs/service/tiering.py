@@ -72,22 +72,28 @@ def setup(manager: LogManager) -> RemoteLogManager | None:
     if not broker.get("remote.log.storage.system.enable"):
         return None
     store, read_store, where = make_stores(broker)
-    reachable = False
-    try:
-        _check(read_store, CHECK_TIMEOUT_S)
-        reachable = True
-    except RemoteUnavailableError as exc:
-        log.warning("tiered storage: %s cannot be reached (%s); mounting anyway, uploads retry", where, exc)
-    except RemoteAuthError as exc:
-        raise RemoteSetupError(f"tiered storage: the store refused the credentials of the AWS chain: {exc}") from None
-    except RemoteStoreError as exc:
-        raise RemoteSetupError(f"tiered storage: {exc}") from None
+    reachable = check_at_mount(read_store, where, "tiered storage", "mounting anyway, uploads retry")
     rlm = RemoteLogManager(manager.data_dir, manager.logs, store, read_store=read_store,
                            prefix=broker.get("logfs.remote.s3.prefix"),
                            cache_bytes=broker.get("logfs.remote.cache.bytes"), stopping=manager.stopping)
     rlm.attach_cached(store_reachable=reachable)
     log.info("tiered storage to %s", where)
     return rlm
+
+
+def check_at_mount(store: RemoteStore, where: str, what: str, unreachable: str) -> bool:
+    """The store's check at mount: whether it answered. A missing bucket or refused credentials raise
+    RemoteSetupError (no mount); an unreachable store is logged (``what: where cannot be reached; unreachable``)."""
+    try:
+        _check(store, CHECK_TIMEOUT_S)
+        return True
+    except RemoteUnavailableError as exc:
+        log.warning("%s: %s cannot be reached (%s); %s", what, where, exc, unreachable)
+    except RemoteAuthError as exc:
+        raise RemoteSetupError(f"{what}: the store refused the credentials of the AWS chain: {exc}") from None
+    except RemoteStoreError as exc:
+        raise RemoteSetupError(f"{what}: {exc}") from None
+    return False
 
 
 def _check(store: RemoteStore, timeout: float) -> None:
