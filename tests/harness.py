@@ -83,10 +83,13 @@ def _alive(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
-def daemon_pids(data_dir: str | os.PathLike) -> list[int]:
+def daemon_pids(data_dir: str | os.PathLike, mountpoint: str | os.PathLike | None = None) -> list[int]:
     """PIDs of live processes whose command line names ``data_dir`` as one argument and mentions logfs
-    (the daemon, however it was started: python -m logfs.cli, the logfs script, mount.fuse3)."""
-    target = os.fsencode(os.path.abspath(data_dir))
+    (the daemon, however it was started: python -m logfs.cli, the logfs script, mount.fuse3). A source that is not
+    a path (``s3://...``) is matched as given; ``mountpoint``, if given, must be named too."""
+    source = os.fspath(data_dir)
+    target = os.fsencode(source if "://" in source else os.path.abspath(source))
+    mnt = os.fsencode(os.path.abspath(mountpoint)) if mountpoint is not None else None
     pids = []
     for name in os.listdir("/proc"):
         if not name.isdigit() or int(name) == os.getpid():
@@ -97,6 +100,8 @@ def daemon_pids(data_dir: str | os.PathLike) -> list[int]:
         except OSError:
             continue
         if b"logfs" not in b" ".join(args):
+            continue
+        if mnt is not None and mnt not in args:
             continue
         if any(a == target or a.endswith(b"#" + target) for a in args) and _alive(int(name)):
             pids.append(int(name))
@@ -333,19 +338,7 @@ class FollowerMount(LogfsMount):
         return cmd + ["-o", ",".join((f"logfs.remote.cache.dir={self.cache}",) + options)]
 
     def pids(self) -> list[int]:
-        target = os.fsencode(self.source)
-        out = []
-        for name in os.listdir("/proc"):
-            if not name.isdigit():
-                continue
-            try:
-                with open(f"/proc/{name}/cmdline", "rb") as f:
-                    args = f.read().split(b"\0")
-            except OSError:
-                continue
-            if target in args and str(self.mnt).encode() in args and _alive(int(name)):
-                out.append(int(name))
-        return out
+        return daemon_pids(self.source, self.mnt)
 
 
 def expect_errno(code: int, fn, *args, **kwargs):

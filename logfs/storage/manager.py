@@ -547,11 +547,22 @@ class LogManager:
                 ckpt.atomic_write(os.path.join(self.data_dir, ckpt.CLEAN_SHUTDOWN), b"")
             except (OSError, LogfsError) as exc:
                 # E.g. ENOSPC: without the clean-shutdown marker, the next start recovers what was not made
-                # durable here. The lock is released either way.
+                # durable here. An I/O error takes the directory offline: nothing more is written to it. The lock
+                # is released either way.
+                self.log_dir.report(exc, "clean shutdown")
                 log.error("clean shutdown of %s incomplete (the next start recovers): %s", self.data_dir, exc)
                 for partition_log in self.logs.values():
-                    if not partition_log.closed:
-                        partition_log.close_without_flush()
+                    if partition_log.closed:
+                        continue
+                    try:
+                        if self.log_dir.offline:
+                            partition_log.close()  # (offline: closes without touching the disk)
+                        else:
+                            partition_log.close_without_flush()
+                    except (OSError, LogfsError):
+                        for segment in partition_log.segments:
+                            segment.close_readonly()
+                        partition_log.closed = True
             finally:
                 os.close(self._lock_fd)
                 self.closed = True

@@ -110,7 +110,7 @@ MAY_SKIP = {"spark", "spark_cluster", *(name for name in RANGES if name.startswi
 
 SCENARIOS = {"bulk_append", "bulk_append_fsync", "sequential_read", "sequential_read_warm", "small_writes",
              "shell_appends", "read_at_offset", "mount_time", "memory", "responsiveness", "spark", "spark_sink", "metrics",
-             "writer_headers", "tiered", "spark_cluster", "many_partitions",
+             "writer_headers", "tiered", "spark_cluster", "many_partitions", "spark_time",
              *(name for name in RANGES if name.startswith("compression_"))}
 SMALL_CASES = {(writers, length) for writers in (1, 4) for length in (25, 100, 1000)}
 NUMBER = re.compile(r"^-?[\d,]+(\.\d+)?(e[+-]?\d+)?$")

@@ -1021,7 +1021,6 @@ BUG_DELETION_EIO = (
 # (protocol, pattern searched in a crash point's failure message) -> the bug
 KNOWN_BUGS = [
     ("partition-delete", re.compile(r"an EIO from the disk did not take the directory offline"), BUG_DELETION_EIO),
-    ("shutdown", re.compile(r"index \S+ is closed"), BUG_SHUTDOWN_TRIM),
     ("cleaner-swap", re.compile(r"\(the call: \w+ \S+\.cleaned\): an EIO from the disk did not take"),
      BUG_CLEANER_CHILD_EIO),
     ("compression-swap", re.compile(r"\(the call: \w+ \S+\.cleaned\): an EIO from the disk did not take"),
@@ -1036,7 +1035,6 @@ def _known_bug(protocol: str, message: str) -> str | None:
     return None
 
 
-@pytest.mark.xfail(strict=True, reason=BUG_SHUTDOWN_TRIM)
 def test_a_failed_index_trim_at_shutdown(faultfs, mount_logfs):
     fs = mount_logfs("num.partitions=1", name=".", foreground=True)
     os.mkdir(fs.path("t"))
