@@ -101,3 +101,12 @@ def translate(fn):
 def fail(code: int):
     """Raise a FUSE-level refusal (rename, links, non-appends detected by the FUSE layer)."""
     raise pyfuse3.FUSEError(code)
+
+
+def disk_failed(plog, exc: BaseException, what: str):
+    """Raise for a disk error ``exc`` met serving ``what`` on ``plog``: its log directory goes offline unless the
+    error is not the disk's (storage/failure.py)."""
+    error = plog.log_dir.io_error(exc, f"{what} of {plog.name}")
+    if error is exc:
+        raise exc
+    raise error from exc

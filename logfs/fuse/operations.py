@@ -5,13 +5,17 @@ Partition files are opened with ``direct_io``: every read and write reaches logf
 handle sees its own consistent view, a ``write()`` that returned is visible to every reader, and ``st_size``
 (attr timeout 0) is always the exact current view length.
 
+The handlers are four classes, one idea each: this module holds the attributes, partition files and shutdown;
+:mod:`logfs.fuse.namespace` the directories and the refused namespace operations; :mod:`logfs.fuse.xattrs` the
+extended attributes; :mod:`logfs.fuse.control` the Spark sink's staging directory and commit file. The inode
+table is :mod:`logfs.fuse.inodes`.
+
 Everything here runs on the trio thread; fsync-class work (including the flush that ``flush.messages`` makes
 due after an append) goes to worker threads (``run_blocking``).
 """
 
 from __future__ import annotations
 
-import bisect
 import errno
 import itertools
 import logging
@@ -27,11 +31,12 @@ from ..storage.errors import FetchNeededError, InvalidRecordError, LogfsError, R
 from ..storage.manager import LogManager
 from ..storage.names import MOUNT_COMMIT, MOUNT_STAGING, parse_partition_number
 from ..view.text import live_view, measure_start
-from . import xattrs
-from .control import SINK_PROTOCOL, SINK_PROTOCOL_XATTR, ControlEntries, StagedFileHandle
-from .errors import fail, translate
+from .control import ControlEntries, StagedFileHandle
+from .errors import disk_failed, fail, translate
 from .handles import PartitionHandle
 from .inodes import ROOT, InodeTable
+from .namespace import NamespaceOps, decode_name
+from .xattrs import XattrOps
 
 log = logging.getLogger(__name__)
 
@@ -49,23 +54,8 @@ BLOCK_SIZE = 1 << 20
 NOW_SLACK_NS = 2_000_000_000
 
 
-def _disk_failed(plog, exc: BaseException, what: str):
-    """Raise for a disk error ``exc`` met serving ``what`` on ``plog``: its log directory goes offline unless the
-    error is not the disk's (storage/failure.py)."""
-    error = plog.log_dir.io_error(exc, f"{what} of {plog.name}")
-    if error is exc:
-        raise exc
-    raise error from exc
 
-
-def _decode(name: bytes) -> str:
-    try:
-        return name.decode("utf-8")
-    except UnicodeDecodeError:
-        fail(errno.EINVAL)
-
-
-class Operations(pyfuse3.Operations, ControlEntries):
+class Operations(NamespaceOps, XattrOps, ControlEntries, pyfuse3.Operations):
     supports_dot_lookup = False
     enable_writeback_cache = False
     enable_acl = False
@@ -209,7 +199,7 @@ class Operations(pyfuse3.Operations, ControlEntries):
 
     @translate
     async def lookup(self, parent_inode, name, ctx=None):
-        text = _decode(name)
+        text = decode_name(name)
         if parent_inode == ROOT:
             if text in self.manager.topics:
                 return self._attrs(self.inodes.topic(text))
@@ -273,90 +263,12 @@ class Operations(pyfuse3.Operations, ControlEntries):
         out.f_namemax = 255
         return out
 
-    # -- directories -----------------------------------------------------------------------------------
-    @translate
-    async def opendir(self, inode, ctx):
-        if inode == self._staging_ino:
-            return inode
-        if self._is_control(inode):
-            fail(errno.ENOTDIR)
-        if inode != ROOT:
-            _, partition = self._resolve(inode)
-            if partition is not None:
-                fail(errno.ENOTDIR)
-        return inode
-
-    @translate
-    async def readdir(self, fh, start_id, token):
-        # Cookies are stable under concurrent changes: a topic's inode number, a partition's number + 1.
-        if fh == self._staging_ino:  # (a staged file's inode number)
-            entries = sorted((self._staged_inode(n), n) for n in self.manager.transactions.staging.names())
-            for ino, name in entries:
-                if ino <= start_id:
-                    continue
-                try:
-                    attrs = self._control_attrs(ino)
-                except LogfsError:
-                    continue  # removed meanwhile
-                if not pyfuse3.readdir_reply(token, name.encode(), attrs, ino):
-                    return
-            return
-        if fh == ROOT:
-            # The listing is sorted once, when it starts: each later call of the same listing resumes in it by
-            # bisection (a listing of T topics costs O(T log T), not that per call). A topic created meanwhile
-            # may be missed, as POSIX allows; one deleted meanwhile is skipped.
-            if start_id == 0 or self._root_listing is None:
-                self._root_listing = sorted((self.inodes.topic(t), t) for t in self.manager.list_topics())
-            entries = self._root_listing
-            for ino, topic in entries[bisect.bisect_right(entries, (start_id, "\U0010ffff")):]:
-                if topic not in self.manager.topics:
-                    continue
-                if not pyfuse3.readdir_reply(token, topic.encode(), self._attrs(ino), ino):
-                    return
-            return
-        topic, _ = self._resolve(fh)
-        for partition in self.manager.partitions(topic):
-            if partition + 1 <= start_id:
-                continue
-            ino = self.inodes.partition(topic, partition)
-            attrs = await self._partition_attrs(ino)
-            if not pyfuse3.readdir_reply(token, str(partition).encode(), attrs, partition + 1):
-                return
-
-    async def releasedir(self, fh):
-        return None
-
-    @translate
-    async def mkdir(self, parent_inode, name, mode, ctx):
-        if self.read_only:
-            fail(errno.EROFS)
-        text = _decode(name)
-        if self._is_control(parent_inode):
-            fail(errno.EPERM)  # the staging directory holds plain files only
-        if parent_inode != ROOT:
-            self._resolve(parent_inode)
-            fail(errno.EINVAL)  # topics hold only partition files
-        await self.run_blocking(self.manager.create_topic, text)
-        return self._attrs(self.inodes.topic(text))
-
-    @translate
-    async def rmdir(self, parent_inode, name, ctx):
-        text = _decode(name)
-        if parent_inode != ROOT:
-            fail(errno.ENOTDIR)
-        if text == MOUNT_STAGING:
-            fail(errno.EPERM)
-        if text not in self.manager.topics:
-            fail(errno.ENOENT)
-        await self.run_blocking(self.manager.delete_topic, text)
-        self.inodes.forget_topic(text)
-
     # -- partition files -------------------------------------------------------------------------------
     @translate
     async def create(self, parent_inode, name, mode, flags, ctx):
         if self.read_only:
             fail(errno.EROFS)
-        text = _decode(name)
+        text = decode_name(name)
         if parent_inode == self._staging_ino:
             if self.read_only:
                 fail(errno.EROFS)
@@ -439,7 +351,7 @@ class Operations(pyfuse3.Operations, ControlEntries):
             if data is None:
                 data, lines = await self._fetch(fh, handle.read, off, size)
         except (OSError, StorageIOError) as exc:  # the disk failed a read: the directory goes offline
-            _disk_failed(handle.log, exc, "read")
+            disk_failed(handle.log, exc, "read")
         counters = handle.counters  # (here, on the trio thread, also after a read in a worker thread)
         counters.read_bytes += len(data)
         counters.read_records += lines
@@ -527,106 +439,6 @@ class Operations(pyfuse3.Operations, ControlEntries):
             return
         handle.log.log_dir.check()  # (never a success over bytes whose fsync failed: the directory is offline)
         await self.run_blocking(handle.log.flush)
-
-    @translate
-    async def unlink(self, parent_inode, name, ctx):
-        if self.read_only:
-            fail(errno.EROFS)
-        text = _decode(name)
-        if parent_inode == self._staging_ino:
-            await self.run_blocking(self.manager.transactions.staging.unlink, text)
-            self._forget_staged(text)
-            return
-        if self._is_control(parent_inode):
-            fail(errno.ENOTDIR)
-        if parent_inode == ROOT:
-            if text == MOUNT_COMMIT:
-                fail(errno.EPERM)
-            fail(errno.EISDIR if text in self.manager.topics else errno.ENOENT)
-        topic, partition = self._resolve(parent_inode)
-        number = parse_partition_number(text)
-        if number is None or (topic, number) not in self.manager.logs:
-            fail(errno.ENOENT)
-        await self.run_blocking(self.manager.delete_partition, topic, number)
-        self.inodes.forget_partition(topic, number)
-
-    # -- refused operations ----------------------------------------------------------------------------
-    @translate
-    async def rename(self, parent_inode_old, name_old, parent_inode_new, name_new, flags, ctx):
-        fail(errno.EPERM)
-
-    @translate
-    async def link(self, inode, new_parent_inode, new_name, ctx):
-        fail(errno.EPERM)
-
-    @translate
-    async def symlink(self, parent_inode, name, target, ctx):
-        fail(errno.EPERM)
-
-    @translate
-    async def mknod(self, parent_inode, name, mode, rdev, ctx):
-        fail(errno.EPERM)
-
-    # -- extended attributes ---------------------------------------------------------------------------
-    @translate
-    async def getxattr(self, inode, name, ctx):
-        text = name.decode("utf-8", "replace")
-        if inode == ROOT and text == SINK_PROTOCOL_XATTR:
-            return SINK_PROTOCOL  # how the sink recognises a logfs mount
-        if inode == ROOT or self._is_control(inode) or not text.startswith(xattrs.PREFIX):
-            fail(errno.ENODATA)
-        topic, partition = self._resolve(inode)
-        if partition is None:
-            return xattrs.topic_get(self.manager, topic, text)
-        plog = self.manager.logs[(topic, partition)]
-        plog.log_dir.check()
-        try:
-            try:
-                return xattrs.partition_get(plog, text)
-            except FetchNeededError:
-                pass
-            async with self._fetch_slots:
-                return await self.run_blocking(xattrs.partition_get_pinned, plog, text)
-        except (OSError, StorageIOError) as exc:
-            _disk_failed(plog, exc, f"getxattr {text}")
-
-    @translate
-    async def listxattr(self, inode, ctx):
-        if inode == ROOT:
-            return [SINK_PROTOCOL_XATTR.encode()]
-        if self._is_control(inode):
-            return []
-        _, partition = self._resolve(inode)
-        return xattrs.topic_list() if partition is None else xattrs.partition_list()
-
-    @translate
-    async def setxattr(self, inode, name, value, ctx):
-        text = name.decode("utf-8", "replace")
-        if inode == ROOT or self._is_control(inode):
-            fail(errno.ENOTSUP)
-        topic, partition = self._resolve(inode)
-        if partition is not None:
-            if text != xattrs.WRITABLE_LOG_START:
-                fail(xattrs.partition_set_error(text))
-            if self.read_only:
-                fail(errno.EROFS)
-            await self.run_blocking(xattrs.delete_records, self.manager, topic, partition, value)
-            return
-        if self.read_only:
-            fail(errno.EROFS)
-        await self.run_blocking(xattrs.topic_set, self.manager, topic, text, value)
-
-    @translate
-    async def removexattr(self, inode, name, ctx):
-        text = name.decode("utf-8", "replace")
-        if inode == ROOT or self._is_control(inode):
-            fail(errno.ENODATA)
-        topic, partition = self._resolve(inode)
-        if partition is not None:
-            fail(errno.EPERM if xattrs.partition_set_error(text) == errno.EPERM else errno.ENODATA)
-        if self.read_only:
-            fail(errno.EROFS)
-        await self.run_blocking(xattrs.topic_set, self.manager, topic, text, None)
 
     # -- shutdown --------------------------------------------------------------------------------------
     def release_all(self) -> None:

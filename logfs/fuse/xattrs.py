@@ -14,7 +14,10 @@ from ..storage.local.log import Log
 from ..storage.manager import LogManager
 from ..storage.tiered.manager import tier_stats
 from ..view.text import SegmentView, live_view, measure_start, open_view
-from .errors import fail
+from ..storage.errors import FetchNeededError, StorageIOError
+from .control import SINK_PROTOCOL, SINK_PROTOCOL_XATTR
+from .errors import disk_failed, fail, translate
+from .inodes import ROOT
 
 PREFIX = "user.logfs."
 PARTITION_FIXED = ["log_start_offset", "log_end_offset", "recovery_point", "segment_count", "size_bytes",
@@ -152,3 +155,69 @@ def topic_set(manager: LogManager, topic: str, name: str, value: bytes | None) -
 def topic_list() -> list[bytes]:
     names = [PREFIX + "partitions"] + [PREFIX + CONFIG_PREFIX + k for k in TOPIC_SETTINGS]
     return [n.encode() for n in names]
+
+
+class XattrOps:
+    """The extended-attribute handlers of :class:`~logfs.fuse.operations.Operations` (a mixin: it uses the inode
+    table, the manager, ``_resolve``, ``_is_control`` and ``run_blocking``); the names and values are the functions
+    above."""
+
+    @translate
+    async def getxattr(self, inode, name, ctx):
+        text = name.decode("utf-8", "replace")
+        if inode == ROOT and text == SINK_PROTOCOL_XATTR:
+            return SINK_PROTOCOL  # how the sink recognises a logfs mount
+        if inode == ROOT or self._is_control(inode) or not text.startswith(PREFIX):
+            fail(errno.ENODATA)
+        topic, partition = self._resolve(inode)
+        if partition is None:
+            return topic_get(self.manager, topic, text)
+        plog = self.manager.logs[(topic, partition)]
+        plog.log_dir.check()
+        try:
+            try:
+                return partition_get(plog, text)
+            except FetchNeededError:
+                pass
+            async with self._fetch_slots:
+                return await self.run_blocking(partition_get_pinned, plog, text)
+        except (OSError, StorageIOError) as exc:
+            disk_failed(plog, exc, f"getxattr {text}")
+
+    @translate
+    async def listxattr(self, inode, ctx):
+        if inode == ROOT:
+            return [SINK_PROTOCOL_XATTR.encode()]
+        if self._is_control(inode):
+            return []
+        _, partition = self._resolve(inode)
+        return topic_list() if partition is None else partition_list()
+
+    @translate
+    async def setxattr(self, inode, name, value, ctx):
+        text = name.decode("utf-8", "replace")
+        if inode == ROOT or self._is_control(inode):
+            fail(errno.ENOTSUP)
+        topic, partition = self._resolve(inode)
+        if partition is not None:
+            if text != WRITABLE_LOG_START:
+                fail(partition_set_error(text))
+            if self.read_only:
+                fail(errno.EROFS)
+            await self.run_blocking(delete_records, self.manager, topic, partition, value)
+            return
+        if self.read_only:
+            fail(errno.EROFS)
+        await self.run_blocking(topic_set, self.manager, topic, text, value)
+
+    @translate
+    async def removexattr(self, inode, name, ctx):
+        text = name.decode("utf-8", "replace")
+        if inode == ROOT or self._is_control(inode):
+            fail(errno.ENODATA)
+        topic, partition = self._resolve(inode)
+        if partition is not None:
+            fail(errno.EPERM if partition_set_error(text) == errno.EPERM else errno.ENODATA)
+        if self.read_only:
+            fail(errno.EROFS)
+        await self.run_blocking(topic_set, self.manager, topic, text, None)

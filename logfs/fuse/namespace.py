@@ -1,0 +1,148 @@
+"""The namespace handlers of the mount: listing and creating topics (directories), removing partitions and topics.
+
+A mixin of :class:`~logfs.fuse.operations.Operations` (it uses the inode table, the manager, ``_resolve``,
+``_attrs`` and the sink's entries of :class:`~logfs.fuse.control.ControlEntries`); partition files themselves
+(create, open, read, write) stay in operations.py. Renames, links, symlinks and device nodes are refused: a
+partition's name is its number, and a topic's its directory.
+"""
+
+from __future__ import annotations
+
+import bisect
+import errno
+
+import pyfuse3
+
+from ..storage.errors import LogfsError
+from ..storage.names import MOUNT_COMMIT, MOUNT_STAGING, parse_partition_number
+from .errors import fail, translate
+from .inodes import ROOT
+
+
+def decode_name(name: bytes) -> str:
+    """A name from the kernel as text; EINVAL for one that is not UTF-8."""
+    try:
+        return name.decode("utf-8")
+    except UnicodeDecodeError:
+        fail(errno.EINVAL)
+
+
+class NamespaceOps:
+    """Directory handlers, and the refused namespace operations."""
+
+    # -- directories -----------------------------------------------------------------------------------
+    @translate
+    async def opendir(self, inode, ctx):
+        if inode == self._staging_ino:
+            return inode
+        if self._is_control(inode):
+            fail(errno.ENOTDIR)
+        if inode != ROOT:
+            _, partition = self._resolve(inode)
+            if partition is not None:
+                fail(errno.ENOTDIR)
+        return inode
+
+    @translate
+    async def readdir(self, fh, start_id, token):
+        # Cookies are stable under concurrent changes: a topic's inode number, a partition's number + 1.
+        if fh == self._staging_ino:  # (a staged file's inode number)
+            entries = sorted((self._staged_inode(n), n) for n in self.manager.transactions.staging.names())
+            for ino, name in entries:
+                if ino <= start_id:
+                    continue
+                try:
+                    attrs = self._control_attrs(ino)
+                except LogfsError:
+                    continue  # removed meanwhile
+                if not pyfuse3.readdir_reply(token, name.encode(), attrs, ino):
+                    return
+            return
+        if fh == ROOT:
+            # The listing is sorted once, when it starts: each later call of the same listing resumes in it by
+            # bisection (a listing of T topics costs O(T log T), not that per call). A topic created meanwhile
+            # may be missed, as POSIX allows; one deleted meanwhile is skipped.
+            if start_id == 0 or self._root_listing is None:
+                self._root_listing = sorted((self.inodes.topic(t), t) for t in self.manager.list_topics())
+            entries = self._root_listing
+            for ino, topic in entries[bisect.bisect_right(entries, (start_id, "\U0010ffff")):]:
+                if topic not in self.manager.topics:
+                    continue
+                if not pyfuse3.readdir_reply(token, topic.encode(), self._attrs(ino), ino):
+                    return
+            return
+        topic, _ = self._resolve(fh)
+        for partition in self.manager.partitions(topic):
+            if partition + 1 <= start_id:
+                continue
+            ino = self.inodes.partition(topic, partition)
+            attrs = await self._partition_attrs(ino)
+            if not pyfuse3.readdir_reply(token, str(partition).encode(), attrs, partition + 1):
+                return
+
+    async def releasedir(self, fh):
+        return None
+
+    @translate
+    async def mkdir(self, parent_inode, name, mode, ctx):
+        if self.read_only:
+            fail(errno.EROFS)
+        text = decode_name(name)
+        if self._is_control(parent_inode):
+            fail(errno.EPERM)  # the staging directory holds plain files only
+        if parent_inode != ROOT:
+            self._resolve(parent_inode)
+            fail(errno.EINVAL)  # topics hold only partition files
+        await self.run_blocking(self.manager.create_topic, text)
+        return self._attrs(self.inodes.topic(text))
+
+    @translate
+    async def rmdir(self, parent_inode, name, ctx):
+        text = decode_name(name)
+        if parent_inode != ROOT:
+            fail(errno.ENOTDIR)
+        if text == MOUNT_STAGING:
+            fail(errno.EPERM)
+        if text not in self.manager.topics:
+            fail(errno.ENOENT)
+        await self.run_blocking(self.manager.delete_topic, text)
+        self.inodes.forget_topic(text)
+
+    @translate
+    async def unlink(self, parent_inode, name, ctx):
+        if self.read_only:
+            fail(errno.EROFS)
+        text = decode_name(name)
+        if parent_inode == self._staging_ino:
+            await self.run_blocking(self.manager.transactions.staging.unlink, text)
+            self._forget_staged(text)
+            return
+        if self._is_control(parent_inode):
+            fail(errno.ENOTDIR)
+        if parent_inode == ROOT:
+            if text == MOUNT_COMMIT:
+                fail(errno.EPERM)
+            fail(errno.EISDIR if text in self.manager.topics else errno.ENOENT)
+        topic, partition = self._resolve(parent_inode)
+        number = parse_partition_number(text)
+        if number is None or (topic, number) not in self.manager.logs:
+            fail(errno.ENOENT)
+        await self.run_blocking(self.manager.delete_partition, topic, number)
+        self.inodes.forget_partition(topic, number)
+
+    # -- refused operations ----------------------------------------------------------------------------
+    @translate
+    async def rename(self, parent_inode_old, name_old, parent_inode_new, name_new, flags, ctx):
+        fail(errno.EPERM)
+
+    @translate
+    async def link(self, inode, new_parent_inode, new_name, ctx):
+        fail(errno.EPERM)
+
+    @translate
+    async def symlink(self, parent_inode, name, target, ctx):
+        fail(errno.EPERM)
+
+    @translate
+    async def mknod(self, parent_inode, name, mode, rdev, ctx):
+        fail(errno.EPERM)
