@@ -51,7 +51,8 @@ From a test: ``faultfs_client.FaultFS`` (tests/reliability/faultfs_client.py), o
 tests/reliability/conftest.py, whose ``faultfs.mountpoint`` is the DATA_DIR to give a logfs daemon; then e.g.
 ``faultfs.fail("rename", r"\.swap$")``, ``faultfs.injected()``, ``faultfs.clear()``.
 
-This program imports neither logfs nor anything of the test suite.
+This program imports neither logfs nor anything of the test suite but its companion beside it,
+faultfs_client.py (stdlib only), for ``mounted``.
 """
 
 from __future__ import annotations
@@ -75,6 +76,8 @@ import traceback
 
 import pyfuse3
 import trio
+
+from faultfs_client import mounted  # run as a script: this folder is on sys.path; stdlib only
 
 log = logging.getLogger("faultfs")
 
@@ -478,6 +481,14 @@ class FaultOperations(pyfuse3.Operations):
         if err:
             raise pyfuse3.FUSEError(err)
 
+    async def _enter(self, op: str, path: str, path2: str | None = None) -> None:
+        """Count a call of ``op``, then apply the rules of ``op`` (if any) to it on ``path`` (and ``path2``)."""
+        inj = self.inj
+        inj.calls[op] += 1
+        rules = inj.by_op.get(op)
+        if rules:
+            await self._fault(op, rules, path, path2)
+
     def _new_handle(self, fd: int, ino: int) -> None:
         self.handles[fd] = ino
         fds = self.inode_fds.get(ino)
@@ -489,32 +500,21 @@ class FaultOperations(pyfuse3.Operations):
     # -- metadata -----------------------------------------------------------------------------------------
     @handler
     async def lookup(self, parent_inode, name, ctx=None):
-        inj = self.inj
-        inj.calls["lookup"] += 1
         rel = self._child(parent_inode, name)
-        rules = inj.by_op.get("lookup")
-        if rules:
-            await self._fault("lookup", rules, rel)
+        await self._enter("lookup", rel)
         st = os.lstat(self.abspath(rel))
         return self._entry(self._register(rel, st), st)
 
     @handler
     async def getattr(self, inode, ctx=None):
-        inj = self.inj
-        inj.calls["getattr"] += 1
-        rules = inj.by_op.get("getattr")
-        if rules:
-            await self._fault("getattr", rules, self.path_of(inode))
+        await self._enter("getattr", self.path_of(inode))
         return self._entry(inode, self._stat(inode))
 
     @handler
     async def setattr(self, inode, attr, fields, fh, ctx):
         inj = self.inj
-        inj.calls["setattr"] += 1
         rel = self.path_of(inode)
-        rules = inj.by_op.get("setattr")
-        if rules:
-            await self._fault("setattr", rules, rel)
+        await self._enter("setattr", rel)
         if fh is not None and fh not in self.handles:
             fh = None
         target = fh if fh is not None else self.abspath(rel)
@@ -549,12 +549,8 @@ class FaultOperations(pyfuse3.Operations):
 
     @handler
     async def readlink(self, inode, ctx):
-        inj = self.inj
-        inj.calls["readlink"] += 1
         rel = self.path_of(inode)
-        rules = inj.by_op.get("readlink")
-        if rules:
-            await self._fault("readlink", rules, rel)
+        await self._enter("readlink", rel)
         return os.readlink(os.fsencode(self.abspath(rel)))
 
     async def _made(self, rel: str, ctx) -> pyfuse3.EntryAttributes:
@@ -565,85 +561,55 @@ class FaultOperations(pyfuse3.Operations):
 
     @handler
     async def mknod(self, parent_inode, name, mode, rdev, ctx):
-        inj = self.inj
-        inj.calls["mknod"] += 1
         rel = self._child(parent_inode, name)
-        rules = inj.by_op.get("mknod")
-        if rules:
-            await self._fault("mknod", rules, rel)
+        await self._enter("mknod", rel)
         os.mknod(self.abspath(rel), mode, rdev)
         return await self._made(rel, ctx)
 
     @handler
     async def mkdir(self, parent_inode, name, mode, ctx):
-        inj = self.inj
-        inj.calls["mkdir"] += 1
         rel = self._child(parent_inode, name)
-        rules = inj.by_op.get("mkdir")
-        if rules:
-            await self._fault("mkdir", rules, rel)
+        await self._enter("mkdir", rel)
         os.mkdir(self.abspath(rel), mode)
         return await self._made(rel, ctx)
 
     @handler
     async def symlink(self, parent_inode, name, target, ctx):
-        inj = self.inj
-        inj.calls["symlink"] += 1
         rel = self._child(parent_inode, name)
-        rules = inj.by_op.get("symlink")
-        if rules:
-            await self._fault("symlink", rules, rel)
+        await self._enter("symlink", rel)
         os.symlink(target, os.fsencode(self.abspath(rel)))
         return await self._made(rel, ctx)
 
     @handler
     async def link(self, inode, new_parent_inode, new_name, ctx):
-        inj = self.inj
-        inj.calls["link"] += 1
         old = self.path_of(inode)
         rel = self._child(new_parent_inode, new_name)
-        rules = inj.by_op.get("link")
-        if rules:
-            await self._fault("link", rules, rel, old)
+        await self._enter("link", rel, old)
         os.link(self.abspath(old), self.abspath(rel), follow_symlinks=False)
         st = os.lstat(self.abspath(rel))
         return self._entry(self._register(rel, st), st)
 
-    @handler
-    async def unlink(self, parent_inode, name, ctx):
-        inj = self.inj
-        inj.calls["unlink"] += 1
+    async def _remove(self, op: str, remove, parent_inode: int, name: bytes) -> None:
         rel = self._child(parent_inode, name)
-        rules = inj.by_op.get("unlink")
-        if rules:
-            await self._fault("unlink", rules, rel)
-        os.unlink(self.abspath(rel))
+        await self._enter(op, rel)
+        remove(self.abspath(rel))
         ino = self.inode_of.get(rel)
         if ino is not None:
             self._drop_name(ino, rel)
+
+    @handler
+    async def unlink(self, parent_inode, name, ctx):
+        await self._remove("unlink", os.unlink, parent_inode, name)
 
     @handler
     async def rmdir(self, parent_inode, name, ctx):
-        inj = self.inj
-        inj.calls["rmdir"] += 1
-        rel = self._child(parent_inode, name)
-        rules = inj.by_op.get("rmdir")
-        if rules:
-            await self._fault("rmdir", rules, rel)
-        os.rmdir(self.abspath(rel))
-        ino = self.inode_of.get(rel)
-        if ino is not None:
-            self._drop_name(ino, rel)
+        await self._remove("rmdir", os.rmdir, parent_inode, name)
 
     @handler
     async def rename(self, parent_inode_old, name_old, parent_inode_new, name_new, flags, ctx):
-        inj = self.inj
-        inj.calls["rename"] += 1
         old = self._child(parent_inode_old, name_old)
         new = self._child(parent_inode_new, name_new)
-        rules = inj.by_op.get("rename")
-        if rules:
-            await self._fault("rename", rules, old, new)
+        await self._enter("rename", old, new)
         src, dst = self.abspath(old), self.abspath(new)
         if not flags:
             os.rename(src, dst)
@@ -673,23 +639,15 @@ class FaultOperations(pyfuse3.Operations):
 
     @handler
     async def open(self, inode, flags, ctx):
-        inj = self.inj
-        inj.calls["open"] += 1
-        rules = inj.by_op.get("open")
-        if rules:
-            await self._fault("open", rules, self.path_of(inode))
+        await self._enter("open", self.path_of(inode))
         fd = os.open(self._reopen_path(inode), self._flags(flags))
         self._new_handle(fd, inode)
         return pyfuse3.FileInfo(fh=fd, direct_io=self.direct_io, keep_cache=False)
 
     @handler
     async def create(self, parent_inode, name, mode, flags, ctx):
-        inj = self.inj
-        inj.calls["create"] += 1
         rel = self._child(parent_inode, name)
-        rules = inj.by_op.get("create")
-        if rules:
-            await self._fault("create", rules, rel)
+        await self._enter("create", rel)
         path = self.abspath(rel)
         fd = os.open(path, self._flags(flags) | os.O_CREAT | (flags & os.O_EXCL), mode)
         try:
@@ -731,11 +689,7 @@ class FaultOperations(pyfuse3.Operations):
 
     @handler
     async def flush(self, fh):
-        inj = self.inj
-        inj.calls["flush"] += 1
-        rules = inj.by_op.get("flush")
-        if rules:
-            await self._fault("flush", rules, self.path_of(self.handles[fh]))
+        await self._enter("flush", self.path_of(self.handles[fh]))
 
     @handler
     async def release(self, fh):
@@ -831,25 +785,17 @@ class FaultOperations(pyfuse3.Operations):
     # -- directories --------------------------------------------------------------------------------------
     @handler
     async def opendir(self, inode, ctx):
-        inj = self.inj
-        inj.calls["opendir"] += 1
-        rules = inj.by_op.get("opendir")
-        if rules:
-            await self._fault("opendir", rules, self.path_of(inode))
+        await self._enter("opendir", self.path_of(inode))
         fd = os.open(self._reopen_path(inode), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         self.dirs[fd] = [inode, None]
         return fd
 
     @handler
     async def readdir(self, fh, start_id, token):
-        inj = self.inj
-        inj.calls["readdir"] += 1
         state = self.dirs[fh]
         ino = state[0]
         base = self.path_of(ino)
-        rules = inj.by_op.get("readdir")
-        if rules:
-            await self._fault("readdir", rules, base)
+        await self._enter("readdir", base)
         if start_id == 0 or state[1] is None:
             listing = []
             for name in os.listdir(fh):
@@ -875,11 +821,7 @@ class FaultOperations(pyfuse3.Operations):
 
     @handler
     async def fsyncdir(self, fh, datasync):
-        inj = self.inj
-        inj.calls["fsyncdir"] += 1
-        rules = inj.by_op.get("fsyncdir")
-        if rules:
-            await self._fault("fsyncdir", rules, self.path_of(self.dirs[fh][0]))
+        await self._enter("fsyncdir", self.path_of(self.dirs[fh][0]))
         if datasync:
             os.fdatasync(fh)
         else:
@@ -887,11 +829,7 @@ class FaultOperations(pyfuse3.Operations):
 
     @handler
     async def statfs(self, ctx):
-        inj = self.inj
-        inj.calls["statfs"] += 1
-        rules = inj.by_op.get("statfs")
-        if rules:
-            await self._fault("statfs", rules, "")
+        await self._enter("statfs", "")
         sv = os.statvfs(self.src)
         out = pyfuse3.StatvfsData()
         for attr in ("f_bsize", "f_frsize", "f_blocks", "f_bfree", "f_bavail", "f_files", "f_ffree", "f_favail",
@@ -900,53 +838,36 @@ class FaultOperations(pyfuse3.Operations):
         return out
 
     # -- xattrs -------------------------------------------------------------------------------------------
-    @handler
-    async def getxattr(self, inode, name, ctx):
-        inj = self.inj
-        inj.calls["getxattr"] += 1
+    async def _xattr_path(self, op: str, inode: int) -> str:
+        """The xattr ops: counted, ENOSYS unless --xattrs, then faulted; the path of ``inode`` in SOURCE."""
+        self.inj.calls[op] += 1
         if not self.xattrs:
             raise pyfuse3.FUSEError(errno.ENOSYS)
         rel = self.path_of(inode)
-        rules = inj.by_op.get("getxattr")
+        rules = self.inj.by_op.get(op)
         if rules:
-            await self._fault("getxattr", rules, rel)
-        return os.getxattr(self.abspath(rel), name, follow_symlinks=False)
+            await self._fault(op, rules, rel)
+        return self.abspath(rel)
+
+    @handler
+    async def getxattr(self, inode, name, ctx):
+        path = await self._xattr_path("getxattr", inode)
+        return os.getxattr(path, name, follow_symlinks=False)
 
     @handler
     async def setxattr(self, inode, name, value, ctx):
-        inj = self.inj
-        inj.calls["setxattr"] += 1
-        if not self.xattrs:
-            raise pyfuse3.FUSEError(errno.ENOSYS)
-        rel = self.path_of(inode)
-        rules = inj.by_op.get("setxattr")
-        if rules:
-            await self._fault("setxattr", rules, rel)
-        os.setxattr(self.abspath(rel), name, value, follow_symlinks=False)
+        path = await self._xattr_path("setxattr", inode)
+        os.setxattr(path, name, value, follow_symlinks=False)
 
     @handler
     async def listxattr(self, inode, ctx):
-        inj = self.inj
-        inj.calls["listxattr"] += 1
-        if not self.xattrs:
-            raise pyfuse3.FUSEError(errno.ENOSYS)
-        rel = self.path_of(inode)
-        rules = inj.by_op.get("listxattr")
-        if rules:
-            await self._fault("listxattr", rules, rel)
-        return [os.fsencode(n) for n in os.listxattr(self.abspath(rel), follow_symlinks=False)]
+        path = await self._xattr_path("listxattr", inode)
+        return [os.fsencode(n) for n in os.listxattr(path, follow_symlinks=False)]
 
     @handler
     async def removexattr(self, inode, name, ctx):
-        inj = self.inj
-        inj.calls["removexattr"] += 1
-        if not self.xattrs:
-            raise pyfuse3.FUSEError(errno.ENOSYS)
-        rel = self.path_of(inode)
-        rules = inj.by_op.get("removexattr")
-        if rules:
-            await self._fault("removexattr", rules, rel)
-        os.removexattr(self.abspath(rel), name, follow_symlinks=False)
+        path = await self._xattr_path("removexattr", inode)
+        os.removexattr(path, name, follow_symlinks=False)
 
 
 # -- the control socket -------------------------------------------------------------------------------------
@@ -1005,16 +926,6 @@ async def run(ops: FaultOperations, inj: Injector, control: str, ready_fd: int |
         print(f"faultfs: {ops.src} mounted (pid {os.getpid()}, control {control})", file=sys.stderr, flush=True)
         await pyfuse3.main()
         nursery.cancel_scope.cancel()  # unmounted (fusermount3 -u): the control server stops too
-
-
-def _mounted(path: str) -> bool:
-    target = os.path.abspath(path)
-    with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
-        for line in f:
-            field = line.split()[4].replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n")
-            if field.replace("\\134", "\\") == target:
-                return True
-    return False
 
 
 def _allow_other() -> bool:
@@ -1081,7 +992,7 @@ def main(argv=None) -> int:
     except BaseException:
         pyfuse3.close(unmount=True)
         raise
-    pyfuse3.close(unmount=_mounted(mountpoint))
+    pyfuse3.close(unmount=mounted(mountpoint))
     try:
         os.unlink(control)
     except OSError:

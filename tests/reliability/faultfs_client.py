@@ -30,7 +30,8 @@ class FaultFSError(RuntimeError):
     pass
 
 
-def _mounted(path) -> bool:
+def mounted(path) -> bool:
+    """Whether ``path`` is a mount point (/proc/self/mountinfo; faultfs.py uses this too)."""
     target = os.path.abspath(path)
     with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
         for line in f:
@@ -83,7 +84,7 @@ class FaultFS:
                 output = self.output()
                 self._cleanup()
                 raise FaultFSError(f"faultfs exited with {self.proc.returncode}: {output}")
-            if os.path.exists(self.control) and _mounted(self.mountpoint):
+            if os.path.exists(self.control) and mounted(self.mountpoint):
                 try:
                     self.ping()
                     return self
@@ -101,7 +102,7 @@ class FaultFS:
         self._disconnect()
         deadline = time.monotonic() + timeout
         lazy = False
-        while _mounted(self.mountpoint) and self.proc.poll() is None:
+        while mounted(self.mountpoint) and self.proc.poll() is None:
             done = subprocess.run(["fusermount3", "-u"] + (["-z"] if lazy else []) + [str(self.mountpoint)],
                                   capture_output=True)
             if done.returncode == 0:
@@ -117,7 +118,7 @@ class FaultFS:
             except ProcessLookupError:
                 pass
             self.proc.wait()
-        if _mounted(self.mountpoint):  # the daemon died with its mount: a dead connection, remove it
+        if mounted(self.mountpoint):  # the daemon died with its mount: a dead connection, remove it
             subprocess.run(["fusermount3", "-u", "-z", str(self.mountpoint)], capture_output=True)
         status = self.proc.returncode
         self._cleanup()
