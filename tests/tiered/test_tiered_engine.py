@@ -30,11 +30,11 @@ def archive(tmp_path):
     return root
 
 
-def make(tmp_path, archive, clock, **extra):
+def make(tmp_path, archive, clock, store=None, cache_bytes=64 << 10, **extra):
     props = dict(PROPS, **{"logfs.remote.dir": str(archive)}, **extra)
     manager = LogManager(str(tmp_path / "data"), BrokerConfig.from_properties(props), clock=clock)
-    store = DirectoryStore(archive)
-    rlm = RemoteLogManager(manager.data_dir, manager.logs, store, cache_bytes=64 << 10)
+    store = store if store is not None else DirectoryStore(archive)
+    rlm = RemoteLogManager(manager.data_dir, manager.logs, store, cache_bytes=cache_bytes)
     manager.remote = rlm
     return manager, rlm
 
@@ -46,6 +46,15 @@ def tiered_topic(manager, local_bytes="8192"):
     return manager.get_log("t", 0)
 
 
+def tiered_log(tmp_path, archive, clock, data, local_bytes="8192", **make_args):
+    """make() and tiered_topic(), its partition holding ``data``, rolled: all of it in sealed segments."""
+    manager, rlm = make(tmp_path, archive, clock, **make_args)
+    plog = tiered_topic(manager, local_bytes)
+    plog.append_lines(b"", data, len(data))
+    plog.roll()
+    return manager, rlm, plog
+
+
 def view_text(plog):
     view = open_view(plog)
     try:
@@ -55,11 +64,8 @@ def view_text(plog):
 
 
 def test_upload_local_retention_and_whole_log_read(tmp_path, archive, clock):
-    manager, rlm = make(tmp_path, archive, clock)
-    plog = tiered_topic(manager)
     data = lines(3000)
-    plog.append_lines(b"", data, len(data))
-    plog.roll()
+    manager, rlm, plog = tiered_log(tmp_path, archive, clock, data)
     plog.flush()
     uploaded = rlm.sync(plog, clock.time_ms())
     assert uploaded >= 10
@@ -96,11 +102,8 @@ def test_upload_local_retention_and_whole_log_read(tmp_path, archive, clock):
 
 
 def test_orphans_are_removed_and_sealed_segments_flushed_before_upload(tmp_path, archive, clock):
-    manager, rlm = make(tmp_path, archive, clock)
-    plog = tiered_topic(manager, local_bytes="0")
     data = lines(1000)
-    plog.append_lines(b"", data, len(data))
-    plog.roll()
+    manager, rlm, plog = tiered_log(tmp_path, archive, clock, data, local_bytes="0")
     assert plog.recovery_point == 0
     # An interrupted upload left objects the manifest does not name.
     (archive / "t-0").mkdir(exist_ok=True)
@@ -114,11 +117,8 @@ def test_orphans_are_removed_and_sealed_segments_flushed_before_upload(tmp_path,
 
 
 def test_whole_log_retention_deletes_from_the_store(tmp_path, archive, clock):
-    manager, rlm = make(tmp_path, archive, clock)
-    plog = tiered_topic(manager, local_bytes="4096")
     data = lines(3000)
-    plog.append_lines(b"", data, len(data))
-    plog.roll()
+    manager, rlm, plog = tiered_log(tmp_path, archive, clock, data, local_bytes="4096")
     plog.flush()
     rlm.sync(plog, clock.time_ms())
     before = ManifestStore(DirectoryStore(archive)).read("t", 0)
@@ -181,11 +181,8 @@ def test_tiering_settings_are_checked(tmp_path, archive, clock):
 
 
 def test_deleted_partition_objects_are_removed_and_the_cache_stays_bounded(tmp_path, archive, clock):
-    manager, rlm = make(tmp_path, archive, clock)
-    plog = tiered_topic(manager, local_bytes="0")
     data = lines(4000)
-    plog.append_lines(b"", data, len(data))
-    plog.roll()
+    manager, rlm, plog = tiered_log(tmp_path, archive, clock, data, local_bytes="0")
     rlm.sync(plog, clock.time_ms())
     assert view_text(plog) == data  # every tiered block fetched once...
     assert rlm.blocks.used <= 64 << 10  # ...through a cache bounded by logfs.remote.cache.bytes
@@ -212,11 +209,8 @@ def test_a_tiered_read_on_the_request_thread_never_fetches(tmp_path, archive, cl
     from logfs.storage.errors import FetchNeededError
     import threading
 
-    manager, rlm = make(tmp_path, archive, clock)
-    plog = tiered_topic(manager, local_bytes="0")
     data = lines(2000)
-    plog.append_lines(b"", data, len(data))
-    plog.roll()
+    manager, rlm, plog = tiered_log(tmp_path, archive, clock, data, local_bytes="0")
     rlm.sync(plog, clock.time_ms())
     result = {}
 
@@ -260,11 +254,8 @@ def test_time_lookup_and_record_reads_across_tiers(tmp_path, archive, clock):
 
 
 def test_an_open_view_keeps_reading_while_segments_move_to_the_store(tmp_path, archive, clock):
-    manager, rlm = make(tmp_path, archive, clock)
-    plog = tiered_topic(manager, local_bytes="0")
     data = lines(3000)
-    plog.append_lines(b"", data, len(data))
-    plog.roll()
+    manager, rlm, plog = tiered_log(tmp_path, archive, clock, data, local_bytes="0")
     view = open_view(plog)  # pins the local segments, as a file handle does
     head = view.read(0, 5000)
     rlm.sync(plog, clock.time_ms())
@@ -288,14 +279,10 @@ def test_a_small_tiered_read_costs_one_ranged_get_of_at_most_two_blocks(tmp_path
             self.calls.append(length)
             return super().get_range(key, start, length)
 
-    props = dict(PROPS, **{"logfs.remote.dir": str(archive), "log.segment.bytes": str(4 << 20)})
-    manager = LogManager(str(tmp_path / "data"), BrokerConfig.from_properties(props), clock=clock)
     store = Counting(archive)
-    rlm = RemoteLogManager(manager.data_dir, manager.logs, store, cache_bytes=64 << 20)
-    plog = tiered_topic(manager, local_bytes="0")
     data = lines(60000) * 2
-    plog.append_lines(b"", data, len(data))
-    plog.roll()
+    manager, rlm, plog = tiered_log(tmp_path, archive, clock, data, local_bytes="0", store=store,
+                                    cache_bytes=64 << 20, **{"log.segment.bytes": str(4 << 20)})
     rlm.sync(plog, clock.time_ms())
     assert len(plog.segments) == 1 and len(data) > 3 * (1 << 20)
     view = open_view(plog)
