@@ -1,4 +1,5 @@
-"""Options of the ``logfs`` Spark source and offset planning (no PySpark here: testable on its own).
+"""Options of the ``logfs`` Spark source and offset planning (no PySpark here: testable on its own). The values
+of single options are parsed in :mod:`logfs.spark.specs`.
 
 The option names and offset JSON follow Spark's Kafka source, so a job can move between the two by changing
 ``format("kafka")`` to ``format("logfs")`` and ``kafka.bootstrap.servers`` to ``path``.
@@ -14,115 +15,14 @@ from typing import Mapping, Sequence
 
 from . import bucket
 from .segments import DataLossError, PartitionReader, TopicPartition, list_partitions, select_partitions
+from .specs import (EARLIEST, LATEST, OptionError, bool_option, offsets_spec, positive_int_option,
+                    timestamp_option, timestamps_spec)
 
 log = logging.getLogger(__name__)
 
-EARLIEST = -2
-LATEST = -1
 DEFAULT_MAX_RECORDS_PER_PARTITION = 1_000_000
 
 PartitionOffsets = dict[TopicPartition, int]
-
-
-class OptionError(ValueError):
-    """An invalid or missing option of the logfs source."""
-
-
-def _bool(options: Mapping[str, str], name: str, default: bool) -> bool:
-    raw = options.get(name)
-    if raw is None:
-        return default
-    value = str(raw).strip().lower()
-    if value not in ("true", "false"):
-        raise OptionError(f"option {name} must be true or false, not {raw!r}")
-    return value == "true"
-
-
-def _positive_int(options: Mapping[str, str], name: str, default: int | None) -> int | None:
-    raw = options.get(name)
-    if raw is None:
-        return default
-    try:
-        value = int(str(raw).strip())
-    except ValueError:
-        raise OptionError(f"option {name} must be an integer, not {raw!r}") from None
-    if value < 0:
-        raise OptionError(f"option {name} must not be negative, not {raw!r}")
-    return value or None  # 0 switches the limit off
-
-
-def parse_offsets_spec(raw: str | None, name: str) -> int | dict[TopicPartition, int] | None:
-    """``earliest`` -> EARLIEST, ``latest`` -> LATEST, Kafka's JSON ``{"topic":{"0":23,"1":-2}}`` -> a map
-    (-2 earliest, -1 latest), None when unset."""
-    if raw is None:
-        return None
-    text = str(raw).strip()
-    if text.lower() == "earliest":
-        return EARLIEST
-    if text.lower() == "latest":
-        return LATEST
-    try:
-        data = json.loads(text)
-    except ValueError:
-        raise OptionError(f"option {name} must be earliest, latest or JSON like "
-                          f"{{\"topic\":{{\"0\":23}}}}, not {text!r}") from None
-    if not isinstance(data, dict):
-        raise OptionError(f"option {name}: expected a JSON object of topics, not {text!r}")
-    out: dict[TopicPartition, int] = {}
-    for topic, parts in data.items():
-        if not isinstance(parts, dict):
-            raise OptionError(f"option {name}: topic {topic!r} must map partitions to offsets")
-        for part, offset in parts.items():
-            try:
-                partition = int(part)
-            except ValueError:
-                raise OptionError(f"option {name}: {part!r} of topic {topic!r} is not a partition") from None
-            if not isinstance(offset, int) or isinstance(offset, bool) or offset < -2:
-                raise OptionError(f"option {name}: offset {offset!r} of {topic}-{part} is not an offset "
-                                  "(-2 earliest, -1 latest, or >= 0)")
-            out[TopicPartition(topic, partition)] = offset
-    return out
-
-
-def _timestamp(raw: str | None, name: str) -> int | None:
-    """A global timestamp option (epoch ms; -2 earliest, -1 latest, as Kafka's ListOffsets takes them)."""
-    if raw is None:
-        return None
-    try:
-        value = int(str(raw).strip())
-    except ValueError:
-        raise OptionError(f"option {name} must be a timestamp in milliseconds since the epoch, not {raw!r}") \
-            from None
-    if value < -2:
-        raise OptionError(f"option {name}: {value} is not a timestamp (-2 earliest, -1 latest, or >= 0)")
-    return value
-
-
-def parse_timestamps_spec(raw: str | None, name: str) -> dict[TopicPartition, int] | None:
-    """``{"topic":{"0":1700000000000,"1":-1}}`` -> a map (epoch ms; -2 earliest, -1 latest), None when unset."""
-    if raw is None:
-        return None
-    text = str(raw).strip()
-    try:
-        data = json.loads(text)
-    except ValueError:
-        data = None
-    if not isinstance(data, dict):
-        raise OptionError(f"option {name} must be JSON like {{\"topic\":{{\"0\":1700000000000}}}}, not {text!r}")
-    out: dict[TopicPartition, int] = {}
-    for topic, parts in data.items():
-        if not isinstance(parts, dict):
-            raise OptionError(f"option {name}: topic {topic!r} must map partitions to timestamps")
-        for part, ts in parts.items():
-            try:
-                partition = int(part)
-            except ValueError:
-                raise OptionError(f"option {name}: {part!r} of topic {topic!r} is not a partition") from None
-            if not isinstance(ts, int) or isinstance(ts, bool) or ts < -2:
-                raise OptionError(f"option {name}: {ts!r} of {topic}-{part} is not a timestamp "
-                                  "(-2 earliest, -1 latest, or milliseconds since the epoch)")
-            out[TopicPartition(topic, partition)] = ts
-    return out
 
 
 STRATEGY_ERROR = "error"
@@ -220,22 +120,22 @@ class SourceOptions:
             subscribe=topics,
             pattern=pattern,
             assign=assign,
-            starting=parse_offsets_spec(options.get("startingOffsets"), "startingOffsets"),
-            ending=parse_offsets_spec(options.get("endingOffsets"), "endingOffsets"),
-            include_headers=_bool(options, "includeHeaders", False),
-            max_records_per_partition=_positive_int(options, "maxRecordsPerPartition",
+            starting=offsets_spec(options.get("startingOffsets"), "startingOffsets"),
+            ending=offsets_spec(options.get("endingOffsets"), "endingOffsets"),
+            include_headers=bool_option(options, "includeHeaders", False),
+            max_records_per_partition=positive_int_option(options, "maxRecordsPerPartition",
                                                     DEFAULT_MAX_RECORDS_PER_PARTITION),
-            min_partitions=_positive_int(options, "minPartitions", None),
-            max_offsets_per_trigger=_positive_int(options, "maxOffsetsPerTrigger", None),
-            fail_on_data_loss=_bool(options, "failOnDataLoss", False),
+            min_partitions=positive_int_option(options, "minPartitions", None),
+            max_offsets_per_trigger=positive_int_option(options, "maxOffsetsPerTrigger", None),
+            fail_on_data_loss=bool_option(options, "failOnDataLoss", False),
             s3_endpoint=options.get("s3.endpoint") or None,
             s3_region=options.get("s3.region") or None,
             local_data_dir=options.get("localDataDir") or None,
-            starting_timestamp=_timestamp(options.get("startingTimestamp"), "startingTimestamp"),
-            starting_by_timestamp=parse_timestamps_spec(options.get("startingOffsetsByTimestamp"),
+            starting_timestamp=timestamp_option(options.get("startingTimestamp"), "startingTimestamp"),
+            starting_by_timestamp=timestamps_spec(options.get("startingOffsetsByTimestamp"),
                                                         "startingOffsetsByTimestamp"),
-            ending_timestamp=_timestamp(options.get("endingTimestamp"), "endingTimestamp"),
-            ending_by_timestamp=parse_timestamps_spec(options.get("endingOffsetsByTimestamp"),
+            ending_timestamp=timestamp_option(options.get("endingTimestamp"), "endingTimestamp"),
+            ending_by_timestamp=timestamps_spec(options.get("endingOffsetsByTimestamp"),
                                                       "endingOffsetsByTimestamp"),
             starting_strategy=strategy,
         )
