@@ -1340,7 +1340,7 @@ done:
  * offset index (>ii), field 0: the relative offset. kind 1, the time index (>qi), field 0: the timestamp,
  * field 1: the relative offset. kind 2, the view index (>IIIIIQQ), field 0: the relative offset, field 1: the
  * position, field 2: the view length before the entry (records + value bytes + nulls * marker_len, plus key
- * bytes + keyed * sep_len when sep_len > 0: LineFormat.length). The Python twin is logfs.storage.local.index.index_floor. */
+ * bytes + keyed * sep_len when sep_len > 0: LineFormat.length). The Python twin is logfs.storage.format.twins.index_floor. */
 static PyObject *index_floor(PyObject *self, PyObject *args) {
     int fd, kind, field;
     Py_ssize_t n;

@@ -9,6 +9,7 @@ import pytest
 from logfs.storage.errors import CorruptRecordError
 from logfs.storage.format.lines import LineStats
 from logfs.storage.local.index import OffsetIndex, OffsetPosition, TimeIndex, TimestampOffset, ViewIndex
+from logfs.storage.format import twins
 from logfs.storage.format.lines import LineFormat
 
 BASE = 45
@@ -515,7 +516,7 @@ def test_index_floor_in_c_matches_the_python_search(tmp_path):
         keys = [key(index.entry(i)) for i in range(index.entries)]  # the model: a bisect of the entries' keys
         for _ in range(300):
             t = target()
-            twin = index_module.index_floor(index._fd, index.KIND, field, index.entries, t, sep, marker)
+            twin = twins.index_floor(index._fd, index.KIND, field, index.entries, t, sep, marker)
             assert index._search(t, field, sep, marker) == twin == bisect.bisect_right(keys, t) - 1, (field, fmt, t)
     for index in (offsets, times, views):
         index.close()

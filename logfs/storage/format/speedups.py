@@ -25,7 +25,7 @@ TWINS = {
     "render_records": "logfs.storage.format.twins:render_records",
     "batch_stats": "logfs.storage.format.twins:batch_stats",
     "merge_batches": "logfs.storage.format.twins:merge_batches",
-    "index_floor": "logfs.storage.local.index:index_floor",
+    "index_floor": "logfs.storage.format.twins:index_floor",
     "murmur2": "logfs.spark.sink_rows:murmur2",
 }
 #: C functions whose Python path is not yet a function of the same signature: where it is, and what compares them.

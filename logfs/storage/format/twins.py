@@ -4,6 +4,9 @@ statement of what its C function does, not a fast path."""
 
 from __future__ import annotations
 
+import os
+import struct
+
 from . import records as rec
 from .records import _varint as put_varint
 
@@ -126,3 +129,37 @@ def _decode(batch):
         return list(rec.decode(bytes(batch)))
     except rec.CorruptRecordError as exc:
         raise ValueError(str(exc)) from None
+
+
+# The index files' layouts by kind (0 offset, 1 time, 2 view: logfs.storage.local.index).
+_LAYOUTS = {0: struct.Struct(">ii"), 1: struct.Struct(">qi"), 2: struct.Struct(">IIIIIQQ")}
+
+
+def index_floor(fd: int, kind: int, field: int, n: int, target: int, sep_len: int, marker_len: int) -> int:
+    """Slot of the greatest of the first ``n`` entries of the index file ``fd`` (layout ``kind``: 0 offset, 1 time,
+    2 view) whose key ``field`` is <= ``target``; -1 for none, -2 if the file is shorter than its entries. One
+    pread a probe. The view index's field 2 is the view length before the entry (:meth:`LineFormat.length`)."""
+    if kind not in _LAYOUTS or not 0 <= field <= 2 or n < 0:
+        raise ValueError("index_floor: bad kind, field or entry count")
+    layout = _LAYOUTS[kind]
+    lo, hi = 0, n
+    while lo < hi:
+        mid = (lo + hi) // 2
+        raw = os.pread(fd, layout.size, mid * layout.size)
+        if len(raw) != layout.size:
+            return -2
+        e = layout.unpack(raw)
+        if kind == 0:
+            key = e[0]
+        elif kind == 1:
+            key = e[0] if field == 0 else e[1]
+        elif field < 2:
+            key = e[field]
+        else:
+            key = e[2] + e[6] + e[4] * marker_len + (e[5] + e[3] * sep_len if sep_len > 0 else 0)
+        if target < key:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo - 1
+

@@ -14,7 +14,7 @@ every mount of the process); ``pread`` returns the error, which takes the log di
 (:mod:`~logfs.storage.failure`) and fails that request alone. A store into a sparse preallocated file on a full
 disk is SIGBUS through a map too; ``pwrite`` returns ENOSPC. The binary search reads one entry per probe with
 ``pread``, in one C call (``_speedups.index_floor``, ~0.2 us a probe: faster than the Python probes of a map it
-replaced); the Python twin (:func:`index_floor`) gives the same slot.
+replaced); the Python twin (:func:`~logfs.storage.format.twins.index_floor`) gives the same slot.
 
 Thread safety: mutation (append, truncate, resize) requires the owning log's writer lock. Lookups only read
 entries below the published entry count and may run concurrently with appends.
@@ -32,6 +32,7 @@ from ..errors import CorruptRecordError, StorageIOError
 from ..format.lines import LineStats
 from .open_files import OPEN_FILES
 
+from ..format import twins
 from ..format.speedups import C as _speedups  # index_ok: every entry in one pass; index_floor: search by pread
 
 
@@ -247,7 +248,7 @@ class _FileIndex:
         if not self.entries:
             return -1
         try:
-            floor = index_floor if _speedups is None else _speedups.index_floor
+            floor = twins.index_floor if _speedups is None else _speedups.index_floor
             slot = floor(self._fd, self.KIND, field, self.entries, target, sep_len, marker_len)
         except OSError as exc:
             raise StorageIOError(f"read of index {self.path} failed: {exc.strerror}", exc.errno) from exc
@@ -503,37 +504,3 @@ class ViewIndex(_FileIndex):
     def truncate_to_position(self, position: int) -> None:
         """Remove entries at positions >= ``position``."""
         self._truncate_entries(self._search(position - 1, 1) + 1)
-
-
-# -- the Python twin of _speedups.index_floor (logfs.storage.format.speedups.TWINS) -------------------------------
-_LAYOUTS = {0: struct.Struct(">ii"), 1: struct.Struct(">qi"), 2: struct.Struct(">IIIIIQQ")}
-
-
-def index_floor(fd: int, kind: int, field: int, n: int, target: int, sep_len: int, marker_len: int) -> int:
-    """Slot of the greatest of the first ``n`` entries of the index file ``fd`` (layout ``kind``: 0 offset, 1 time,
-    2 view) whose key ``field`` is <= ``target``; -1 for none, -2 if the file is shorter than its entries. One
-    pread a probe. The view index's field 2 is the view length before the entry (:meth:`LineFormat.length`)."""
-    if kind not in _LAYOUTS or not 0 <= field <= 2 or n < 0:
-        raise ValueError("index_floor: bad kind, field or entry count")
-    layout = _LAYOUTS[kind]
-    lo, hi = 0, n
-    while lo < hi:
-        mid = (lo + hi) // 2
-        raw = os.pread(fd, layout.size, mid * layout.size)
-        if len(raw) != layout.size:
-            return -2
-        e = layout.unpack(raw)
-        if kind == 0:
-            key = e[0]
-        elif kind == 1:
-            key = e[0] if field == 0 else e[1]
-        elif field < 2:
-            key = e[field]
-        else:
-            key = e[2] + e[6] + e[4] * marker_len + (e[5] + e[3] * sep_len if sep_len > 0 else 0)
-        if target < key:
-            hi = mid
-        else:
-            lo = mid + 1
-    return lo - 1
-
