@@ -260,6 +260,34 @@ def logfs_on_default_path():
             os.unlink(link)
 
 
+def _helper_mounts(fs, cmd, env=None, fstype="fuse.logfs"):
+    """Mount ``fs`` by running ``cmd`` (a mount helper, or mount(8)), which must succeed."""
+    r = subprocess.run(cmd, capture_output=True, timeout=60, env=_path_env() if env is None else env)
+    assert r.returncode == 0, r.stderr.decode()
+    assert mounted_at(fs.mnt) and (fstype is None or mount_fstype(fs.mnt) == fstype)
+
+
+def _serves(fs, configs: dict[str, str], path: str | None = None, line: str = ""):
+    """A new topic t has these configs; a line appended to ``path`` reads back."""
+    os.mkdir(fs.path("t"))
+    for key, value in configs.items():
+        assert fs.getx("t", key) == value
+    if path is not None:
+        fs.append(path, line)
+        assert fs.read(path) == line.encode()
+
+
+def _unmounts_cleanly(fs, umount8: bool):
+    """umount(8) (the daemon exits) or fs.unmount: the shutdown is clean."""
+    if umount8:
+        pid = fs.pid()
+        sh(f"umount {shlex.quote(str(fs.mnt))}")
+        fs.wait_exit([pid])
+    else:
+        fs.unmount(lazy_fallback=False)
+    assert os.path.exists(os.path.join(fs.data, CLEAN))
+
+
 @needs_mount_helper
 @pytest.mark.parametrize("how", ["type", "hash"])
 def test_mount_fuse3_helper_directly(tmp_path, how):
@@ -273,16 +301,9 @@ def test_mount_fuse3_helper_directly(tmp_path, how):
             cmd = ["mount.fuse3", f"logfs#{fs.data}", str(fs.mnt), "-o",
                    "defaults,_netdev,noauto,nofail,users,x-systemd.requires=foo,log.segment.bytes=100000,"
                    "num.partitions=2"]
-        r = subprocess.run(cmd, capture_output=True, timeout=60, env=_path_env())
-        assert r.returncode == 0, r.stderr.decode()
-        assert mounted_at(fs.mnt) and mount_fstype(fs.mnt) == "fuse.logfs"
-        os.mkdir(fs.path("t"))
-        assert fs.getx("t", "config.segment.bytes") == "100000"
-        assert fs.getx("t", "partitions") == "2"
-        fs.append("t/1", "through mount.fuse3\n")
-        assert fs.read("t/1") == b"through mount.fuse3\n"
-        fs.unmount(lazy_fallback=False)
-        assert os.path.exists(os.path.join(fs.data, CLEAN))
+        _helper_mounts(fs, cmd)
+        _serves(fs, {"config.segment.bytes": "100000", "partitions": "2"}, "t/1", "through mount.fuse3\n")
+        _unmounts_cleanly(fs, umount8=False)
     finally:
         fs.cleanup()
 
@@ -291,20 +312,10 @@ def test_mount_fuse3_helper_directly(tmp_path, how):
 def test_mount_t_fuse_logfs(tmp_path, logfs_on_default_path):
     fs = LogfsMount(tmp_path / "m")
     try:
-        r = subprocess.run(["mount", "-t", "fuse.logfs", str(fs.data), str(fs.mnt), "-o",
-                            "log.segment.bytes=100000,num.partitions=2"],
-                           capture_output=True, timeout=60, env=_path_env())
-        assert r.returncode == 0, r.stderr.decode()
-        assert mounted_at(fs.mnt) and mount_fstype(fs.mnt) == "fuse.logfs"
-        os.mkdir(fs.path("t"))
-        assert fs.getx("t", "config.segment.bytes") == "100000"
-        assert fs.getx("t", "partitions") == "2"
-        fs.append("t/0", "via mount(8)\n")
-        assert fs.read("t/0") == b"via mount(8)\n"
-        pid = fs.pid()
-        sh(f"umount {shlex.quote(str(fs.mnt))}")
-        fs.wait_exit([pid])
-        assert os.path.exists(os.path.join(fs.data, CLEAN))
+        _helper_mounts(fs, ["mount", "-t", "fuse.logfs", str(fs.data), str(fs.mnt), "-o",
+                            "log.segment.bytes=100000,num.partitions=2"])
+        _serves(fs, {"config.segment.bytes": "100000", "partitions": "2"}, "t/0", "via mount(8)\n")
+        _unmounts_cleanly(fs, umount8=True)
     finally:
         fs.cleanup()
 
@@ -313,17 +324,11 @@ def test_mount_t_fuse_logfs(tmp_path, logfs_on_default_path):
 def test_mount_t_fuse_hash_syntax_ignores_fstab_options(tmp_path, logfs_on_default_path):
     fs = LogfsMount(tmp_path / "m")
     try:
-        r = subprocess.run(["mount", "-t", "fuse", f"logfs#{fs.data}", str(fs.mnt), "-o",
+        _helper_mounts(fs, ["mount", "-t", "fuse", f"logfs#{fs.data}", str(fs.mnt), "-o",
                             "defaults,_netdev,noauto,nofail,x-systemd.automount,log.index.interval.bytes=1024"],
-                           capture_output=True, timeout=60, env=_path_env())
-        assert r.returncode == 0, r.stderr.decode()
-        assert mounted_at(fs.mnt)
-        os.mkdir(fs.path("t"))
-        assert fs.getx("t", "config.index.interval.bytes") == "1024"
-        fs.append("t/0", "hash syntax\n")
-        assert fs.read("t/0") == b"hash syntax\n"
-        fs.unmount(lazy_fallback=False)
-        assert os.path.exists(os.path.join(fs.data, CLEAN))
+                       fstype=None)
+        _serves(fs, {"config.index.interval.bytes": "1024"}, "t/0", "hash syntax\n")
+        _unmounts_cleanly(fs, umount8=False)
     finally:
         fs.cleanup()
 
@@ -348,16 +353,9 @@ def test_fstab_line(tmp_path, logfs_on_default_path):
     fstab.write_text(f"# test fstab\n{fs.data} {fs.mnt} fuse.logfs defaults,_netdev,noauto,nofail,"
                      f"x-systemd.after=network-online.target,log.segment.bytes=50000 0 0\n")
     try:
-        r = subprocess.run(["mount", "-T", str(fstab), str(fs.mnt)], capture_output=True, timeout=60,
-                           env=daemon_env())
-        assert r.returncode == 0, r.stderr.decode()
-        assert mount_fstype(fs.mnt) == "fuse.logfs"
-        os.mkdir(fs.path("t"))
-        assert fs.getx("t", "config.segment.bytes") == "50000"
-        pid = fs.pid()
-        sh(f"umount {shlex.quote(str(fs.mnt))}")
-        fs.wait_exit([pid])
-        assert os.path.exists(os.path.join(fs.data, CLEAN))
+        _helper_mounts(fs, ["mount", "-T", str(fstab), str(fs.mnt)], env=daemon_env())
+        _serves(fs, {"config.segment.bytes": "50000"})
+        _unmounts_cleanly(fs, umount8=True)
     finally:
         fs.cleanup()
 
