@@ -262,19 +262,25 @@ def test_a_crash_at_any_step_is_completed_at_restart(tmp_path, open_manager, mon
     assert commit(m, "j-1", 0, parts)["duplicate"]
 
 
+def _one_span_commit_crashes(open_manager, monkeypatch, data, n, point):
+    """A manager on ``data`` whose commit of ``n`` records staged for partition out-0 crashed at ``point``."""
+    m = open_manager({"num.partitions": "1"}, data_dir=data)
+    m.create_topic("out")
+    body = batches(n)
+    stage(m, "j-1.0", body)
+    _crash_at(monkeypatch, point)
+    with pytest.raises(Crash):
+        commit(m, "j-1", 0, [["out", 0, [["j-1.0", 0, len(body)]]]])
+    monkeypatch.undo()
+    return m
+
+
 def test_a_commit_lost_in_part_by_a_power_cut_is_cut_back_and_appended_again(tmp_path, open_manager, monkeypatch):
     """A power cut may keep the first batches of a partition's share and lose the rest (the page cache is written
     back in any order before the fsync): recovery finds part of the commit at the end of the log, cuts it, and
     appends it all again."""
     data = tmp_path / "data"
-    m = open_manager({"num.partitions": "1"}, data_dir=data)
-    m.create_topic("out")
-    body = batches(300)
-    stage(m, "j-1.0", body)
-    _crash_at(monkeypatch, "before done")
-    with pytest.raises(Crash):
-        commit(m, "j-1", 0, [["out", 0, [["j-1.0", 0, len(body)]]]])
-    monkeypatch.undo()
+    m = _one_span_commit_crashes(open_manager, monkeypatch, data, 300, "before done")
     plog = m.logs[("out", 0)]
     path = plog.segments.active.log_path
     size = plog.segments.active.size
@@ -286,14 +292,7 @@ def test_a_commit_lost_in_part_by_a_power_cut_is_cut_back_and_appended_again(tmp
 
 def test_a_commit_whose_staged_files_are_lost_is_never_applied_again(tmp_path, open_manager, monkeypatch, caplog):
     data = tmp_path / "data"
-    m = open_manager({"num.partitions": "1"}, data_dir=data)
-    m.create_topic("out")
-    body = batches(10)
-    stage(m, "j-1.0", body)
-    _crash_at(monkeypatch, "commit point")
-    with pytest.raises(Crash):
-        commit(m, "j-1", 0, [["out", 0, [["j-1.0", 0, len(body)]]]])
-    monkeypatch.undo()
+    m = _one_span_commit_crashes(open_manager, monkeypatch, data, 10, "commit point")
     m.abandon()
     os.unlink(data / STAGING_DIR / "j-1.0")
     m = open_manager(data_dir=data)
