@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import glob
 import json
+import operator
 import os
 import random
 import uuid
@@ -355,49 +356,43 @@ def pushdown_on(spark):
     spark.conf.set(PUSHDOWN, "false")
 
 
+_COMPARE = {"=": operator.eq, "!=": operator.ne, "<": operator.lt, "<=": operator.le, ">": operator.gt,
+            ">=": operator.ge}
+
+
 def random_filter(rnd: random.Random, recs) -> tuple[str, callable]:
     """A random conjunction over timestamp/offset/partition/topic (and sometimes value), as SQL and as a
     predicate on (partition, offset, ts ms, value)."""
     stamps = sorted({t for p in recs for _, t in recs[p]})
     parts, preds = [], []
+
+    def compare(column, arg, literal, op, x):  # arg: which of (partition, offset, ts, value) the column is
+        parts.append(f"{column} {op} {literal(x)}")
+        preds.append(lambda *row: _COMPARE[op](row[arg], x))
+
+    def member(column, arg, literal, a, b):
+        parts.append(f"{column} IN ({literal(a)}, {literal(b)})")
+        preds.append(lambda *row: row[arg] in (a, b))
+
     for _ in range(rnd.randint(1, 4)):
         kind = rnd.choice(["ts_lo", "ts_hi", "ts_eq", "ts_in", "off_lo", "off_hi", "off_in", "part", "topic",
                            "value"])
         t = rnd.choice(stamps) + rnd.choice([-1, 0, 0, 1])
         o = rnd.randrange(0, 600)
-        if kind == "ts_lo":
-            op = rnd.choice([">", ">="])
-            parts.append(f"timestamp {op} timestamp_millis({t})")
-            preds.append((lambda t, op: lambda p, off, ts, v: ts > t if op == ">" else ts >= t)(t, op))
-        elif kind == "ts_hi":
-            op = rnd.choice(["<", "<="])
-            parts.append(f"timestamp {op} timestamp_millis({t})")
-            preds.append((lambda t, op: lambda p, off, ts, v: ts < t if op == "<" else ts <= t)(t, op))
-        elif kind == "ts_eq":
-            parts.append(f"timestamp = timestamp_millis({t})")
-            preds.append((lambda t: lambda p, off, ts, v: ts == t)(t))
-        elif kind == "ts_in":
-            ts2 = rnd.choice(stamps)
-            parts.append(f"timestamp IN (timestamp_millis({t}), timestamp_millis({ts2}))")
-            preds.append((lambda a, b: lambda p, off, ts, v: ts in (a, b))(t, ts2))
-        elif kind == "off_lo":
-            op = rnd.choice([">", ">="])
-            parts.append(f"offset {op} {o}")
-            preds.append((lambda o, op: lambda p, off, ts, v: off > o if op == ">" else off >= o)(o, op))
-        elif kind == "off_hi":
-            op = rnd.choice(["<", "<="])
-            parts.append(f"offset {op} {o}")
-            preds.append((lambda o, op: lambda p, off, ts, v: off < o if op == "<" else off <= o)(o, op))
-        elif kind == "off_in":
-            o2 = rnd.randrange(0, 600)
-            parts.append(f"offset IN ({o}, {o2})")
-            preds.append((lambda a, b: lambda p, off, ts, v: off in (a, b))(o, o2))
+        field, _, how = kind.partition("_")
+        if field in ("ts", "off"):
+            if field == "ts":
+                column, arg, literal, x = "timestamp", 2, (lambda t: f"timestamp_millis({t})"), t
+            else:
+                column, arg, literal, x = "offset", 1, str, o
+            if how == "in":
+                member(column, arg, literal, x, rnd.choice(stamps) if field == "ts" else rnd.randrange(0, 600))
+            else:
+                op = "=" if how == "eq" else rnd.choice({"lo": [">", ">="], "hi": ["<", "<="]}[how])
+                compare(column, arg, literal, op, x)
         elif kind == "part":
             p = rnd.choice([0, 1])
-            op = rnd.choice(["=", "<", ">=", "!="])
-            parts.append(f"partition {op} {p}")
-            preds.append((lambda x, op: lambda p, off, ts, v: {"=": p == x, "<": p < x, ">=": p >= x,
-                                                               "!=": p != x}[op])(p, op))
+            compare("partition", 0, str, rnd.choice(["=", "<", ">=", "!="]), p)
         elif kind == "topic":
             name = rnd.choice([TOPIC, "other"])
             parts.append(f"topic = '{name}'")
