@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import errno
+import contextlib
 import os
 import subprocess
 import time
@@ -78,21 +79,28 @@ def _deleted_names(pid: int) -> list[str]:
     return sorted(out)
 
 
+@contextlib.contextmanager
+def _tail(fs, follow: str, name: str):
+    """``tail -n +1 FOLLOW`` of t/0 while the block runs: its output and errors in fs.root/NAME.out, NAME.err."""
+    out = fs.root / f"{name}.out"
+    err = fs.root / f"{name}.err"
+    with open(out, "wb") as o, open(err, "wb") as e:
+        tail = subprocess.Popen(["tail", "-n", "+1", "-s", "0.05", follow, fs.path("t", 0)], stdout=o, stderr=e)
+    try:
+        yield out, err
+    finally:
+        tail.terminate()
+        tail.wait(10)
+
+
 def test_tail_f_shows_every_line_once_across_retention(mount_logfs):
     fs = mount_logfs(*OPTS)
     _retention_topic(fs)
-    out = fs.root / "tail.out"
-    err = fs.root / "tail.err"
-    with open(out, "wb") as o, open(err, "wb") as e:
-        tail = subprocess.Popen(["tail", "-n", "+1", "-s", "0.05", "-f", fs.path("t", 0)], stdout=o, stderr=e)
-    try:
+    with _tail(fs, "-f", "tail") as (out, err):
         n = 10000
         starts = _append_counting_starts(fs, 0, n, pause_every=200)
         assert len(starts) >= 50, f"only {len(starts)} retention events"
         wait_for(lambda: out.stat().st_size >= n * (len(line(0)) + 1), 90, what="tail -f to show every line")
-    finally:
-        tail.terminate()
-        tail.wait(10)
     shown = out.read_bytes().splitlines()
     assert shown == [line(i) for i in range(n)]  # every line once, in order
     assert b"truncated" not in err.read_bytes(), err.read_bytes()
@@ -101,17 +109,10 @@ def test_tail_f_shows_every_line_once_across_retention(mount_logfs):
 def test_tail_F_says_the_file_was_replaced(mount_logfs):
     fs = mount_logfs(*OPTS)
     _retention_topic(fs)
-    out = fs.root / "tailF.out"
-    err = fs.root / "tailF.err"
-    with open(out, "wb") as o, open(err, "wb") as e:
-        tail = subprocess.Popen(["tail", "-n", "+1", "-s", "0.05", "-F", fs.path("t", 0)], stdout=o, stderr=e)
-    try:
+    with _tail(fs, "-F", "tailF") as (out, err):
         _append_counting_starts(fs, 0, 1000, pause_every=100)
         wait_for(lambda: b"replaced" in err.read_bytes(), 10, what="tail -F to follow the new file")
         time.sleep(0.5)
-    finally:
-        tail.terminate()
-        tail.wait(10)
     shown = out.read_bytes().splitlines()
     # Every line it prints is one that was written; after a replacement it starts again at the new log start,
     # so the retained lines show again (the README says so); it ends with the file's last line.
