@@ -249,6 +249,17 @@ def _mount_and_check(fs: LogfsMount, opts, want: dict, rels, stats: dict, what: 
     assert "Traceback" not in err, err[-3000:]
 
 
+def _check_a_damaged_copy(base: LogfsMount, root, damage, opts, want: dict, rels, stats: dict, what: str) -> None:
+    """A copy of ``base``'s data dir (a LogfsMount at ``root``), damaged by ``damage(data_dir)``: _mount_and_check."""
+    fs = LogfsMount(root)
+    shutil.copytree(base.data, fs.data)
+    damage(fs.data)
+    try:
+        _mount_and_check(fs, opts, want, rels, stats, what)
+    finally:
+        fs.cleanup()
+
+
 def _compare(fs: LogfsMount, want: dict, what: str) -> None:
     for rel, (data, size, lso, leo, segs, size_bytes, xattrs) in want.items():
         assert fs.read(rel) == data, f"{what}: {rel} content differs"
@@ -277,23 +288,21 @@ def test_damaged_index_files(tmp_path, profile, shutdown):
         else:
             base.kill9()  # indexes preallocated, no end entries, stale checkpoints
         for target in targets:
-            fs = LogfsMount(tmp_path / f"damaged-{target}")
-            shutil.copytree(base.data, fs.data)
-            for p, (kind, how) in enumerate(combos):
-                part = os.path.join(fs.data, f"t-{p}")
-                logs = sorted(n for n in os.listdir(part) if n.endswith(".log"))
-                assert len(logs) >= 3
-                chosen = {"sealed": [logs[len(logs) // 2]], "active": [logs[-1]], "all": logs}[target]
-                for name in chosen:
-                    path = os.path.join(part, name[:-4] + kind)
-                    if os.path.exists(path):
-                        _damage(path, how, rng)
-                        stats["damaged_files"] += 1
-                stats["combinations"] += 1
-            try:
-                _mount_and_check(fs, opts, want, rels, stats, f"{shutdown} shutdown, damaged {target} segments")
-            finally:
-                fs.cleanup()
+            def damage(data):
+                for p, (kind, how) in enumerate(combos):
+                    part = os.path.join(data, f"t-{p}")
+                    logs = sorted(n for n in os.listdir(part) if n.endswith(".log"))
+                    assert len(logs) >= 3
+                    chosen = {"sealed": [logs[len(logs) // 2]], "active": [logs[-1]], "all": logs}[target]
+                    for name in chosen:
+                        path = os.path.join(part, name[:-4] + kind)
+                        if os.path.exists(path):
+                            _damage(path, how, rng)
+                            stats["damaged_files"] += 1
+                    stats["combinations"] += 1
+
+            _check_a_damaged_copy(base, tmp_path / f"damaged-{target}", damage, opts, want, rels, stats,
+                                  f"{shutdown} shutdown, damaged {target} segments")
     finally:
         base.cleanup()
         record_stats(f"damaged_indexes[{shutdown}]", **stats)
@@ -341,16 +350,14 @@ def test_stale_or_corrupt_checkpoints(tmp_path, profile, shutdown):
                 b"0\n4\na 0 999999999\na 1 -5\nb 0 123456789012\nb 1 77\n"),
         }
         for name, damage in variants.items():
-            fs = LogfsMount(tmp_path / f"ckpt-{name}")
-            shutil.copytree(base.data, fs.data)
-            for ckpt in CHECKPOINTS:
-                if (fs.data / ckpt).exists() or name != "missing":
-                    damage(fs.data, ckpt)
-            stats["variants"] += 1
-            try:
-                _mount_and_check(fs, opts, want, rels, stats, f"{shutdown} shutdown, {name} checkpoints")
-            finally:
-                fs.cleanup()
+            def damage_all(data):
+                for ckpt in CHECKPOINTS:
+                    if (data / ckpt).exists() or name != "missing":
+                        damage(data, ckpt)
+                stats["variants"] += 1
+
+            _check_a_damaged_copy(base, tmp_path / f"ckpt-{name}", damage_all, opts, want, rels, stats,
+                                  f"{shutdown} shutdown, {name} checkpoints")
     finally:
         base.cleanup()
         record_stats(f"damaged_checkpoints[{shutdown}]", **stats)
