@@ -1,8 +1,8 @@
 """All partitions of one data directory: topics, partitions, their configs, checkpoints and the lock.
 
 Owns the Kafka log-directory layout (the names themselves are :mod:`.names`'s), the ``.lock`` file, the
-clean-shutdown marker, the per-directory checkpoint files, topic registration and per-topic config overrides
-(persisted in the topics file, which Kafka ignores), and asynchronous deletion of partitions (directories
+clean-shutdown marker, the per-directory checkpoint files, topic registration (the topics' settings and modes:
+:mod:`.topics`), and asynchronous deletion of partitions (directories
 renamed for deletion, removed later by :meth:`LogManager.purge_deleted_dirs`). What DATA_DIR holds besides is
 logged once at startup and never touched.
 
@@ -13,7 +13,6 @@ log has its own writer lock.
 from __future__ import annotations
 
 import fcntl
-import json
 import logging
 import os
 import shutil
@@ -22,19 +21,20 @@ from typing import Callable
 
 from . import checkpoints as ckpt
 from .clock import SYSTEM_CLOCK, Clock
-from .config import TOPIC_SETTINGS, BrokerConfig, LogConfig, check_tiering_change, validate_topic_setting
+from .config import BrokerConfig, LogConfig
 from .errors import (
-    InvalidConfigError, InvalidOffsetError, InvalidPartitionError, InvalidTopicError, LockedError, LogfsError,
+    InvalidOffsetError, InvalidPartitionError, InvalidTopicError, LockedError, LogfsError,
     NoSuchTopicError, ShuttingDownError, TopicExistsError, TopicNotEmptyError,
 )
 from .failure import LogDir, guarded
 from .local.loader import load_log
 from .publish.transactions import Transactions
+from .topics import TopicSettings
 from .local.log import Log
 from .local.open_files import OPEN_FILES
 from .names import (
-    LOCK_FILE, LOG_SUFFIX, TOPICS_FILE, DataDirScan, collision_key, delete_dir_name, is_internal_topic,
-    is_legal_topic, partition_dir_name, validate_topic_name,
+    LOCK_FILE, LOG_SUFFIX, TOPICS_FILE, DataDirScan, collision_key, delete_dir_name, partition_dir_name,
+    validate_topic_name,
 )
 
 log = logging.getLogger(__name__)
@@ -63,7 +63,7 @@ def _raise_soft_limit() -> int:
         return -1
 
 
-class LogManager:
+class LogManager(TopicSettings):
     def __init__(self, data_dir: str, broker: BrokerConfig | None = None, *, clock: Clock = SYSTEM_CLOCK,
                  progress: Callable[[int, int], None] | None = None,
                  segment_progress: Callable[[int, int], None] | None = None):
@@ -166,45 +166,7 @@ class LogManager:
         self.recovered = bool(entries) and not clean
         self._save_topics()
 
-    def _load_topics(self) -> None:
-        path = os.path.join(self.data_dir, TOPICS_FILE)
-        try:
-            with open(path, encoding="utf-8") as f:
-                data = json.load(f)
-            self.topics = {t: dict(v.get("config", {})) for t, v in data.get("topics", {}).items()}
-            self.attrs = {str(k): tuple(int(x) for x in v) for k, v in data.get("attrs", {}).items() if len(v) == 3}
-        except FileNotFoundError:
-            self.topics, self.attrs = {}, {}
-        except (ValueError, AttributeError, TypeError):
-            log.warning("%s is corrupt; topic overrides reset to broker defaults", path)
-            self.topics, self.attrs = {}, {}
-        for topic in [t for t in self.topics if not is_legal_topic(t) or is_internal_topic(t)]:
-            log.warning("%s names topic %r, which is not a legal topic name; ignored", path, topic)
-            del self.topics[topic]
-        for topic, overrides in self.topics.items():  # drop overrides that no longer validate
-            for key in list(overrides):
-                try:
-                    overrides[key] = validate_topic_setting(key, overrides[key])  # stored by an older parser
-                except Exception:
-                    log.warning("dropping invalid override %s=%r of topic %s", key, overrides[key], topic)
-                    del overrides[key]
-
-    def _save_topics(self, keep: str | None = None) -> None:
-        # Only topics the partition directories do not already describe: those with overrides, and those
-        # with no partition left. A plain new topic then costs no rewrite of this file, so mkdir stays O(1)
-        # however many topics exist (it was O(topics): 46 ms per mkdir at 3,000 topics).
-        with_partitions = {t for t, logs in self._topic_logs.items() if logs}
-        data = {"version": 1, "topics": {t: {"config": c} for t, c in sorted(self.topics.items())
-                                         if c or t not in with_partitions or t == keep},
-                "attrs": {k: list(v) for k, v in sorted(self.attrs.items())}}
-        # No indent=: that switches json to its pure-Python encoder, ~15 us per topic, and every mkdir rewrites
-        # the file (46 ms per mkdir at 3,000 topics); the C encoder takes ~0.3 us per topic.
-        ckpt.atomic_write(os.path.join(self.data_dir, TOPICS_FILE),
-                          (json.dumps(data, sort_keys=True) + "\n").encode())
-
     # -- topics ------------------------------------------------------------------------------------
-    def topic_config(self, topic: str) -> LogConfig:
-        return LogConfig.build(self.broker.topic_defaults, self.topics.get(topic, {}))
 
     def list_topics(self) -> list[str]:
         with self.lock:
@@ -388,24 +350,6 @@ class LogManager:
                         self._collisions[key] = other
                         break
 
-    def _topics_file_names(self, topic: str) -> bool:
-        try:
-            with open(os.path.join(self.data_dir, TOPICS_FILE), encoding="utf-8") as f:
-                return topic in json.load(f).get("topics", {})
-        except (OSError, ValueError, AttributeError):
-            return False
-
-    # -- ownership and modes (chmod/chown through the mount), persisted with the topics -----------------
-    def get_attrs(self, name: str) -> tuple[int, int, int] | None:
-        """(mode bits, uid, gid) set for ``name`` ("" = root, "topic", "topic/N"), or None for the default."""
-        return self.attrs.get(name)
-
-    @guarded("a mode change", convert=False)
-    def set_attrs(self, name: str, mode: int, uid: int, gid: int) -> None:
-        with self.lock:
-            self.attrs[name] = (mode, uid, gid)
-            self._save_topics()
-
     def purge_deleted_dirs(self, now_ms: int | None = None) -> int:
         now = self.clock.time_ms() if now_ms is None else now_ms
         with self.lock:
@@ -414,54 +358,6 @@ class LogManager:
         for path in due:
             shutil.rmtree(path, ignore_errors=True)
         return len(due)
-
-    # -- configs -----------------------------------------------------------------------------------
-    def replace_overrides(self, topic: str, overrides: dict[str, str]) -> None:
-        """Make ``overrides`` the topic's (a follower mount takes its writer's settings as published): invalid
-        ones are dropped with a warning (a newer writer may know settings this one does not)."""
-        with self.lock:
-            clean = {}
-            for key, value in overrides.items():
-                try:
-                    clean[key] = validate_topic_setting(key, value)
-                except InvalidConfigError as exc:
-                    log.warning("topic %s: ignoring the writer's setting %s=%r: %s", topic, key, value, exc)
-            if clean == self.topics.get(topic):
-                return
-            self.topics[topic] = clean
-            config = LogConfig.build(self.broker.topic_defaults, clean)
-            self._save_topics()
-            for partition_log in self.topic_logs(topic):
-                with partition_log.lock:
-                    partition_log.config = config
-
-    def topic_overrides(self, topic: str) -> dict[str, str]:
-        with self.lock:
-            if topic not in self.topics:
-                raise NoSuchTopicError(f"no topic {topic!r}")
-            return dict(self.topics[topic])
-
-    @guarded("a topic setting", convert=False)
-    def set_topic_config(self, topic: str, key: str, value: str | None) -> None:
-        """Set (or, with ``value=None``, remove) a topic override; applies to the topic's logs at once."""
-        with self.lock:
-            if topic not in self.topics:
-                raise NoSuchTopicError(f"no topic {topic!r}")
-            overrides = dict(self.topics[topic])
-            if value is None:
-                if key not in TOPIC_SETTINGS:
-                    raise InvalidConfigError(f"unknown topic setting {key!r}")
-                overrides.pop(key, None)
-            else:
-                overrides[key] = validate_topic_setting(key, value)
-            new_config = LogConfig.build(self.broker.topic_defaults, overrides)
-            check_tiering_change(self.topic_config(topic), new_config,
-                                 self.broker.get("remote.log.storage.system.enable"))
-            self.topics[topic] = overrides
-            self._save_topics()
-            for partition_log in self.topic_logs(topic):
-                with partition_log.lock:
-                    partition_log.config = new_config
 
     # -- checkpoints and shutdown ------------------------------------------------------------------
     @property

@@ -1,0 +1,128 @@
+"""A data directory's topics: their settings (overrides of the broker's defaults) and the modes set through the
+mount, persisted in the topics file (``DATA_DIR/logfs-topics.json``, which Kafka ignores).
+
+A mixin of :class:`~logfs.storage.manager.LogManager` (it uses its lock, data directory, broker config and logs).
+The file lists only the topics the partition directories do not already describe (those with overrides, and
+those with no partition left), so a plain ``mkdir`` costs no rewrite of it. A setting changed applies to the
+topic's logs at once.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+
+from . import checkpoints as ckpt
+from .config import TOPIC_SETTINGS, LogConfig, check_tiering_change, validate_topic_setting
+from .errors import InvalidConfigError, NoSuchTopicError
+from .failure import guarded
+from .names import TOPICS_FILE, is_internal_topic, is_legal_topic
+
+log = logging.getLogger(__name__)
+
+
+class TopicSettings:
+    """The topics' overrides and modes (a mixin of LogManager)."""
+
+    def _load_topics(self) -> None:
+        path = os.path.join(self.data_dir, TOPICS_FILE)
+        try:
+            with open(path, encoding="utf-8") as f:
+                data = json.load(f)
+            self.topics = {t: dict(v.get("config", {})) for t, v in data.get("topics", {}).items()}
+            self.attrs = {str(k): tuple(int(x) for x in v) for k, v in data.get("attrs", {}).items() if len(v) == 3}
+        except FileNotFoundError:
+            self.topics, self.attrs = {}, {}
+        except (ValueError, AttributeError, TypeError):
+            log.warning("%s is corrupt; topic overrides reset to broker defaults", path)
+            self.topics, self.attrs = {}, {}
+        for topic in [t for t in self.topics if not is_legal_topic(t) or is_internal_topic(t)]:
+            log.warning("%s names topic %r, which is not a legal topic name; ignored", path, topic)
+            del self.topics[topic]
+        for topic, overrides in self.topics.items():  # drop overrides that no longer validate
+            for key in list(overrides):
+                try:
+                    overrides[key] = validate_topic_setting(key, overrides[key])  # stored by an older parser
+                except Exception:
+                    log.warning("dropping invalid override %s=%r of topic %s", key, overrides[key], topic)
+                    del overrides[key]
+
+    def _save_topics(self, keep: str | None = None) -> None:
+        # Only topics the partition directories do not already describe: those with overrides, and those
+        # with no partition left. A plain new topic then costs no rewrite of this file, so mkdir stays O(1)
+        # however many topics exist (it was O(topics): 46 ms per mkdir at 3,000 topics).
+        with_partitions = {t for t, logs in self._topic_logs.items() if logs}
+        data = {"version": 1, "topics": {t: {"config": c} for t, c in sorted(self.topics.items())
+                                         if c or t not in with_partitions or t == keep},
+                "attrs": {k: list(v) for k, v in sorted(self.attrs.items())}}
+        # No indent=: that switches json to its pure-Python encoder, ~15 us per topic, and every mkdir rewrites
+        # the file (46 ms per mkdir at 3,000 topics); the C encoder takes ~0.3 us per topic.
+        ckpt.atomic_write(os.path.join(self.data_dir, TOPICS_FILE),
+                          (json.dumps(data, sort_keys=True) + "\n").encode())
+
+    def topic_config(self, topic: str) -> LogConfig:
+        return LogConfig.build(self.broker.topic_defaults, self.topics.get(topic, {}))
+
+    def _topics_file_names(self, topic: str) -> bool:
+        try:
+            with open(os.path.join(self.data_dir, TOPICS_FILE), encoding="utf-8") as f:
+                return topic in json.load(f).get("topics", {})
+        except (OSError, ValueError, AttributeError):
+            return False
+
+    def get_attrs(self, name: str) -> tuple[int, int, int] | None:
+        """(mode bits, uid, gid) set for ``name`` ("" = root, "topic", "topic/N"), or None for the default."""
+        return self.attrs.get(name)
+
+    @guarded("a mode change", convert=False)
+    def set_attrs(self, name: str, mode: int, uid: int, gid: int) -> None:
+        with self.lock:
+            self.attrs[name] = (mode, uid, gid)
+            self._save_topics()
+
+    def replace_overrides(self, topic: str, overrides: dict[str, str]) -> None:
+        """Make ``overrides`` the topic's (a follower mount takes its writer's settings as published): invalid
+        ones are dropped with a warning (a newer writer may know settings this one does not)."""
+        with self.lock:
+            clean = {}
+            for key, value in overrides.items():
+                try:
+                    clean[key] = validate_topic_setting(key, value)
+                except InvalidConfigError as exc:
+                    log.warning("topic %s: ignoring the writer's setting %s=%r: %s", topic, key, value, exc)
+            if clean == self.topics.get(topic):
+                return
+            self._apply_overrides(topic, clean, LogConfig.build(self.broker.topic_defaults, clean))
+
+    def topic_overrides(self, topic: str) -> dict[str, str]:
+        with self.lock:
+            if topic not in self.topics:
+                raise NoSuchTopicError(f"no topic {topic!r}")
+            return dict(self.topics[topic])
+
+    @guarded("a topic setting", convert=False)
+    def set_topic_config(self, topic: str, key: str, value: str | None) -> None:
+        """Set (or, with ``value=None``, remove) a topic override; applies to the topic's logs at once."""
+        with self.lock:
+            if topic not in self.topics:
+                raise NoSuchTopicError(f"no topic {topic!r}")
+            overrides = dict(self.topics[topic])
+            if value is None:
+                if key not in TOPIC_SETTINGS:
+                    raise InvalidConfigError(f"unknown topic setting {key!r}")
+                overrides.pop(key, None)
+            else:
+                overrides[key] = validate_topic_setting(key, value)
+            new_config = LogConfig.build(self.broker.topic_defaults, overrides)
+            check_tiering_change(self.topic_config(topic), new_config,
+                                 self.broker.get("remote.log.storage.system.enable"))
+            self._apply_overrides(topic, overrides, new_config)
+
+    def _apply_overrides(self, topic: str, overrides: dict[str, str], config: LogConfig) -> None:
+        """Make ``overrides`` the topic's, persisted, and ``config`` its logs' at once. Under the lock."""
+        self.topics[topic] = overrides
+        self._save_topics()
+        for partition_log in self.topic_logs(topic):
+            with partition_log.lock:
+                partition_log.config = config
