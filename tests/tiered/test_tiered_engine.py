@@ -14,6 +14,7 @@ from logfs.storage.errors import InvalidConfigError
 from logfs.storage.tiered.remote_segment import RemoteLogSegment
 from logfs.storage.tiered.manager import RemoteLogManager, tier_stats
 from logfs.view.text import live_view, open_view
+from tiered_helpers import view_text
 
 PROPS = {"log.segment.bytes": "4096", "log.index.interval.bytes": "512", "log.segment.delete.delay.ms": "0",
          "remote.log.storage.system.enable": "true"}
@@ -53,14 +54,6 @@ def tiered_log(tmp_path, archive, clock, data, local_bytes="8192", **make_args):
     plog.append_lines(b"", data, len(data))
     plog.roll()
     return manager, rlm, plog
-
-
-def view_text(plog):
-    view = open_view(plog)
-    try:
-        return view.read(0, view.length() + 10)
-    finally:
-        view.release()
 
 
 def test_upload_local_retention_and_whole_log_read(tmp_path, archive, clock):

@@ -23,7 +23,8 @@ from logfs.storage.format import records as rec
 from logfs.storage.names import REMOTE_CACHE_DIR
 from logfs.storage.tiered.remote_segment import RemoteLogSegment, index_paths
 from logfs.storage.tiered.manager import LOCAL_MANIFEST, RemoteLogManager, tier_stats
-from logfs.view.text import live_view, open_view
+from logfs.view.text import live_view
+from tiered_helpers import view_text
 
 PROPS = {"log.segment.bytes": "4096", "log.index.interval.bytes": "512", "log.segment.delete.delay.ms": "0",
          "remote.log.storage.system.enable": "true"}
@@ -41,14 +42,6 @@ def open_manager(data_dir, archive, clock, *, attach=True, reachable=False):
     if attach:
         rlm.attach_cached(store_reachable=True) if reachable else rlm.attach_cached()
     return manager, rlm
-
-
-def view_text(plog):
-    view = open_view(plog)
-    try:
-        return view.read(0, view.length() + 10)
-    finally:
-        view.release()
 
 
 def offsets_of(data: bytes) -> list[int]:
