@@ -288,76 +288,64 @@ def _unmounts_cleanly(fs, umount8: bool):
     assert os.path.exists(os.path.join(fs.data, CLEAN))
 
 
+@pytest.fixture
+def helper_fs(tmp_path):
+    """A LogfsMount (not mounted) for a test to mount through a mount helper; cleaned up after it."""
+    fs = LogfsMount(tmp_path / "m")
+    yield fs
+    fs.cleanup()
+
+
 @needs_mount_helper
 @pytest.mark.parametrize("how", ["type", "hash"])
-def test_mount_fuse3_helper_directly(tmp_path, how):
+def test_mount_fuse3_helper_directly(how, helper_fs):
     """mount.fuse3 itself (what mount(8) and fstab run), with the venv on PATH."""
-    fs = LogfsMount(tmp_path / "m")
-    try:
-        if how == "type":
-            cmd = ["mount.fuse3", str(fs.data), str(fs.mnt), "-t", "logfs", "-o",
-                   "rw,log.segment.bytes=100000,num.partitions=2"]
-        else:
-            cmd = ["mount.fuse3", f"logfs#{fs.data}", str(fs.mnt), "-o",
-                   "defaults,_netdev,noauto,nofail,users,x-systemd.requires=foo,log.segment.bytes=100000,"
-                   "num.partitions=2"]
-        _helper_mounts(fs, cmd)
-        _serves(fs, {"config.segment.bytes": "100000", "partitions": "2"}, "t/1", "through mount.fuse3\n")
-        _unmounts_cleanly(fs, umount8=False)
-    finally:
-        fs.cleanup()
+    if how == "type":
+        cmd = ["mount.fuse3", str(helper_fs.data), str(helper_fs.mnt), "-t", "logfs", "-o",
+               "rw,log.segment.bytes=100000,num.partitions=2"]
+    else:
+        cmd = ["mount.fuse3", f"logfs#{helper_fs.data}", str(helper_fs.mnt), "-o",
+               "defaults,_netdev,noauto,nofail,users,x-systemd.requires=foo,log.segment.bytes=100000,"
+               "num.partitions=2"]
+    _helper_mounts(helper_fs, cmd)
+    _serves(helper_fs, {"config.segment.bytes": "100000", "partitions": "2"}, "t/1", "through mount.fuse3\n")
+    _unmounts_cleanly(helper_fs, umount8=False)
 
 
 @needs_mount_helper
-def test_mount_t_fuse_logfs(tmp_path, logfs_on_default_path):
-    fs = LogfsMount(tmp_path / "m")
-    try:
-        _helper_mounts(fs, ["mount", "-t", "fuse.logfs", str(fs.data), str(fs.mnt), "-o",
-                            "log.segment.bytes=100000,num.partitions=2"])
-        _serves(fs, {"config.segment.bytes": "100000", "partitions": "2"}, "t/0", "via mount(8)\n")
-        _unmounts_cleanly(fs, umount8=True)
-    finally:
-        fs.cleanup()
+def test_mount_t_fuse_logfs(logfs_on_default_path, helper_fs):
+    _helper_mounts(helper_fs, ["mount", "-t", "fuse.logfs", str(helper_fs.data), str(helper_fs.mnt), "-o",
+                               "log.segment.bytes=100000,num.partitions=2"])
+    _serves(helper_fs, {"config.segment.bytes": "100000", "partitions": "2"}, "t/0", "via mount(8)\n")
+    _unmounts_cleanly(helper_fs, umount8=True)
 
 
 @needs_mount_helper
-def test_mount_t_fuse_hash_syntax_ignores_fstab_options(tmp_path, logfs_on_default_path):
-    fs = LogfsMount(tmp_path / "m")
-    try:
-        _helper_mounts(fs, ["mount", "-t", "fuse", f"logfs#{fs.data}", str(fs.mnt), "-o",
-                            "defaults,_netdev,noauto,nofail,x-systemd.automount,log.index.interval.bytes=1024"],
-                       fstype=None)
-        _serves(fs, {"config.index.interval.bytes": "1024"}, "t/0", "hash syntax\n")
-        _unmounts_cleanly(fs, umount8=False)
-    finally:
-        fs.cleanup()
+def test_mount_t_fuse_hash_syntax_ignores_fstab_options(logfs_on_default_path, helper_fs):
+    _helper_mounts(helper_fs, ["mount", "-t", "fuse", f"logfs#{helper_fs.data}", str(helper_fs.mnt), "-o",
+                               "defaults,_netdev,noauto,nofail,x-systemd.automount,log.index.interval.bytes=1024"],
+                   fstype=None)
+    _serves(helper_fs, {"config.index.interval.bytes": "1024"}, "t/0", "hash syntax\n")
+    _unmounts_cleanly(helper_fs, umount8=False)
 
 
 @needs_mount_helper
-def test_mount_t_fuse_logfs_bad_option_fails(tmp_path, logfs_on_default_path):
-    fs = LogfsMount(tmp_path / "m")
-    try:
-        r = subprocess.run(["mount", "-t", "fuse.logfs", str(fs.data), str(fs.mnt), "-o", "log.bogus=1"],
-                           capture_output=True, timeout=60, env=_path_env())
-        assert r.returncode != 0
-        assert b"log.bogus" in r.stderr
-        assert not mounted_at(fs.mnt)
-    finally:
-        fs.cleanup()
+def test_mount_t_fuse_logfs_bad_option_fails(logfs_on_default_path, helper_fs):
+    r = subprocess.run(["mount", "-t", "fuse.logfs", str(helper_fs.data), str(helper_fs.mnt), "-o", "log.bogus=1"],
+                       capture_output=True, timeout=60, env=_path_env())
+    assert r.returncode != 0
+    assert b"log.bogus" in r.stderr
+    assert not mounted_at(helper_fs.mnt)
 
 
 @needs_mount_helper
-def test_fstab_line(tmp_path, logfs_on_default_path):
-    fs = LogfsMount(tmp_path / "m")
+def test_fstab_line(tmp_path, logfs_on_default_path, helper_fs):
     fstab = tmp_path / "fstab"
-    fstab.write_text(f"# test fstab\n{fs.data} {fs.mnt} fuse.logfs defaults,_netdev,noauto,nofail,"
+    fstab.write_text(f"# test fstab\n{helper_fs.data} {helper_fs.mnt} fuse.logfs defaults,_netdev,noauto,nofail,"
                      f"x-systemd.after=network-online.target,log.segment.bytes=50000 0 0\n")
-    try:
-        _helper_mounts(fs, ["mount", "-T", str(fstab), str(fs.mnt)], env=daemon_env())
-        _serves(fs, {"config.segment.bytes": "50000"})
-        _unmounts_cleanly(fs, umount8=True)
-    finally:
-        fs.cleanup()
+    _helper_mounts(helper_fs, ["mount", "-T", str(fstab), str(helper_fs.mnt)], env=daemon_env())
+    _serves(helper_fs, {"config.segment.bytes": "50000"})
+    _unmounts_cleanly(helper_fs, umount8=True)
 
 
 def test_fuse_options_pass_through(mount_logfs):
