@@ -319,6 +319,11 @@ def handler(fn):
     return wrapper
 
 
+# what an EntryAttributes takes from SOURCE's os.stat_result as it is
+_STAT_FIELDS = ("st_mode", "st_nlink", "st_uid", "st_gid", "st_rdev", "st_size", "st_blksize", "st_blocks",
+                "st_atime_ns", "st_mtime_ns", "st_ctime_ns")
+
+
 class FaultOperations(pyfuse3.Operations):
     supports_dot_lookup = False
     enable_writeback_cache = False  # every write(2) reaches the daemon (and its faults) when it is made
@@ -447,17 +452,8 @@ class FaultOperations(pyfuse3.Operations):
         entry.generation = 0
         entry.entry_timeout = self.entry_timeout
         entry.attr_timeout = self.attr_timeout
-        entry.st_mode = st.st_mode
-        entry.st_nlink = st.st_nlink
-        entry.st_uid = st.st_uid
-        entry.st_gid = st.st_gid
-        entry.st_rdev = st.st_rdev
-        entry.st_size = st.st_size
-        entry.st_blksize = st.st_blksize
-        entry.st_blocks = st.st_blocks
-        entry.st_atime_ns = st.st_atime_ns
-        entry.st_mtime_ns = st.st_mtime_ns
-        entry.st_ctime_ns = st.st_ctime_ns
+        for name in _STAT_FIELDS:
+            setattr(entry, name, getattr(st, name))
         return entry
 
     def _stat(self, ino: int) -> os.stat_result:
