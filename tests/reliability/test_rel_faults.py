@@ -13,7 +13,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import functools
 import os
 import random
 import shutil
@@ -249,15 +251,34 @@ def _mount_and_check(fs: LogfsMount, opts, want: dict, rels, stats: dict, what: 
     assert "Traceback" not in err, err[-3000:]
 
 
-def _check_a_damaged_copy(base: LogfsMount, root, damage, opts, want: dict, rels, stats: dict, what: str) -> None:
-    """A copy of ``base``'s data dir (a LogfsMount at ``root``), damaged by ``damage(data_dir)``: _mount_and_check."""
-    fs = LogfsMount(root)
-    shutil.copytree(base.data, fs.data)
-    damage(fs.data)
+@contextlib.contextmanager
+def _base_store(tmp_path, opts, stats: dict, stats_name: str):
+    """The store (mounted with ``opts``) that the damaged copies are made of; ``stats`` recorded at the end."""
+    base = LogfsMount(tmp_path / "base")
     try:
-        _mount_and_check(fs, opts, want, rels, stats, what)
+        base.mount(*opts)
+        yield base
     finally:
-        fs.cleanup()
+        base.cleanup()
+        record_stats(stats_name, **stats)
+
+
+def _check_damaged_copies(base: LogfsMount, shutdown: str, copies: dict, opts, want: dict, rels, stats: dict):
+    """Shut ``base`` down ("clean", or "unclean": kill -9, which leaves indexes preallocated with no end entries and
+    stale checkpoints); then for each (root, what): damage of ``copies``, a copy of its data dir (a LogfsMount at
+    root) damaged by ``damage(data_dir)`` must pass _mount_and_check."""
+    if shutdown == "clean":
+        base.unmount()
+    else:
+        base.kill9()
+    for (root, what), damage in copies.items():
+        fs = LogfsMount(root)
+        shutil.copytree(base.data, fs.data)
+        damage(fs.data)
+        try:
+            _mount_and_check(fs, opts, want, rels, stats, what)
+        finally:
+            fs.cleanup()
 
 
 def _compare(fs: LogfsMount, want: dict, what: str) -> None:
@@ -274,38 +295,30 @@ def _compare(fs: LogfsMount, want: dict, what: str) -> None:
 def test_damaged_index_files(tmp_path, profile, shutdown):
     rng = random.Random(f"index-{shutdown}")
     opts = ["log.segment.bytes=4096", "log.index.interval.bytes=200", "log.index.size.max.bytes=65536"]
-    base = LogfsMount(tmp_path / "base")
     combos = [(k, d) for k in KINDS for d in DAMAGES]
     targets = ["sealed", "active", "all"]
     stats = {"mounts": 0, "damaged_files": 0, "combinations": 0}
-    try:
-        base.mount(*opts)
+    with _base_store(tmp_path, opts, stats, f"damaged_indexes[{shutdown}]") as base:
         _fill_store(base, "t", len(combos), rng)
         rels = [f"t/{p}" for p in range(len(combos))]
         want = _snapshot(base, rels, rng)
-        if shutdown == "clean":
-            base.unmount()
-        else:
-            base.kill9()  # indexes preallocated, no end entries, stale checkpoints
-        for target in targets:
-            def damage(data):
-                for p, (kind, how) in enumerate(combos):
-                    part = os.path.join(data, f"t-{p}")
-                    logs = sorted(n for n in os.listdir(part) if n.endswith(".log"))
-                    assert len(logs) >= 3
-                    chosen = {"sealed": [logs[len(logs) // 2]], "active": [logs[-1]], "all": logs}[target]
-                    for name in chosen:
-                        path = os.path.join(part, name[:-4] + kind)
-                        if os.path.exists(path):
-                            _damage(path, how, rng)
-                            stats["damaged_files"] += 1
-                    stats["combinations"] += 1
 
-            _check_a_damaged_copy(base, tmp_path / f"damaged-{target}", damage, opts, want, rels, stats,
-                                  f"{shutdown} shutdown, damaged {target} segments")
-    finally:
-        base.cleanup()
-        record_stats(f"damaged_indexes[{shutdown}]", **stats)
+        def damage(data, target):
+            for p, (kind, how) in enumerate(combos):
+                part = os.path.join(data, f"t-{p}")
+                logs = sorted(n for n in os.listdir(part) if n.endswith(".log"))
+                assert len(logs) >= 3
+                chosen = {"sealed": [logs[len(logs) // 2]], "active": [logs[-1]], "all": logs}[target]
+                for name in chosen:
+                    path = os.path.join(part, name[:-4] + kind)
+                    if os.path.exists(path):
+                        _damage(path, how, rng)
+                        stats["damaged_files"] += 1
+                stats["combinations"] += 1
+
+        copies = {(tmp_path / f"damaged-{target}", f"{shutdown} shutdown, damaged {target} segments"):
+                  functools.partial(damage, target=target) for target in targets}
+        _check_damaged_copies(base, shutdown, copies, opts, want, rels, stats)
 
 
 # -- damaged checkpoint files -------------------------------------------------------------------------------------
@@ -319,10 +332,8 @@ def test_stale_or_corrupt_checkpoints(tmp_path, profile, shutdown):
     opts = ["num.partitions=2", "log.segment.bytes=4096", "log.retention.bytes=20000",
             "log.retention.check.interval.ms=50", "log.flush.offset.checkpoint.interval.ms=50",
             "log.segment.delete.delay.ms=0", "log.index.size.max.bytes=65536"]
-    base = LogfsMount(tmp_path / "base")
     stats = {"mounts": 0, "variants": 0}
-    try:
-        base.mount(*opts)
+    with _base_store(tmp_path, opts, stats, f"damaged_checkpoints[{shutdown}]") as base:
         _fill_store(base, "a", 2, rng)
         time.sleep(0.5)
         stale = {n: (base.data / n).read_bytes() for n in CHECKPOINTS if (base.data / n).exists()}
@@ -335,10 +346,6 @@ def test_stale_or_corrupt_checkpoints(tmp_path, profile, shutdown):
         time.sleep(0.3)
         rels = ["a/0", "a/1", "b/0", "b/1"]
         want = _snapshot(base, rels, rng)
-        if shutdown == "clean":
-            base.unmount()
-        else:
-            base.kill9()
         variants = {
             "missing": lambda d, n: os.unlink(d / n),
             "empty": lambda d, n: (d / n).write_bytes(b""),
@@ -349,18 +356,16 @@ def test_stale_or_corrupt_checkpoints(tmp_path, profile, shutdown):
             "out-of-range": lambda d, n: (d / n).write_bytes(
                 b"0\n4\na 0 999999999\na 1 -5\nb 0 123456789012\nb 1 77\n"),
         }
-        for name, damage in variants.items():
-            def damage_all(data):
-                for ckpt in CHECKPOINTS:
-                    if (data / ckpt).exists() or name != "missing":
-                        damage(data, ckpt)
-                stats["variants"] += 1
 
-            _check_a_damaged_copy(base, tmp_path / f"ckpt-{name}", damage_all, opts, want, rels, stats,
-                                  f"{shutdown} shutdown, {name} checkpoints")
-    finally:
-        base.cleanup()
-        record_stats(f"damaged_checkpoints[{shutdown}]", **stats)
+        def damage_all(data, name):
+            for ckpt in CHECKPOINTS:
+                if (data / ckpt).exists() or name != "missing":
+                    variants[name](data, ckpt)
+            stats["variants"] += 1
+
+        copies = {(tmp_path / f"ckpt-{name}", f"{shutdown} shutdown, {name} checkpoints"):
+                  functools.partial(damage_all, name=name) for name in variants}
+        _check_damaged_copies(base, shutdown, copies, opts, want, rels, stats)
 
 
 # -- a second daemon ------------------------------------------------------------------------------------------------
