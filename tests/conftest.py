@@ -37,6 +37,22 @@ def pytest_configure(config):
 _LOAD_KWARGS = {"recovery_point", "log_start_offset", "had_clean_shutdown", "clock", "progress"}
 
 
+def _closed_at_teardown(factory, finish):
+    """A fixture's body: yields ``factory`` wrapped so that whatever it makes is remembered, then (at teardown)
+    calls ``finish`` on each of those not closed by then."""
+    opened = []
+
+    def make(*args, **kwargs):
+        made = factory(*args, **kwargs)
+        opened.append(made)
+        return made
+
+    yield make
+    for made in opened:
+        if not made.closed:
+            finish(made)
+
+
 @pytest.fixture
 def clock():
     return ManualClock()
@@ -47,7 +63,6 @@ def open_log(tmp_path, clock):
     """``open_log(config=None, directory=None, **kw)`` -> Log of topic ``t`` partition 0 (default directory
     ``tmp_path/t-0``). ``kw`` holds load_log keywords (``recovery_point``, ``had_clean_shutdown``, ``clock``, ...)
     and, when ``config`` is None, LogConfig fields (``segment_bytes=4096``). Closed (without flush) at teardown."""
-    opened = []
 
     def open_log(config=None, directory=None, **kw):
         load_kw = {k: kw.pop(k) for k in list(kw) if k in _LOAD_KWARGS}
@@ -56,14 +71,9 @@ def open_log(tmp_path, clock):
         elif kw:
             raise TypeError(f"LogConfig fields {sorted(kw)} given together with a config")
         load_kw.setdefault("clock", clock)
-        log = load_log(str(directory or tmp_path / "t-0"), "t", 0, config, **load_kw)
-        opened.append(log)
-        return log
+        return load_log(str(directory or tmp_path / "t-0"), "t", 0, config, **load_kw)
 
-    yield open_log
-    for log in opened:
-        if not log.closed:
-            log.close_without_flush()
+    yield from _closed_at_teardown(open_log, lambda log: log.close_without_flush())
 
 
 @pytest.fixture
@@ -71,18 +81,11 @@ def open_manager(tmp_path, clock):
     """``open_manager(props=None, data_dir=None, clock=None)`` -> LogManager on ``tmp_path/data`` with broker
     settings ``props`` (server.properties names). Still-open managers are abandoned (as a crash) at teardown, so a
     test that wants a clean shutdown closes its manager itself."""
-    opened = []
 
     def open_manager(props=None, data_dir=None, clock=clock):
-        manager = LogManager(str(data_dir or tmp_path / "data"), BrokerConfig.from_properties(props or {}),
-                             clock=clock)
-        opened.append(manager)
-        return manager
+        return LogManager(str(data_dir or tmp_path / "data"), BrokerConfig.from_properties(props or {}), clock=clock)
 
-    yield open_manager
-    for manager in opened:
-        if not manager.closed:
-            manager.abandon()
+    yield from _closed_at_teardown(open_manager, lambda manager: manager.abandon())
 
 
 class SmallDisk:
