@@ -371,15 +371,26 @@ def pytest_configure(config):
                                        "log in this test (regular expressions); any other fails it")
 
 
+def items_in(items, conftest: str | os.PathLike) -> list:
+    """The collected tests in the folder of ``conftest`` (a conftest's ``__file__``) or below it."""
+    here = Path(conftest).parent
+    return [item for item in items if here in Path(item.path).parents]
+
+
+def mark_mount(item, reason: str | None) -> None:
+    """Mark a test ``mount``; skip it if FUSE is unusable (``reason``, from fuse_unusable_reason())."""
+    item.add_marker(pytest.mark.mount)
+    if reason:
+        item.add_marker(pytest.mark.skip(reason=reason))
+
+
 def pytest_collection_modifyitems(config, items):
     """Every test that mounts (the mounted suite, or a test using the mount fixtures) is marked ``mount``, and
     skipped where FUSE is unusable."""
     reason = fuse_unusable_reason()
     for item in items:
         if MOUNT_FIXTURES & set(getattr(item, "fixturenames", ())) or E2E in Path(item.path).parents:
-            item.add_marker(pytest.mark.mount)
-            if reason:
-                item.add_marker(pytest.mark.skip(reason=reason))
+            mark_mount(item, reason)
 
 
 @pytest.fixture

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 import rel_helpers
+from harness import items_in
 from rel_helpers import fuse_unusable_reason
 
 
@@ -43,10 +44,7 @@ def pytest_generate_tests(metafunc):
 
 def pytest_collection_modifyitems(config, items):
     reason = fuse_unusable_reason()
-    here = Path(__file__).parent
-    for item in items:
-        if here not in Path(item.path).parents:
-            continue
+    for item in items_in(items, __file__):
         item.add_marker(pytest.mark.reliability)
         if item.get_closest_marker("mount") and reason:
             item.add_marker(pytest.mark.skip(reason=reason))

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from service_helpers import NotifySocket, ServiceDaemon
-from harness import fuse_unusable_reason
+from harness import fuse_unusable_reason, items_in, mark_mount
 
 from remote_store import seaweed  # noqa: F401  (fixture: the tiering test's S3 store)
 
@@ -16,14 +14,9 @@ NEEDS_FUSE = {"service", "notify_socket"}
 
 def pytest_collection_modifyitems(config, items):
     reason = fuse_unusable_reason()
-    here = Path(__file__).parent
-    for item in items:
-        if here not in Path(item.path).parents:
-            continue
+    for item in items_in(items, __file__):
         if NEEDS_FUSE & set(getattr(item, "fixturenames", ())):
-            item.add_marker(pytest.mark.mount)
-            if reason:
-                item.add_marker(pytest.mark.skip(reason=reason))
+            mark_mount(item, reason)
 
 
 @pytest.fixture
