@@ -32,6 +32,7 @@ from logfs.storage.local.segment import LogSegment
 from logfs.view.text import LineFormat, live_view
 
 import rel_helpers
+from log_helpers import read_all
 from rel_helpers import record_stats, scale
 
 RETENTION_MS = 5_000
@@ -88,14 +89,7 @@ class Model:
 
 
 def all_records(log):
-    out, offset = [], log.log_start_offset
-    while offset < log.log_end_offset:
-        got = log.read(offset)
-        if not got:
-            break
-        out += got
-        offset = got[-1].offset + 1
-    return [(r.offset, r.timestamp, r.key, r.value) for r in out]
+    return [(r.offset, r.timestamp, r.key, r.value) for r in read_all(log)]
 
 
 class LogMachine(RuleBasedStateMachine):

@@ -21,6 +21,7 @@ from logfs.spark.options import OffsetRange, OptionError, SourceOptions
 from logfs.spark.segments import DataLossError, PartitionReader, TopicPartition
 from logfs.storage import ManualClock
 from logfs.storage.local import reader as storage_reader
+from log_helpers import read_all as engine_records
 
 SMALL = {"log.segment.bytes": "4096", "log.index.interval.bytes": "256", "log.segment.delete.delay.ms": "0"}
 
@@ -46,17 +47,6 @@ def fill(log, clock, count, *, start=0, keyed=False, headers=False, per_append=7
         log.append(values, keys, headers=hdrs)
         clock.advance(1)
         i += n
-
-
-def engine_records(log):
-    out, offset = [], log.log_start_offset
-    while offset < log.log_end_offset:
-        got = log.read(offset)
-        if not got:
-            break
-        out += got
-        offset = got[-1].offset + 1
-    return out
 
 
 def tree_snapshot(root):
