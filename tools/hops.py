@@ -63,6 +63,17 @@ class Counter:
                 self._stack.pop()
 
 
+async def _profiled(op, *args) -> Counter:
+    """The hops and crossings of one awaited call of ``op``."""
+    counter = Counter()
+    sys.setprofile(counter)
+    try:
+        await op(*args)
+    finally:
+        sys.setprofile(None)
+    return counter
+
+
 async def _measure() -> dict[str, Counter]:
     with tempfile.TemporaryDirectory() as tmp:
         manager = LogManager(tmp)
@@ -76,28 +87,10 @@ async def _measure() -> dict[str, Counter]:
             await ops.write(wfi.fh, 0, line * 100)
         rfi = await ops.open(part_ino, os.O_RDONLY, None)
         await ops.read(rfi.fh, 0, 4096)  # warm caches the way a first read does
-        results = {}
-        counter = Counter()
-        sys.setprofile(counter)
-        try:
-            await ops.write(wfi.fh, 0, line)
-        finally:
-            sys.setprofile(None)
-        results["append"] = counter
-        counter = Counter()  # the next line: it grows the batch the previous one started (the everyday write)
-        sys.setprofile(counter)
-        try:
-            await ops.write(wfi.fh, 0, line)
-        finally:
-            sys.setprofile(None)
-        results["small append (tail batch grown)"] = counter
-        counter = Counter()
-        sys.setprofile(counter)
-        try:
-            await ops.read(rfi.fh, 1_000_003, 4096)
-        finally:
-            sys.setprofile(None)
-        results["read"] = counter
+        results = {"append": await _profiled(ops.write, wfi.fh, 0, line),
+                   # the next line: it grows the batch the previous one started (the everyday write)
+                   "small append (tail batch grown)": await _profiled(ops.write, wfi.fh, 0, line),
+                   "read": await _profiled(ops.read, rfi.fh, 1_000_003, 4096)}
         await ops.release(rfi.fh)
         await ops.release(wfi.fh)
         manager.close()
