@@ -22,7 +22,7 @@ from ..storage.cleaner.compaction import OffsetMap, clean, grab_filthiest
 from ..storage.cleaner import compression
 from ..storage.cleaner.process import clean_in_subprocess, compress_in_subprocess, compress_in_thread
 from ..storage.tiered.manager import tier_stats
-from ..storage.errors import LogfsError
+from ..storage.errors import LogfsError, StorageIOError
 from ..storage.local.retention import delete_old_segments
 
 log = logging.getLogger(__name__)
@@ -162,6 +162,8 @@ class LogService:
                     else:
                         result = compress_in_thread(plog, due, now_ms)
                 except LogfsError as exc:
+                    if isinstance(exc, StorageIOError):
+                        raise  # the disk's error: the failure channel's (_guarded), not a codec's
                     self.stats.compression_failures += 1
                     log.error("compressing %s-%d failed, its segments stay uncompressed: %s", plog.topic,
                               plog.partition, exc)
@@ -190,6 +192,8 @@ class LogService:
             result = await trio.to_thread.run_sync(fn, *args)
         except (OSError, LogfsError) as exc:
             self.manager.log_dir.report(exc, what)
+            if self.manager.log_dir.offline:
+                return None  # (logged once, by the failure channel: this step is not retried)
             if what == "cleaning":
                 self.stats.cleaner_failures += 1
             elif what == "compressing sealed segments":
@@ -231,6 +235,8 @@ class LogService:
             else:
                 result = clean(plog, target, offset_map, now_ms)
         except LogfsError as exc:
+            if isinstance(exc, StorageIOError):
+                raise  # the disk's error: the failure channel's (_guarded); cleaning is retried if it is full
             log.info("cleaning %s-%d skipped: %s", plog.topic, plog.partition, exc)
             return False
         self.manager.update_cleaner_checkpoint(plog.topic, plog.partition, result.end_offset)
@@ -250,6 +256,8 @@ class LogService:
             self._wakeup = trio.Event()
 
     async def housekeeping(self) -> None:
+        if self.manager.log_dir.offline:
+            return  # nothing more is done on a directory whose disk failed, until the next mount (_guarded)
         now = self.clock.time_ms()
         for i, (key, plog) in enumerate(list(self.manager.logs.items())):
             if i % 1024 == 1023:

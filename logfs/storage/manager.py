@@ -26,7 +26,7 @@ from .errors import (
     InvalidOffsetError, InvalidPartitionError, InvalidTopicError, LockedError, LogfsError,
     NoSuchTopicError, ShuttingDownError, TopicExistsError, TopicNotEmptyError,
 )
-from .failure import LogDir, guarded
+from .failure import SPACE_ERRNOS, LogDir, guarded
 from .local.loader import load_log
 from .publish.transactions import Transactions
 from .topics import TopicSettings
@@ -293,6 +293,8 @@ class LogManager(TopicSettings):
                 try:  # the emptied topic must survive a crash after the rename as a topic
                     self._save_topics(keep=topic)
                 except OSError as exc:
+                    if exc.errno not in SPACE_ERRNOS:
+                        raise  # a failing disk: offline (guarded), and the partition is not deleted
                     log.warning("%s not updated before deleting the last partition of %r: %s", TOPICS_FILE,
                                 topic, exc.strerror or exc)
             new_path = os.path.join(self.data_dir, delete_dir_name(topic, partition))
@@ -317,6 +319,11 @@ class LogManager(TopicSettings):
         try:
             record()
         except OSError as exc:
+            if exc.errno not in SPACE_ERRNOS:
+                # A failing disk (the fsync that makes the rename durable, or a checkpoint's write): the unlink
+                # is not reported as done, and the directory goes offline (guarded); the next mount finds the
+                # partition renamed for deletion, or still live, and either is a valid state.
+                raise
             log.warning("recording a deletion in %s failed (%s); purging %s now to make room",
                         self.data_dir, exc.strerror or exc, os.path.basename(deleted_path))
             self._deleted_dirs = [(t, p) for t, p in self._deleted_dirs if p != deleted_path]
@@ -324,6 +331,8 @@ class LogManager(TopicSettings):
             try:
                 record()
             except OSError as again:
+                if again.errno not in SPACE_ERRNOS:
+                    raise
                 log.error("checkpoints of %s not updated after a deletion (%s); they are rewritten at the next "
                           "checkpoint or clean shutdown", self.data_dir, again.strerror or again)
 
@@ -350,13 +359,25 @@ class LogManager(TopicSettings):
                         self._collisions[key] = other
                         break
 
+    @guarded("removing deleted partitions", space_ok=False, convert=False)
     def purge_deleted_dirs(self, now_ms: int | None = None) -> int:
+        """Remove the directories of deleted partitions whose ``file.delete.delay.ms`` has passed. An error of the
+        disk on the way is raised once all are tried (the directory goes offline: guarded); one left behind is
+        removed at the next mount."""
         now = self.clock.time_ms() if now_ms is None else now_ms
         with self.lock:
             due = [p for t, p in self._deleted_dirs if t <= now]
             self._deleted_dirs = [(t, p) for t, p in self._deleted_dirs if t > now]
+        failures: list[OSError] = []
+
+        def failed(_fn, _path, exc_info) -> None:
+            if not isinstance(exc_info[1], FileNotFoundError):  # (gone already: nothing to remove)
+                failures.append(exc_info[1])
+
         for path in due:
-            shutil.rmtree(path, ignore_errors=True)
+            shutil.rmtree(path, onerror=failed)
+        if failures:
+            raise failures[0]
         return len(due)
 
     # -- checkpoints and shutdown ------------------------------------------------------------------

@@ -13,6 +13,10 @@ With ``"mode": "compress"`` the child instead rewrites each of ``bases`` in the 
 The child dies with the daemon (``PR_SET_PDEATHSIG``): a pass orphaned by a crash of the daemon could otherwise
 go on writing ``.cleaned`` files after the next daemon has loaded the directory, under the names that daemon's
 own cleaner writes.
+
+An error of the disk in the child (EIO writing or fsyncing a ``.cleaned`` file, ENOSPC...) reaches the parent as
+that errno (exit status 3 and ``{"disk_error": {"errno", "message"}}``), raised as StorageIOError: the runtime
+hands it to the directory's failure channel like any other I/O error of a background step.
 """
 
 from __future__ import annotations
@@ -27,11 +31,13 @@ import threading
 from .compaction import CleanableLog, CleanResult, OffsetMap, write_cleaned
 from .compression import write_compressed
 from ..config import LogConfig
-from ..errors import LogfsError
+from ..errors import LogfsError, StorageIOError
+from ..failure import NOT_DISK_ERRNOS
 from ..local.lifecycle import open_segment
 from ..local.log import Log
 from ..local.segment import CLEANED_SUFFIX
 
+_DISK_FAILED = 3  # the child's exit status after an error of the disk (its errno in the reply)
 _CONFIG_FIELDS = ("segment_bytes", "segment_index_bytes", "index_interval_bytes", "delete_retention_ms",
                   "max_message_bytes", "compression_type", "compression_zstd_level", "compression_lz4_level",
                   "compression_gzip_level")
@@ -86,6 +92,11 @@ def compress_in_thread(plog: Log, segments: list, now_ms: int) -> CleanResult:
 def _run(request: dict) -> dict:
     proc = subprocess.run([sys.executable, "-m", "logfs.storage.cleaner.process"], input=json.dumps(request),
                           capture_output=True, text=True, check=False)
+    if proc.returncode == _DISK_FAILED:
+        # The child met an error of the disk: the same error here, for the directory's failure channel (a failing
+        # disk takes it offline, a full one is retried), as if this process had met it (CONTRACT section 12).
+        failure = json.loads(proc.stdout)["disk_error"]
+        raise StorageIOError(f"cleaner process: {failure['message']}", failure["errno"])
     if proc.returncode != 0:
         raise LogfsError(f"cleaner process failed: {proc.stderr.strip().splitlines()[-1:] or proc.returncode}")
     return json.loads(proc.stdout)
@@ -170,4 +181,12 @@ if __name__ == "__main__":
     request = json.load(sys.stdin)
     if request.get("parent") not in (None, os.getppid()):  # the daemon died before the line above
         sys.exit("the daemon that started this cleaning pass is gone")
-    json.dump(_worker(request), sys.stdout)
+    try:
+        reply = _worker(request)
+    except (OSError, StorageIOError) as exc:
+        code = getattr(exc, "errno", None)
+        if code is None or code in NOT_DISK_ERRNOS:  # (a segment retention took meanwhile: the pass is retried)
+            raise
+        json.dump({"disk_error": {"errno": code, "message": str(exc)}}, sys.stdout)
+        sys.exit(_DISK_FAILED)
+    json.dump(reply, sys.stdout)
