@@ -15,10 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from kafka.record.default_records import DefaultRecordBatch
-from kafka.record.memory_records import MemoryRecords
-
 from harness import expect_errno, sh
+from log_helpers import log_file_records
 
 WRITER = r"""
 import os, sys
@@ -32,15 +30,8 @@ with open("/proc/self/comm") as f:
 
 def kafka_records(data_dir, topic="t", partition=0) -> list[tuple]:
     """(offset, value, headers) of every record of the partition's .log files, parsed by kafka-python."""
-    out = []
-    for path in sorted(glob.glob(os.path.join(data_dir, f"{topic}-{partition}", "*.log"))):
-        with open(path, "rb") as f:
-            records = MemoryRecords(f.read())
-        while records.has_next():
-            batch = records.next_batch()
-            assert isinstance(batch, DefaultRecordBatch) and batch.validate_crc()
-            out.extend((r.offset, r.value, tuple(r.headers)) for r in batch)
-    return out
+    records = log_file_records(os.path.join(data_dir, f"{topic}-{partition}"))
+    return [(r.offset, r.value, tuple(r.headers)) for r in records]
 
 
 @pytest.fixture

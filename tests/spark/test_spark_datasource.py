@@ -15,12 +15,12 @@ import time
 import pytest
 
 pytest.importorskip("pyspark")
-from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
-from kafka.record.memory_records import MemoryRecords
+from kafka.record.default_records import DefaultRecordBatchBuilder
 from pyspark.sql import functions as F
 
 from logfs.spark.datasource import source_schema
 from logfs.storage import ManualClock
+from log_helpers import log_file_records
 
 
 
@@ -32,16 +32,7 @@ def columns():
 def kafka_python_records(partition_dir: str) -> list[tuple]:
     """(offset, timestamp, key, value, headers) of every record in the partition's .log files, parsed by
     kafka-python; every batch's CRC is checked."""
-    out = []
-    for path in sorted(glob.glob(os.path.join(partition_dir, "*.log"))):
-        with open(path, "rb") as f:
-            records = MemoryRecords(f.read())
-        while records.has_next():
-            batch = records.next_batch()
-            assert isinstance(batch, DefaultRecordBatch) and batch.validate_crc()
-            for r in batch:
-                out.append((r.offset, r.timestamp, r.key, r.value, tuple(r.headers)))
-    return out
+    return [(r.offset, r.timestamp, r.key, r.value, tuple(r.headers)) for r in log_file_records(partition_dir)]
 
 
 def collect(df) -> list:

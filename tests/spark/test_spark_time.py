@@ -18,8 +18,7 @@ import uuid
 import pytest
 
 pytest.importorskip("pyspark")
-from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder  # noqa: E402
-from kafka.record.memory_records import MemoryRecords  # noqa: E402
+from kafka.record.default_records import DefaultRecordBatchBuilder  # noqa: E402
 
 from logfs.remote.manifest import ManifestStore, PartitionManifest, RemoteFile, RemoteSegment, segment_key  # noqa: E402
 from logfs.spark import bucket as bucket_mod  # noqa: E402
@@ -29,6 +28,7 @@ from logfs.spark.options import OffsetRange, OptionError, SourceOptions, plan_ba
 from logfs.spark.pushdown import Narrowing, narrow_union, remember  # noqa: E402
 from logfs.spark.segments import PartitionReader, TopicPartition  # noqa: E402
 from logfs.storage import ManualClock  # noqa: E402
+from log_helpers import log_file_records  # noqa: E402
 
 T0 = 1_700_000_000_000
 TOPIC = "ev"
@@ -77,15 +77,7 @@ def timed(open_manager):
 
 def truth(data_dir: str, p: int) -> list[tuple[int, int]]:
     """(offset, timestamp) of every record of partition ``p``, parsed by kafka-python."""
-    out = []
-    for path in sorted(glob.glob(os.path.join(data_dir, f"{TOPIC}-{p}", "*.log"))):
-        with open(path, "rb") as f:
-            records = MemoryRecords(f.read())
-        while records.has_next():
-            batch = records.next_batch()
-            assert isinstance(batch, DefaultRecordBatch) and batch.validate_crc()
-            out += [(r.offset, r.timestamp) for r in batch]
-    return out
+    return [(r.offset, r.timestamp) for r in log_file_records(os.path.join(data_dir, f"{TOPIC}-{p}"))]
 
 
 def offsets_for_times(records, ts: int, start: int = 0) -> int | None:
