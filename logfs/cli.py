@@ -16,6 +16,7 @@ import sys
 
 from . import __version__
 from .service.logsetup import journal_stderr, setup_logging, user_error
+from .storage.log_dirs import parse_log_dirs
 from .service.follower import default_cache_dir, parse_source
 from .service.startup import run
 from .storage import BrokerConfig, InvalidConfigError
@@ -159,20 +160,27 @@ def main(argv: list[str] | None = None) -> int:
             hint = f" (a dead mount? detach it with fusermount3 -uz {args.mountpoint})"
         user_error(f"mount point {args.mountpoint}: {exc.strerror}{hint}")
         return 2
-    data_dir = os.path.abspath(args.data_dir)
-    if os.path.exists(data_dir) and not os.path.isdir(data_dir):
-        user_error(f"data directory {args.data_dir} is not a directory")
+    try:
+        data_dirs = parse_log_dirs(args.data_dir)  # DIR, or Kafka's log.dirs: DIR1,DIR2,...
+    except ValueError as exc:
+        user_error(str(exc))
         return 2
-    refused = check_mount_paths(data_dir, mountpoint)
-    if not refused and broker.get("logfs.metrics.file"):
-        refused = check_metrics_file(broker.get("logfs.metrics.file"), data_dir, mountpoint)
-    if refused:
-        user_error(refused)
-        return 2
+    for data_dir in data_dirs:
+        if os.path.exists(data_dir) and not os.path.isdir(data_dir):
+            user_error(f"data directory {data_dir} is not a directory")
+            return 2
+        refused = check_mount_paths(data_dir, mountpoint)
+        if not refused and broker.get("logfs.metrics.file"):
+            refused = check_metrics_file(broker.get("logfs.metrics.file"), data_dir, mountpoint)
+        if refused:
+            user_error(refused)
+            return 2
+    args.data_dir = ",".join(data_dirs)
     setup_logging(debug, daemon=not args.foreground)
     log.debug("broker settings %s; FUSE options %s", props, fuse_opts)
     if not any(o.startswith("fsname=") for o in fuse_opts):
-        fuse_opts.append(f"fsname={source if follow is not None else os.path.abspath(args.data_dir)}")
+        # (libfuse splits options at commas: the ones between log directories are escaped)
+        fuse_opts.append("fsname=" + (source if follow is not None else args.data_dir).replace(",", "\\,"))
     if not any(o.startswith("subtype=") for o in fuse_opts):
         fuse_opts.append("subtype=logfs")
     prefix = follow[1] if follow is not None else None

@@ -47,6 +47,8 @@ ERRNO_OF: list[tuple[type[BaseException], int]] = [
     (e.InvalidRequestError, errno.EINVAL),
     (e.NoSuchStagedFileError, errno.ENOENT),
     (e.StagingClosedError, errno.ECANCELED),
+    (e.PartitionBusyError, errno.EBUSY),
+    (e.NotSupportedError, errno.EOPNOTSUPP),
 ]
 
 

@@ -255,11 +255,26 @@ class Operations(NamespaceOps, XattrOps, ControlEntries, pyfuse3.Operations):
 
     @translate
     async def statfs(self, ctx):
-        st = os.statvfs(self.manager.data_dir)
+        # The log directories' file systems together (each counted once), in the first one's block size.
+        first = os.statvfs(self.manager.data_dir)
         out = pyfuse3.StatvfsData()
         for field in ("f_bsize", "f_frsize", "f_blocks", "f_bfree", "f_bavail", "f_files", "f_ffree",
                       "f_favail"):
-            setattr(out, field, getattr(st, field))
+            setattr(out, field, getattr(first, field))
+        seen = {os.stat(self.manager.data_dir).st_dev}
+        for d in self.manager.dirs[1:]:
+            try:
+                dev = os.stat(d.path).st_dev
+                if dev in seen:
+                    continue
+                seen.add(dev)
+                st = os.statvfs(d.path)
+            except OSError:
+                continue  # (a failed disk's space is not counted)
+            for field in ("f_blocks", "f_bfree", "f_bavail"):
+                setattr(out, field, getattr(out, field) + getattr(st, field) * st.f_frsize // first.f_frsize)
+            for field in ("f_files", "f_ffree", "f_favail"):
+                setattr(out, field, getattr(out, field) + getattr(st, field))
         out.f_namemax = 255
         return out
 

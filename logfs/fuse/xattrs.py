@@ -8,6 +8,7 @@ sparse indexes in O(log n) plus one bounded scan. Unknown names answer ENODATA a
 from __future__ import annotations
 
 import errno
+import os
 
 from ..storage import TOPIC_SETTINGS
 from ..storage.local.log import Log
@@ -20,9 +21,9 @@ from .errors import disk_failed, fail, translate
 from .inodes import ROOT
 
 PREFIX = "user.logfs."
+_TIER_NAMES = ("local_log_start_offset", "remote_log_end_offset", "remote_segment_count", "remote_size_bytes")
 PARTITION_FIXED = ["log_start_offset", "log_end_offset", "recovery_point", "segment_count", "size_bytes",
-                   "local_log_start_offset", "remote_log_end_offset", "remote_segment_count", "remote_size_bytes"]
-_TIER_NAMES = frozenset(PARTITION_FIXED[5:])
+                   *_TIER_NAMES, "log_dir"]
 CONFIG_PREFIX = "config."
 
 
@@ -57,6 +58,8 @@ def partition_get(log: Log, name: str, view: SegmentView | None = None) -> bytes
         value = len(log.segments)
     elif key == "size_bytes":
         value = log.size_bytes
+    elif key == "log_dir":  # the log directory holding it (section 12)
+        return os.path.dirname(log.directory).encode()
     elif key in _TIER_NAMES:
         value = tier_stats(log)[key]
     elif key.startswith("position."):
@@ -89,6 +92,7 @@ PARTITION_PARAMETRISED = ("position.", "offset.", "time.")
 
 
 WRITABLE_LOG_START = PREFIX + "log_start_offset"  # setfattr on a partition: DeleteRecords
+WRITABLE_LOG_DIR = PREFIX + "log_dir"  # setfattr on a partition: a move to another log directory
 
 
 def delete_records(manager: LogManager, topic: str, partition: int, value: bytes) -> None:
@@ -99,6 +103,18 @@ def delete_records(manager: LogManager, topic: str, partition: int, value: bytes
         fail(errno.EINVAL)
     manager.delete_records(topic, partition, int(text))
     measure_start(manager.get_log(topic, partition))  # (a start inside a batch: measured here, in this worker)
+
+
+def move(manager: LogManager, topic: str, partition: int, value: bytes) -> None:
+    """``setfattr -n user.logfs.log_dir -v DIR``: move the partition to the log directory DIR (one of the mount's,
+    as given or as its absolute path; EINVAL for any other). Returns once the move is done."""
+    try:
+        target = value.decode("utf-8").strip()
+    except UnicodeDecodeError:
+        fail(errno.EINVAL)
+    if not target:
+        fail(errno.EINVAL)
+    manager.move_partition(topic, partition, target)
 
 
 def partition_set_error(name: str) -> int:
@@ -200,11 +216,12 @@ class XattrOps:
             fail(errno.ENOTSUP)
         topic, partition = self._resolve(inode)
         if partition is not None:
-            if text != WRITABLE_LOG_START:
+            if text not in (WRITABLE_LOG_START, WRITABLE_LOG_DIR):
                 fail(partition_set_error(text))
             if self.read_only:
                 fail(errno.EROFS)
-            await self.run_blocking(delete_records, self.manager, topic, partition, value)
+            await self.run_blocking(delete_records if text == WRITABLE_LOG_START else move, self.manager, topic,
+                                    partition, value)
             return
         if self.read_only:
             fail(errno.EROFS)

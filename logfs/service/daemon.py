@@ -50,13 +50,13 @@ async def serve(manager: LogManager, mountpoint: str, fuse_opts: list[str], read
     with trio.open_signal_receiver(*STOP_SIGNALS, signal.SIGHUP) as signals:
         if stop_requested():
             notify("STOPPING=1\nSTATUS=stopped before mounting")
-            log.info("stop requested before mounting; closing %s", manager.data_dir)
+            log.info("stop requested before mounting; closing %s", manager.source)
             manager.close()
             return 0
         mark_request_thread()  # reads of tiered data never wait for the store on this thread
         tune_malloc()
         ops = Operations(manager, read_only=read_only)
-        log.debug("mounting %s on %s with FUSE options %s", manager.data_dir, mountpoint, ",".join(fuse_opts))
+        log.debug("mounting %s on %s with FUSE options %s", manager.source, mountpoint, ",".join(fuse_opts))
         try:
             pyfuse3.init(ops, mountpoint, fuse_opts)
         except RuntimeError as exc:
@@ -118,8 +118,8 @@ async def _serve_mounted(manager: LogManager, ops: Operations, mountpoint: str, 
                 nursery.cancel_scope.cancel()
                 return status
             partitions = len(manager.logs)
-            log.info("mounted %s on %s (%d partitions)", manager.data_dir, mountpoint, partitions)
-            notify(f"READY=1\nSTATUS=serving {partitions} partitions of {manager.data_dir} on {mountpoint}")
+            log.info("mounted %s on %s (%d partitions)", manager.source, mountpoint, partitions)
+            notify(f"READY=1\nSTATUS=serving {partitions} partitions of {manager.source} on {mountpoint}")
             if ready:
                 ready(None)
             if metrics is not None:

@@ -146,12 +146,16 @@ class Metrics:
                    [("", follower.syncs)])
             family("logfs_follow_last_look_seconds", "gauge", "When the follower last looked at the store "
                    "successfully (seconds since the epoch).", [("", follower.last_sync_s)])
-        log_dir = manager.log_dir
-        label = '{log_dir="%s"}' % log_dir.path.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+        labels = ['{log_dir="%s"}' % d.path.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+                  for d in manager.dirs]
         family("logfs_log_dir_offline", "gauge", "1 once the log directory went offline after an I/O error: its "
-               "partitions answer EIO until the next mount recovers it.", [(label, int(log_dir.offline))])
+               "partitions answer EIO until the next mount recovers it.",
+               [(label, int(d.offline)) for label, d in zip(labels, manager.dirs)])
         family("logfs_log_dir_io_errors_total", "counter", "I/O errors of the log directory's disk (the first takes "
-               "it offline; a full disk is not counted).", [(label, log_dir.failures)])
+               "it offline; a full disk is not counted).",
+               [(label, d.log_dir.failures) for label, d in zip(labels, manager.dirs)])
+        family("logfs_log_dir_partitions", "gauge", "Partitions the log directory holds.",
+               [(label, d.partitions) for label, d in zip(labels, manager.dirs)])
         errors = sorted(error_counts().items())
         family("logfs_fuse_errors_total", "counter", "Requests the filesystem answered with an error, by "
                "request and errno.",

@@ -23,6 +23,7 @@ from ..storage.cleaner import compression
 from ..storage.cleaner.process import clean_in_subprocess, compress_in_subprocess, compress_in_thread
 from ..storage.tiered.manager import tier_stats
 from ..storage.errors import LogfsError, StorageIOError
+from ..storage.failure import offline_by as _offline_by
 from ..storage.local.retention import delete_old_segments
 
 log = logging.getLogger(__name__)
@@ -148,7 +149,7 @@ class LogService:
         """Compress the due segments of one partition (worker thread). False when no partition has any."""
         remote = self.manager.remote
         for plog in list(self.manager.logs.values()):
-            if plog.closed or not compression.codec_of(plog.config)[0]:
+            if plog.closed or plog.log_dir.offline or not compression.codec_of(plog.config)[0]:
                 continue
             tiered_end = tier_stats(plog)["remote_log_end_offset"] if remote is not None else 0
             with plog.snapshot(sealed_only=True) as snap:
@@ -163,7 +164,8 @@ class LogService:
                         result = compress_in_thread(plog, due, now_ms)
                 except LogfsError as exc:
                     if isinstance(exc, StorageIOError):
-                        raise  # the disk's error: the failure channel's (_guarded), not a codec's
+                        plog.log_dir.report(exc, f"compressing {plog.name}")
+                        raise  # the disk's error: the failure channel's, not a codec's
                     self.stats.compression_failures += 1
                     log.error("compressing %s-%d failed, its segments stay uncompressed: %s", plog.topic,
                               plog.partition, exc)
@@ -181,18 +183,20 @@ class LogService:
             return True
         return False
 
-    async def _guarded(self, what: str, fn, *args):
+    async def _guarded(self, what: str, fn, *args, log_dir=None):
         """Background work in a worker thread. A full disk (or EMFILE...) is logged, once until the step works
-        again, and the step is retried on a later tick. Any other I/O error takes the data directory offline
-        (storage/failure.py), and no background work runs there any more until the next mount; the daemon never
-        ends for either."""
-        if self.manager.log_dir.offline:
+        again, and the step is retried on a later tick. Any other I/O error takes its log directory offline
+        (storage/failure.py: ``log_dir``, the one the step works in; by default the first, which holds the mount's
+        own files; an error met in another directory was reported there already), and no background work runs
+        there any more until the next mount; the daemon never ends for either."""
+        log_dir = log_dir or self.manager.log_dir
+        if log_dir.offline:
             return None  # nothing more is done on a directory whose disk failed, until the next mount
         try:
             result = await trio.to_thread.run_sync(fn, *args)
         except (OSError, LogfsError) as exc:
-            self.manager.log_dir.report(exc, what)
-            if self.manager.log_dir.offline:
+            log_dir.report(exc, what)
+            if _offline_by(exc, log_dir):
                 return None  # (logged once, by the failure channel: this step is not retried)
             if what == "cleaning":
                 self.stats.cleaner_failures += 1
@@ -214,7 +218,8 @@ class LogService:
             log.info("%s works again", what)
 
     def clean_once(self, now_ms: int) -> bool:
-        target = grab_filthiest(list(self.manager.logs.values()), dict(self.manager.cleaner_checkpoints), now_ms)
+        logs = [plog for plog in self.manager.logs.values() if not plog.log_dir.offline]
+        target = grab_filthiest(logs, dict(self.manager.cleaner_checkpoints), now_ms)
         if target is None:
             return False
         plog = target.log
@@ -234,9 +239,13 @@ class LogService:
                 result = clean_in_subprocess(plog, target, offset_map.capacity, now_ms)
             else:
                 result = clean(plog, target, offset_map, now_ms)
+        except OSError as exc:
+            plog.log_dir.report(exc, f"cleaning {plog.name}")  # (its directory's disk, not the first's)
+            raise
         except LogfsError as exc:
             if isinstance(exc, StorageIOError):
-                raise  # the disk's error: the failure channel's (_guarded); cleaning is retried if it is full
+                plog.log_dir.report(exc, f"cleaning {plog.name}")
+                raise  # the disk's error: the failure channel's; cleaning is retried if it is full
             log.info("cleaning %s-%d skipped: %s", plog.topic, plog.partition, exc)
             return False
         self.manager.update_cleaner_checkpoint(plog.topic, plog.partition, result.end_offset)
@@ -256,8 +265,6 @@ class LogService:
             self._wakeup = trio.Event()
 
     async def housekeeping(self) -> None:
-        if self.manager.log_dir.offline:
-            return  # nothing more is done on a directory whose disk failed, until the next mount (_guarded)
         now = self.clock.time_ms()
         for i, (key, plog) in enumerate(list(self.manager.logs.items())):
             if i % 1024 == 1023:
@@ -266,8 +273,8 @@ class LogService:
                 await trio.sleep(0)
             if plog.on_roll is None:
                 self.attach(plog)
-            if plog.closed:
-                continue
+            if plog.closed or plog.log_dir.offline:
+                continue  # (nothing more is done on a directory whose disk failed, until the next mount)
             try:
                 plog.maybe_roll_for_time(now)
             except (OSError, LogfsError) as exc:
@@ -280,11 +287,11 @@ class LogService:
                 name = f"{plog.topic}-{plog.partition}"
                 self._roll_flush.discard(key)
                 upto = None if due_flush else plog.active_segment.base_offset
-                if await self._guarded(f"flush of {name}", plog.flush, upto) is None:
+                if await self._guarded(f"flush of {name}", plog.flush, upto, log_dir=plog.log_dir) is None:
                     self._roll_flush.add(key)  # retried on the next tick
             if plog.deleted_segments:
                 await self._guarded(f"unlinking deleted segments of {plog.topic}-{plog.partition}",
-                                    plog.purge_deleted, now)
+                                    plog.purge_deleted, now, log_dir=plog.log_dir)
         if now - self._last_retention_ms >= self.manager.broker.get("log.retention.check.interval.ms"):
             self._last_retention_ms = now
             deleted = await self._guarded("retention", self.retention, now)
@@ -301,13 +308,24 @@ class LogService:
     def retention(self, now_ms: int) -> int:
         """One retention pass over every log (worker thread). Returns the number of segments deleted."""
         total = 0
+        failure: BaseException | None = None
         for plog in list(self.manager.logs.values()):
-            if plog.closed or (self.manager.remote is not None and plog.config.remote_storage_enable):
+            if plog.closed or plog.log_dir.offline:
+                continue
+            if self.manager.remote is not None and plog.config.remote_storage_enable:
                 continue  # tiered: retention is the tiering task's (it never deletes what is not uploaded)
-            count = delete_old_segments(plog, now_ms)
+            try:
+                count = delete_old_segments(plog, now_ms)
+            except (OSError, LogfsError) as exc:
+                # (reported to the log's directory by the log: the other directories' logs go on)
+                plog.log_dir.report(exc, f"retention of {plog.name}")
+                failure = failure or exc
+                continue
             self.stats.retention_deleted_segments += count
             if count:
                 log.info("retention deleted %d segment(s) of %s-%d; log start offset now %d",
                          count, plog.topic, plog.partition, plog.log_start_offset)
             total += count
+        if failure is not None:
+            raise failure
         return total

@@ -104,11 +104,14 @@ def run(data_dir, mountpoint, broker, fuse_opts, read_only, ready, follow: str |
         stop.append(signum)
 
     previous = {s: signal.signal(s, stop_while_loading) for s in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        partitions = len(DataDirScan(data_dir).partitions)
-    except OSError:  # missing (created below) or unreadable (reported below)
-        partitions = 0
-    recovering = partitions > 0 and not os.path.exists(os.path.join(data_dir, CLEAN_SHUTDOWN))
+    partitions, recovering = 0, False
+    for path in data_dir.split(","):  # (each log directory)
+        try:
+            found = len(DataDirScan(path).partitions)
+        except OSError:  # missing (created below) or unreadable (reported below)
+            found = 0
+        partitions += found
+        recovering = recovering or (found > 0 and not os.path.exists(os.path.join(path, CLEAN_SHUTDOWN)))
     # (The "recovering" line is logged by the first progress report, i.e. once the .lock is held: a store that
     # is merely in use by another daemon has no marker either, and is refused before anything is said of it.)
     progress = StartupProgress(recovering, partitions, announce=data_dir)

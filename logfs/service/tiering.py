@@ -25,6 +25,7 @@ import trio
 from ..remote.api import RemoteAuthError, RemoteStore, RemoteStoreError, RemoteUnavailableError
 from ..remote.directory import DirectoryStore
 from ..storage.errors import LogfsError
+from ..storage.failure import offline_by as _offline_by
 from ..storage.manager import LogManager
 from ..storage.tiered.manager import RemoteLogManager
 
@@ -141,7 +142,7 @@ class TieringTask:
             if self._next_try.get(key, 0) > now:
                 continue
             what = f"tiering of {plog.topic}-{plog.partition}"
-            ok = await self._guarded(what, self.rlm.sync, plog, self.manager.clock.time_ms())
+            ok = await self._guarded(what, self.rlm.sync, plog, self.manager.clock.time_ms(), log_dir=plog.log_dir)
             if ok:
                 self._failures.pop(key, None)
                 self._next_try.pop(key, None)
@@ -153,8 +154,11 @@ class TieringTask:
         configs = {t: dict(self.manager.topics.get(t, {})) for t in {k[0] for k in self.rlm.tiers}}
         await self._guarded("publishing the follower index", self.rlm.publish_index, configs)
 
-    async def _guarded(self, what: str, fn, *args) -> bool:
-        if self.manager.log_dir.offline:
+    async def _guarded(self, what: str, fn, *args, log_dir=None) -> bool:
+        """``fn(*args)`` in a worker thread. ``log_dir``: the directory whose disk the step uses (a partition's; by
+        default the first, which holds tiering's own files)."""
+        log_dir = log_dir or self.manager.log_dir
+        if log_dir.offline:
             return False  # uploads read local segments and local retention deletes them: not on a failed disk
         try:
             # Abandoned when the daemon stops: a call to a stalled store may take its whole time bound (~50 s),
@@ -163,7 +167,9 @@ class TieringTask:
             await trio.to_thread.run_sync(fn, *args, abandon_on_cancel=True)
         except (RemoteStoreError, OSError, LogfsError, ValueError) as exc:
             if not isinstance(exc, RemoteStoreError):
-                self.manager.log_dir.report(exc, what)  # the local disk failed: offline (a full one: retried)
+                log_dir.report(exc, what)  # the local disk failed: offline (a full one: retried)
+                if _offline_by(exc, log_dir):
+                    return False  # (logged once, by the failure channel)
             message = f"{type(exc).__name__}: {exc}"
             if self._failing.get(what) != message:
                 log.error("%s failed (will retry with backoff): %s", what, message)

@@ -102,3 +102,11 @@ class NoSuchStagedFileError(LogfsError):
 
 class StagingClosedError(LogfsError):
     """A staged file was to be created for a write that was already committed or aborted (a late task attempt)."""
+
+
+class PartitionBusyError(LogfsError):
+    """The partition is already being moved between log directories."""
+
+
+class NotSupportedError(LogfsError):
+    """A request logfs understands but does not do (moving a tiered partition between log directories)."""

@@ -95,8 +95,13 @@ class LogDir:
         the step was undone, or changed nothing) gives StorageIOError(ENOSPC) and the directory stays online;
         anything else takes it offline and gives LogDirOfflineError."""
         code = getattr(exc, "errno", None)
-        if isinstance(exc, LogDirOfflineError) or code in NOT_DISK_ERRNOS:
-            return exc
+        owner = getattr(exc, "log_dir", None)
+        if isinstance(exc, LogDirOfflineError) or code in NOT_DISK_ERRNOS or (owner is not None and owner is not self):
+            return exc  # (an error of another directory of the mount was reported to it, where it happened)
+        try:
+            exc.log_dir = self  # each error is reported once, to the directory whose disk it came from
+        except AttributeError:
+            pass
         if space_ok and code in SPACE_ERRNOS:
             if isinstance(exc, StorageIOError) and code == errno.ENOSPC:
                 return exc
@@ -109,6 +114,13 @@ class LogDir:
         offline (a full disk is retried later)."""
         if isinstance(exc, (OSError, StorageIOError)):
             self.io_error(exc, what)
+
+
+def offline_by(exc: BaseException, log_dir: LogDir) -> bool:
+    """Whether ``exc`` took a directory offline, or met one offline: ``log_dir`` (where the step ran), or the
+    directory the error was reported to. Such an error is logged once, by the failure channel."""
+    owner = getattr(exc, "log_dir", None)
+    return log_dir.offline or isinstance(exc, LogDirOfflineError) or (owner is not None and owner.offline)
 
 
 def guarded(what: str, *, space_ok: bool = True, convert: bool = True):

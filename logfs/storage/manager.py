@@ -12,7 +12,7 @@ log has its own writer lock.
 
 from __future__ import annotations
 
-import fcntl
+import contextlib
 import logging
 import os
 import shutil
@@ -23,17 +23,19 @@ from . import checkpoints as ckpt
 from .clock import SYSTEM_CLOCK, Clock
 from .config import BrokerConfig, LogConfig
 from .errors import (
-    InvalidOffsetError, InvalidPartitionError, InvalidTopicError, LockedError, LogfsError,
-    NoSuchTopicError, ShuttingDownError, TopicExistsError, TopicNotEmptyError,
+    InvalidOffsetError, InvalidPartitionError, InvalidTopicError, LogfsError, NoSuchTopicError,
+    ShuttingDownError, StorageIOError, TopicExistsError, TopicNotEmptyError,
 )
-from .failure import SPACE_ERRNOS, LogDir, guarded
+from .failure import SPACE_ERRNOS, guarded
+from .log_dirs import DataDir, next_log_dir, parse_log_dirs
 from .local.loader import load_log
 from .publish.transactions import Transactions
+from .moves import PartitionMoves
 from .topics import TopicSettings
 from .local.log import Log
 from .local.open_files import OPEN_FILES
 from .names import (
-    LOCK_FILE, LOG_SUFFIX, TOPICS_FILE, DataDirScan, collision_key, delete_dir_name, partition_dir_name,
+    LOG_SUFFIX, TOPICS_FILE, DataDirScan, collision_key, delete_dir_name, partition_dir_name,
     validate_topic_name,
 )
 
@@ -63,7 +65,7 @@ def _raise_soft_limit() -> int:
         return -1
 
 
-class LogManager(TopicSettings):
+class LogManager(TopicSettings, PartitionMoves):
     def __init__(self, data_dir: str, broker: BrokerConfig | None = None, *, clock: Clock = SYSTEM_CLOCK,
                  progress: Callable[[int, int], None] | None = None,
                  segment_progress: Callable[[int, int], None] | None = None):
@@ -71,7 +73,12 @@ class LogManager(TopicSettings):
         total)`` once per segment (and once when a partition is complete), counted over all partitions. Its
         ``total`` starts as the number of ``.log`` files found and is corrected as each partition's loader
         settles it (completing a compaction swap can remove segments)."""
-        self.data_dir = os.path.abspath(data_dir)
+        paths = parse_log_dirs(data_dir) if isinstance(data_dir, str) else [os.path.abspath(p) for p in data_dir]
+        # The log directories (Kafka's log.dirs): each with its own lock, checkpoints and health. The first also
+        # holds the mount's own state (the sink's staging and transactions, tiering's pending deletions).
+        self.dirs = [DataDir(p) for p in paths]
+        self._dirs_by_path = {d.path: d for d in self.dirs}
+        self.data_dir = self.dirs[0].path
         self.broker = broker or BrokerConfig.from_properties({})
         self.clock = clock
         self.lock = threading.RLock()
@@ -85,11 +92,20 @@ class LogManager(TopicSettings):
         # Set (from any thread, without the lock) when the daemon stops: a topic creation still running then
         # gives up and undoes itself, so the shutdown waits for at most one partition.
         self.stopping = threading.Event()
-        # The directory's health: an I/O error takes it offline (storage/failure.py), as Kafka's LogDirFailureChannel
-        self.log_dir = LogDir(self.data_dir)
+        self.moving: dict[tuple[str, int], str] = {}  # partitions being moved -> their target directory
+        # The first directory's health (each directory has its own: storage/failure.py, as Kafka's
+        # LogDirFailureChannel): the manager's own files (topics, sink, tiering) fail with it.
+        self.log_dir = self.dirs[0].log_dir
         raise_fd_limit()
-        os.makedirs(self.data_dir, exist_ok=True)
-        self._lock_fd = self._acquire_lock()
+        locked: list[DataDir] = []
+        try:
+            for d in self.dirs:
+                d.acquire_lock()
+                locked.append(d)
+        except BaseException:
+            for d in locked:
+                d.release_lock()
+            raise
         try:
             self._load(progress, segment_progress)
             # The Spark sink's commits: the ones a crash interrupted are completed before anything is served.
@@ -98,47 +114,47 @@ class LogManager(TopicSettings):
         except BaseException:
             for partition_log in self.logs.values():
                 partition_log.close_without_flush()
-            os.close(self._lock_fd)
+            for d in self.dirs:
+                d.release_lock()
             raise
         self.closed = False
 
     # -- startup -----------------------------------------------------------------------------------
-    def _acquire_lock(self) -> int:
-        fd = os.open(os.path.join(self.data_dir, LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            raise LockedError(f"{self.data_dir} is in use by another logfs or Kafka process (.lock is held)")
-        return fd
+
 
     def _load(self, progress, segment_progress=None) -> None:
-        marker = os.path.join(self.data_dir, ckpt.CLEAN_SHUTDOWN)
-        clean = os.path.exists(marker)
-        self.had_clean_shutdown = clean
+        cleans = [d.take_clean_marker() for d in self.dirs]
+        self.had_clean_shutdown = all(cleans)
         self._load_topics()
-        self.cleaner_checkpoints = ckpt.read_checkpoint(os.path.join(self.data_dir, ckpt.CLEANER_OFFSET))
-        recovery = ckpt.read_checkpoint(os.path.join(self.data_dir, ckpt.RECOVERY_POINT))
-        starts = ckpt.read_checkpoint(os.path.join(self.data_dir, ckpt.LOG_START_OFFSET))
-        scan = DataDirScan(self.data_dir)
-        for path in scan.delete_dirs:
-            shutil.rmtree(path, ignore_errors=True)  # deletion already decided before the restart
-        for name in scan.internal:
-            log.warning("ignoring %s in %s: a partition of a topic Kafka reserves for itself (not served)",
-                        name, self.data_dir)
-        for name in scan.ignored:
-            log.warning("ignoring %s in %s: not a partition directory (left untouched)", name, self.data_dir)
-        entries = scan.partitions
+        self.cleaner_checkpoints = {}
+        states: dict[str, tuple[dict, dict]] = {}
+        entries: list[tuple[tuple[str, int], str, DataDir]] = []
+        futures: list[tuple[tuple[str, int], str, DataDir]] = []
+        for d in self.dirs:
+            recovery, starts, cleaned = d.read_checkpoints()
+            states[d.path] = (recovery, starts)
+            self.cleaner_checkpoints.update(cleaned)
+            scan = DataDirScan(d.path)
+            for path in scan.delete_dirs:
+                shutil.rmtree(path, ignore_errors=True)  # deletion already decided before the restart
+            for name in scan.internal:
+                log.warning("ignoring %s in %s: a partition of a topic Kafka reserves for itself (not served)",
+                            name, d.path)
+            for name in scan.ignored:
+                log.warning("ignoring %s in %s: not a partition directory (left untouched)", name, d.path)
+            entries += [(key, path, d) for key, path in scan.partitions]
+            futures += [(key, path, d) for key, path in scan.future_dirs]
+        entries = self._settle_moves(entries, futures)
         total_done = [0]
         # Segment progress: [segments of the partitions loaded so far, segments of the current one], and the
         # .log files counted in the partitions still to load.
         seen = [0, 0]
         counts: list[int] = []
         if segment_progress is not None:
-            counts = [sum(1 for n in os.listdir(path) if n.endswith(LOG_SUFFIX)) for _, path in entries]
+            counts = [sum(1 for n in os.listdir(path) if n.endswith(LOG_SUFFIX)) for _, path, _ in entries]
         still_to_load = sum(counts)
         configs: dict = {}  # one per topic (building one parses every setting)
-        for index, ((topic, partition), path) in enumerate(entries):
+        for index, ((topic, partition), path, d) in enumerate(entries):
             if topic not in self.topics:
                 self.topics[topic] = {}
             if topic not in configs:
@@ -150,21 +166,49 @@ class LogManager(TopicSettings):
                 def per_segment(i: int, n: int, _after: int = still_to_load) -> None:
                     seen[1] = n
                     segment_progress(seen[0] + i, seen[0] + n + _after)
+            recovery, starts = states[d.path]
             self._add_log(load_log(
                 path, topic, partition, configs[topic],
                 recovery_point=recovery.get((topic, partition), 0),
                 log_start_offset=starts.get((topic, partition), 0),
-                had_clean_shutdown=clean, clock=self.clock, progress=per_segment, log_dir=self.log_dir,
+                had_clean_shutdown=d.had_clean_shutdown, clock=self.clock, progress=per_segment,
+                log_dir=d.log_dir,
             ))
             seen[0], seen[1] = seen[0] + seen[1], 0
             total_done[0] += 1
             if progress is not None:
                 progress(total_done[0], len(entries))
         self._collisions = {collision_key(t): t for t in self.topics}
-        if clean:
-            os.unlink(marker)
-        self.recovered = bool(entries) and not clean
+        for d in self.dirs:
+            d.drop_clean_marker()
+        self.recovered = bool(entries) and not self.had_clean_shutdown
         self._save_topics()
+
+    def _settle_moves(self, entries: list, futures: list) -> list:
+        """Finish or undo the moves a crash interrupted (:mod:`~logfs.storage.moves`): a ``-future`` copy of a
+        partition that is still live elsewhere never reached the commit point, and is removed; one whose partition
+        is live nowhere passed it (the source was renamed for deletion), and is renamed live. A partition live in
+        two directories is refused: which one is current cannot be told."""
+        live: dict[tuple[str, int], str] = {}
+        for key, path, _ in entries:
+            if key in live:
+                raise LogfsError(f"partition {key[0]}-{key[1]} is in two log directories ({live[key]} and {path}): "
+                                 "remove the one that is not current, then mount again")
+            live[key] = path
+        for key, path, d in futures:
+            if key in live:
+                log.warning("removing %s: the copy of a move between log directories that did not finish (the "
+                            "partition stays in %s)", path, os.path.dirname(live[key]))
+                shutil.rmtree(path)
+                continue
+            target = os.path.join(d.path, partition_dir_name(*key))
+            log.warning("completing the move of %s-%d to %s (interrupted after its commit point)", key[0], key[1],
+                        d.path)
+            os.rename(path, target)
+            ckpt.fsync_dir(d.path)
+            live[key] = target
+            entries.append((key, target, d))
+        return sorted(entries, key=lambda e: e[0])
 
     # -- topics ------------------------------------------------------------------------------------
 
@@ -183,13 +227,20 @@ class LogManager(TopicSettings):
         """The logs of one topic's partitions (O(p); empty for an unknown topic)."""
         return list(self._topic_logs.get(topic, {}).values())
 
+    def dir_of(self, plog: Log) -> DataDir:
+        """The log directory holding ``plog``."""
+        return self._dirs_by_path[os.path.dirname(plog.directory)]
+
     def _add_log(self, plog: Log) -> Log:
+        self.dir_of(plog).partitions += 1
         self.logs[(plog.topic, plog.partition)] = plog
         self._topic_logs.setdefault(plog.topic, {})[plog.partition] = plog
         return plog
 
     def _drop_log(self, topic: str, partition: int) -> Log | None:
         plog = self.logs.pop((topic, partition), None)
+        if plog is not None:
+            self.dir_of(plog).partitions -= 1
         logs = self._topic_logs.get(topic)
         if logs is not None:
             logs.pop(partition, None)
@@ -216,9 +267,10 @@ class LogManager(TopicSettings):
                     if self.stopping.is_set():
                         raise ShuttingDownError(f"creation of topic {topic!r} abandoned: logfs is stopping")
                     self._create_partition(topic, p, made, config, sync=False)
-                if count:
-                    ckpt.fsync_dir(self.data_dir)  # once for all of them: the topic exists once this returns
-                else:
+                for d in {self._dirs_by_path[os.path.dirname(p)] for p in made}:
+                    with self._on(d, f"creating topic {topic!r}"):
+                        ckpt.fsync_dir(d.path)  # once for all of them: the topic exists once this returns
+                if not count:
                     self._save_topics()  # a topic without partitions is known only from logfs-topics.json
             except BaseException:
                 # All or nothing (EMFILE, ENOSPC...): no topic left behind with only some of its partitions. Only
@@ -260,16 +312,31 @@ class LogManager(TopicSettings):
 
     def _create_partition(self, topic: str, partition: int, made: list[str], config: LogConfig | None = None,
                           *, sync: bool = True) -> Log:
-        """Create one partition's directory and log; its path is added to ``made`` once the directory exists,
-        for the caller to undo. ``sync=False``: the caller fsyncs DATA_DIR (once for a topic's partitions)."""
-        path = os.path.join(self.data_dir, partition_dir_name(topic, partition))
-        os.mkdir(path)  # not exist_ok: a stray of that name is not ours to reuse (FileExistsError -> EEXIST)
-        made.append(path)
-        plog = self._add_log(load_log(path, topic, partition, config or self.topic_config(topic),
-                                      had_clean_shutdown=True, clock=self.clock, log_dir=self.log_dir))
-        if sync:
-            ckpt.fsync_dir(self.data_dir)
+        """Create one partition's directory and log in the log directory placement picks; its path is added to
+        ``made`` once the directory exists, for the caller to undo. ``sync=False``: the caller fsyncs the log
+        directories (once for a topic's partitions)."""
+        d = next_log_dir(self.dirs)
+        if d is None:
+            self.log_dir.check()  # (every directory is offline: the first one's error)
+        path = os.path.join(d.path, partition_dir_name(topic, partition))
+        with self._on(d, f"creating partition {topic}-{partition}"):
+            os.mkdir(path)  # not exist_ok: a stray of that name is not ours to reuse (FileExistsError -> EEXIST)
+            made.append(path)
+            plog = self._add_log(load_log(path, topic, partition, config or self.topic_config(topic),
+                                          had_clean_shutdown=True, clock=self.clock, log_dir=d.log_dir))
+            if sync:
+                ckpt.fsync_dir(d.path)
         return plog
+
+    @contextlib.contextmanager
+    def _on(self, d: DataDir, what: str):
+        """Report an error of the disk met inside to ``d``, the directory it came from (offline, unless a full
+        disk), then raise it as it was."""
+        try:
+            yield
+        except (OSError, StorageIOError) as exc:
+            d.log_dir.io_error(exc, f"{what} in {d.path}")
+            raise
 
     def get_log(self, topic: str, partition: int) -> Log:
         try:
@@ -297,21 +364,24 @@ class LogManager(TopicSettings):
                         raise  # a failing disk: offline (guarded), and the partition is not deleted
                     log.warning("%s not updated before deleting the last partition of %r: %s", TOPICS_FILE,
                                 topic, exc.strerror or exc)
-            new_path = os.path.join(self.data_dir, delete_dir_name(topic, partition))
+            d = self.dir_of(victim)
+            d.log_dir.check()
+            new_path = os.path.join(d.path, delete_dir_name(topic, partition))
             if self.remote is not None and victim.config.remote_storage_enable and not victim.follower:
                 self.remote.schedule_delete(topic, partition)  # its objects go too, even after a crash
-            with victim.lock:
+            with victim.lock, self._on(d, f"deleting partition {topic}-{partition}"):
                 victim.hold_pinned()  # open handles go on reading the files they pinned, under any name
                 os.rename(victim.directory, new_path)
                 self._drop_log(topic, partition)
                 victim.close_deleted()
             self._deleted_dirs.append((self.clock.time_ms() + victim.config.file_delete_delay_ms, new_path))
             attrs_gone = self.attrs.pop(f"{topic}/{partition}", None) is not None
-            self._record_deletion(new_path, save_topics=attrs_gone or emptied)
+            with self._on(d, f"deleting partition {topic}-{partition}"):
+                self._record_deletion(new_path, d, save_topics=attrs_gone or emptied)
 
-    def _record_deletion(self, deleted_path: str, *, save_topics: bool) -> None:
+    def _record_deletion(self, deleted_path: str, d: DataDir, *, save_topics: bool) -> None:
         def record() -> None:
-            ckpt.fsync_dir(self.data_dir)
+            ckpt.fsync_dir(d.path)
             if save_topics:
                 self._save_topics()  # an emptied topic stays a topic
             self.checkpoint()
@@ -362,7 +432,7 @@ class LogManager(TopicSettings):
     @guarded("removing deleted partitions", space_ok=False, convert=False)
     def purge_deleted_dirs(self, now_ms: int | None = None) -> int:
         """Remove the directories of deleted partitions whose ``file.delete.delay.ms`` has passed. An error of the
-        disk on the way is raised once all are tried (the directory goes offline: guarded); one left behind is
+        disk on the way takes that directory offline and is raised once all are tried; what is left behind is
         removed at the next mount."""
         now = self.clock.time_ms() if now_ms is None else now_ms
         with self.lock:
@@ -375,7 +445,13 @@ class LogManager(TopicSettings):
                 failures.append(exc_info[1])
 
         for path in due:
+            d = self._dirs_by_path.get(os.path.dirname(path))
+            if d is not None and d.offline:
+                continue  # (the next mount removes it)
+            before = len(failures)
             shutil.rmtree(path, onerror=failed)
+            if d is not None and len(failures) > before:
+                d.log_dir.io_error(failures[before], f"removing {os.path.basename(path)} in {d.path}")
         if failures:
             raise failures[0]
         return len(due)
@@ -384,6 +460,11 @@ class LogManager(TopicSettings):
     @property
     def name(self) -> str:
         return self.data_dir
+
+    @property
+    def source(self) -> str:
+        """The log directories as given (``DIR1,DIR2``; one directory alone)."""
+        return ",".join(d.path for d in self.dirs)
 
     # -- DeleteRecords -------------------------------------------------------------------------------
     @guarded("deleting records", convert=False)
@@ -413,81 +494,122 @@ class LogManager(TopicSettings):
         return plog.log_start_offset
 
     def checkpoint(self) -> None:
-        """Write the recovery points and log start offsets (never for an offline directory: the next mount
-        recovers it from the checkpoints it had when its disk failed)."""
-        self.log_dir.check()
+        """Write each online directory's recovery points and log start offsets (never an offline directory's: the
+        next mount recovers it from the checkpoints it had when its disk failed). An error is reported to its
+        directory and raised once every directory is written."""
         with self.lock:
             logs = dict(self.logs)
-        ckpt.write_checkpoint(os.path.join(self.data_dir, ckpt.RECOVERY_POINT),
-                              {k: v.recovery_point for k, v in logs.items()})
-        ckpt.write_checkpoint(os.path.join(self.data_dir, ckpt.LOG_START_OFFSET),
-                              {k: v.log_start_offset for k, v in logs.items()})
+        by_dir: dict[str, dict] = {d.path: {} for d in self.dirs}
+        for key, plog in logs.items():
+            by_dir[os.path.dirname(plog.directory)][key] = plog
+        self._each_dir("writing checkpoints", lambda d: d.write_checkpoints(by_dir[d.path]))
+
+    def _each_dir(self, what: str, fn) -> None:
+        """``fn(d)`` for every online directory; the first error (reported to its directory) raised at the end."""
+        first: BaseException | None = None
+        for d in self.dirs:
+            if d.offline:
+                continue
+            try:
+                with self._on(d, what):
+                    fn(d)
+            except (OSError, StorageIOError) as exc:
+                first = first or exc
+        if first is not None:
+            raise first
+        if all(d.offline for d in self.dirs):
+            self.log_dir.check()
 
     def update_cleaner_checkpoint(self, topic: str, partition: int, offset: int) -> None:
-        """Record the end of the cleaned section of a log in ``cleaner-offset-checkpoint``."""
+        """Record the end of the cleaned section of a log in its directory's ``cleaner-offset-checkpoint``."""
         with self.lock:
             self.cleaner_checkpoints[(topic, partition)] = offset
-            live = {k: v for k, v in self.cleaner_checkpoints.items() if k in self.logs}
-        ckpt.write_checkpoint(os.path.join(self.data_dir, ckpt.CLEANER_OFFSET), live)
+            d = self.dir_of(self.logs[(topic, partition)])
+            live = {k: v for k, v in self.cleaner_checkpoints.items()
+                    if k in self.logs and self.dir_of(self.logs[k]) is d}
+        with self._on(d, "writing the cleaner checkpoint"):
+            d.write_cleaner_checkpoint(live)
 
-    @guarded("flush", space_ok=False)
     def flush_all(self) -> None:
         for partition_log in list(self.logs.values()):
-            partition_log.flush()
+            if not partition_log.log_dir.offline:
+                partition_log.flush()
 
     def close(self) -> None:
-        """Clean shutdown: flush and close every log, write checkpoints, leave the clean-shutdown marker."""
+        """Clean shutdown: flush and close every log, write checkpoints, leave each directory's clean-shutdown
+        marker. A directory that went offline gets none of it (no flush: a failed fsync is never retried; no
+        checkpoint, no marker): the next mount recovers it as after a crash. The locks are released either way."""
         if self.closed:
             return
         with self.lock:
-            if self.log_dir.offline:
-                # Nothing more is written to a directory whose disk failed: no flush (a failed fsync is never
-                # retried), no checkpoint, no clean-shutdown marker. The next mount recovers it as after a crash.
-                log.error("%s was offline (%s): shut down without flushing or the clean-shutdown marker; the "
-                          "next mount recovers it", self.data_dir, self.log_dir.offline_reason)
+            try:
+                if self.log_dir.offline:
+                    self.transactions.log.close()
+                else:
+                    self.transactions.close()
+            except (OSError, LogfsError) as exc:
+                self.log_dir.report(exc, "clean shutdown")
                 try:
                     self.transactions.log.close()
                 except (OSError, LogfsError):
                     pass
-                for partition_log in self.logs.values():
-                    partition_log.close()
-                os.close(self._lock_fd)
-                self.closed = True
-                return
             try:
                 self.purge_deleted_dirs(now_ms=1 << 62)  # first: on a full disk this makes room for what follows
-                self.transactions.close()
-                for partition_log in self.logs.values():
-                    partition_log.close()
-                self.checkpoint()
-                self._save_topics()
-                ckpt.atomic_write(os.path.join(self.data_dir, ckpt.CLEAN_SHUTDOWN), b"")
-            except (OSError, LogfsError) as exc:
-                # E.g. ENOSPC: without the clean-shutdown marker, the next start recovers what was not made
-                # durable here. An I/O error takes the directory offline: nothing more is written to it. The lock
-                # is released either way.
-                self.log_dir.report(exc, "clean shutdown")
-                log.error("clean shutdown of %s incomplete (the next start recovers): %s", self.data_dir, exc)
-                for partition_log in self.logs.values():
-                    if partition_log.closed:
-                        continue
+            except (OSError, LogfsError):
+                pass  # (reported to its directory: offline)
+            clean = [d for d in self.dirs if self._close_dir(d)]
+            if not all(d.offline for d in self.dirs):
+                try:
+                    self._save_topics()
+                except (OSError, LogfsError) as exc:
+                    self.log_dir.report(exc, "clean shutdown")
+            for d in self.dirs:
+                if d in clean and not d.offline:
                     try:
-                        if self.log_dir.offline:
-                            partition_log.close()  # (offline: closes without touching the disk)
-                        else:
-                            partition_log.close_without_flush()
-                    except (OSError, LogfsError):
-                        for segment in partition_log.segments:
-                            segment.close_readonly()
-                        partition_log.closed = True
-            finally:
-                os.close(self._lock_fd)
-                self.closed = True
+                        with self._on(d, "clean shutdown"):
+                            d.mark_clean()
+                    except (OSError, LogfsError) as exc:
+                        log.error("clean shutdown of %s incomplete (the next start recovers): %s", d.path, exc)
+                d.release_lock()
+            self.closed = True
+
+    def _close_dir(self, d: DataDir) -> bool:
+        """Close the logs of ``d`` and write its checkpoints; whether that all went well (then it gets its
+        clean-shutdown marker)."""
+        logs = {k: v for k, v in self.logs.items() if self.dir_of(v) is d}
+        if not d.offline:
+            try:
+                with self._on(d, "clean shutdown"):
+                    for partition_log in logs.values():
+                        partition_log.close()
+                    d.write_checkpoints(logs)
+                return True
+            except (OSError, LogfsError) as exc:
+                # E.g. ENOSPC: without the clean-shutdown marker, the next start recovers what was not made durable
+                # here. An I/O error took the directory offline: nothing more is written to it.
+                log.error("clean shutdown of %s incomplete (the next start recovers): %s", d.path, exc)
+        else:
+            log.error("%s was offline (%s): shut down without flushing or the clean-shutdown marker; the next "
+                      "mount recovers it", d.path, d.log_dir.offline_reason)
+        for partition_log in logs.values():
+            if partition_log.closed:
+                continue
+            try:
+                if d.offline:
+                    partition_log.close()  # (offline: closes without touching the disk)
+                else:
+                    partition_log.close_without_flush()
+            except (OSError, LogfsError):
+                for segment in partition_log.segments:
+                    segment.close_readonly()
+                partition_log.closed = True
+        return False
 
     def abandon(self) -> None:
-        """Release the lock without flushing or the marker (simulates a crash in tests)."""
+        """Release the locks without flushing or the markers (simulates a crash in tests)."""
         self.transactions.log.close()
         for partition_log in self.logs.values():
             partition_log.close_without_flush()
-        os.close(self._lock_fd)
+        for d in self.dirs:
+            d.release_lock()
         self.closed = True

@@ -104,6 +104,27 @@ def is_delete_dir(name: str) -> bool:
     return _DELETE_DIR_RE.fullmatch(name) is not None
 
 
+FUTURE_DIR_SUFFIX = "-future"
+_FUTURE_DIR_RE = re.compile(r"(.+)-(0|[1-9][0-9]{0,9})\.[0-9a-f]{32}" + FUTURE_DIR_SUFFIX)
+
+
+def future_dir_name(topic: str, partition: int, unique: str | None = None) -> str:
+    """Kafka's ``logFutureDirName``: ``<topic>-<n>.<32 hex>-future``, the copy a move between log directories
+    builds in its target (ValueError when the name would not fit in 255 bytes: such a partition cannot move)."""
+    name = f"{topic}-{partition}.{unique or uuid.uuid4().hex}{FUTURE_DIR_SUFFIX}"
+    if len(name.encode()) > _MAX_NAME_BYTES:
+        raise ValueError(f"{topic}-{partition}: the name of its -future copy would be over {_MAX_NAME_BYTES} bytes")
+    return name
+
+
+def parse_future_dir(name: str) -> tuple[str, int] | None:
+    """(topic, partition) of a :func:`future_dir_name`, or None."""
+    m = _FUTURE_DIR_RE.fullmatch(name)
+    if m is None or not is_legal_topic(m.group(1)):
+        return None
+    return m.group(1), int(m.group(2))
+
+
 # -- segment files -----------------------------------------------------------------------------------------
 LOG_SUFFIX = ".log"
 INDEX_SUFFIX = ".index"
@@ -181,12 +202,14 @@ def is_own_file(name: str) -> bool:
 # -- what a data directory holds ---------------------------------------------------------------------------
 class DataDirScan:
     """The entries of a data directory, by what they are: ``partitions`` ((topic, n), path), ``delete_dirs``
-    (paths logfs renamed for deletion), ``internal`` (Kafka's own partitions, served never) and ``ignored``
-    (anything else, and symlinks whatever they are called: never touched)."""
+    (paths logfs renamed for deletion), ``future_dirs`` ((topic, n), path: the copies of moves between log
+    directories), ``internal`` (Kafka's own partitions, served never) and ``ignored`` (anything else, and symlinks
+    whatever they are called: never touched)."""
 
     def __init__(self, data_dir: str):
         self.partitions: list[tuple[tuple[str, int], str]] = []
         self.delete_dirs: list[str] = []
+        self.future_dirs: list[tuple[tuple[str, int], str]] = []
         self.internal: list[str] = []
         self.ignored: list[str] = []
         with os.scandir(data_dir) as entries:
@@ -205,6 +228,10 @@ class DataDirScan:
             return
         if is_delete_dir(name):
             self.delete_dirs.append(entry.path)
+            return
+        future = parse_future_dir(name)
+        if future is not None:
+            self.future_dirs.append((future, entry.path))
             return
         if name in OWN_DIRS and not entry.is_symlink():
             return

@@ -1,5 +1,5 @@
-"""A data directory's topics: their settings (overrides of the broker's defaults) and the modes set through the
-mount, persisted in the topics file (``DATA_DIR/logfs-topics.json``, which Kafka ignores).
+"""The mount's topics: their settings (overrides of the broker's defaults) and the modes set through the mount,
+persisted in the topics file (``DATA_DIR/logfs-topics.json``, which Kafka ignores; a copy in each log directory).
 
 A mixin of :class:`~logfs.storage.manager.LogManager` (it uses its lock, data directory, broker config and logs).
 The file lists only the topics the partition directories do not already describe (those with overrides, and
@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 
 from . import checkpoints as ckpt
 from .config import TOPIC_SETTINGS, LogConfig, check_tiering_change, validate_topic_setting
@@ -26,20 +25,13 @@ class TopicSettings:
     """The topics' overrides and modes (a mixin of LogManager)."""
 
     def _load_topics(self) -> None:
-        path = os.path.join(self.data_dir, TOPICS_FILE)
-        try:
-            with open(path, encoding="utf-8") as f:
-                data = json.load(f)
-            self.topics = {t: dict(v.get("config", {})) for t, v in data.get("topics", {}).items()}
-            self.attrs = {str(k): tuple(int(x) for x in v) for k, v in data.get("attrs", {}).items() if len(v) == 3}
-        except FileNotFoundError:
-            self.topics, self.attrs = {}, {}
-        except (ValueError, AttributeError, TypeError):
-            log.warning("%s is corrupt; topic overrides reset to broker defaults", path)
-            self.topics, self.attrs = {}, {}
-        for topic in [t for t in self.topics if not is_legal_topic(t) or is_internal_topic(t)]:
-            log.warning("%s names topic %r, which is not a legal topic name; ignored", path, topic)
-            del self.topics[topic]
+        """The topics file of every log directory, merged: the first directory's entries win (each directory has
+        a copy, so that any one of them describes the topics)."""
+        self.topics, self.attrs = {}, {}
+        for d in reversed(self.dirs):
+            topics, attrs = _read_topics_file(d.file(TOPICS_FILE))
+            self.topics.update(topics)
+            self.attrs.update(attrs)
         for topic, overrides in self.topics.items():  # drop overrides that no longer validate
             for key in list(overrides):
                 try:
@@ -58,15 +50,23 @@ class TopicSettings:
                 "attrs": {k: list(v) for k, v in sorted(self.attrs.items())}}
         # No indent=: that switches json to its pure-Python encoder, ~15 us per topic, and every mkdir rewrites
         # the file (46 ms per mkdir at 3,000 topics); the C encoder takes ~0.3 us per topic.
-        ckpt.atomic_write(os.path.join(self.data_dir, TOPICS_FILE),
-                          (json.dumps(data, sort_keys=True) + "\n").encode())
+        raw = (json.dumps(data, sort_keys=True) + "\n").encode()
+        # Every online directory gets a copy; the first directory's error is raised (the manager's own state), the
+        # others' are reported to their directory (offline; a full one keeps its older copy).
+        ckpt.atomic_write(self.dirs[0].file(TOPICS_FILE), raw)
+        for d in self.dirs[1:]:
+            if not d.offline:
+                try:
+                    ckpt.atomic_write(d.file(TOPICS_FILE), raw)
+                except OSError as exc:
+                    d.log_dir.report(exc, f"writing {TOPICS_FILE}")
 
     def topic_config(self, topic: str) -> LogConfig:
         return LogConfig.build(self.broker.topic_defaults, self.topics.get(topic, {}))
 
     def _topics_file_names(self, topic: str) -> bool:
         try:
-            with open(os.path.join(self.data_dir, TOPICS_FILE), encoding="utf-8") as f:
+            with open(self.dirs[0].file(TOPICS_FILE), encoding="utf-8") as f:
                 return topic in json.load(f).get("topics", {})
         except (OSError, ValueError, AttributeError):
             return False
@@ -126,3 +126,21 @@ class TopicSettings:
         for partition_log in self.topic_logs(topic):
             with partition_log.lock:
                 partition_log.config = config
+
+
+def _read_topics_file(path: str) -> tuple[dict, dict]:
+    """(topic -> overrides, name -> (mode, uid, gid)) of one topics file; empty when missing or corrupt."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+        topics = {t: dict(v.get("config", {})) for t, v in data.get("topics", {}).items()}
+        attrs = {str(k): tuple(int(x) for x in v) for k, v in data.get("attrs", {}).items() if len(v) == 3}
+    except FileNotFoundError:
+        return {}, {}
+    except (ValueError, AttributeError, TypeError):
+        log.warning("%s is corrupt; topic overrides reset to broker defaults", path)
+        return {}, {}
+    for topic in [t for t in topics if not is_legal_topic(t) or is_internal_topic(t)]:
+        log.warning("%s names topic %r, which is not a legal topic name; ignored", path, topic)
+        del topics[topic]
+    return topics, attrs

@@ -34,6 +34,11 @@ from ..names import (  # noqa: F401 (re-exported: the segment's own file names)
 
 
 class LogSegment(SegmentRecovery, SegmentFile):
+    # The lowest position whose bytes were rewritten other than by a tail batch's growth (an undone append, a
+    # truncation) since a copy of the segment last looked (storage/moves.py, which resets it): it copies again from
+    # there. Under the log's lock.
+    rewritten = 1 << 62
+
     def __init__(
         self,
         directory: str,
@@ -239,6 +244,7 @@ class LogSegment(SegmentRecovery, SegmentFile):
         ``position``; raises the failure as StorageIOError. If the undo fails too, raises an EIO StorageIOError
         (the log directory then goes offline: :mod:`~logfs.storage.failure`): the in-memory state is the one before
         the append either way (each rollback sets its count first), and recovery cuts what the disk kept."""
+        self.rewritten = min(self.rewritten, position)
         try:
             for index, mark in zip(indexes, marks):
                 index.rollback(mark)
@@ -394,6 +400,7 @@ class LogSegment(SegmentRecovery, SegmentFile):
         """Remove records with offset >= ``offset``; a batch straddling it is rewritten with its earlier
         records. Returns bytes removed."""
         self.tail = None
+        self.rewritten = 0
         found = self.translate_offset(offset)
         if found is None:
             return 0

@@ -1,0 +1,119 @@
+"""The log directories of a mount (Kafka's ``log.dirs``): each one a Kafka log directory of its own.
+
+A :class:`DataDir` is one directory's state: its path, its health (:class:`~logfs.storage.failure.LogDir`, the
+failure channel: an I/O error takes that directory offline and no other), its ``.lock``, its clean-shutdown
+marker and its checkpoint files (``recovery-point-offset-checkpoint``, ``log-start-offset-checkpoint``,
+``cleaner-offset-checkpoint``), which name only the partitions it holds. The topics file
+(:mod:`~logfs.storage.topics`) is written to every directory, so that any one of them describes the topics.
+
+Placement is Kafka's ``LogManager.nextLogDirs``: a new partition goes to the online directory holding the fewest
+partitions, the first named on a tie. The first directory also holds the mount's own state: the Spark sink's
+staging and transaction log, and tiering's pending deletions.
+
+A single DATA_DIR is the one-directory case: the same files, where they always were.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+
+from . import checkpoints as ckpt
+from .errors import LockedError
+from .failure import LogDir
+from .names import LOCK_FILE
+
+
+def parse_log_dirs(spec: str) -> list[str]:
+    """``DIR1,DIR2,...`` (as ``log.dirs`` and the mount's first field give them) -> absolute paths, in order;
+    ValueError for an empty entry or a directory named twice."""
+    parts = [p.strip() for p in spec.split(",")]
+    if not parts or any(not p for p in parts):
+        raise ValueError(f"log directories {spec!r}: an empty entry (give DIR or DIR1,DIR2,...)")
+    paths = [os.path.abspath(p) for p in parts]
+    real = [os.path.realpath(p) for p in paths]
+    for i, path in enumerate(real):
+        for other in real[:i]:
+            if path == other or path.startswith(other + os.sep) or other.startswith(path + os.sep):
+                raise ValueError(f"log directories {spec!r}: {paths[i]} and {paths[real.index(other)]} overlap "
+                                 "(each log directory must be a directory of its own)")
+    return paths
+
+
+class DataDir:
+    """One log directory: its path, health, lock, clean-shutdown marker and checkpoints."""
+
+    def __init__(self, path: str):
+        self.path = os.path.abspath(path)
+        self.log_dir = LogDir(self.path)
+        self.lock_fd: int | None = None
+        self.had_clean_shutdown = False
+        self.partitions = 0  # the partitions it holds (placement)
+
+    def __repr__(self) -> str:
+        return f"DataDir({self.path!r})"
+
+    @property
+    def offline(self) -> bool:
+        return self.log_dir.offline
+
+    def file(self, name: str) -> str:
+        return os.path.join(self.path, name)
+
+    def holds(self, directory: str) -> bool:
+        """Whether ``directory`` (a partition's) is in this log directory."""
+        return os.path.dirname(directory) == self.path
+
+    # -- the lock and the clean-shutdown marker ------------------------------------------------------------
+    def acquire_lock(self) -> None:
+        os.makedirs(self.path, exist_ok=True)
+        fd = os.open(self.file(LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise LockedError(f"{self.path} is in use by another logfs or Kafka process (.lock is held)")
+        self.lock_fd = fd
+
+    def release_lock(self) -> None:
+        if self.lock_fd is not None:
+            os.close(self.lock_fd)
+            self.lock_fd = None
+
+    def take_clean_marker(self) -> bool:
+        """Whether the last shutdown was clean; the marker is removed (it is written again at the next one)."""
+        marker = self.file(ckpt.CLEAN_SHUTDOWN)
+        self.had_clean_shutdown = os.path.exists(marker)
+        return self.had_clean_shutdown
+
+    def drop_clean_marker(self) -> None:
+        if self.had_clean_shutdown:
+            try:
+                os.unlink(self.file(ckpt.CLEAN_SHUTDOWN))
+            except FileNotFoundError:
+                pass
+
+    def mark_clean(self) -> None:
+        ckpt.atomic_write(self.file(ckpt.CLEAN_SHUTDOWN), b"")
+
+    # -- checkpoints -----------------------------------------------------------------------------------
+    def read_checkpoints(self) -> tuple[dict, dict, dict]:
+        """(recovery points, log start offsets, cleaner offsets) by (topic, partition)."""
+        return (ckpt.read_checkpoint(self.file(ckpt.RECOVERY_POINT)),
+                ckpt.read_checkpoint(self.file(ckpt.LOG_START_OFFSET)),
+                ckpt.read_checkpoint(self.file(ckpt.CLEANER_OFFSET)))
+
+    def write_checkpoints(self, logs: dict) -> None:
+        """The recovery points and log start offsets of ``logs`` ((topic, partition) -> Log), this directory's."""
+        ckpt.write_checkpoint(self.file(ckpt.RECOVERY_POINT), {k: v.recovery_point for k, v in logs.items()})
+        ckpt.write_checkpoint(self.file(ckpt.LOG_START_OFFSET), {k: v.log_start_offset for k, v in logs.items()})
+
+    def write_cleaner_checkpoint(self, offsets: dict) -> None:
+        ckpt.write_checkpoint(self.file(ckpt.CLEANER_OFFSET), offsets)
+
+
+def next_log_dir(dirs: list[DataDir]) -> DataDir | None:
+    """Kafka's placement: the online directory with the fewest partitions (the first named on a tie); None when
+    every directory is offline."""
+    online = [d for d in dirs if not d.offline]
+    return min(online, key=lambda d: d.partitions) if online else None
