@@ -132,6 +132,7 @@ class LogfsMount:
     def __init__(self, root: Path):
         self.root = root
         self.data = root / "data"
+        self.source: str | None = None  # the log directories as given (DIR1,DIR2,...), when not just ``data``
         self.mnt = root / "mnt"
         self.mnt.mkdir(parents=True, exist_ok=True)
         self.options: list[str] = []
@@ -145,7 +146,7 @@ class LogfsMount:
 
     # -- lifecycle ---------------------------------------------------------------------------------
     def command(self, *options: str, foreground: bool = False) -> list[str]:
-        cmd = self.wrapper + [sys.executable, "-m", "logfs.cli", str(self.data), str(self.mnt)]
+        cmd = self.wrapper + [sys.executable, "-m", "logfs.cli", self.source or str(self.data), str(self.mnt)]
         if foreground:
             cmd.append("-f")
         if options:
@@ -185,7 +186,7 @@ class LogfsMount:
             return ""
 
     def pids(self) -> list[int]:
-        return daemon_pids(self.data)
+        return daemon_pids(self.source or self.data)
 
     def pid(self) -> int:
         if self.proc is not None and self.proc.poll() is None:
