@@ -39,19 +39,21 @@ def topic_partition_of(name: str) -> TopicPartition | None:
 
 
 def list_partitions(data_dir: str) -> dict[TopicPartition, str]:
-    """Every ``<topic>-<partition>`` directory of ``data_dir`` -> its path."""
+    """Every ``<topic>-<partition>`` directory of ``data_dir`` -> its path (``data_dir`` may be several log
+    directories, ``DIR1,DIR2``, as the daemon takes them: each partition is in one)."""
     out = {}
-    try:
-        names = os.listdir(data_dir)
-    except FileNotFoundError:
-        raise FileNotFoundError(f"logfs data directory {data_dir!r} does not exist") from None
-    for name in names:
-        tp = topic_partition_of(name)
-        if tp is None:
-            continue
-        path = os.path.join(data_dir, name)
-        if os.path.isdir(path):
-            out[tp] = path
+    for log_dir in data_dir.split(","):
+        try:
+            names = os.listdir(log_dir)
+        except FileNotFoundError:
+            raise FileNotFoundError(f"logfs data directory {log_dir!r} does not exist") from None
+        for name in names:
+            tp = topic_partition_of(name)
+            if tp is None:
+                continue
+            path = os.path.join(log_dir, name)
+            if os.path.isdir(path):
+                out[tp] = path
     return out
 
 

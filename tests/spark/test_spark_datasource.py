@@ -272,3 +272,28 @@ def test_writer_headers_reach_the_source_through_a_mount(spark, mount_logfs):
     plain = spark.read.format("logfs").option("subscribe", "w").load(str(fs.data))
     assert "headers" not in plain.columns and [r.value for r in plain.orderBy("offset").collect()] == [b"first",
                                                                                                           b"second"]
+
+
+@pytest.mark.mount
+def test_the_source_reads_several_log_directories(spark, mount_logfs):
+    """``path`` names the log directories as the daemon takes them (``DIR1,DIR2``): each partition is read from the
+    one that holds it, a moved one included, with its log start offset from that directory's checkpoint."""
+    dirs: list[str] = []
+
+    def prepare(m):
+        dirs.extend(str(m.root / f"disk{i}") for i in (1, 2))
+        m.source = ",".join(dirs)
+
+    fs = mount_logfs("num.partitions=3", "log.segment.bytes=4096", prepare=prepare)
+    os.mkdir(fs.path("t"))
+    for p in range(3):
+        fs.append(f"t/{p}", "".join(f"{p}-{i}\n" for i in range(300)))
+    os.setxattr(fs.path("t", 2), "user.logfs.log_start_offset", b"100")  # DeleteRecords, in disk1's checkpoint
+    os.setxattr(fs.path("t", 0), "user.logfs.log_dir", dirs[1].encode())  # moved: disk2 holds 0 and 1
+    assert [os.getxattr(fs.path("t", p), "user.logfs.log_dir").decode() for p in range(3)] == \
+        [dirs[1], dirs[1], dirs[0]]
+    rows = collect(spark.read.format("logfs").option("subscribe", "t").load(",".join(dirs)))
+    for p in range(3):
+        first = 100 if p == 2 else 0
+        assert [(r.offset, bytes(r.value).decode()) for r in rows if r.partition == p] == \
+            [(i, f"{p}-{i}") for i in range(first, 300)]

@@ -238,13 +238,17 @@ class SegmentReader(SegmentFile):
 
 
 class PartitionReader:
-    """Read-only access to one ``<topic>-<partition>`` directory of ``data_dir``."""
+    """Read-only access to one ``<topic>-<partition>`` directory of ``data_dir`` (or of the log directory that holds
+    it, ``data_dir`` being several: ``DIR1,DIR2``)."""
 
     def __init__(self, data_dir: str, topic: str, partition: int, directory: str | None = None):
-        self.data_dir = data_dir
         self.topic, self.partition = topic, partition
         self.name = f"{topic}-{partition}"
-        self.directory = directory or os.path.join(data_dir, self.name)
+        if directory is None:
+            candidates = [os.path.join(d, self.name) for d in data_dir.split(",")]
+            directory = next((c for c in candidates if os.path.isdir(c)), candidates[0])
+        self.directory = directory
+        self.data_dir = os.path.dirname(os.path.abspath(directory))  # (its log directory: its checkpoints)
 
     # -- listing -------------------------------------------------------------------------------------
     def segment_bases(self) -> list[int]:
