@@ -37,9 +37,8 @@ append instead, measured at the engine.
 from __future__ import annotations
 
 import argparse
-import json
+import importlib
 import os
-import platform
 import shutil
 import signal
 import statistics
@@ -48,9 +47,11 @@ import sys
 import tempfile
 import time
 
-from benchlib import (ROOT, NullFS, append_file, daemon_pid, drop_caches, fmt, getx, kill9, leave_nothing,
-                      line_writers, make_lines, met, mount_logfs, mounted, read_file, rss_kb, table, timed_shell,
-                      unmount)
+from bench_markdown import markdown
+from benchlib import (NullFS, append_file, daemon_pid, drop_caches, getx, kill9, leave_nothing, line_writers,
+                      machine, make_lines, mount_logfs, mounted, read_file, rss_kb, timed_shell, unmount, write_report)
+
+
 # -- scenarios ----------------------------------------------------------------------------------------------
 class Bench:
     def __init__(self, workdir: str, quick: bool, rounds: int | None = None, corpus: str | None = None):
@@ -341,148 +342,6 @@ class Bench:
         row["target_max"] = 3.0
         self.record("responsiveness", **row)
 
-    def spark(self):
-        """spark.read.json(...).groupBy(...).count() over the mount versus the same lines on ext4."""
-        try:
-            os.environ["PYSPARK_PYTHON"] = sys.executable
-            from pyspark.sql import SparkSession
-        except ImportError:
-            self.record("spark", skipped="pyspark not installed")
-            return
-        size = (32 << 20) if self.quick else (1 << 30)
-        data, mnt = self.dirs("spark")
-        ext4_dir = os.path.join(self.work, "spark-ext4")
-        os.makedirs(ext4_dir, exist_ok=True)
-        mount_logfs(data, mnt, "num.partitions=2")
-        os.mkdir(f"{mnt}/events")
-        for p in range(2):
-            timed_shell(f"head -c {size // 2} {self.lines} | head -n -1 >> {mnt}/events/{p}")
-            timed_shell(f"head -c {size // 2} {self.lines} | head -n -1 > {ext4_dir}/{p}")
-        spark = (SparkSession.builder.master("local[2]").appName("logfs-bench")
-                 .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-                 .config("spark.sql.shuffle.partitions", "4").getOrCreate())
-        spark.sparkContext.setLogLevel("ERROR")
-        try:
-            def job(path):
-                start = time.perf_counter()
-                rows = spark.read.json(f"file://{path}").groupBy("user").count().collect()
-                return time.perf_counter() - start, sum(r["count"] for r in rows)
-
-            job(ext4_dir)  # JVM and code warm-up
-            t_ext4, n_ext4 = min(job(ext4_dir) for _ in range(2))
-            t_logfs, n_logfs = min(job(f"{mnt}/events") for _ in range(2))
-            assert n_ext4 == n_logfs
-        finally:
-            spark.stop()
-            unmount(mnt, data)
-            shutil.rmtree(ext4_dir, ignore_errors=True)
-        self.record("spark", mb=size >> 20, s_logfs=t_logfs, s_ext4=t_ext4, ratio_vs_ext4=t_ext4 / t_logfs,
-                    records=n_logfs, target=0.8)
-
-    def metrics(self):
-        from bench_options import metrics
-
-        metrics(self)
-
-    def writer_headers(self):
-        from bench_options import writer_headers
-
-        writer_headers(self)
-
-    def spark_time(self):
-        from bench_spark_time import spark_time
-
-        spark_time(self)
-    def spark_sink(self):
-        """The logfs sink against ``df.write.json`` to a local directory (same rows, same run), and the publish
-        alone against ``cp`` + ``fsync`` of the same bytes."""
-        try:
-            os.environ["PYSPARK_PYTHON"] = sys.executable
-            from pyspark.sql import SparkSession
-            from pyspark.sql import functions as F
-        except ImportError:
-            self.record("spark_sink", skipped="pyspark not installed")
-            return
-        sys.path.insert(0, ROOT)
-        from logfs.spark import register, sink
-        from logfs.storage.format import records as rec
-
-        rows = 50_000 if self.quick else 1_500_000
-        data, mnt = self.dirs("spark_sink")
-        json_dir = os.path.join(self.work, "spark_sink", "json")
-        mount_logfs(data, mnt, "num.partitions=4")
-        os.mkdir(f"{mnt}/out")
-        spark = (SparkSession.builder.master("local[2]").appName("logfs-bench-sink")
-                 .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-                 .config("spark.sql.shuffle.partitions", "4").getOrCreate())
-        spark.sparkContext.setLogLevel("ERROR")
-        register(spark)
-        try:
-            df = spark.range(rows, numPartitions=4).select(
-                F.format_string("u%05d", F.col("id") % 50000).alias("key"),
-                F.format_string('{"ts":1700000000000,"user":"u%05d","action":"click","amount":%d,"pad":"%s"}',
-                                F.col("id") % 50000, F.col("id"), F.lit("x" * 20)).alias("value")).cache()
-            row_bytes = df.selectExpr("sum(length(key) + length(value))").first()[0] / rows
-
-            def to_logfs() -> float:
-                start = time.perf_counter()
-                df.write.format("logfs").option("topic", "out").mode("append").save(mnt)
-                return time.perf_counter() - start
-
-            def to_json() -> float:
-                start = time.perf_counter()
-                df.write.mode("overwrite").json(f"file://{json_dir}")
-                return time.perf_counter() - start
-
-            to_logfs(), to_json()  # JVM, Python workers and code warm-up (and the cache filled)
-            timed = 1 if self.quick else 2
-            t_logfs = min(to_logfs() for _ in range(timed))
-            t_json = min(to_json() for _ in range(timed))
-            appended = sum(int(getx(f"{mnt}/out/{p}", "log_end_offset")) for p in range(4))
-            assert appended == (1 + timed) * rows, appended  # (the warm-up and the timed writes: each row once each)
-        finally:
-            spark.stop()
-        # The publish alone: staged files through the mount, one commit request, against cp + fsync.
-        size = (8 << 20) if self.quick else (512 << 20)
-        per_file = size // 4
-        value = b"x" * 100
-        batch = bytes(rec.build_batch(0, 0, [value] * 500))
-        body = batch * (per_file // len(batch))
-        for p in range(4):
-            with open(f"{mnt}/.logfs-staging/b-1.{p}", "wb") as f:
-                f.write(body)
-                os.fsync(f.fileno())
-        start = time.perf_counter()
-        sink.control(mnt, {"op": "commit", "app": "b-1", "version": 0, "cleanup": "b-1.",
-                           "parts": [["out", p, [[f"b-1.{p}", 0, len(body)]]] for p in range(4)]})
-        t_publish = time.perf_counter() - start
-        src = os.path.join(self.work, "spark_sink", "cp-src")
-        with open(src, "wb") as f:
-            f.write(body * 4)
-            os.fsync(f.fileno())
-        start = time.perf_counter()
-        shutil.copyfile(src, src + ".copy")
-        fd = os.open(src + ".copy", os.O_RDONLY)
-        os.fsync(fd)
-        os.close(fd)
-        t_cp = time.perf_counter() - start
-        unmount(mnt, data)
-        shutil.rmtree(os.path.join(self.work, "spark_sink"), ignore_errors=True)
-        mb = len(body) * 4 / 1e6
-        self.record("spark_sink", rows=rows, row_bytes=row_bytes, rows_per_s_logfs=rows / t_logfs,
-                    rows_per_s_json=rows / t_json, ratio_vs_json=t_json / t_logfs, publish_mb=mb,
-                    publish_MBps=mb / t_publish, cp_fsync_MBps=mb / t_cp, publish_vs_cp=t_cp / t_publish)
-
-    def tiered(self):
-        from bench_tiered import tiered
-
-        tiered(self)
-
-    def spark_cluster(self):
-        from bench_cluster import spark_cluster
-
-        spark_cluster(self)
-
     def many_partitions(self):
         """tools/bench_scale.py at one count (20,000 partitions; 500 with --quick): its figures for the table."""
         from bench_scale import run_count
@@ -495,11 +354,6 @@ class Bench:
                     listing_us_per_partition=r["listing_us_per_partition"], fds=r["after_appends"]["fds"],
                     maps=r["after_appends"]["maps"], rss_mb=r["after_appends"]["rss_mb"], remount_s=r["remount_s"],
                     fds_after_remount=r["after_remount"]["fds"], second_append_ms=r["second_append"]["mean_ms"])
-
-    def compression(self):
-        from bench_compression import compression
-
-        compression(self)
 
     @staticmethod
     def append_latencies(path: str, n: int) -> list[float]:
@@ -516,60 +370,7 @@ class Bench:
         return out
 
 
-def markdown(report: dict) -> str:
-    """One table per scenario, ready to paste into docs/benchmarks.md. Ratios are logfs's throughput over the
-    reference's (above 1: logfs is faster)."""
-    results = report["results"]
-    out = [f"Run of {report['when']}{' (--quick: tiny sizes, not figures)' if report['quick'] else ''}: "
-           f"{report['machine']['cpus']} CPUs, kernel {report['machine']['kernel']}, "
-           f"Python {report['machine']['python']}."]
-    if "bulk_append" in results:
-        nosync, fsync = results["bulk_append"], results["bulk_append_fsync"]
-        out += ["", f"**Bulk append**: `cat` of {fmt(nosync['mb'])} MB of ~100-byte JSON lines into a file opened "
-                f"`O_APPEND`, closed at the end (timed), best of {nosync['best_of']}; logfs, nullfs and ext4 in turn."]
-        out += table(["sync", "logfs MB/s", "nullfs MB/s", "ext4 MB/s", "logfs/nullfs", "logfs/ext4", "target",
-                      "met?"],
-                     [["none", nosync["MBps_logfs"], nosync["MBps_nullfs"], nosync["MBps_ext4"],
-                       nosync["ratio_vs_nullfs"], nosync["ratio_vs_ext4"], "≥ 0.35 of ext4",
-                       met(nosync["ratio_vs_ext4"] >= nosync["target_vs_ext4"])],
-                      ["`fsync` of the descriptor before closing it", fsync["MBps_logfs"], fsync["MBps_nullfs"],
-                       fsync["MBps_ext4"], fsync["ratio_vs_nullfs"], fsync["ratio_vs_ext4"], "≥ 0.8 of ext4",
-                       met(fsync["ratio_vs_ext4"] >= fsync["target_vs_ext4"])]])
-        cold, warm = results["sequential_read"], results["sequential_read_warm"]
-        out += ["", f"**Sequential read**: `cat` of the {fmt(cold['mb'])} MB written above `> /dev/null`, "
-                f"best of {cold['best_of']}; logfs on a new mount."]
-        out += table(["page cache", "logfs MB/s", "nullfs MB/s", "ext4 MB/s", "logfs/nullfs", "logfs/ext4"],
-                     [["cold: dropped before each system's read" if cold["page_cache_dropped"]
-                       else "cold: could NOT be dropped (not root)", cold["MBps_logfs"], cold["MBps_nullfs"],
-                       cold["MBps_ext4"], cold["ratio_vs_nullfs"], cold["ratio_vs_ext4"]],
-                      ["warm: the same file read again at once", warm["MBps_logfs"], warm["MBps_nullfs"],
-                       warm["MBps_ext4"], warm["ratio_vs_nullfs"], warm["ratio_vs_ext4"]]])
-    if "small_writes" in results:
-        small = results["small_writes"]
-        rows = small["rows"]
-        out += ["", f"**Small writes**: one line per `write()` on an `O_APPEND` descriptor, {fmt(rows[0]['lines'])} "
-                f"lines per case split between the writer processes, all writing to the same file; aggregate "
-                f"lines/s, best of {small['best_of']}; logfs, nullfs and ext4 in turn. `.log` bytes per byte of "
-                f"text: after a clean unmount, worst round. Targets: ≥ 0.85 of nullfs, ≤ 1.15 `.log` bytes per "
-                f"byte (1.5 for 25-byte lines)."]
-        out += table(["writers", "line bytes", "logfs lines/s", "nullfs lines/s", "ext4 lines/s", "logfs/nullfs",
-                      "logfs/ext4", "`.log` bytes per text byte", "met?"],
-                     [[r["writers"], r["line_bytes"], r["lines_per_s_logfs"], r["lines_per_s_nullfs"],
-                       r["lines_per_s_ext4"], r["ratio_vs_nullfs"], r["ratio_vs_ext4"], r["log_bytes_per_text_byte"],
-                       met(r["ratio_vs_nullfs"] >= r["target_vs_nullfs"]
-                           and r["log_bytes_per_text_byte"] <= r["target_max_log_bytes_per_text_byte"])]
-                      for r in rows])
-    if any(name.startswith("compression") for name in results):
-        from bench_compression import markdown as compression_tables
-
-        out += compression_tables(results, fmt, met, table)
-    for name, values in results.items():
-        if name.startswith(("bulk_append", "sequential_read", "small_writes", "compression")):
-            continue
-        out += ["", f"**{name}**"] + table(["figure", "value"], [[k, v] for k, v in values.items()])
-    return "\n".join(out) + "\n"
-
-
+# scenario name -> what runs it: a method of Bench, or "module.function" (a tools/bench_*.py function of the Bench)
 SCENARIOS = {
     "bulk_append": "bulk_append_and_sequential_read",
     "bulk_append_fsync": "bulk_append_and_sequential_read",
@@ -581,16 +382,24 @@ SCENARIOS = {
     "mount_time": "mount_time_and_memory",
     "memory": "mount_time_and_memory",
     "responsiveness": "responsiveness",
-    "spark": "spark",
-    "metrics": "metrics",
-    "writer_headers": "writer_headers",
-    "spark_sink": "spark_sink",
-    "tiered": "tiered",
-    "spark_cluster": "spark_cluster",
-    "spark_time": "spark_time",
+    "spark": "bench_spark.spark",
+    "metrics": "bench_options.metrics",
+    "writer_headers": "bench_options.writer_headers",
+    "spark_sink": "bench_spark.spark_sink",
+    "tiered": "bench_tiered.tiered",
+    "spark_cluster": "bench_cluster.spark_cluster",
+    "spark_time": "bench_spark_time.spark_time",
     "many_partitions": "many_partitions",
-    "compression": "compression",
+    "compression": "bench_compression.compression",
 }
+
+
+def run_scenario(bench: Bench, target: str) -> None:
+    if "." in target:
+        module, function = target.split(".")
+        getattr(importlib.import_module(module), function)(bench)
+    else:
+        getattr(bench, target)()
 
 
 def _raise_on_signal(signum, _frame):
@@ -627,26 +436,19 @@ def main(argv=None) -> int:
         bench = Bench(workdir, args.quick, args.rounds, args.corpus)
         ran = set()
         for name in wanted:
-            method = SCENARIOS[name]
-            if method not in ran:
-                ran.add(method)
-                getattr(bench, method)()
+            target = SCENARIOS[name]
+            if target not in ran:
+                ran.add(target)
+                run_scenario(bench, target)
     finally:
         leave_nothing(workdir, remove=not args.workdir)
     report = {
-        "machine": {"cpus": os.cpu_count(), "kernel": platform.release(), "python": platform.python_version()},
+        "machine": machine(),
         "quick": args.quick,
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "results": bench.results,
     }
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=2)
-    tables = markdown(report)
-    print("\n" + tables, end="", flush=True)
-    if args.markdown:
-        with open(args.markdown, "w") as f:
-            f.write(tables)
+    write_report(report, markdown(report), args.json, args.markdown)
     return 0
 
 

@@ -30,112 +30,26 @@ Each data set goes into two DATA_DIRs, each with its own daemon (``log.segment.b
 - **compressing at append instead** (engine, no mount): ``Log.append_lines`` of 1 MiB writes (~64 KiB batches), and
   the cost per MiB of ``records.compress_batch`` (zstd 3) on each of those batches, as it would be on the request
   thread; the ratio that gives, against the background rewrite's ~256 KiB merged batches.
+
+The pair of DATA_DIRs and what is on disk: tools/bench_compression_disk.py; the Spark part:
+tools/bench_compression_spark.py; the markdown tables: tools/bench_markdown.py.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import glob
-import json
 import os
 import random
 import shutil
 import statistics
-import subprocess
-import sys
-import threading
 import time
 
-from benchlib import (PY, ROOT, append_file, daemon_pid, drop_caches, getx, make_lines, mount_logfs, mounted, read_file,
-                   unmount, wait)
+from bench_compression_disk import (CODECS, SYSTEMS, TOPIC, ZSTD, ChildWatch, Pair, base_of, compressed_count,
+                                    sealed_log_bytes, segment_files, setx, wait_compressed)
+from bench_compression_spark import spark
+from benchlib import append_file, daemon_pid, drop_caches, getx, make_lines, read_file
 
 DEFAULT_CORPUS = "/tmp/codecs-corpus/real.log"
-ZSTD = 4
-CODECS = {"gzip": 1, "snappy": 2, "lz4": 3, "zstd": 4}
-TOPIC = "t"
-SYSTEMS = ("plain", "zstd")
-
-
-# -- what is on disk --------------------------------------------------------------------------------------------
-def segment_files(data: str) -> list[str]:
-    """The partition's ``.log`` files, by base offset (the last one is the active segment)."""
-    return sorted(glob.glob(os.path.join(data, f"{TOPIC}-0", "*.log")))
-
-
-def first_codec(path: str) -> int:
-    """The codec bits of a segment file's first batch (its attributes, bytes 21-22); -1 for a file gone (renamed
-    by a swap in flight) or too short."""
-    try:
-        with open(path, "rb") as f:
-            head = f.read(23)
-    except FileNotFoundError:
-        return -1
-    return head[22] & 0x07 if len(head) == 23 else -1
-
-
-def compressed_count(data: str) -> tuple[int, int]:
-    """(sealed segments whose first batch is in zstd, sealed segments); a rewrite in flight counts as not done."""
-    sealed = segment_files(data)[:-1]
-    pending = glob.glob(os.path.join(data, f"{TOPIC}-0", "*.cleaned")) + \
-        glob.glob(os.path.join(data, f"{TOPIC}-0", "*.swap"))
-    done = sum(first_codec(p) == ZSTD for p in sealed)
-    return (done - len(pending) if pending else done), len(sealed)
-
-
-def wait_compressed(data: str, timeout: float = 1800) -> None:
-    def all_done() -> bool:
-        done, sealed = compressed_count(data)
-        return sealed > 0 and done == sealed
-
-    wait(all_done, timeout, f"the background rewrite of {data}")
-
-
-def base_of(path: str) -> int:
-    return int(os.path.basename(path).split(".")[0])
-
-
-def sealed_log_bytes(data: str) -> int:
-    return sum(os.path.getsize(p) for p in segment_files(data)[:-1])
-
-
-class ChildWatch:
-    """Samples (every ``interval`` s) whether a daemon has a child process running the cleaner's module (the
-    background rewrite runs there): ``seen`` is True once any sample found one."""
-
-    def __init__(self, pid: int, interval: float = 0.02):
-        self.pid, self.interval = pid, interval
-        self.seen = False
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _children(self) -> list[str]:
-        kids = []
-        for children in glob.glob(f"/proc/{self.pid}/task/*/children"):
-            try:
-                with open(children) as f:
-                    kids += f.read().split()
-            except OSError:
-                pass
-        return kids
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            for kid in self._children():
-                try:
-                    with open(f"/proc/{kid}/cmdline", "rb") as f:
-                        if b"cleaner_process" in f.read():
-                            self.seen = True
-                except OSError:
-                    pass
-            self._stop.wait(self.interval)
-
-    def __enter__(self):
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join()
 
 
 # -- the data sets ----------------------------------------------------------------------------------------------
@@ -168,42 +82,6 @@ def corpus_data(bench, corpus: str, size: int) -> tuple[str, int]:
 
 
 # -- the mounted figures ----------------------------------------------------------------------------------------
-def setx(path: str, key: str, value: str) -> None:
-    subprocess.run(["setfattr", "-n", f"user.logfs.config.{key}", "-v", value, path], check=True)
-
-
-class Pair:
-    """One data set's two DATA_DIRs (``plain``, ``zstd``) under ``root``, and their mounts."""
-
-    def __init__(self, root: str, opts: tuple[str, ...]):
-        self.root, self.opts = root, opts
-        shutil.rmtree(root, ignore_errors=True)
-        self.data = {s: os.path.join(root, s, "data") for s in SYSTEMS}
-        self.mnt = {s: os.path.join(root, s, "mnt") for s in SYSTEMS}
-        for s in SYSTEMS:
-            os.makedirs(self.mnt[s])
-
-    def part(self, system: str) -> str:
-        return os.path.join(self.mnt[system], TOPIC, "0")
-
-    def mount(self, system: str, *extra: str, env: dict | None = None) -> None:
-        mount_logfs(self.data[system], self.mnt[system], *self.opts, *extra, extra_env=env)
-
-    def unmount(self, system: str) -> None:
-        unmount(self.mnt[system], self.data[system])
-
-    def create(self) -> None:
-        for s in SYSTEMS:
-            self.mount(s)
-            os.mkdir(os.path.join(self.mnt[s], TOPIC))
-        setx(os.path.join(self.mnt["zstd"], TOPIC), "compression.type", "zstd")
-
-    def close(self) -> None:
-        for s in SYSTEMS:
-            if mounted(self.mnt[s]):
-                self.unmount(s)
-
-
 def ingest(bench, name: str, src: str, opts: tuple[str, ...]) -> tuple[Pair, dict]:
     """Best of ``rounds`` ingests into both topics (and the median of each round's ratio: on a shared machine a
     busy moment lands on both topics of a round); returns the last round's pair (both unmounted) and figures."""
@@ -438,155 +316,6 @@ def append_time_compression(bench, text: bytes) -> dict:
             "ms_per_mib_rewrite_engine": t_rewrite * 1000 / mib}
 
 
-# -- Spark --------------------------------------------------------------------------------------------------------
-def spark_driver(request: dict) -> dict:
-    """In a process of its own (``bench_compression.py --spark-driver JSON``): one ``local[2]`` session, the
-    ``logfs`` source registered; each job's count, cold (page cache dropped first) for the jobs named in
-    ``cold``, then warm ``repeat`` times, jobs in turn (the order alternating). A first count warms the JVM and
-    the Python workers up (not with ``quick``). Returns {job: {"cold": s, "warm": [s...], "count": n}}."""
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    from pyspark.sql import SparkSession
-
-    from logfs.spark import register
-
-    spark = (SparkSession.builder.master("local[2]").appName("logfs-bench-compression")
-             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-             .config("spark.sql.shuffle.partitions", "2").config("spark.driver.memory", "1g")
-             .config("spark.python.worker.reuse", "true").getOrCreate())
-    spark.sparkContext.setLogLevel("ERROR")
-    register(spark)
-    jobs = request["jobs"]
-    out: dict[str, dict] = {name: {"warm": []} for name in jobs}
-
-    def count(name: str) -> float:
-        job = jobs[name]
-        reader = spark.read.format("logfs")
-        for key, value in job["options"].items():
-            reader = reader.option(key, value)
-        start = time.perf_counter()
-        n = reader.load(job["path"]).count()
-        took = time.perf_counter() - start
-        assert out[name].setdefault("count", n) == n, (name, n)
-        return took
-
-    try:
-        if not request["quick"]:
-            count(next(iter(jobs)))  # the JVM, the Python workers and the code warmed up
-        for name in request["cold"]:
-            drop_caches()
-            out[name]["cold"] = count(name)
-        for round_ in range(request["repeat"]):
-            for name in (list(jobs) if round_ % 2 == 0 else list(jobs)[::-1]):
-                out[name]["warm"].append(count(name))
-    finally:
-        spark.stop()
-    return out
-
-
-def run_spark(bench, jobs: dict, cold: list[str], extra_env: dict | None = None) -> dict:
-    request = json.dumps({"jobs": jobs, "cold": cold, "repeat": bench.rounds, "quick": bench.quick})
-    proc = subprocess.run([PY, os.path.join(ROOT, "tools", "bench_compression.py"), "--spark-driver", request],
-                          capture_output=True, text=True, timeout=3600,
-                          env={**os.environ, "PYTHONPATH": ROOT, **(extra_env or {})})
-    if proc.returncode != 0:
-        raise RuntimeError(f"the Spark driver failed: {proc.stderr[-3000:]}")
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
-    print("compression: Spark counts (s):", json.dumps({k: [v.get("cold"), v["warm"]] for k, v in result.items()}),
-          file=sys.stderr, flush=True)
-    return result
-
-
-def spark_available() -> str | None:
-    try:
-        import pyspark  # noqa: F401
-        import pyarrow  # noqa: F401
-    except ImportError:
-        return "pyspark or pyarrow not installed"
-    if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
-        return "no Java runtime"
-    return None
-
-
-def tier(bench, pairs: dict[str, Pair], sw) -> dict:
-    """Mount every DATA_DIR again with tiering to ``sw`` (prefix ``<data set>-<topic>``), turn it on for the topic,
-    wait until every sealed segment is uploaded. Returns {job: {"bytes", "end"}} as the partition reports them."""
-    figures = {}
-    for name, pair in pairs.items():
-        for s in SYSTEMS:
-            pair.mount(s, "remote.log.storage.system.enable=true", f"logfs.remote.s3.bucket={sw.bucket}",
-                       f"logfs.remote.s3.endpoint={sw.endpoint}", f"logfs.remote.s3.prefix={name}-{s}",
-                       "remote.log.manager.task.interval.ms=200", env=sw.env())
-            try:
-                setx(os.path.join(pair.mnt[s], TOPIC), "remote.storage.enable", "true")
-                part = pair.part(s)
-                sealed = len(segment_files(pair.data[s])) - 1
-                wait(lambda: int(getx(part, "remote_segment_count")) >= sealed, 1800, f"the upload of {name}-{s}")
-                figures[f"{name}-{s}"] = {"bytes": int(getx(part, "remote_size_bytes")),
-                                          "end": int(getx(part, "remote_log_end_offset"))}
-            finally:
-                pair.unmount(s)
-    return figures
-
-
-def spark(bench, pairs: dict[str, Pair]) -> None:
-    """The Spark counts, from each DATA_DIR and (with tools/seaweed.py) from the bucket, in one driver process."""
-    reason = spark_available()
-    if reason:
-        for name in pairs:
-            bench.record(f"compression_spark_{name}", skipped=reason)
-            bench.record(f"compression_bucket_{name}", skipped=reason)
-        return
-    try:
-        from seaweed import SeaweedS3  # tools/seaweed.py
-    except ImportError:
-        SeaweedS3 = None
-    options = {"subscribe": TOPIC, "minPartitions": "4"}
-    jobs = {f"{name}-{s}": {"path": pair.data[s], "options": options} for name, pair in pairs.items() for s in SYSTEMS}
-    cold = list(jobs)
-    sw, tiered, env = None, {}, None
-    try:
-        if SeaweedS3 is None:
-            for name in pairs:
-                bench.record(f"compression_bucket_{name}",
-                             skipped="no tools/seaweed.py (the SeaweedFS starter; tools never import tests/)")
-        else:
-            sw = SeaweedS3(os.path.join(bench.work, "compression-seaweed"))
-            sw.start()
-            sw.create_bucket()
-            tiered = tier(bench, pairs, sw)
-            env = sw.env()
-            jobs.update({f"bucket-{name}-{s}": {"path": f"s3://{sw.bucket}/{name}-{s}",
-                                                "options": {**options, "s3.endpoint": sw.endpoint}}
-                         for name in pairs for s in SYSTEMS})
-        result = run_spark(bench, jobs, cold=cold, extra_env=env)
-    finally:
-        if sw is not None:
-            sw.shutdown()
-            shutil.rmtree(os.path.join(bench.work, "compression-seaweed"), ignore_errors=True)
-    for name in pairs:
-        r = {s: result[f"{name}-{s}"] for s in SYSTEMS}
-        assert r["plain"]["count"] == r["zstd"]["count"], r
-        warm = {s: min(r[s]["warm"]) for s in SYSTEMS}
-        bench.record(f"compression_spark_{name}", records=r["plain"]["count"],
-                     s_count_plain=warm["plain"], s_count_zstd=warm["zstd"],
-                     spark_local_ratio=warm["plain"] / warm["zstd"],
-                     s_count_cold_plain=r["plain"]["cold"], s_count_cold_zstd=r["zstd"]["cold"],
-                     spark_local_cold_ratio=r["plain"]["cold"] / r["zstd"]["cold"], target_spark_local=0.8,
-                     best_of=bench.rounds)
-        if not tiered:
-            continue
-        r = {s: result[f"bucket-{name}-{s}"] for s in SYSTEMS}
-        f = {s: tiered[f"{name}-{s}"] for s in SYSTEMS}
-        assert r["plain"]["count"] == r["zstd"]["count"] == f["plain"]["end"] == f["zstd"]["end"], (r, f)
-        warm = {s: min(r[s]["warm"]) for s in SYSTEMS}
-        bench.record(f"compression_bucket_{name}", records=r["plain"]["count"],
-                     mb_bucket_plain=f["plain"]["bytes"] / 1e6, mb_bucket_zstd=f["zstd"]["bytes"] / 1e6,
-                     s_count_plain=warm["plain"], s_count_zstd=warm["zstd"],
-                     spark_bucket_ratio=warm["plain"] / warm["zstd"], target_spark_bucket=1.0,
-                     best_of=bench.rounds)
-
-
 # -- the scenario ---------------------------------------------------------------------------------------------------
 def compression(bench) -> None:
     quick = bench.quick
@@ -645,116 +374,3 @@ def compression(bench) -> None:
         for pair in pairs.values():
             pair.close()
             shutil.rmtree(pair.root, ignore_errors=True)
-
-
-# -- markdown ---------------------------------------------------------------------------------------------------------
-_SECTIONS = [
-    ("At rest: `.log` bytes of the sealed segments once rewritten; a ratio is text bytes over stored bytes.", [
-        ("sealed segments", "", "segments", None),
-        ("text of the sealed segments, MB", "", "sealed_text_mb", None),
-        ("uncompressed topic, MB", "", "mb_plain", None),
-        ("zstd topic, MB", "", "mb_zstd", None),
-        ("`zstd -3` of the same text in 1 MiB blocks, MB", "", "mb_zstd3_1mib", None),
-        ("ratio: zstd topic", "", "ratio_zstd", None),
-        ("ratio: `zstd -3`, 1 MiB blocks", "", "ratio_zstd3_1mib", None),
-        ("zstd topic / `zstd -3` in 1 MiB blocks", "", "at_rest_vs_zstd3", ("≤ 1.15", lambda v: v <= 1.15)),
-        ("zstd topic / uncompressed topic", "", "at_rest_vs_plain", None),
-        ("ratio: lz4 (the engine's rewrite of the same segments)", "", "ratio_lz4", None),
-        ("ratio: snappy (idem)", "", "ratio_snappy", None),
-        ("ratio: gzip (idem)", "", "ratio_gzip", None)]),
-    ("Ingest: `cat FILE >> partition` (no fsync), best of the rounds, the two topics in turn; then the rewrite.", [
-        ("uncompressed topic, MB/s", "", "MBps_ingest_plain", None),
-        ("zstd topic, MB/s", "", "MBps_ingest_zstd", None),
-        ("zstd / uncompressed (best against best)", "", "ingest_ratio", ("≥ 0.9", lambda v: v >= 0.9)),
-        ("zstd / uncompressed, median of the rounds' pairs", "", "ingest_ratio_median", None),
-        ("the rewrite ran during a timed zstd ingest", "", "rewrite_during_ingest", None),
-        ("s from the end of the ingest until all is compressed (best)", "", "s_until_compressed", None),
-        ("the daemon's rewrite alone (topic set to zstd afterwards), MB/s", "", "MBps_rewrite_daemon", None),
-        ("the engine's rewrite, one thread, zstd, MB/s", "", "MBps_rewrite_engine_zstd", None),
-        ("idem lz4, MB/s", "", "MBps_rewrite_engine_lz4", None),
-        ("idem snappy, MB/s", "", "MBps_rewrite_engine_snappy", None),
-        ("idem gzip, MB/s", "", "MBps_rewrite_engine_gzip", None)]),
-    ("Reads on a new mount. Sequential: `cat partition > /dev/null`, cold (page cache dropped) then warm, best of "
-     "the rounds. Random: `getxattr user.logfs.position.<offset>` + `pread` of the line, the same random offsets "
-     "for both topics, page cache dropped at the start of each round.", [
-        ("sequential cold, uncompressed, MB/s", "", "MBps_cold_plain", None),
-        ("sequential cold, zstd, MB/s", "", "MBps_cold_zstd", None),
-        ("cold: zstd / uncompressed", "", "cold_ratio", ("≥ 0.9", lambda v: v >= 0.9)),
-        ("sequential warm, uncompressed, MB/s", "", "MBps_warm_plain", None),
-        ("sequential warm, zstd, MB/s", "", "MBps_warm_zstd", None),
-        ("warm: zstd / uncompressed", "", "warm_ratio", None),
-        ("random reads per topic", "", "random_reads", None),
-        ("random p50, uncompressed, ms", "", "p50_ms_plain", None),
-        ("random p50, zstd, ms", "", "p50_ms_zstd", None),
-        ("random p99, uncompressed, ms", "", "p99_ms_plain", None),
-        ("random p99, zstd, ms", "", "p99_ms_zstd", None),
-        ("p99: zstd / uncompressed", "", "p99_ratio", ("≤ 2", lambda v: v <= 2.0))]),
-    ("Spark: `spark.read.format(\"logfs\").load(...).count()`, `local[2]`, `minPartitions` 4, in a driver process of "
-     "its own. DATA_DIR: unmounted, cold once (page cache dropped), then warm, best of the rounds. Bucket: both "
-     "DATA_DIRs tiered to SeaweedFS, `load(\"s3://BUCKET/PREFIX\")`, best of the rounds. Ratio: uncompressed "
-     "seconds over zstd seconds.", [
-        ("records", "spark", "records", None),
-        ("DATA_DIR warm, uncompressed, s", "spark", "s_count_plain", None),
-        ("DATA_DIR warm, zstd, s", "spark", "s_count_zstd", None),
-        ("DATA_DIR warm: ratio", "spark", "spark_local_ratio", ("≥ 0.8", lambda v: v >= 0.8)),
-        ("DATA_DIR cold, uncompressed, s", "spark", "s_count_cold_plain", None),
-        ("DATA_DIR cold, zstd, s", "spark", "s_count_cold_zstd", None),
-        ("DATA_DIR cold: ratio", "spark", "spark_local_cold_ratio", ("≥ 0.8", lambda v: v >= 0.8)),
-        ("bucket objects, uncompressed, MB", "bucket", "mb_bucket_plain", None),
-        ("bucket objects, zstd, MB", "bucket", "mb_bucket_zstd", None),
-        ("bucket, uncompressed, s", "bucket", "s_count_plain", None),
-        ("bucket, zstd, s", "bucket", "s_count_zstd", None),
-        ("bucket: ratio", "bucket", "spark_bucket_ratio", ("≥ 1.0", lambda v: v >= 1.0))]),
-    ("The alternative, compressing at append (engine, no mount): `Log.append_lines` of 1 MiB writes cut at line "
-     "ends, then `records.compress_batch` (zstd 3) of each batch it wrote, as the request thread would; against "
-     "the background rewrite (`compression.write_compressed`, ~256 KiB merged batches) of the same segment.", [
-        ("text appended, MB", "", "append_mb", None),
-        ("batches written by the append (KiB each)", "", "batch_kib", None),
-        ("engine append alone, MB/s", "", "MBps_append_engine", None),
-        ("engine append alone, ms per MiB", "", "ms_per_mib_append_engine", None),
-        ("compress_batch of each appended batch, ms per MiB (request thread)", "", "ms_per_mib_compress_at_append",
-         None),
-        ("append + compress, MB/s", "", "MBps_append_with_compress", None),
-        ("append throughput kept", "", "append_kept_with_compress", None),
-        ("ratio: ~64 KiB batches compressed at append", "", "ratio_at_append_64k", None),
-        ("ratio: the rewrite's ~256 KiB merged batches", "", "ratio_rewrite_256k", None),
-        ("the rewrite, ms per MiB (in the cleaner's child process)", "", "ms_per_mib_rewrite_engine", None)]),
-]
-
-
-def markdown(results: dict, fmt, met, table) -> list[str]:
-    """The compression section: one table per part, a column per data set, targets beside."""
-    names = [n for n in ("lines", "real") if f"compression_{n}" in results
-             and "skipped" not in results[f"compression_{n}"]]
-    out = []
-    for n in ("lines", "real"):
-        for record in (f"compression_{n}", f"compression_spark_{n}", f"compression_bucket_{n}"):
-            if "skipped" in results.get(record, {}):
-                out += ["", f"**{record}** not measured: {results[record]['skipped']}."]
-    if not names:
-        return out
-    main = {n: results[f"compression_{n}"] for n in names}
-    sets = "; ".join(f"`{n}`, {fmt(r['mb'])} MB: {r['corpus']}" + (f" {r['copies']} times" if r["copies"] > 1 else "")
-                     for n, r in main.items())
-    loads = "; ".join(f"`{n}` {r['load_avg']}" for n, r in main.items())
-    first = main[names[0]]
-    out += ["", f"**Compression** (issue 22): a zstd topic (level 3; sealed segments rewritten in the background) "
-            f"against an uncompressed one in the same run, `log.segment.bytes` {first['segment_mb']} MiB, best of "
-            f"{first['best_of']}. Data sets: {sets}. Load average (1/5/15 min) after each: {loads}."]
-    for intro, rows in _SECTIONS:
-        body = []
-        for label, kind, key, target in rows:
-            records = [results.get(f"compression_{kind + '_' if kind else ''}{n}", {}) for n in names]
-            if any(key not in r for r in records):
-                continue
-            cells = [r[key] for r in records]
-            body.append([label, *cells, target[0] if target else "",
-                         ", ".join(met(target[1](c)) for c in cells) if target else ""])
-        if body:
-            out += ["", intro] + table(["figure", *names, "target", "met?"], body)
-    return out
-
-
-if __name__ == "__main__" and len(sys.argv) == 3 and sys.argv[1] == "--spark-driver":
-    sys.path.insert(0, ROOT)
-    print(json.dumps(spark_driver(json.loads(sys.argv[2]))))

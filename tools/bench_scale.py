@@ -25,9 +25,7 @@ by default it inherits this process's limit.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import resource
 import shutil
 import subprocess
@@ -39,7 +37,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 if HERE not in sys.path:
     sys.path.insert(0, HERE)
 
-from benchlib import PY, daemon_pid, env, mounted, wait  # noqa: E402
+from benchlib import PY, daemon_pid, env, machine, mounted, wait, write_report  # noqa: E402
 
 PARTITIONS_PER_TOPIC = 5
 # A clean unmount flushes every partition (an fsync each, as Kafka's shutdown): minutes for 20,000 on a slow disk.
@@ -264,16 +262,9 @@ def main(argv=None) -> int:
     finally:
         if not args.workdir:
             shutil.rmtree(workdir, ignore_errors=True)
-    report = {"machine": {"cpus": os.cpu_count(), "kernel": platform.release(), "python": platform.python_version()},
+    report = {"machine": machine(),
               "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "nofile": args.nofile, "results": results}
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=2)
-    text = markdown(report)
-    print("\n" + text, end="")
-    if args.markdown:
-        with open(args.markdown, "w") as f:
-            f.write(text)
+    write_report(report, markdown(report), args.json, args.markdown)
     return 0
 
 

@@ -16,10 +16,9 @@ from __future__ import annotations
 
 import os
 import shutil
-import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from benchlib import local_spark, pyspark_or_skip
 
 
 def _build(bench, data: str, size: int, segment: int) -> tuple[int, int, str]:
@@ -113,14 +112,9 @@ def _fresh_jvm() -> None:
 
 
 def spark_time(bench) -> None:
-    try:
-        os.environ["PYSPARK_PYTHON"] = sys.executable
-        from pyspark.sql import SparkSession
-        from pyspark.sql import functions as F
-    except ImportError:
-        bench.record("spark_time", skipped="pyspark not installed")
+    if not pyspark_or_skip(bench, "spark_time"):
         return
-    sys.path.insert(0, ROOT)
+    from pyspark.sql import functions as F
     from seaweed import SeaweedS3
 
     from logfs.remote.s3 import S3Store
@@ -145,10 +139,7 @@ def spark_time(bench) -> None:
         store = S3Store(sw.bucket, endpoint=sw.endpoint)
         tiered_bytes, tiered_last = _upload(store, "bench", data)
         remote = f"s3://{sw.bucket}/bench"
-        spark = (SparkSession.builder.master("local[2]").appName("logfs-bench-time")
-                 .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-                 .config("spark.sql.shuffle.partitions", "2").getOrCreate())
-        spark.sparkContext.setLogLevel("ERROR")
+        spark = local_spark("logfs-bench-time", 2)
         register(spark)
 
         def src(path: str, **options):

@@ -6,8 +6,10 @@ nothing behind under a work directory. Imports nothing from the bench scripts, s
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import os
+import platform
 import re
 import shutil
 import signal
@@ -227,6 +229,52 @@ def met(ok: bool) -> str:
 def table(header: list[str], rows: list[list]) -> list[str]:
     out = ["", "| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
     return out + ["| " + " | ".join(fmt(cell) for cell in row) + " |" for row in rows]
+
+
+# -- reports ----------------------------------------------------------------------------------------------------
+def machine() -> dict:
+    """The machine a report's figures were taken on."""
+    return {"cpus": os.cpu_count(), "kernel": platform.release(), "python": platform.python_version()}
+
+
+def write_report(report: dict, text: str, json_path: str | None, markdown_path: str | None) -> None:
+    """Write ``report`` as JSON to ``json_path`` (if given); print its markdown ``text`` and write it to
+    ``markdown_path`` (if given)."""
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(report, f, indent=2)
+    print("\n" + text, end="", flush=True)
+    if markdown_path:
+        with open(markdown_path, "w") as f:
+            f.write(text)
+
+
+# -- Spark --------------------------------------------------------------------------------------------------------
+def pyspark_or_skip(bench, name: str) -> bool:
+    """Whether pyspark imports (its Python workers then run this interpreter, and logfs imports from ROOT);
+    if not, ``name`` is recorded as skipped."""
+    try:
+        os.environ["PYSPARK_PYTHON"] = sys.executable
+        import pyspark  # noqa: F401
+    except ImportError:
+        bench.record(name, skipped="pyspark not installed")
+        return False
+    sys.path.insert(0, ROOT)  # this checkout's logfs, before any installed one
+    return True
+
+
+def local_spark(app: str, shuffle_partitions: int, **conf):
+    """A quiet ``local[2]`` SparkSession (no UI, no progress bars, errors only in its log)."""
+    from pyspark.sql import SparkSession
+
+    builder = (SparkSession.builder.master("local[2]").appName(app).config("spark.ui.enabled", "false")
+               .config("spark.ui.showConsoleProgress", "false")
+               .config("spark.sql.shuffle.partitions", str(shuffle_partitions)))
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
 
 
 def _mountpoints_under(root: str) -> list[str]:
