@@ -236,8 +236,7 @@ class PartitionMoves:
                             if copy is None:
                                 copy = copies[segment.base_offset] = _SegmentCopy(future, segment, plog.lock)
                             left += copy.copy(segment, final=False)
-                            if copy.sealed:
-                                copy.sync()
+                            copy.sync()  # (outside the lock: the final step then syncs only what changed since)
                     except _Source as exc:
                         if segment.deleted:
                             continue  # (retention took it meanwhile: it is left out)
