@@ -93,6 +93,7 @@ PARTITION_PARAMETRISED = ("position.", "offset.", "time.")
 
 WRITABLE_LOG_START = PREFIX + "log_start_offset"  # setfattr on a partition: DeleteRecords
 WRITABLE_LOG_DIR = PREFIX + "log_dir"  # setfattr on a partition: a move to another log directory
+FUTURE_LOG_DIR = PREFIX + "future_log_dir"  # while a move is under way: where it goes
 
 
 def delete_records(manager: LogManager, topic: str, partition: int, value: bytes) -> None:
@@ -107,14 +108,15 @@ def delete_records(manager: LogManager, topic: str, partition: int, value: bytes
 
 def move(manager: LogManager, topic: str, partition: int, value: bytes) -> None:
     """``setfattr -n user.logfs.log_dir -v DIR``: move the partition to the log directory DIR (one of the mount's,
-    as given or as its absolute path; EINVAL for any other). Returns once the move is done."""
+    as given or as its absolute path; EINVAL for any other; EBUSY while it is moving). Returns once the move has
+    started: ``user.logfs.future_log_dir`` names DIR until it ends, and ``user.logfs.log_dir`` then does."""
     try:
         target = value.decode("utf-8").strip()
     except UnicodeDecodeError:
         fail(errno.EINVAL)
     if not target:
         fail(errno.EINVAL)
-    manager.move_partition(topic, partition, target)
+    manager.start_move(topic, partition, target)
 
 
 def partition_set_error(name: str) -> int:
@@ -188,6 +190,11 @@ class XattrOps:
         topic, partition = self._resolve(inode)
         if partition is None:
             return topic_get(self.manager, topic, text)
+        if text == FUTURE_LOG_DIR:  # the directory a move under way goes to (not listed: only while moving)
+            target = self.manager.moving.get((topic, partition))
+            if target is None:
+                fail(errno.ENODATA)
+            return target.encode()
         plog = self.manager.logs[(topic, partition)]
         plog.log_dir.check()
         try:

@@ -156,6 +156,11 @@ class Metrics:
                [(label, d.log_dir.failures) for label, d in zip(labels, manager.dirs)])
         family("logfs_log_dir_partitions", "gauge", "Partitions the log directory holds.",
                [(label, d.partitions) for label, d in zip(labels, manager.dirs)])
+        family("logfs_log_dir_moves_total", "counter", "Moves of partitions between log directories, by result "
+               "(a failed one leaves the partition where it was, or completes at the next mount).",
+               [('{result="done"}', manager.moves_done), ('{result="failed"}', manager.moves_failed)])
+        family("logfs_log_dir_moves_running", "gauge", "Moves between log directories under way.",
+               [("", len(manager.moving))])
         errors = sorted(error_counts().items())
         family("logfs_fuse_errors_total", "counter", "Requests the filesystem answered with an error, by "
                "request and errno.",

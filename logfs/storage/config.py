@@ -221,6 +221,9 @@ BROKER_ONLY: dict[str, Setting] = {
             "logfs does not throttle its cleaner; remove the setting"),
             "1.7976931348623157E308"),
         Setting("log.cleaner.threads", _long(0), "1"),
+        # Kafka's throttle of the copy of an intra-broker move (here: a move between log directories, moves.py);
+        # Kafka's default, unthrottled.
+        Setting("replica.alter.log.dirs.io.max.bytes.per.second", _long(1), str(LONG_MAX)),
         Setting("log.cleaner.enable", _bool, "true"),
         Setting("log.initial.task.delay.ms", _long(0), "0"),
         # Tiered storage (logfs.storage.tiered.manager): the store is chosen by the service (logfs.service.tiering).

@@ -93,6 +93,8 @@ class LogManager(TopicSettings, PartitionMoves):
         # gives up and undoes itself, so the shutdown waits for at most one partition.
         self.stopping = threading.Event()
         self.moving: dict[tuple[str, int], str] = {}  # partitions being moved -> their target directory
+        self.move_threads: set = set()
+        self.moves_done = self.moves_failed = 0
         # The first directory's health (each directory has its own: storage/failure.py, as Kafka's
         # LogDirFailureChannel): the manager's own files (topics, sink, tiering) fail with it.
         self.log_dir = self.dirs[0].log_dir
@@ -541,6 +543,7 @@ class LogManager(TopicSettings, PartitionMoves):
         checkpoint, no marker): the next mount recovers it as after a crash. The locks are released either way."""
         if self.closed:
             return
+        self.wait_for_moves()
         with self.lock:
             try:
                 if self.log_dir.offline:

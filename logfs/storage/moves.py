@@ -32,6 +32,8 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import threading
+import time
 
 from . import checkpoints as ckpt
 from .errors import InvalidConfigError, LogfsError, NotSupportedError, PartitionBusyError
@@ -42,9 +44,10 @@ from .names import REMOTE_CACHE_DIR, delete_dir_name, future_dir_name, parse_seg
 
 log = logging.getLogger(__name__)
 
-CHUNK = 1 << 20  # bytes per pread/pwrite of the copy
+CHUNK = 8 << 20  # bytes per copy_file_range of the copy
 CATCH_UP_BYTES = 4 << 20  # the copy catches up outside the lock until less than this is left
 CATCH_UP_ROUNDS = 64
+SYNC_EVERY = 8 << 20  # bytes of a copy written back at a time
 REWRITE_WINDOW = 64 << 10  # copied again each time: a tail batch grows in place within its last TAIL_BATCH_CAP
 
 
@@ -56,8 +59,14 @@ class _Source(Exception):
         self.exc = exc
 
 
-def _copy_range(src_path: str, dst_fd: int, start: int, end: int) -> None:
-    """Bytes [start, end) of ``src_path`` to the same place of ``dst_fd``."""
+def _copy_range(src_path: str, dst_fd: int, start: int, end: int, stop: threading.Event | None = None,
+                throttle: "_Throttle | None" = None) -> None:
+    """Bytes [start, end) of ``src_path`` to the same place of ``dst_fd`` (abandoned when ``stop`` is set; paced
+    by ``throttle``).
+
+    By ``copy_file_range``: the kernel copies, one call per chunk, without the GIL (a Python loop of pread and
+    pwrite held it between its calls long enough to double the partition's append p99). A chunk that fails is
+    done again by pread and pwrite, which tell the source's disk from the target's."""
     try:
         src = os.open(src_path, os.O_RDONLY)
     except OSError as exc:
@@ -65,23 +74,56 @@ def _copy_range(src_path: str, dst_fd: int, start: int, end: int) -> None:
     try:
         at = start
         while at < end:
+            if stop is not None and stop.is_set():
+                raise LogfsError("the move was abandoned: logfs is stopping")
+            want = min(CHUNK, end - at)
             try:
-                data = os.pread(src, min(CHUNK, end - at), at)
-            except OSError as exc:
-                raise _Source(exc) from exc
-            if not data:
+                done = os.copy_file_range(src, dst_fd, want, at, at)
+            except OSError:
+                done = _copy_slowly(src, src_path, dst_fd, at, want)
+            if done <= 0:
                 raise _Source(OSError(5, f"{src_path} is shorter than {end} bytes"))
-            os.pwrite(dst_fd, data, at)
-            at += len(data)
+            at += done
+            if throttle is not None:
+                throttle.spent(done)
+            if (at - start) % SYNC_EVERY < done:
+                # Written back as it goes: a copy that leaves a gigabyte dirty makes the kernel throttle every
+                # writer of the machine (the partition's appends too) while it flushes it.
+                os.fdatasync(dst_fd)
     finally:
         os.close(src)
+
+
+class _Throttle:
+    """At most ``rate`` bytes a second, on average since the move began (Kafka's
+    ``replica.alter.log.dirs.io.max.bytes.per.second``)."""
+
+    def __init__(self, rate: int):
+        self.rate, self.bytes, self.began = rate, 0, time.monotonic()
+
+    def spent(self, n: int) -> None:
+        self.bytes += n
+        ahead = self.bytes / self.rate - (time.monotonic() - self.began)
+        if ahead > 0:
+            time.sleep(ahead)
+
+
+def _copy_slowly(src: int, src_path: str, dst_fd: int, at: int, want: int) -> int:
+    try:
+        data = os.pread(src, want, at)
+    except OSError as exc:
+        raise _Source(exc) from exc
+    if not data:
+        raise _Source(OSError(5, f"{src_path} is shorter than expected"))
+    os.pwrite(dst_fd, data, at)
+    return len(data)
 
 
 class _SegmentCopy:
     """One segment's four files in the copy, and how much of them is copied."""
 
-    def __init__(self, directory: str, segment: LogSegment, lock):
-        self.lock = lock
+    def __init__(self, directory: str, segment: LogSegment, lock, stop: threading.Event, throttle: _Throttle):
+        self.lock, self.stop, self.throttle = lock, stop, throttle
         self.base = segment.base_offset
         self.sealed = False  # copied whole while sealed: nothing more to do
         self.log_bytes = 0
@@ -107,7 +149,8 @@ class _SegmentCopy:
         with self.lock:  # (the log's: an undo sets the mark under it)
             rewritten, segment.rewritten = segment.rewritten, LogSegment.rewritten
         start = min(max(0, self.log_bytes - REWRITE_WINDOW), rewritten)
-        _copy_range(segment.log_path, log_fd, start, size)
+        _copy_range(segment.log_path, log_fd, start, size, None if final else self.stop,
+                    None if final else self.throttle)
         self.log_bytes = size
         if final or sealed_now:
             for index in (segment.offset_index, segment.time_index, segment.view_index):
@@ -139,8 +182,24 @@ class PartitionMoves:
         return self.dir_of(self.get_log(topic, partition)).path
 
     def move_partition(self, topic: str, partition: int, target: str) -> bool:
-        """Move the partition to the log directory ``target`` (one of the mount's) by the protocol above; returns
-        False when it is there already. Blocks until the move is done (appends and reads go on meanwhile)."""
+        """Move the partition to the log directory ``target`` and wait for the move to end; raises what it failed
+        with. False when the partition is there already."""
+        thread = self.start_move(topic, partition, target)
+        if thread is None:
+            return False
+        thread.join()
+        if thread.failure is not None:
+            raise thread.failure
+        return True
+
+    def start_move(self, topic: str, partition: int, target: str) -> "_MoveThread | None":
+        """Start moving the partition to the log directory ``target`` (one of the mount's) by the protocol above,
+        in a thread of its own, and return it (None when the partition is there already). What cannot be moved is
+        refused here: a directory that is not the mount's (InvalidConfigError), a partition already moving
+        (PartitionBusyError), a tiered one (NotSupportedError), an offline directory (LogDirOfflineError).
+
+        The move runs in the background, as Kafka's reassignment does: a FUSE ``setxattr`` holds the file's inode
+        lock until it returns, and the kernel would hold every ``write()`` to the partition that long."""
         plog = self.get_log(topic, partition)
         target_dir = self._dirs_by_path.get(os.path.abspath(target.rstrip("/") or "/"))
         if target_dir is None:
@@ -148,7 +207,7 @@ class PartitionMoves:
                                      f"{', '.join(d.path for d in self.dirs)})")
         source_dir = self.dir_of(plog)
         if target_dir is source_dir:
-            return False
+            return None
         if self.remote is not None and plog.config.remote_storage_enable:
             raise NotSupportedError(f"{plog.name} is tiered: moving a tiered partition between log directories is "
                                     "not supported (its remote cache and tiering state live in its directory)")
@@ -159,13 +218,18 @@ class PartitionMoves:
             if key in self.moving:
                 raise PartitionBusyError(f"{plog.name} is already being moved to {self.moving[key]}")
             self.moving[key] = target_dir.path
-        try:
-            with plog.rewrite_lock:  # the cleaner and compression keep off it meanwhile
-                self._move(plog, source_dir, target_dir)
-        finally:
-            with self.lock:
-                self.moving.pop(key, None)
-        return True
+            thread = _MoveThread(self, key, plog, source_dir, target_dir)
+            self.move_threads.add(thread)
+        log.info("moving %s from %s to %s", plog.name, source_dir.path, target_dir.path)
+        thread.start()
+        return thread
+
+    def wait_for_moves(self) -> None:
+        """Stop the moves under way (``stopping`` is set) and wait for them: each ends at its next step, its copy
+        removed (or, past its commit point, done)."""
+        self.stopping.set()
+        for thread in list(self.move_threads):
+            thread.join()
 
     def _move(self, plog, source_dir: DataDir, target_dir: DataDir) -> None:
         try:
@@ -173,15 +237,16 @@ class PartitionMoves:
         except ValueError as exc:
             raise InvalidConfigError(str(exc)) from None
         copies: dict[int, _SegmentCopy] = {}
+        throttle = _Throttle(self.broker.get("replica.alter.log.dirs.io.max.bytes.per.second"))
         committed = False
         try:
             with self._on(target_dir, f"moving {plog.name}"):
                 os.mkdir(future)
-            self._copy_until_close(plog, future, copies, source_dir, target_dir)
+            self._copy_until_close(plog, future, copies, target_dir, throttle)
             with plog.lock:
                 if plog.closed:
                     raise LogfsError(f"{plog.name} was deleted while it was being moved")
-                self._final_copy(plog, future, copies, source_dir, target_dir)
+                self._final_copy(plog, future, copies, target_dir, throttle)
                 # The commit point: the source renamed for deletion, in its own log directory.
                 gone = os.path.join(source_dir.path, delete_dir_name(plog.topic, plog.partition))
                 with self._on(source_dir, f"moving {plog.name}"):
@@ -220,7 +285,7 @@ class PartitionMoves:
                         plog.name, exc)
         log.info("moved %s from %s to %s", plog.name, source_dir.path, target_dir.path)
 
-    def _copy_until_close(self, plog, future: str, copies: dict, source_dir: DataDir, target_dir: DataDir) -> None:
+    def _copy_until_close(self, plog, future: str, copies: dict, target_dir: DataDir, throttle: _Throttle) -> None:
         """Step 1: copy outside the log's lock until what is left is small."""
         for _ in range(CATCH_UP_ROUNDS):
             if self.stopping.is_set():
@@ -234,7 +299,8 @@ class PartitionMoves:
                     try:
                         with self._on(target_dir, f"moving {plog.name}"):
                             if copy is None:
-                                copy = copies[segment.base_offset] = _SegmentCopy(future, segment, plog.lock)
+                                copy = copies[segment.base_offset] = _SegmentCopy(
+                                    future, segment, plog.lock, self.stopping, throttle)
                             left += copy.copy(segment, final=False)
                             copy.sync()  # (outside the lock: the final step then syncs only what changed since)
                     except _Source as exc:
@@ -246,7 +312,7 @@ class PartitionMoves:
             if behind + left < CATCH_UP_BYTES:
                 return
 
-    def _final_copy(self, plog, future: str, copies: dict, source_dir: DataDir, target_dir: DataDir) -> None:
+    def _final_copy(self, plog, future: str, copies: dict, target_dir: DataDir, throttle: _Throttle) -> None:
         """Step 2, under the log's lock."""
         live = {s.base_offset for s in plog.segments}
         for base in [b for b in copies if b not in live]:  # removed by retention meanwhile
@@ -258,7 +324,8 @@ class PartitionMoves:
             for segment in plog.segments:
                 copy = copies.get(segment.base_offset)
                 if copy is None:
-                    copy = copies[segment.base_offset] = _SegmentCopy(future, segment, plog.lock)
+                    copy = copies[segment.base_offset] = _SegmentCopy(future, segment, plog.lock, self.stopping,
+                                                                      throttle)
                 if not copy.sealed:
                     copy.copy(segment, final=True)
                     copy.sync()
@@ -297,6 +364,35 @@ class PartitionMoves:
         plog.directory = live
         plog.log_dir = target_dir.log_dir
         plog._layout_changed()
+
+
+class _MoveThread(threading.Thread):
+    """One move in the background; ``failure`` is what it failed with (logged; an error of a disk was reported to
+    its directory)."""
+
+    def __init__(self, manager, key, plog, source_dir: DataDir, target_dir: DataDir):
+        super().__init__(name=f"move {plog.name}", daemon=True)
+        self.manager, self.key, self.plog = manager, key, plog
+        self.source_dir, self.target_dir = source_dir, target_dir
+        self.failure: BaseException | None = None
+
+    def run(self) -> None:
+        manager, plog = self.manager, self.plog
+        try:
+            with plog.rewrite_lock:  # the cleaner and compression keep off it meanwhile
+                manager._move(plog, self.source_dir, self.target_dir)
+            manager.moves_done += 1
+        except BaseException as exc:  # noqa: BLE001 (logged, and kept for move_partition)
+            self.failure = exc
+            if manager.stopping.is_set() and not isinstance(exc, OSError):
+                log.info("moving %s to %s stopped with logfs: %s", plog.name, self.target_dir.path, exc)
+            else:
+                manager.moves_failed += 1
+                log.error("moving %s to %s failed: %s", plog.name, self.target_dir.path, exc)
+        finally:
+            with manager.lock:
+                manager.moving.pop(self.key, None)
+                manager.move_threads.discard(self)
 
 
 def _switch(attrs: dict, name: str, path: str, old_dir: str, new_dir: str) -> None:

@@ -20,6 +20,7 @@ from pyspark.sql import functions as F
 
 from logfs.spark.datasource import source_schema
 from logfs.storage import ManualClock
+from harness import wait_for
 from log_helpers import log_file_records
 
 
@@ -290,6 +291,8 @@ def test_the_source_reads_several_log_directories(spark, mount_logfs):
         fs.append(f"t/{p}", "".join(f"{p}-{i}\n" for i in range(300)))
     os.setxattr(fs.path("t", 2), "user.logfs.log_start_offset", b"100")  # DeleteRecords, in disk1's checkpoint
     os.setxattr(fs.path("t", 0), "user.logfs.log_dir", dirs[1].encode())  # moved: disk2 holds 0 and 1
+    wait_for(lambda: os.getxattr(fs.path("t", 0), "user.logfs.log_dir").decode() == dirs[1], 60,
+             what="the move (it runs in the background)")
     assert [os.getxattr(fs.path("t", p), "user.logfs.log_dir").decode() for p in range(3)] == \
         [dirs[1], dirs[1], dirs[0]]
     rows = collect(spark.read.format("logfs").option("subscribe", "t").load(",".join(dirs)))

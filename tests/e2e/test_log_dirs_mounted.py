@@ -1,5 +1,6 @@
 """Several log directories (CONTRACT section 12, issue 35): placement, user.logfs.log_dir, moves under appends and
-readers, remounts. The crash points and disk faults of a move: tests/reliability/test_rel_log_dirs.py."""
+readers, remounts. The crash points and disk faults of a move: tests/reliability/test_rel_log_dirs.py; the engine alone:
+tests/storage/test_log_dirs_engine.py."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import time
 
 import pytest
 
-from harness import daemon_env
+from harness import daemon_env, wait_for
 
 pytestmark = pytest.mark.mount
 
@@ -40,6 +41,24 @@ def _mount(mount_logfs, n: int, *options: str, name: str = "fs"):
 
 def _log_dir(fs, topic: str, partition: int) -> str:
     return os.getxattr(fs.path(topic, partition), LOG_DIR).decode()
+
+
+def _move(fs, topic: str, partition: int, target: str) -> None:
+    """``setfattr -n user.logfs.log_dir -v target``: the move starts (it runs in the background, as Kafka's
+    reassignment does); wait until it is done."""
+    path = fs.path(topic, partition)
+    os.setxattr(path, LOG_DIR, target.encode())
+
+    def done():
+        try:
+            os.getxattr(path, "user.logfs.future_log_dir")
+            return False
+        except OSError as exc:
+            assert exc.errno == errno.ENODATA
+            return True
+
+    wait_for(done, 120, what=f"the move of {topic}/{partition} to {target}")
+    assert _log_dir(fs, topic, partition) == target.rstrip("/")
 
 
 def _append(path: str, lines: list[bytes]) -> None:
@@ -103,8 +122,7 @@ def test_log_dir_refusals(mount_logfs, tmp_path):
     with pytest.raises(OSError) as info:
         os.removexattr(fs.path("t", 0), LOG_DIR)
     assert info.value.errno == errno.EPERM
-    os.setxattr(fs.path("t", 0), LOG_DIR, (dirs[1] + "/").encode())  # a trailing slash is the same directory
-    assert _log_dir(fs, "t", 0) == dirs[1]
+    _move(fs, "t", 0, dirs[1] + "/")  # a trailing slash is the same directory
     assert _read(fs.path("t", 0)) == b"a\nb\n"
 
 
@@ -139,11 +157,9 @@ def test_a_move_under_appends_and_a_tail_f_reader(mount_logfs):
     thread.start()
     try:
         time.sleep(0.3)
-        os.setxattr(path, LOG_DIR, dirs[1].encode())  # returns once the move is done
-        assert _log_dir(fs, "t", 0) == dirs[1]
+        _move(fs, "t", 0, dirs[1])
         time.sleep(0.3)
-        os.setxattr(path, LOG_DIR, dirs[0].encode())  # and back
-        assert _log_dir(fs, "t", 0) == dirs[0]
+        _move(fs, "t", 0, dirs[0])  # and back
         time.sleep(0.3)
     finally:
         stop.set()
@@ -188,7 +204,7 @@ def test_a_moved_partition_keeps_its_offsets_start_and_settings(mount_logfs):
     _append(fs.path("t", 0), [f"{i}".encode() for i in range(2000)])
     os.setxattr(fs.path("t", 0), "user.logfs.log_start_offset", b"1500")  # DeleteRecords, then the move
     before = {n: os.getxattr(fs.path("t", 0), f"user.logfs.{n}") for n in ("log_start_offset", "log_end_offset")}
-    os.setxattr(fs.path("t", 0), LOG_DIR, dirs[1].encode())
+    _move(fs, "t", 0, dirs[1])
     after = {n: os.getxattr(fs.path("t", 0), f"user.logfs.{n}") for n in ("log_start_offset", "log_end_offset")}
     assert before == after == {"log_start_offset": b"1500", "log_end_offset": b"2000"}
     assert _read(fs.path("t", 0)) == b"".join(f"{i}\n".encode() for i in range(1500, 2000))
