@@ -237,3 +237,33 @@ def test_overlapping_or_repeated_log_directories_are_refused(tmp_path):
                                 timeout=60, env=daemon_env())
         assert result.returncode == 2, (source, result.stderr)
         assert b"log directories" in result.stderr, result.stderr
+
+
+def test_compaction_and_compression_in_every_directory(mount_logfs):
+    fs, dirs = _mount(mount_logfs, 2, "num.partitions=2", "log.segment.bytes=2048", "log.cleaner.backoff.ms=50",
+                      "log.cleaner.min.cleanable.ratio=0.01", "log.roll.ms=300")
+    os.mkdir(fs.path("kv"))
+    for key, value in (("logfs.key.separator", "="), ("cleanup.policy", "compact")):
+        os.setxattr(fs.path("kv"), f"user.logfs.config.{key}", value.encode())
+    os.mkdir(fs.path("z"))
+    os.setxattr(fs.path("z"), "user.logfs.config.compression.type", b"zstd")
+    assert [_log_dir(fs, "kv", p) for p in (0, 1)] == dirs
+    assert _log_dir(fs, "z", 1) == dirs[1] or _log_dir(fs, "z", 0) == dirs[1]
+    for p in (0, 1):
+        _append(fs.path("kv", p), [f"k{i % 4}=v{i}".encode() for i in range(400)])
+        _append(fs.path("z", p), [f"compressible line {i} {'x' * 80}".encode() for i in range(2000)])
+    filler = iter(range(10 ** 6))
+
+    def compacted(p: int) -> bool:
+        _append(fs.path("kv", p), [f"f=filler{next(filler)}".encode()])  # new dirty data: the cleaner comes back
+        keyed = [line for line in _read(fs.path("kv", p)).splitlines() if line.startswith(b"k")]
+        return sorted(keyed) == [f"k{k}=v{396 + k}".encode() for k in range(4)]
+
+    for p in (0, 1):
+        wait_for(lambda: compacted(p), 30, what=f"compaction of kv/{p} in {dirs[p]}")
+    plain = 2000 * len(b"compressible line 1000 " + b"x" * 80 + b"\n")
+    wait_for(lambda: all(int(os.getxattr(fs.path("z", p), "user.logfs.size_bytes")) < plain // 3 for p in (0, 1)),
+             60, what="both partitions of z compressed")
+    for p in (0, 1):
+        assert _read(fs.path("z", p)) == b"".join(f"compressible line {i} {'x' * 80}\n".encode()
+                                                  for i in range(2000))

@@ -332,3 +332,32 @@ def test_delete_records_on_a_tiered_partition(mount_logfs, creds):
     fs.remount()
     assert int(fs.getx("t/0", "log_start_offset")) == target
     assert fs.read("t/0").splitlines() == lines[target:]
+
+
+def test_tiering_in_every_log_directory(mount_logfs, creds):
+    """Two log directories (CONTRACT section 12): each one's partitions tier, read back whole through the mount,
+    and a tiered partition is not moved (EOPNOTSUPP: its remote cache and tiering state live in its directory)."""
+    prefix = "dirs-" + uuid.uuid4().hex[:8]
+    dirs: list[str] = []
+
+    def prepare(m):
+        dirs.extend(str(m.root / f"disk{i}") for i in (1, 2))
+        m.source = ",".join(dirs)
+
+    fs = mount_logfs(*opts(creds, prefix, "num.partitions=2"), prepare=prepare)
+    tier_topic(fs, local_bytes=2 * SEGMENT)
+    assert [fs.getx(f"t/{p}", "log_dir") for p in (0, 1)] == dirs
+    appended = {0: b"", 1: b""}
+    for start in range(0, 60_000, 20_000):  # ~6 MB each
+        for p in (0, 1):
+            data = records(start, 20_000)
+            fs.append(f"t/{p}", data)
+            appended[p] += data
+    wait_for(lambda: all(int(fs.getx(f"t/{p}", "remote_segment_count")) >= 3 for p in (0, 1)), 120, interval=0.5,
+             what="both directories' partitions tiered")
+    wait_for(lambda: all(int(fs.getx(f"t/{p}", "local_log_start_offset")) > 0 for p in (0, 1)), 120, interval=0.5,
+             what="local retention in both directories")
+    for p in (0, 1):
+        with open(fs.path("t", p), "rb") as f:
+            assert f.read() == appended[p]
+    expect_errno(errno.EOPNOTSUPP, os.setxattr, fs.path("t", 0), "user.logfs.log_dir", dirs[1].encode())
