@@ -357,3 +357,27 @@ def test_fuse_options_pass_through(mount_logfs):
     assert "allow_other" in after[2] and "default_permissions" in after[2], line
     os.mkdir(fs.path("t"))
     assert fs.getx("t", "partitions") == "2"
+
+
+@needs_mount_helper
+def test_several_log_directories_through_mount_and_fstab(tmp_path, logfs_on_default_path, helper_fs):
+    """``mount -t fuse.logfs DIR1,DIR2 MNT`` and the same as an fstab line (CONTRACT section 12): the first field is
+    Kafka's log.dirs, and the source /proc/mounts shows."""
+    dirs = [str(tmp_path / "disk1"), str(tmp_path / "disk2")]
+    helper_fs.source = ",".join(dirs)
+    _helper_mounts(helper_fs, ["mount", "-t", "fuse.logfs", helper_fs.source, str(helper_fs.mnt), "-o",
+                               "num.partitions=2"])
+    with open("/proc/self/mounts") as f:
+        assert any(line.split()[:2] == [helper_fs.source, str(helper_fs.mnt)] for line in f)
+    _serves(helper_fs, {"partitions": "2"}, "t/1", "in the second log directory\n")
+    assert [helper_fs.getx(f"t/{p}", "log_dir") for p in (0, 1)] == dirs
+    pid = helper_fs.pid()
+    sh(f"umount {shlex.quote(str(helper_fs.mnt))}")
+    helper_fs.wait_exit([pid])
+    assert all(os.path.exists(os.path.join(d, CLEAN)) for d in dirs)
+    fstab = tmp_path / "fstab"
+    fstab.write_text(f"{helper_fs.source} {helper_fs.mnt} fuse.logfs defaults,_netdev,noauto 0 0\n")
+    _helper_mounts(helper_fs, ["mount", "-T", str(fstab), str(helper_fs.mnt)], env=daemon_env())
+    assert helper_fs.read("t/1") == b"in the second log directory\n"
+    helper_fs.unmount(lazy_fallback=False)
+    assert all(os.path.exists(os.path.join(d, CLEAN)) for d in dirs)
