@@ -342,6 +342,18 @@ class FollowerMount(LogfsMount):
         return daemon_pids(self.source, self.mnt)
 
 
+def append_synced(path: str, lines: list[bytes]) -> None:
+    """Append ``lines`` to the partition file ``path``, a ``write()`` each (each must take its whole line), then
+    ``fsync``."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+    try:
+        for line in lines:
+            assert os.write(fd, line + b"\n") == len(line) + 1
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def expect_errno(code: int, fn, *args, **kwargs):
     """Call ``fn`` and assert it fails with OSError ``code``."""
     with pytest.raises(OSError) as info:

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from harness import daemon_env, wait_for
+from harness import append_synced, daemon_env, wait_for
 
 pytestmark = pytest.mark.mount
 
@@ -61,16 +61,6 @@ def _move(fs, topic: str, partition: int, target: str) -> None:
     assert _log_dir(fs, topic, partition) == target.rstrip("/")
 
 
-def _append(path: str, lines: list[bytes]) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND)
-    try:
-        for line in lines:
-            assert os.write(fd, line + b"\n") == len(line) + 1
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _read(path: str) -> bytes:
     with open(path, "rb") as f:
         return f.read()
@@ -82,7 +72,7 @@ def test_placement_over_three_directories_and_remounts(mount_logfs):
     # Kafka's placement: the directory with the fewest partitions, the first named on a tie.
     assert [_log_dir(fs, "t", p) for p in range(5)] == [dirs[0], dirs[1], dirs[2], dirs[0], dirs[1]]
     for p in range(5):
-        _append(fs.path("t", p), [f"{p}-{i}".encode() for i in range(100)])
+        append_synced(fs.path("t", p), [f"{p}-{i}".encode() for i in range(100)])
     # Each directory is a Kafka log directory of its own: its partitions, its lock, its topics file.
     for i, d in enumerate(dirs):
         names = set(os.listdir(d))
@@ -112,7 +102,7 @@ def test_one_directory_is_the_one_directory_case(fs):
 def test_log_dir_refusals(mount_logfs, tmp_path):
     fs, dirs = _mount(mount_logfs, 2, "num.partitions=1")
     os.mkdir(fs.path("t"))
-    _append(fs.path("t", 0), [b"a", b"b"])
+    append_synced(fs.path("t", 0), [b"a", b"b"])
     for bad in (str(tmp_path), "", "relative-nowhere", dirs[0] + "x"):
         with pytest.raises(OSError) as info:
             os.setxattr(fs.path("t", 0), LOG_DIR, bad.encode())
@@ -130,7 +120,7 @@ def test_a_move_under_appends_and_a_tail_f_reader(mount_logfs):
     fs, dirs = _mount(mount_logfs, 2, "num.partitions=1", "log.segment.bytes=65536", "log.index.interval.bytes=512")
     os.mkdir(fs.path("t"))
     path = fs.path("t", 0)
-    _append(path, [f"before {i:06d}".encode() for i in range(20000)])  # several segments to copy
+    append_synced(path, [f"before {i:06d}".encode() for i in range(20000)])  # several segments to copy
     tail = subprocess.Popen(["tail", "-n", "+1", "-f", path], stdout=subprocess.PIPE)
     reader = os.open(path, os.O_RDONLY)  # a reader that stays open across both moves
     written: list[bytes] = [f"before {i:06d}".encode() for i in range(20000)]
@@ -201,7 +191,7 @@ def test_a_moved_partition_keeps_its_offsets_start_and_settings(mount_logfs):
     fs, dirs = _mount(mount_logfs, 2, "num.partitions=1", "log.segment.bytes=4096")
     os.mkdir(fs.path("t"))
     os.setxattr(fs.path("t"), "user.logfs.config.retention.bytes", b"100000000")
-    _append(fs.path("t", 0), [f"{i}".encode() for i in range(2000)])
+    append_synced(fs.path("t", 0), [f"{i}".encode() for i in range(2000)])
     os.setxattr(fs.path("t", 0), "user.logfs.log_start_offset", b"1500")  # DeleteRecords, then the move
     before = {n: os.getxattr(fs.path("t", 0), f"user.logfs.{n}") for n in ("log_start_offset", "log_end_offset")}
     _move(fs, "t", 0, dirs[1])
@@ -220,7 +210,7 @@ def test_a_moved_partition_keeps_its_offsets_start_and_settings(mount_logfs):
 def test_a_partition_in_two_directories_is_refused_at_mount(mount_logfs):
     fs, dirs = _mount(mount_logfs, 2, "num.partitions=1")
     os.mkdir(fs.path("t"))
-    _append(fs.path("t", 0), [b"x"])
+    append_synced(fs.path("t", 0), [b"x"])
     fs.unmount()
     subprocess.run(["cp", "-a", os.path.join(dirs[0], "t-0"), os.path.join(dirs[1], "t-0")], check=True)
     result = subprocess.run(fs.command(), capture_output=True, timeout=60)
@@ -250,12 +240,12 @@ def test_compaction_and_compression_in_every_directory(mount_logfs):
     assert [_log_dir(fs, "kv", p) for p in (0, 1)] == dirs
     assert _log_dir(fs, "z", 1) == dirs[1] or _log_dir(fs, "z", 0) == dirs[1]
     for p in (0, 1):
-        _append(fs.path("kv", p), [f"k{i % 4}=v{i}".encode() for i in range(400)])
-        _append(fs.path("z", p), [f"compressible line {i} {'x' * 80}".encode() for i in range(2000)])
+        append_synced(fs.path("kv", p), [f"k{i % 4}=v{i}".encode() for i in range(400)])
+        append_synced(fs.path("z", p), [f"compressible line {i} {'x' * 80}".encode() for i in range(2000)])
     filler = iter(range(10 ** 6))
 
     def compacted(p: int) -> bool:
-        _append(fs.path("kv", p), [f"f=filler{next(filler)}".encode()])  # new dirty data: the cleaner comes back
+        append_synced(fs.path("kv", p), [f"f=filler{next(filler)}".encode()])  # new dirty data: the cleaner comes back
         keyed = [line for line in _read(fs.path("kv", p)).splitlines() if line.startswith(b"k")]
         return sorted(keyed) == [f"k{k}=v{396 + k}".encode() for k in range(4)]
 

@@ -19,6 +19,7 @@ import time
 
 import pytest
 
+from harness import append_synced
 from rel_helpers import expect_errno, parse_partition_dir_records, wait_for
 
 # Logged as ERRORs by design: a directory taken offline (storage/failure.py, the manager at shutdown), and a
@@ -28,16 +29,6 @@ pytestmark = [pytest.mark.mount, pytest.mark.daemon_errors(
 
 SMALL = ["log.segment.bytes=4096", "log.index.interval.bytes=256", "log.segment.delete.delay.ms=0",
          "log.retention.check.interval.ms=100", "log.flush.offset.checkpoint.interval.ms=100"]
-
-
-def _append(path: str, lines: list[bytes]) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND)
-    try:
-        for line in lines:
-            assert os.write(fd, line + b"\n") == len(line) + 1
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _read(path: str) -> list[bytes]:
@@ -73,7 +64,7 @@ def test_an_index_read_error_is_eio_and_the_daemon_lives(faultfs, mount_logfs):
     fs = mount_logfs(*SMALL, name=".", foreground=True)
     os.mkdir(fs.path("t"))
     lines = [b"line %05d %s" % (i, b"x" * 60) for i in range(400)]
-    _append(fs.path("t", 0), lines)
+    append_synced(fs.path("t", 0), lines)
     when = int(time.time() * 1000)
     fs.remount(foreground=True)  # a new daemon: its index pages are read from the disk again
     faultfs.fail("read", r"\.timeindex$", errno="EIO", count=-1)
@@ -82,13 +73,13 @@ def test_an_index_read_error_is_eio_and_the_daemon_lives(faultfs, mount_logfs):
     assert _daemon_alive(fs), fs.stderr()
     # The directory is offline: the partition answers EIO (reads, appends, fsync), the daemon serves on.
     expect_errno(errno.EIO, _read, fs.path("t", 0))
-    expect_errno(errno.EIO, _append, fs.path("t", 0), [b"more"])
+    expect_errno(errno.EIO, append_synced, fs.path("t", 0), [b"more"])
     assert os.listdir(fs.path()) == ["t"]
     assert "is offline" in fs.stderr() and "Traceback" not in fs.stderr()
     faultfs.clear()
     _remount_first_try(fs)
     assert _read(fs.path("t", 0)) == lines
-    _append(fs.path("t", 0), [b"after"])
+    append_synced(fs.path("t", 0), [b"after"])
     assert _read(fs.path("t", 0)) == lines + [b"after"]
 
 
@@ -107,7 +98,7 @@ def test_a_failed_swap_rename_leaves_each_record_once(faultfs, mount_logfs):
         for round_ in range(200):
             batch = [b"key%02d=v%d-%d" % (i % 20, round_, i) for i in range(20)]
             unacked = dict(line.split(b"=", 1) for line in batch)
-            _append(fs.path("k", 0), batch)
+            append_synced(fs.path("k", 0), batch)
             latest.update(unacked)
             unacked = {}
             if faultfs.injected():
@@ -117,7 +108,7 @@ def test_a_failed_swap_rename_leaves_each_record_once(faultfs, mount_logfs):
     wait_for(lambda: faultfs.injected(), 30, what="the swap's rename to fail")
     wait_for(lambda: "is offline" in fs.stderr(), 10, what="the directory to go offline")
     assert _daemon_alive(fs)
-    expect_errno(errno.EIO, _append, fs.path("k", 0), [b"key00=late"])
+    expect_errno(errno.EIO, append_synced, fs.path("k", 0), [b"key00=late"])
     faultfs.clear()
     fs.kill9()
     fs.mount(*opts, foreground=True)
@@ -143,7 +134,7 @@ def test_a_failed_rename_to_deleted_keeps_the_log_in_order(faultfs, mount_logfs)
         for i in range(300):
             batch = [b"r%06d %s" % (i * 10 + j, b"y" * 80) for j in range(10)]
             attempted += batch
-            _append(fs.path("r", 0), batch)
+            append_synced(fs.path("r", 0), batch)
             written += batch
             if faultfs.injected():
                 break
@@ -174,7 +165,7 @@ def test_a_failed_undo_takes_the_partition_offline_and_a_remount_heals_it(faultf
     fs = mount_logfs(*opts, name=".", foreground=True)
     os.mkdir(fs.path("u"))
     first = [b"first %04d %s" % (i, b"z" * 40) for i in range(200)] + [b"pre " + b"z" * 400]
-    _append(fs.path("u", 0), first)  # (the last line is over index.interval.bytes: the next append adds entries)
+    append_synced(fs.path("u", 0), first)  # (the last line is over index.interval.bytes: the next append adds entries)
     # The next append's .log write fails with ENOSPC, and from now on every open of an index and every truncation
     # of a .log fails with EIO. On 931e199 the rollback of the failed append opened each index to write it back,
     # raised half-way, and every later append failed ("non-increasing offset index entry") until a remount. Now
@@ -202,7 +193,7 @@ def test_a_failed_undo_takes_the_partition_offline_and_a_remount_heals_it(faultf
     fs.mount(*opts, foreground=True)
     shown = _read(fs.path("u", 0))
     assert shown[: len(first)] == first
-    _append(fs.path("u", 0), [b"after the fault"])
+    append_synced(fs.path("u", 0), [b"after the fault"])
     assert _read(fs.path("u", 0))[-1] == b"after the fault"
     _offsets_once_in_order(faultfs.source / "u-0")
 
@@ -215,7 +206,7 @@ def test_a_remount_rebuilds_an_index_whose_fsync_fails(faultfs, mount_logfs):
     fs = mount_logfs(*opts, name=".", foreground=True)
     os.mkdir(fs.path("f"))
     lines = [b"f %05d %s" % (i, b"q" * 50) for i in range(300)]
-    _append(fs.path("f", 0), lines)
+    append_synced(fs.path("f", 0), lines)
     fs.kill9()
     # The first fsync of each index after the restart reports an error (as Linux does for a write-back that
     # failed before it): recovery fsyncs the indexes it rebuilt.
@@ -224,7 +215,7 @@ def test_a_remount_rebuilds_an_index_whose_fsync_fails(faultfs, mount_logfs):
     assert faultfs.injected(), "recovery never fsynced an index"
     assert "rebuilding its indexes" in fs.stderr()
     assert _read(fs.path("f", 0)) == lines
-    _append(fs.path("f", 0), [b"more"])
+    append_synced(fs.path("f", 0), [b"more"])
     assert _read(fs.path("f", 0)) == lines + [b"more"]
 
 
@@ -267,19 +258,19 @@ def test_a_roll_that_cannot_create_its_time_index_is_enospc_then_appends_go_on(f
 def test_writers_see_only_eio_or_enospc(faultfs, mount_logfs, disk_errno, seen):
     fs = mount_logfs(name=".", foreground=True)
     os.mkdir(fs.path("e"))
-    _append(fs.path("e", 0), [b"before"])
+    append_synced(fs.path("e", 0), [b"before"])
     faultfs.fail("write", r"\.log$", errno=disk_errno, nth=1)
-    expect_errno(seen, _append, fs.path("e", 0), [b"refused"])
+    expect_errno(seen, append_synced, fs.path("e", 0), [b"refused"])
     faultfs.clear()
     if seen == errno.ENOSPC:  # a full disk is not a failure: the next append works
-        _append(fs.path("e", 0), [b"after"])
+        append_synced(fs.path("e", 0), [b"after"])
         assert _read(fs.path("e", 0)) == [b"before", b"after"]
     else:  # a failing disk takes the directory offline until the next mount
-        expect_errno(errno.EIO, _append, fs.path("e", 0), [b"after"])
+        expect_errno(errno.EIO, append_synced, fs.path("e", 0), [b"after"])
         fs.unmount()
         fs.mount(foreground=True)
         assert _read(fs.path("e", 0)) in ([b"before"], [b"before", b"refused"])
-        _append(fs.path("e", 0), [b"after"])
+        append_synced(fs.path("e", 0), [b"after"])
         assert _read(fs.path("e", 0))[-1] == b"after"
 
 
@@ -289,7 +280,7 @@ def test_no_fsync_succeeds_after_a_failed_one(faultfs, mount_logfs):
     opts = [f"logfs.metrics.file={metrics}", "logfs.metrics.interval.ms=100"]
     fs = mount_logfs(*opts, name=".", foreground=True)
     os.mkdir(fs.path("s"))
-    _append(fs.path("s", 0), [b"durable"])
+    append_synced(fs.path("s", 0), [b"durable"])
     fd = os.open(fs.path("s", 0), os.O_WRONLY | os.O_APPEND)
     try:
         os.write(fd, b"covered by the failed fsync\n")

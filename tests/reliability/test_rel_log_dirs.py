@@ -20,6 +20,8 @@ import time
 
 import pytest
 
+from harness import append_synced
+
 pytestmark = [pytest.mark.mount, pytest.mark.daemon_errors(
     "is offline", "was offline", "Input/output error", "clean shutdown of .* incomplete",
     r"fuse_reply_\* failed with No such file or directory")]
@@ -28,16 +30,6 @@ OPTIONS = ["num.partitions=1", "log.segment.bytes=4096", "log.index.interval.byt
            "log.flush.offset.checkpoint.interval.ms=3600000", "log.retention.check.interval.ms=3600000"]
 LOG_DIR = "user.logfs.log_dir"
 LINES = [f"line {i:05d} of the partition that moves".encode() for i in range(600)]  # ~6 segments
-
-
-def _append(path: str, lines: list[bytes]) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND)
-    try:
-        for line in lines:
-            assert os.write(fd, line + b"\n") == len(line) + 1
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _read(path: str) -> bytes:
@@ -89,18 +81,18 @@ def test_one_directory_faulted_while_the_other_serves(faultfs, mount_logfs, tmp_
     assert os.getxattr(fs.path("t", 0), LOG_DIR).decode() == str(plain)
     assert os.getxattr(fs.path("t", 1), LOG_DIR).decode() == str(faulty)
     kept = [f"kept {i}".encode() for i in range(200)]
-    _append(fs.path("t", 0), kept)
-    _append(fs.path("t", 1), kept)
+    append_synced(fs.path("t", 0), kept)
+    append_synced(fs.path("t", 1), kept)
     faultfs.fail(["write", "fsync", "create", "mkdir", "rename"], r"^d2/", errno="EIO", count=-1)
-    assert _errno_of(lambda: _append(fs.path("t", 1), [b"lost"])) == errno.EIO
+    assert _errno_of(lambda: append_synced(fs.path("t", 1), [b"lost"])) == errno.EIO
     assert _errno_of(lambda: _read(fs.path("t", 1))) == errno.EIO  # the whole directory is offline
     # The other directory goes on: appends, reads, a new topic (placed there: the only one online).
     more = [f"more {i}".encode() for i in range(2000)]
-    _append(fs.path("t", 0), more)
+    append_synced(fs.path("t", 0), more)
     assert _read(fs.path("t", 0)) == b"".join(line + b"\n" for line in kept + more)
     os.mkdir(fs.path("u"))
     assert os.getxattr(fs.path("u", 0), LOG_DIR).decode() == str(plain)
-    _append(fs.path("u", 0), more)
+    append_synced(fs.path("u", 0), more)
 
     def offline_in_metrics():
         text = _metrics(metrics) if metrics.exists() else ""
@@ -118,7 +110,7 @@ def test_one_directory_faulted_while_the_other_serves(faultfs, mount_logfs, tmp_
     fs.mount(*fs.options, foreground=True)
     assert _read(fs.path("t", 1)) == b"".join(line + b"\n" for line in kept)  # every fsynced line, once
     assert _read(fs.path("t", 0)) == b"".join(line + b"\n" for line in kept + more)
-    _append(fs.path("t", 1), [b"again"])  # back in service
+    append_synced(fs.path("t", 1), [b"again"])  # back in service
     assert _read(fs.path("t", 1)).endswith(b"again\n")
 
 
@@ -156,7 +148,7 @@ def test_each_step_of_a_move(faultfs, mount_logfs, step, variant):
     os.mkdir(fs.path("other"))  # a partition of d2 that the move never touches
     path = fs.path("t", 0)
     assert os.getxattr(path, LOG_DIR).decode() == str(d1)
-    _append(path, LINES)
+    append_synced(path, LINES)
     expected = b"".join(line + b"\n" for line in LINES)
     op, regex, nth, disk = STEPS[step]
     if variant == "eio":
@@ -184,7 +176,7 @@ def test_each_step_of_a_move(faultfs, mount_logfs, step, variant):
             # A fault of the target before the commit point: the partition stays where it was, and serves.
             assert os.getxattr(path, LOG_DIR).decode() == str(d1)
             assert _read(path) == expected
-            _append(path, [b"after the failed move"])
+            append_synced(path, [b"after the failed move"])
             expected += b"after the failed move\n"
             assert _errno_of(lambda: os.listdir(fs.path("other"))) == 0
         else:
@@ -202,5 +194,5 @@ def test_each_step_of_a_move(faultfs, mount_logfs, step, variant):
         assert where[0] == d1
     if step in AFTER_COMMIT:
         assert where[0] == d2  # past the commit point the move completes
-    _append(path, [b"served"])
+    append_synced(path, [b"served"])
     assert _read(path).endswith(b"served\n")

@@ -40,7 +40,10 @@ def bucket_logs(seaweed, prefix, topic="t", partition=0) -> dict[str, bytes]:
     for page in pages:
         for o in page.get("Contents", []):
             if o["Key"].endswith(".log"):
-                out[o["Key"]] = client.get_object(Bucket=seaweed.bucket, Key=o["Key"])["Body"].read()
+                try:
+                    out[o["Key"]] = client.get_object(Bucket=seaweed.bucket, Key=o["Key"])["Body"].read()
+                except client.exceptions.NoSuchKey:
+                    pass  # deleted since the listing (retention runs meanwhile): not in the bucket any more
     return out
 
 

@@ -121,3 +121,26 @@ def _max_map_count() -> int:
 
 # The process's units: one mount is one process, and RLIMIT_NOFILE is the process's.
 OPEN_FILES = OpenFiles()
+
+
+def raise_fd_limit() -> int:
+    """Raise this process's soft RLIMIT_NOFILE to its hard limit (as the JVM does for Kafka), and give half of it
+    (at most half of ``vm.max_map_count``) to segment files (:mod:`~logfs.storage.local.open_files`: they are opened on
+    use and the idle ones closed past that budget). Returns the soft limit now in force."""
+    soft = _raise_soft_limit()
+    OPEN_FILES.set_budget_from_limit(soft)
+    return soft
+
+
+def _raise_soft_limit() -> int:
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        target = hard if hard != resource.RLIM_INFINITY else 1 << 20
+        if soft != resource.RLIM_INFINITY and soft < target:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            return target
+        return soft
+    except (ImportError, ValueError, OSError):
+        return -1
