@@ -23,7 +23,9 @@ from .inodes import ROOT
 PREFIX = "user.logfs."
 _TIER_NAMES = ("local_log_start_offset", "remote_log_end_offset", "remote_segment_count", "remote_size_bytes")
 PARTITION_FIXED = ["log_start_offset", "log_end_offset", "recovery_point", "segment_count", "size_bytes",
-                   *_TIER_NAMES, "log_dir"]
+                   *_TIER_NAMES]  # (what listxattr lists: CONTRACT section 4)
+# Read by name only, not listed: the log directory holding the partition, and where a move under way takes it.
+PARTITION_UNLISTED = ["log_dir", "future_log_dir"]
 CONFIG_PREFIX = "config."
 
 
@@ -126,7 +128,7 @@ def partition_set_error(name: str) -> int:
     if not name.startswith(PREFIX):
         return errno.ENOTSUP
     key = name[len(PREFIX):]
-    if key in PARTITION_FIXED or key.startswith(PARTITION_PARAMETRISED):
+    if key in PARTITION_FIXED or key in PARTITION_UNLISTED or key.startswith(PARTITION_PARAMETRISED):
         return errno.EPERM
     return errno.EINVAL
 
