@@ -29,6 +29,7 @@ takes the target offline: the next mount completes the move.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import shutil
@@ -65,8 +66,9 @@ def _copy_range(src_path: str, dst_fd: int, start: int, end: int, stop: threadin
     by ``throttle``).
 
     By ``copy_file_range``: the kernel copies, one call per chunk, without the GIL (a Python loop of pread and
-    pwrite held it between its calls long enough to double the partition's append p99). A chunk that fails is
-    done again by pread and pwrite, which tell the source's disk from the target's."""
+    pwrite held it between its calls long enough to double the partition's append p99). Where the kernel cannot
+    (between file systems, or on one without it) a chunk is copied by pread and pwrite; an error of a disk is the
+    source's if the source cannot be read, else the target's."""
     try:
         src = os.open(src_path, os.O_RDONLY)
     except OSError as exc:
@@ -79,7 +81,15 @@ def _copy_range(src_path: str, dst_fd: int, start: int, end: int, stop: threadin
             want = min(CHUNK, end - at)
             try:
                 done = os.copy_file_range(src, dst_fd, want, at, at)
-            except OSError:
+            except OSError as exc:
+                if exc.errno not in _NO_COPY_FILE_RANGE:
+                    # An error of a disk: the source's if reading it fails too, else the target's. Never written
+                    # again (a failed write is the target disk's failure, not something to retry).
+                    try:
+                        os.pread(src, min(want, 4096), at)
+                    except OSError as read_error:
+                        raise _Source(read_error) from read_error
+                    raise
                 done = _copy_slowly(src, src_path, dst_fd, at, want)
             if done <= 0:
                 raise _Source(OSError(5, f"{src_path} is shorter than {end} bytes"))
@@ -106,6 +116,11 @@ class _Throttle:
         ahead = self.bytes / self.rate - (time.monotonic() - self.began)
         if ahead > 0:
             time.sleep(ahead)
+
+
+# copy_file_range not available between these files (another file system, an old kernel, FUSE without it): the
+# chunk is copied by pread and pwrite.
+_NO_COPY_FILE_RANGE = frozenset({errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL})
 
 
 def _copy_slowly(src: int, src_path: str, dst_fd: int, at: int, want: int) -> int:
