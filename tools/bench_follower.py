@@ -16,9 +16,11 @@ tools/seaweed.py), and follower mounts of its bucket prefix with caches of their
   same read again on the follower (its block cache holds the blocks) against the writer's warm read of the same
   tiered data (its own block cache), alternated;
 - **idle**: ``--partitions`` partitions with a tiered segment each (``segment.ms``: a second append rolls the
-  first segment), followed; then the writer's RSS and descriptors, idle, at that count; then the writer unmounted
-  (nothing changes any more) and, over 20 s, the follower's requests a second to the store (its
-  ``logfs_follow_requests_total`` and the tiered read GETs), its RSS and descriptors.
+  first segment) with ``--idle-tiered``, else tiered with nothing uploaded yet (each named in the follower index),
+  followed until the follower's metrics say it caught up (``logfs_partitions``, ``logfs_follow_lag_seconds``);
+  then the writer's RSS and descriptors, idle, at that count; then the writer unmounted (nothing changes any more)
+  and, over 6 windows of 5 s, the follower's requests a second to the store (its ``logfs_follow_requests_total``
+  and the tiered read GETs), its RSS and descriptors. Both daemons write their metrics file every second.
 
 Each figure is measured ``--runs`` times (reads) or once per run of the script (lag, idle); the spread is printed.
 Prints one line per figure and a markdown table. Imports tools/benchlib.py and tools/seaweed.py (and logfs).
@@ -30,6 +32,7 @@ import argparse
 import concurrent.futures
 import os
 import shutil
+import signal
 import statistics
 import sys
 import tempfile
@@ -101,8 +104,9 @@ class Bench:
         mount_logfs(self.data, self.wmnt, f"logfs.remote.s3.endpoint={self.sw.endpoint}",
                     "remote.log.storage.system.enable=true", f"logfs.remote.s3.bucket={self.sw.bucket}",
                     f"logfs.remote.s3.prefix={PREFIX}", "remote.log.manager.task.interval.ms=100",
-                    "log.segment.bytes=262144", "log.segment.delete.delay.ms=0",
-                    "log.retention.check.interval.ms=100", f"logfs.remote.cache.bytes={4 << 30}",
+                    "log.segment.bytes=262144", "log.segment.delete.delay.ms=0", f"logfs.remote.cache.bytes={4 << 30}",
+                    # (as the idle follower's: the metrics' render is part of a daemon's RSS at 20,000 partitions)
+                    f"logfs.metrics.file={os.path.join(self.work, 'writer.prom')}", "logfs.metrics.interval.ms=1000",
                     extra_env=self.sw.env())
 
     def mount_follower(self, name: str, *opts: str, fresh: bool = False) -> str:
@@ -308,7 +312,11 @@ class Bench:
     # -- idle ---------------------------------------------------------------------------------------------------
     def idle(self) -> None:
         args = self.args
-        many = self.topic("many", segment_ms=500)
+        # --idle-tiered: segment.ms rolls each partition's first segment at its second append, and the writer tiers
+        # it (on this machine ~0.3 s a segment for the writer to upload, and again for the follower to fetch its
+        # indexes, both mostly fsyncs: 20,000 take hours). Otherwise each partition is tiered with nothing uploaded
+        # yet: its (empty) manifest read, and the partition named in the follower index, which the follower mounts.
+        many = self.topic("many", **({"segment_ms": 500} if args.idle_tiered else {}))
         metrics = os.path.join(self.work, "follower.prom")
         fmnt = self.mount_follower("follower-idle", f"logfs.metrics.file={metrics}", "logfs.metrics.interval.ms=1000",
                                    fresh=True)
@@ -317,28 +325,31 @@ class Bench:
             with open(os.path.join(many, str(p)), "ab") as f:
                 f.write(b"record of partition %d\n" % p)
         created = time.monotonic() - started
-        time.sleep(1)
-        for p in range(args.partitions):  # a second append rolls the first segment (segment.ms)
-            with open(os.path.join(many, str(p)), "ab") as f:
-                f.write(b"second record\n")
         print(f"idle: {args.partitions} partitions created in {created:.0f}s", flush=True)
         target = args.partitions
         last = os.path.join(many, str(target - 1))
-        deadline = time.monotonic() + 3600
-        while time.monotonic() < deadline:  # every partition tiered (the last one created is the last tiered)
-            if getx(os.path.join(many, "0"), "remote_log_end_offset") >= 1 and getx(last, "remote_log_end_offset") >= 1:
-                break
+        deadline = time.monotonic() + 4 * 3600
+        if args.idle_tiered:
             time.sleep(1)
-        tiered = time.monotonic() - started
-        print(f"idle: tiered after {tiered:.0f}s", flush=True)
-        fpath = os.path.join(fmnt, "many")
-        while time.monotonic() < deadline:
-            try:
-                if len(os.listdir(fpath)) >= target and all(
-                        getx(os.path.join(fpath, str(p)), "log_end_offset") >= 1 for p in (0, target - 1)):
+            for p in range(args.partitions):  # a second append rolls the first segment (segment.ms)
+                with open(os.path.join(many, str(p)), "ab") as f:
+                    f.write(b"second record\n")
+            while time.monotonic() < deadline:  # every partition tiered (the last one created is the last tiered)
+                if getx(os.path.join(many, "0"), "remote_log_end_offset") >= 1 and \
+                        getx(last, "remote_log_end_offset") >= 1:
                     break
-            except OSError:
-                pass
+                time.sleep(1)
+            print(f"idle: tiered after {time.monotonic() - started:.0f}s", flush=True)
+        def caught_up() -> bool:  # every partition shown, and a look since after which it showed all published
+            return (metric(metrics, "logfs_partitions") >= target
+                    and 0 <= metric(metrics, "logfs_follow_lag_seconds") <= args.interval_ms / 1000 + 1
+                    and metric(metrics, "logfs_follow_lag_offsets") in (0.0, -1.0))
+
+        while time.monotonic() < deadline:
+            if caught_up():
+                time.sleep(2)
+                if caught_up():
+                    break
             time.sleep(1)
         print(f"idle: followed after {time.monotonic() - started:.0f}s", flush=True)
         time.sleep(max(10, 3 * args.interval_ms / 1000))  # the writer's last passes, the follower's last looks
@@ -351,7 +362,7 @@ class Bench:
         unmount(self.wmnt, self.data)  # the writer gone: nothing changes any more
         time.sleep(3)
         samples, f_rss, f_fds = [], [], []
-        for _ in range(4):  # 4 x 5 s windows of the metrics (written every second)
+        for _ in range(6):  # 6 x 5 s windows of the metrics (written every second)
             before, gets_before, t0 = (metric(metrics, "logfs_follow_requests_total"),
                                        metric(metrics, "logfs_remote_fetch_requests_total"), time.monotonic())
             time.sleep(5)
@@ -361,6 +372,7 @@ class Bench:
             samples.append(follow + gets)
             f_rss.append(rss_kb(fpid) / 1024)
             f_fds.append(fds_of(fpid))
+        print(f"idle: requests/s per 5 s window, in order: {', '.join(f'{x:.2f}' for x in samples)}", flush=True)
         self.report(f"idle follower of {target} partitions: requests/s to the store", spread(samples, "/s"),
                     "<= 5", max(samples) <= 5)
         self.report(f"idle follower of {target} partitions: RSS (MiB) vs the writer's",
@@ -380,9 +392,13 @@ def main(argv=None) -> int:
     ap.add_argument("--interval-ms", type=int, default=1000)
     ap.add_argument("--read-mib", type=int, default=512)
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--tmpdir", default=None, help="where the run's directories go (the writer's DATA_DIR, the "
+                    "followers' caches, SeaweedFS's data): /dev/shm makes fsync free (used for --only idle at "
+                    "20,000 partitions; not for reads, whose cold runs need a disk under the store)")
+    ap.add_argument("--idle-tiered", action="store_true", help="idle: a tiered segment in every partition (slow)")
     args = ap.parse_args(argv)
     only = set(args.only.split(","))
-    work = tempfile.mkdtemp(prefix="logfs-bench-follower-")
+    work = tempfile.mkdtemp(prefix="logfs-bench-follower-", dir=args.tmpdir)
     bench = Bench(args, work)
     try:
         bench.start()
@@ -390,6 +406,8 @@ def main(argv=None) -> int:
             if name in only:
                 getattr(bench, name)()
     finally:
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_IGN)  # (a second Ctrl-C does not cut the clean-up short)
         for mnt in list(bench.followers):
             unmount(mnt)
         unmount(bench.wmnt, bench.data)
