@@ -237,7 +237,7 @@ class ManifestStore:
 # -- what a follower reads first: the index of the prefix -------------------------------------------------------
 INDEX_NAME = "logfs-index.json"
 INDEX_FORMAT = "logfs-follower-index"
-INDEX_VERSION = 1
+INDEX_VERSION = 2
 
 
 def index_key(prefix: str) -> str:
@@ -251,26 +251,35 @@ def index_key(prefix: str) -> str:
 class FollowerIndex:
     """What a follower mount needs to find changes with one request: every tiered topic, its settings as the writer
     has them (``logfs.key.separator`` and ``logfs.null.marker`` shape the text), and per partition the generation
-    of its manifest. Written by the writer after the manifests it names (a follower that reads it then finds
-    manifests at least that new), rewritten only when something in it changed. Format (JSON, UTF-8)::
+    of its manifest and its ``remote_log_end_offset``. Written by the writer after the manifests it names (a
+    follower that reads it then finds manifests at least that new), rewritten only when something in it changed.
+    Format (JSON, UTF-8)::
 
-        {"format": "logfs-follower-index", "version": 1, "generation": 12,
+        {"format": "logfs-follower-index", "version": 2, "generation": 12,
+         "published_ms": 1700000000123,
          "topics": {"orders": {"config": {"logfs.key.separator": "=", ...},
-                               "partitions": {"0": 7, "1": 3}}}}
+                               "partitions": {"0": 7, "1": 3},
+                               "end_offsets": {"0": 120000, "1": 4000}}}}
 
-    A reader ignores fields it does not know (a newer writer may add some) and refuses another ``format``; a
-    higher ``version`` is read for the fields above, which every version keeps."""
+    Version 2 added ``published_ms`` (the writer's wall clock when it wrote this index) and ``end_offsets`` (each
+    partition's ``remote_log_end_offset`` in the manifest generation named): a follower's lag in offsets and
+    seconds. A version-1 index (an older writer) reads with ``published_ms`` -1 and no end offsets. A reader
+    ignores fields it does not know (a newer writer may add some) and refuses another ``format``; a higher
+    ``version`` is read for the fields above, which every version keeps."""
 
     generation: int = 0
-    topics: dict = field(default_factory=dict)  # topic -> {"config": {key: value}, "partitions": {int: generation}}
+    #: topic -> {"config": {key: value}, "partitions": {int: generation}, "end_offsets": {int: offset}}
+    topics: dict = field(default_factory=dict)
+    published_ms: int = -1  # the writer's time.time() in ms when it wrote the index; -1 when not given
 
 
 def encode_index(index: FollowerIndex) -> bytes:
     topics = {t: {"config": dict(sorted(v["config"].items())),
-                  "partitions": {str(p): g for p, g in sorted(v["partitions"].items())}}
+                  "partitions": {str(p): g for p, g in sorted(v["partitions"].items())},
+                  "end_offsets": {str(p): e for p, e in sorted(v.get("end_offsets", {}).items())}}
               for t, v in sorted(index.topics.items())}
     return json.dumps({"format": INDEX_FORMAT, "version": INDEX_VERSION, "generation": index.generation,
-                       "topics": topics}, sort_keys=True).encode()
+                       "published_ms": index.published_ms, "topics": topics}, sort_keys=True).encode()
 
 
 def decode_index(data: bytes, where: str = INDEX_NAME) -> FollowerIndex:
@@ -282,7 +291,8 @@ def decode_index(data: bytes, where: str = INDEX_NAME) -> FollowerIndex:
         for topic, v in d.get("topics", {}).items():
             config = {str(k): str(x) for k, x in v.get("config", {}).items()}
             partitions = {int(p): int(g) for p, g in v.get("partitions", {}).items()}
-            topics[str(topic)] = {"config": config, "partitions": partitions}
-        return FollowerIndex(int(d.get("generation", 0)), topics)
+            ends = {int(p): int(e) for p, e in v.get("end_offsets", {}).items()}
+            topics[str(topic)] = {"config": config, "partitions": partitions, "end_offsets": ends}
+        return FollowerIndex(int(d.get("generation", 0)), topics, int(d.get("published_ms", -1)))
     except (ValueError, TypeError, AttributeError) as e:
         raise RemoteCorruptError(f"{where}: not a valid logfs follower index: {e}") from None

@@ -70,22 +70,37 @@ class Follower:
         self.requests = 0  # requests to the store for following (index polls, manifests; metrics)
         self.syncs = 0  # index changes applied
         self.last_sync_s = 0.0  # time.time() of the last successful look at the index
+        # For the lag metrics (metrics.py): the writer's remote_log_end_offset of each partition as the newest index
+        # read names it (set before that index is applied, so a render meanwhile sees the lag); the writer's publish
+        # time of the newest index applied (seconds since the epoch; -1: an older writer's index gives none) and
+        # when it was applied; and when a look last began after which the follower showed everything published
+        # (a 304, or an index applied whole): the follower is at most ``now - current_since_s`` behind.
+        self.published_ends: dict[tuple[str, int], int] = {}
+        self.applied_published_s = -1.0
+        self.applied_at_s = 0.0
+        self.current_since_s = 0.0
         for plog in manager.logs.values():
             plog.follower = True
 
     def sync_once(self) -> bool:
         """Look at the index; apply what changed. Whether anything did. Raises RemoteStoreError (the task
         retries)."""
+        began = time.time()
         try:
             data, etag = self.store.get_if_changed(index_key(self.prefix), self.etag)
         except RemoteNotFoundError:
             data, etag = None, None  # nothing tiered under that prefix yet
+            self.published_ends = {}
         finally:
             self.requests += 1
         self.last_sync_s = time.time()
         if data is None:
+            if self.etag == etag:  # unchanged since applied whole (or nothing there yet): current
+                self.current_since_s = began
             return False
         index = decode_index(data)
+        self.published_ends = {(topic, p): end for topic, entry in index.topics.items()
+                               for p, end in entry["end_offsets"].items()}
         manager = self.manager
         for topic, entry in sorted(index.topics.items()):
             self._topic(topic, entry["config"], entry["partitions"])
@@ -109,7 +124,21 @@ class Follower:
                 manager.delete_topic(topic)
         self.etag = etag
         self.syncs += 1
+        self.applied_at_s = time.time()
+        self.applied_published_s = index.published_ms / 1000 if index.published_ms >= 0 else -1.0
+        self.current_since_s = began
         return True
+
+    def lag_offsets(self) -> dict[str, int]:
+        """Per topic: the writer's ``remote_log_end_offset`` summed over its partitions, as the newest follower
+        index read names them, less what this follower shows (each partition's difference, never below 0)."""
+        lag: dict[str, int] = {}
+        logs = self.manager.logs
+        for (topic, partition), end in list(self.published_ends.items()):
+            plog = logs.get((topic, partition))
+            shown = plog.log_end_offset if plog is not None and not plog.closed else 0
+            lag[topic] = lag.get(topic, 0) + max(0, end - shown)
+        return lag
 
     def _topic(self, topic: str, config: dict[str, str], partitions) -> None:
         manager = self.manager

@@ -146,6 +146,25 @@ class Metrics:
                    [("", follower.syncs)])
             family("logfs_follow_last_look_seconds", "gauge", "When the follower last looked at the store "
                    "successfully (seconds since the epoch).", [("", follower.last_sync_s)])
+            family("logfs_follow_lag_offsets", "gauge", "Offsets the follower shows fewer than its writer published: "
+                   "per topic, the remote_log_end_offset of each partition as the newest follower index read names "
+                   "it, less the follower's log_end_offset, summed.",
+                   [(f'{{topic="{topic}"}}', n) for topic, n in sorted(follower.lag_offsets().items())])
+            now = self.clock()
+            behind = max(0.0, now - follower.current_since_s) if follower.current_since_s else -1
+            family("logfs_follow_lag_seconds", "gauge", "Seconds the follower may be behind its writer: since the "
+                   "start of its last look at the store after which it showed everything the writer had published "
+                   "(up to the follow interval while following; it grows while the store cannot be read; -1 before "
+                   "the first). An idle writer does not make it grow.", [("", f"{behind:.3f}")])
+            published = follower.applied_published_s
+            family("logfs_follow_index_published_seconds", "gauge", "When the writer published the newest follower "
+                   "index this follower applied (the writer's clock, seconds since the epoch; -1 for an older "
+                   "writer's index, which carries no time). time() minus it: how old the newest change shown is.",
+                   [("", f"{published:.3f}")])
+            delay = follower.applied_at_s - published if published >= 0 else -1
+            family("logfs_follow_apply_delay_seconds", "gauge", "From the writer publishing the newest follower "
+                   "index this follower applied to the follower showing it (across hosts, clock skew adds to it; "
+                   "-1 when unknown).", [("", f"{delay:.3f}")])
         labels = ['{log_dir="%s"}' % d.path.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
                   for d in manager.dirs]
         family("logfs_log_dir_offline", "gauge", "1 once the log directory went offline after an I/O error: its "

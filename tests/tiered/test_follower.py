@@ -213,3 +213,75 @@ def test_a_follower_through_mount_fuse3(mount_logfs, creds, tmp_path):
         assert mine and "fuse.logfs" in mine[0] and f.source in mine[0] and " ro" in mine[0]
     finally:
         f.cleanup()
+
+
+def test_a_followers_lag_in_its_metrics(mount_logfs, follower, creds, seaweed_outage, tmp_path):
+    """The metrics file of a follower: its lag in offsets (per topic, the writer's published remote_log_end_offset
+    less what the follower shows), in seconds (since it last knew it showed everything published), the writer's
+    publish time of the index it applied and the delay from that publish to the follower showing it."""
+    prefix = "fol-" + uuid.uuid4().hex[:8]
+    w = mount_logfs(*writer_opts(creds, prefix))
+    started = time.time()
+    for topic in ("a", "b"):
+        tier(w, topic)
+        w.append(f"{topic}/0", lines(topic, 0, 3000))
+    wait_for(lambda: all(int(w.getx(f"{t}/0", "remote_segment_count")) >= 2 for t in "ab"), 60, interval=0.2,
+             what="tiering")
+    metrics = tmp_path / "follower.prom"
+    f = follower(prefix, "follower", f"logfs.metrics.file={metrics}", "logfs.metrics.interval.ms=100")
+
+    def sample() -> dict[str, float]:
+        text = metrics.read_text() if metrics.exists() else ""
+        return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                if line.startswith("logfs_follow_")}
+
+    def caught_up() -> bool:
+        return all(f.getx(f"{t}/0", "log_end_offset") == w.getx(f"{t}/0", "remote_log_end_offset") for t in "ab")
+
+    wait_for(caught_up, 10, what="the follower")
+    wait_for(lambda: sample().get('logfs_follow_lag_offsets{topic="b"}') == 0
+             and sample().get('logfs_follow_lag_offsets{topic="a"}') == 0, 10, what="the lag metrics")
+    m = sample()
+    assert 0 <= m["logfs_follow_lag_seconds"] <= FOLLOW_MS / 1000 + 1, m
+    assert started - 1 <= m["logfs_follow_index_published_seconds"] <= time.time(), m
+    assert m["logfs_follow_apply_delay_seconds"] >= 0, m
+
+    # A change: a newer publish time, shown within the follow interval and a request (generous on a busy machine).
+    changed = time.time()
+    w.append("a/0", lines("a", 3000, 3000))
+    wait_for(lambda: int(w.getx("a/0", "remote_log_end_offset")) > 4000, 60, interval=0.2, what="more tiering")
+    wait_for(lambda: sample().get("logfs_follow_index_published_seconds", 0) >= changed, 30,
+             what="the follower to apply the writer's newer index")
+    wait_for(caught_up, 10, what="the follower")
+    wait_for(lambda: sample().get('logfs_follow_lag_offsets{topic="a"}') == 0, 10, what="no lag in offsets")
+    m = sample()
+    assert 0 <= m["logfs_follow_apply_delay_seconds"] <= FOLLOW_MS / 1000 + 5, m
+    assert m["logfs_follow_lag_seconds"] <= FOLLOW_MS / 1000 + 1, m
+
+    # The store down: the follower no longer knows it is current, and its lag in seconds grows; back, it recovers.
+    seaweed_outage.stop()
+    try:
+        wait_for(lambda: sample().get("logfs_follow_lag_seconds", 0) >= 2, 30, what="the lag to grow in an outage")
+        assert sample()['logfs_follow_lag_offsets{topic="a"}'] == 0  # (the writer cannot tier meanwhile either)
+    finally:
+        seaweed_outage.start()
+    wait_for(lambda: 0 <= sample().get("logfs_follow_lag_seconds", -1) <= FOLLOW_MS / 1000 + 1, 60,
+             what="the lag to come back after the outage")
+
+
+def test_the_follower_index_of_an_older_or_newer_writer_reads():
+    """Version 1 (no publish time, no end offsets) reads with published_ms -1 and no end offsets; a newer version's
+    unknown fields are ignored; this version's index reads back as written."""
+    from logfs.remote.manifest import FollowerIndex, decode_index, encode_index
+
+    old = decode_index(b'{"format": "logfs-follower-index", "version": 1, "generation": 3, '
+                       b'"topics": {"t": {"config": {"logfs.key.separator": "="}, "partitions": {"0": 7}}}}')
+    assert (old.generation, old.published_ms) == (3, -1)
+    assert old.topics == {"t": {"config": {"logfs.key.separator": "="}, "partitions": {0: 7}, "end_offsets": {}}}
+    newer = decode_index(b'{"format": "logfs-follower-index", "version": 9, "generation": 4, "published_ms": 5, '
+                         b'"shiny": 1, "topics": {"t": {"config": {}, "partitions": {"0": 7}, '
+                         b'"end_offsets": {"0": 100}, "more": {}}}}')
+    assert (newer.generation, newer.published_ms, newer.topics["t"]["end_offsets"]) == (4, 5, {0: 100})
+    index = FollowerIndex(2, {"t": {"config": {"a": "b"}, "partitions": {0: 1, 1: 2},
+                                    "end_offsets": {0: 10, 1: 0}}}, 1_700_000_000_123)
+    assert decode_index(encode_index(index)) == index

@@ -49,6 +49,7 @@ from ...remote.manifest import (
 )
 from ..checkpoints import atomic_write
 from ..cleaner.compression import needs_rewrite
+from ..clock import SYSTEM_CLOCK
 from ..local.log import Log
 from ..names import REMOTE_CACHE_DIR, REMOTE_DELETES_FILE
 from .block_cache import BlockCache
@@ -441,20 +442,23 @@ class RemoteLogManager:
         return done
 
     # -- followers -----------------------------------------------------------------------------------
-    def publish_index(self, configs: dict[str, dict[str, str]]) -> bool:
+    def publish_index(self, configs: dict[str, dict[str, str]], now_ms: int | None = None) -> bool:
         """Write the prefix's follower index (:class:`~logfs.remote.manifest.FollowerIndex`) if what it would say
         changed since the last write: each tiered partition's manifest generation, and its topic's settings
-        (``configs``: topic -> overrides). After the manifests it names, so a follower that reads it finds them at
-        least that new. Returns whether it wrote."""
+        (``configs``: topic -> overrides); with each partition's ``remote_log_end_offset`` and the time of the
+        write, ``now_ms`` (the wall clock if not given): a follower's lag in offsets and seconds. After the
+        manifests it names, so a follower that reads it finds them at least that new. Returns whether it wrote."""
         topics: dict = {}
         with self.lock:
             tiers = list(self.tiers.items())
         for (topic, partition), tier in tiers:
             if tier.manifest is None or self.logs.get((topic, partition)) is not tier.log or tier.log.closed:
                 continue
-            entry = topics.setdefault(topic, {"config": dict(configs.get(topic, {})), "partitions": {}})
+            entry = topics.setdefault(topic, {"config": dict(configs.get(topic, {})), "partitions": {},
+                                              "end_offsets": {}})
             entry["partitions"][partition] = tier.manifest.generation
-        body = encode_index(FollowerIndex(0, topics))
+            entry["end_offsets"][partition] = tier.manifest.remote_log_end_offset
+        body = encode_index(FollowerIndex(0, topics))  # (what it says, its generation and time aside)
         if body == self._index_body:
             return False
         if self._index_generation is None:
@@ -465,7 +469,8 @@ class RemoteLogManager:
             except RemoteCorruptError:
                 self._index_generation = 0
         generation = self._index_generation + 1
-        self.store.put_bytes(index_key(self.prefix), encode_index(FollowerIndex(generation, topics)))
+        published = SYSTEM_CLOCK.time_ms() if now_ms is None else now_ms
+        self.store.put_bytes(index_key(self.prefix), encode_index(FollowerIndex(generation, topics, published)))
         self._index_generation, self._index_body = generation, body
         return True
 
