@@ -784,23 +784,12 @@ static PyObject *index_ok(PyObject *self, PyObject *args) {
 typedef struct {
     int64_t base, start, end, first_ts, max_ts;
     int log_append;
-    Py_ssize_t n, key_bytes, value_bytes;
+    Py_ssize_t n, key_bytes, value_bytes, cap_n, cap_bytes;
     int64_t *offsets, *stamps;
     int32_t *types, *koffs, *voffs;
     unsigned char *kvalid, *vvalid, *kdata, *vdata;
     Py_ssize_t knulls, vnulls;
 } columns_ctx;
-
-static int column_measure(const parsed_record *r, void *c) {
-    columns_ctx *x = c;
-    int64_t offset = x->base + r->offset_delta;
-    if (offset < x->start || offset >= x->end)
-        return 0;
-    x->n++;
-    x->key_bytes += r->klen > 0 ? r->klen : 0;
-    x->value_bytes += r->vlen > 0 ? r->vlen : 0;
-    return 0;
-}
 
 /* Row i of an Arrow binary column: its validity bit, its end offset and its bytes (len -1: null). */
 static inline void put_binary(Py_ssize_t i, const unsigned char *src, int64_t len, unsigned char *valid,
@@ -820,6 +809,13 @@ static int column_fill(const parsed_record *r, void *c) {
     int64_t offset = x->base + r->offset_delta;
     if (offset < x->start || offset >= x->end)
         return 0;
+    Py_ssize_t k = r->klen > 0 ? r->klen : 0, v = r->vlen > 0 ? r->vlen : 0;
+    if (x->n >= x->cap_n || k > x->cap_bytes - x->key_bytes || v > x->cap_bytes - x->value_bytes) {
+        PyErr_SetString(PyExc_ValueError, "malformed record batch"); /* (the bounds hold for a well-formed one) */
+        return -1;
+    }
+    x->key_bytes += k;
+    x->value_bytes += v;
     Py_ssize_t i = x->n++;
     x->offsets[i] = offset;
     x->stamps[i] = (x->log_append ? x->max_ts : x->first_ts + r->ts_delta) * 1000;
@@ -860,6 +856,28 @@ static int walk_columns(PyObject *batches, columns_ctx *x, int (*fn)(const parse
     return 0;
 }
 
+/* Bounds for one pass: at most min(the batch's record count, its record bytes / 7) records (the smallest record
+ * is 7 bytes: its length, attributes, two deltas, key and value lengths and header count, a byte each), and at
+ * most the batch's size in keys, and in values. decode_columns allocates them, fills the buffers in one walk and
+ * shrinks them to what was filled (no second walk over the records to measure them first). */
+static int column_bounds(PyObject *batches, Py_ssize_t *cap_n, Py_ssize_t *cap_bytes) {
+    Py_ssize_t count = PyList_GET_SIZE(batches);
+    *cap_n = *cap_bytes = 0;
+    for (Py_ssize_t b = 0; b < count; b++) {
+        Py_buffer view;
+        if (PyObject_GetBuffer(PyList_GET_ITEM(batches, b), &view, PyBUF_SIMPLE) < 0)
+            return -1;
+        if (view.len >= HEADER_SIZE) {
+            int32_t records = (int32_t)be32((const unsigned char *)view.buf + 57);
+            Py_ssize_t most = (view.len - HEADER_SIZE) / 7;
+            *cap_n += records < 0 ? 0 : (records < most ? records : most);
+            *cap_bytes += view.len;
+        }
+        PyBuffer_Release(&view);
+    }
+    return 0;
+}
+
 static PyObject *decode_columns(PyObject *self, PyObject *args) {
     PyObject *batches;
     long long start, end;
@@ -869,20 +887,20 @@ static PyObject *decode_columns(PyObject *self, PyObject *args) {
     memset(&x, 0, sizeof x);
     x.start = start;
     x.end = end;
-    if (walk_columns(batches, &x, column_measure) < 0)
+    if (column_bounds(batches, &x.cap_n, &x.cap_bytes) < 0)
         return NULL;
-    if (x.key_bytes > INT32_MAX || x.value_bytes > INT32_MAX) {
-        PyErr_SetString(PyExc_ValueError, "decode_columns: over 2 GiB of keys or values in one call");
+    if (x.cap_bytes > INT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "decode_columns: over 2 GiB of batches in one call");
         return NULL;
     }
-    Py_ssize_t n = x.n, bitmap = (n + 7) / 8;
-    PyObject *offsets = PyBytes_FromStringAndSize(NULL, n * 8), *stamps = PyBytes_FromStringAndSize(NULL, n * 8),
-             *types = PyBytes_FromStringAndSize(NULL, n * 4), *kvalid = PyBytes_FromStringAndSize(NULL, bitmap),
+    Py_ssize_t cap = x.cap_n, bitmap = (cap + 7) / 8;
+    PyObject *offsets = PyBytes_FromStringAndSize(NULL, cap * 8), *stamps = PyBytes_FromStringAndSize(NULL, cap * 8),
+             *types = PyBytes_FromStringAndSize(NULL, cap * 4), *kvalid = PyBytes_FromStringAndSize(NULL, bitmap),
              *vvalid = PyBytes_FromStringAndSize(NULL, bitmap),
-             *koffs = PyBytes_FromStringAndSize(NULL, (n + 1) * 4),
-             *voffs = PyBytes_FromStringAndSize(NULL, (n + 1) * 4),
-             *kdata = PyBytes_FromStringAndSize(NULL, x.key_bytes),
-             *vdata = PyBytes_FromStringAndSize(NULL, x.value_bytes);
+             *koffs = PyBytes_FromStringAndSize(NULL, (cap + 1) * 4),
+             *voffs = PyBytes_FromStringAndSize(NULL, (cap + 1) * 4),
+             *kdata = PyBytes_FromStringAndSize(NULL, x.cap_bytes),
+             *vdata = PyBytes_FromStringAndSize(NULL, x.cap_bytes);
     PyObject *result = NULL;
     if (!offsets || !stamps || !types || !kvalid || !vvalid || !koffs || !voffs || !kdata || !vdata)
         goto done;
@@ -898,8 +916,16 @@ static PyObject *decode_columns(PyObject *self, PyObject *args) {
     memset(x.kvalid, 0, bitmap);
     memset(x.vvalid, 0, bitmap);
     x.koffs[0] = x.voffs[0] = 0;
-    x.n = 0;
     if (walk_columns(batches, &x, column_fill) < 0)
+        goto done;
+    Py_ssize_t n = x.n;
+    if (n < cap && (_PyBytes_Resize(&offsets, n * 8) < 0 || _PyBytes_Resize(&stamps, n * 8) < 0 ||
+                    _PyBytes_Resize(&types, n * 4) < 0 || _PyBytes_Resize(&kvalid, (n + 7) / 8) < 0 ||
+                    _PyBytes_Resize(&vvalid, (n + 7) / 8) < 0 || _PyBytes_Resize(&koffs, (n + 1) * 4) < 0 ||
+                    _PyBytes_Resize(&voffs, (n + 1) * 4) < 0))
+        goto done;
+    if ((x.key_bytes < x.cap_bytes && _PyBytes_Resize(&kdata, x.key_bytes) < 0) ||
+        (x.value_bytes < x.cap_bytes && _PyBytes_Resize(&vdata, x.value_bytes) < 0))
         goto done;
     result = Py_BuildValue("(nOOOOOOnOOOn)", n, offsets, stamps, types, kvalid, koffs, kdata, x.knulls, vvalid,
                            voffs, vdata, x.vnulls);

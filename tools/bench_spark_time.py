@@ -140,7 +140,7 @@ def spark_time(bench) -> None:
         tiered_bytes, tiered_last = _upload(store, "bench", data)
         remote = f"s3://{sw.bucket}/bench"
         spark = local_spark("logfs-bench-time", 2)
-        register(spark)
+        register(spark, pushdown=True)  # each query below loads its DataFrame again (README: Spark 4.3)
 
         def src(path: str, **options):
             r = spark.read.format("logfs").option("subscribe", "b").option("minPartitions", "2")

@@ -18,19 +18,23 @@ from __future__ import annotations
 PUSHDOWN_CONF = "spark.sql.python.filterPushdown.enabled"
 
 
-def register(spark, *, pushdown: bool = False) -> None:
-    """Register the ``logfs`` format with ``spark`` (a SparkSession); with ``pushdown``, also turn on Spark's filter
-    pushdown for Python data sources (``spark.sql.python.filterPushdown.enabled``, off by default), unless the
-    session has set it itself. The source reads correctly either way: with pushdown off it plans every read
-    without it.
+def register(spark, *, pushdown: bool | None = None) -> None:
+    """Register the ``logfs`` format with ``spark`` (a SparkSession) and, unless the session has set it itself,
+    set Spark's filter pushdown for Python data sources (``spark.sql.python.filterPushdown.enabled``, off by
+    default in Spark). The source reads correctly either way: with pushdown off it plans every read without it.
 
-    Off by default because of Spark 4.3: it keeps a pushed-down read plan on the DataFrame, so a later query on
-    the same DataFrame without pushable filters (``df.count()`` after ``df.where(...).count()``) reuses the
-    narrowed plan and returns too few rows (README, tests/spark/test_spark_time.py). Time ranges need no pushdown:
-    the ``startingTimestamp``/``endingTimestamp`` options narrow the read in every session."""
+    ``pushdown=None`` (the default) turns it on when this Spark keeps a pushed-down read plan with its scan
+    (:func:`read_plans_per_scan`), and leaves it off on Spark 4.3, which keeps the plan on the DataFrame: there a
+    later query on the same DataFrame without pushable filters (``df.count()`` after ``df.where(...).count()``)
+    reuses the narrowed plan and returns too few rows, and nothing in a Python data source can see that happen
+    (README, "Filters are pushed down"; tests/spark/test_spark_time.py). ``True`` turns it on anyway (load the
+    DataFrame again for each query), ``False`` leaves Spark's setting alone. Time ranges need no pushdown: the
+    ``startingTimestamp``/``endingTimestamp`` options narrow the read in every session."""
     from .datasource import LogfsDataSource
 
     spark.dataSource.register(LogfsDataSource)
+    if pushdown is None:
+        pushdown = read_plans_per_scan(spark)
     if pushdown:
         try:
             if _unset(spark):
@@ -40,6 +44,23 @@ def register(spark, *, pushdown: bool = False) -> None:
 
             logging.getLogger(__name__).warning("logfs: could not turn on %s (%s): filters are not pushed down",
                                                 PUSHDOWN_CONF, exc)
+
+
+SCAN_BUILDER = "org.apache.spark.sql.execution.datasources.v2.python.PythonScanBuilder"
+
+
+def read_plans_per_scan(spark) -> bool:
+    """Whether this Spark keeps the read plan that a filter pushdown produced with the scan it was pushed to
+    (its ``PythonScanBuilder`` holds a ``readInfo`` of its own, as Spark's master does since the limit-pushdown
+    work), rather than on the data source shared by every scan of a DataFrame (``PythonDataSourceV2.setReadInfo``,
+    Spark 4.1-4.3). Only the first makes pushdown safe for a later query over the same DataFrame. False when it
+    cannot be told (Spark Connect: no JVM in this process)."""
+    try:
+        jvm = spark._jvm
+        cls = jvm.org.apache.spark.util.Utils.classForName(SCAN_BUILDER, True, False)
+        return any(f.getName() == "readInfo" for f in cls.getDeclaredFields())
+    except Exception:
+        return False
 
 
 def _unset(spark) -> bool:
@@ -58,4 +79,4 @@ def __getattr__(name: str):
     raise AttributeError(name)
 
 
-__all__ = ["register", "LogfsDataSource", "source_schema", "KAFKA_SCHEMA"]
+__all__ = ["register", "read_plans_per_scan", "LogfsDataSource", "source_schema", "KAFKA_SCHEMA"]

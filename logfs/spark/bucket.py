@@ -17,7 +17,10 @@ types (:mod:`logfs.remote.api`), with messages naming the operation, key and end
 from __future__ import annotations
 
 import bisect
+import hashlib
 import logging
+import os
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Iterator
 
@@ -57,6 +60,52 @@ def open_store(path: str, endpoint: str | None, region: str | None) -> RemoteSto
 
     bucket, _ = parse_bucket_path(path)
     return S3Store(bucket, endpoint=endpoint, region=region or DEFAULT_REGION, max_attempts=MAX_ATTEMPTS)
+
+
+SHARED_STORE_SECONDS = 300.0  # how long a process reuses one client of a bucket for the source's reads
+_shared: dict = {}
+
+
+class _SharedStore:
+    """A store kept for this process's later reads of the same bucket: ``close`` leaves it open."""
+
+    def __init__(self, inner: RemoteStore):
+        self.inner = inner
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
+
+    def close(self) -> None:
+        pass
+
+
+def reading_store(path: str, endpoint: str | None, region: str | None):
+    """The source's client of the bucket of ``path``, shared by the reads of this process for up to
+    SHARED_STORE_SECONDS (then a new one: credentials of the AWS chain are looked up again; at once when an
+    ``AWS_*`` variable of the environment changed). A new boto3 client
+    costs 0.1-0.2 s (its session loads the S3 service model), which was most of a narrow query's time from the
+    bucket: a planning call opened two, each task one. Spark's Python workers run one task at a time and are
+    reused, so a worker creates one client; the clients are thread-safe (the prefetch threads share it)."""
+    now = time.monotonic()
+    pid = os.getpid()
+    # (the AWS variables of the environment are part of the key: a process whose credentials or profile
+    # changed gets a new client at once)
+    chain = hashlib.sha256(repr(sorted((k, v) for k, v in os.environ.items() if k.startswith("AWS_"))).encode())
+    key = (pid, open_store, parse_bucket_path(path)[0], endpoint, region, chain.hexdigest())
+    hit = _shared.get(key)
+    if hit is not None and now - hit[1] < SHARED_STORE_SECONDS:
+        return hit[0]
+    for k, (store, since) in list(_shared.items()):
+        if k[0] != pid or now - since >= SHARED_STORE_SECONDS:
+            del _shared[k]
+            if k[0] == pid:
+                try:
+                    store.inner.close()
+                except Exception:  # (a client that cannot close cleanly is dropped all the same)
+                    pass
+    store = _SharedStore(open_store(path, endpoint, region))
+    _shared[key] = (store, now)
+    return store
 
 
 def list_bucket_partitions(store: RemoteStore, prefix: str) -> dict:

@@ -103,8 +103,15 @@ def _read_batches(options: SourceOptions, r: OffsetRange, schema: StructType, re
     group: list = []  # uncompressed batches for the C decoder
     group_bytes = 0
 
+    constants: list = []  # the topic and partition columns, for the most rows asked so far: sliced per batch
+
     def constant_columns(n: int) -> list:
-        return [pa.repeat(r.topic, n).cast(types[2]), pa.repeat(pa.scalar(r.partition, types[3]), n)]
+        if not constants or len(constants[0]) < n:
+            rows = max(n, 2 * len(constants[0]) if constants else 0)
+            constants[:] = [pa.repeat(r.topic, rows).cast(types[2]),
+                            pa.Array.from_buffers(types[3], rows, [None, pa.py_buffer(
+                                r.partition.to_bytes(4, sys.byteorder, signed=True) * rows)])]
+        return [c.slice(0, n) for c in constants]
 
     def flush() -> pa.RecordBatch:
         n = len(offsets)

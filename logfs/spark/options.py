@@ -168,8 +168,9 @@ class SourceOptions:
                                  pattern=self.pattern, assign=self.assign)
 
     def store(self):
-        """A new client of the bucket (credentials from this process's AWS chain); the caller closes it."""
-        return bucket.open_store(self.data_dir, self.s3_endpoint, self.s3_region)
+        """A client of the bucket (credentials from this process's AWS chain), shared by this process's reads
+        (:func:`~logfs.spark.bucket.reading_store`); the caller closes it (which keeps a shared one open)."""
+        return bucket.reading_store(self.data_dir, self.s3_endpoint, self.s3_region)
 
     def reader(self, tp: TopicPartition, directory: str | None = None, store=None):
         """The partition's reader: of the data directory, or of the bucket through ``store``."""
