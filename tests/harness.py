@@ -34,6 +34,8 @@ TOOLS = str(Path(__file__).resolve().parent.parent / "tools")
 if TOOLS not in sys.path:
     sys.path.append(TOOLS)
 
+from benchlib import alive as _alive, daemon_pids  # noqa: E402  (one finder of a daemon, for tests and benches)
+
 VENV_BIN = os.path.dirname(sys.executable)
 # The daemon must run the same logfs the tests import (a shared venv's editable install may point elsewhere).
 CODE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(logfs.__file__)))
@@ -72,40 +74,6 @@ def mount_fstype(path: str | os.PathLike) -> str | None:
                 sep = parts.index("-")
                 return parts[sep + 1]
     return None
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
-            state = f.read().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError, IndexError):
-        return False
-    return state not in ("Z", "X")
-
-
-def daemon_pids(data_dir: str | os.PathLike, mountpoint: str | os.PathLike | None = None) -> list[int]:
-    """PIDs of live processes whose command line names ``data_dir`` as one argument and mentions logfs
-    (the daemon, however it was started: python -m logfs.cli, the logfs script, mount.fuse3). A source that is not
-    a path (``s3://...``) is matched as given; ``mountpoint``, if given, must be named too."""
-    source = os.fspath(data_dir)
-    target = os.fsencode(source if "://" in source else os.path.abspath(source))
-    mnt = os.fsencode(os.path.abspath(mountpoint)) if mountpoint is not None else None
-    pids = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{name}/cmdline", "rb") as f:
-                args = f.read().split(b"\0")
-        except OSError:
-            continue
-        if b"logfs" not in b" ".join(args):
-            continue
-        if mnt is not None and mnt not in args:
-            continue
-        if any(a == target or a.endswith(b"#" + target) for a in args) and _alive(int(name)):
-            pids.append(int(name))
-    return sorted(pids)
 
 
 def daemon_env(**extra: str) -> dict[str, str]:

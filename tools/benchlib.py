@@ -38,18 +38,45 @@ def wait(predicate, timeout=60.0, what="condition"):
     raise RuntimeError(f"timed out waiting for {what}")
 
 
-def daemon_pid(data: str) -> int | None:
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
+def alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie does not: it has closed its files)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def daemon_pids(data_dir: str | os.PathLike, mountpoint: str | os.PathLike | None = None) -> list[int]:
+    """PIDs of live processes whose command line names ``data_dir`` as one argument and mentions logfs
+    (the daemon, however it was started: python -m logfs.cli, the logfs script, mount.fuse3). A source that is not
+    a path (``s3://...``) is matched as given; ``mountpoint``, if given, must be named too."""
+    source = os.fspath(data_dir)
+    target = os.fsencode(source if "://" in source else os.path.abspath(source))
+    mnt = os.fsencode(os.path.abspath(mountpoint)) if mountpoint is not None else None
+    pids = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == os.getpid():
             continue
         try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
+            with open(f"/proc/{name}/cmdline", "rb") as f:
                 args = f.read().split(b"\0")
         except OSError:
             continue
-        if b"logfs.cli" in b" ".join(args) and data.encode() in args:
-            return int(pid)
-    return None
+        if b"logfs" not in b" ".join(args):
+            continue
+        if mnt is not None and mnt not in args:
+            continue
+        if any(a == target or a.endswith(b"#" + target) for a in args) and alive(int(name)):
+            pids.append(int(name))
+    return sorted(pids)
+
+
+def daemon_pid(data: str) -> int | None:
+    """The daemon serving ``data`` (a data directory, ``DIR1,DIR2`` or ``s3://...``), or None."""
+    pids = daemon_pids(data)
+    return pids[0] if pids else None
 
 
 def env():

@@ -12,7 +12,6 @@ from __future__ import annotations
 import errno
 import os
 import subprocess
-import sys
 import time
 import uuid
 
@@ -144,17 +143,24 @@ def test_a_follower_follows_retention_and_deletion(mount_logfs, follower, creds)
     wait_for(lambda: "t" not in os.listdir(f.mnt), 10, what="the deleted topic to disappear")
 
 
-def test_an_idle_follower_costs_one_request_an_interval_and_rides_out_an_outage(mount_logfs, follower, creds,
-                                                                                 seaweed_outage, tmp_path):
+def _writer_and_metered_follower(mount_logfs, follower, creds, tmp_path, topics: str, n: int, segments: int):
+    """A writer with tiered topics (one letter each) of ``n`` lines, once each has ``segments`` tiered segments,
+    and a follower of its prefix writing its metrics file every 100 ms: (prefix, writer, follower, metrics path)."""
     prefix = "fol-" + uuid.uuid4().hex[:8]
     w = mount_logfs(*writer_opts(creds, prefix))
-    for topic in ("a", "b", "c"):
+    for topic in topics:
         tier(w, topic)
-        w.append(f"{topic}/0", lines(topic, 0, 2000))
-    wait_for(lambda: all(int(w.getx(f"{t}/0", "remote_segment_count")) >= 1 for t in "abc"), 60, interval=0.2,
-             what="tiering")
+        w.append(f"{topic}/0", lines(topic, 0, n))
+    wait_for(lambda: all(int(w.getx(f"{t}/0", "remote_segment_count")) >= segments for t in topics), 60,
+             interval=0.2, what="tiering")
     metrics = tmp_path / "follower.prom"
     f = follower(prefix, "follower", f"logfs.metrics.file={metrics}", "logfs.metrics.interval.ms=100")
+    return prefix, w, f, metrics
+
+
+def test_an_idle_follower_costs_one_request_an_interval_and_rides_out_an_outage(mount_logfs, follower, creds,
+                                                                                 seaweed_outage, tmp_path):
+    prefix, w, f, metrics = _writer_and_metered_follower(mount_logfs, follower, creds, tmp_path, "abc", 2000, 1)
     wait_for(lambda: f.getx("c/0", "log_end_offset") == w.getx("c/0", "remote_log_end_offset"), 10,
              what="the follower")
 
@@ -219,16 +225,8 @@ def test_a_followers_lag_in_its_metrics(mount_logfs, follower, creds, seaweed_ou
     """The metrics file of a follower: its lag in offsets (per topic, the writer's published remote_log_end_offset
     less what the follower shows), in seconds (since it last knew it showed everything published), the writer's
     publish time of the index it applied and the delay from that publish to the follower showing it."""
-    prefix = "fol-" + uuid.uuid4().hex[:8]
-    w = mount_logfs(*writer_opts(creds, prefix))
     started = time.time()
-    for topic in ("a", "b"):
-        tier(w, topic)
-        w.append(f"{topic}/0", lines(topic, 0, 3000))
-    wait_for(lambda: all(int(w.getx(f"{t}/0", "remote_segment_count")) >= 2 for t in "ab"), 60, interval=0.2,
-             what="tiering")
-    metrics = tmp_path / "follower.prom"
-    f = follower(prefix, "follower", f"logfs.metrics.file={metrics}", "logfs.metrics.interval.ms=100")
+    prefix, w, f, metrics = _writer_and_metered_follower(mount_logfs, follower, creds, tmp_path, "ab", 3000, 2)
 
     def sample() -> dict[str, float]:
         text = metrics.read_text() if metrics.exists() else ""
