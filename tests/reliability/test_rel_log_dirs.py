@@ -23,7 +23,8 @@ import pytest
 from harness import append_synced
 
 pytestmark = [pytest.mark.mount, pytest.mark.daemon_errors(
-    "is offline", "was offline", "Input/output error", "clean shutdown of .* incomplete",
+    "is offline", "was offline", "Input/output error", "No space left on device",
+    "clean shutdown of .* incomplete",
     r"fuse_reply_\* failed with No such file or directory")]
 
 OPTIONS = ["num.partitions=1", "log.segment.bytes=4096", "log.index.interval.bytes=256",
@@ -196,3 +197,41 @@ def test_each_step_of_a_move(faultfs, mount_logfs, step, variant):
         assert where[0] == d2  # past the commit point the move completes
     append_synced(path, [b"served"])
     assert _read(path).endswith(b"served\n")
+
+
+def test_a_full_target_fails_the_move_and_keeps_both_directories_online(faultfs, mount_logfs):
+    """ENOSPC writing the copy is not a failing disk: the move fails, its copy is removed, the partition stays
+    where it was, and the target directory stays online (its other partitions serve)."""
+    d1, d2 = faultfs.mountpoint / "d1", faultfs.mountpoint / "d2"
+    d1.mkdir()
+    d2.mkdir()
+
+    def prepare(m):
+        m.source = f"{d1},{d2}"
+
+    fs = mount_logfs(*OPTIONS, name="fs", prepare=prepare, foreground=True)
+    os.mkdir(fs.path("t"))
+    os.mkdir(fs.path("other"))  # in d2
+    path = fs.path("t", 0)
+    append_synced(path, LINES)
+    append_synced(fs.path("other", 0), [b"in the target"])
+    rule = faultfs.fail("write", FUTURE + r"/0+\.log$", errno="ENOSPC", nth=1)
+    os.setxattr(path, LOG_DIR, str(d2).encode())
+    deadline = time.monotonic() + 30
+    while _moving(path) or _seen(faultfs, rule) < 1:
+        assert time.monotonic() < deadline, "the move did not end"
+        time.sleep(0.02)
+    assert re.search(r"ERROR .*moving t-0 to .* failed: .*No space left on device", fs.stderr()), fs.stderr()
+    assert os.getxattr(path, LOG_DIR).decode() == str(d1)
+    assert not [n for n in os.listdir(d2) if n.endswith("-future")]
+    assert _read(fs.path("other", 0)) == b"in the target\n"  # the target is online
+    append_synced(fs.path("other", 0), [b"still"])
+    append_synced(path, [b"after"])
+    faultfs.clear()
+    os.setxattr(path, LOG_DIR, str(d2).encode())  # with room again, the move goes through
+    deadline = time.monotonic() + 30
+    while _moving(path):
+        assert time.monotonic() < deadline, "the second move did not end"
+        time.sleep(0.02)
+    assert os.getxattr(path, LOG_DIR).decode() == str(d2)
+    assert _read(path) == b"".join(line + b"\n" for line in LINES) + b"after\n"
