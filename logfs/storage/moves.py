@@ -253,7 +253,7 @@ class PartitionMoves:
             raise InvalidConfigError(str(exc)) from None
         copies: dict[int, _SegmentCopy] = {}
         throttle = _Throttle(self.broker.get("replica.alter.log.dirs.io.max.bytes.per.second"))
-        committed = False
+        committed = relocated = False
         try:
             with self._on(target_dir, f"moving {plog.name}"):
                 os.mkdir(future)
@@ -277,10 +277,23 @@ class PartitionMoves:
                     plog.log_dir = target_dir.log_dir  # (its partition answers EIO; the next mount completes it)
                     target_dir.log_dir.io_error(exc, f"moving {plog.name} into {target_dir.path}", space_ok=False)
                     raise
-                self._relocate(plog, gone, live, target_dir)
+                try:
+                    self._relocate(plog, gone, live, target_dir)
+                except BaseException as exc:
+                    # Half relocated (a descriptor that would not open, EMFILE...): appends could go on into the
+                    # source's files, which are purged with it. The target goes offline instead (EIO until the
+                    # next mount, which finds the partition whole in it).
+                    plog.directory, plog.log_dir = live, target_dir.log_dir
+                    relocated = True  # (it is the target's now, offline: counted below, outside the log's lock)
+                    target_dir.log_dir.take_offline(f"moving {plog.name}: its files could not be switched: {exc}")
+                    raise
         except BaseException as exc:
             for copy in copies.values():
                 copy.close()
+            if relocated:
+                with self.lock:
+                    source_dir.partitions -= 1
+                    target_dir.partitions += 1
             if not committed:
                 if not target_dir.offline:  # (nothing more is written to a failed disk)
                     shutil.rmtree(future, ignore_errors=True)

@@ -122,3 +122,36 @@ def test_a_partition_live_in_two_directories_is_refused(open_manager, tmp_path):
     shutil.copytree(tmp_path / "d0" / "t-0", tmp_path / "d1" / "t-0")
     with pytest.raises(LogfsError, match="in two log directories"):
         open_manager(data_dir=dirs)
+
+
+def test_a_move_whose_files_cannot_be_switched_takes_the_target_offline(open_manager, tmp_path, monkeypatch):
+    """Past the commit point, a descriptor that will not open on the copy (EMFILE: the one error of that step that
+    is not the disk's) must not leave the log appending to the source's files, which are purged: the target goes
+    offline, and the next load finds the partition whole there. (The failing open is injected: the process's
+    descriptor limit cannot be made to run out at exactly that call.)"""
+    from logfs.storage import moves
+    from logfs.storage.errors import StorageIOError
+
+    dirs = _dirs(tmp_path, 2)
+    manager = open_manager(data_dir=dirs, props={"num.partitions": "1", "log.segment.bytes": "8192"})
+    manager.create_topic("t")
+    plog = manager.get_log("t", 0)
+    data = _fill(plog)
+
+    def no_descriptor(attrs, name, path, old_dir, new_dir):
+        if attrs.get(name) is not None:
+            raise OSError(24, "Too many open files")
+
+    monkeypatch.setattr(moves, "_switch", no_descriptor)
+    with pytest.raises(OSError):
+        manager.move_partition("t", 0, str(tmp_path / "d1"))
+    assert manager.dirs[1].offline and not manager.dirs[0].offline
+    assert manager.log_dir_of("t", 0) == str(tmp_path / "d1")  # (the target's now: its partitions answer EIO)
+    assert [d.partitions for d in manager.dirs] == [0, 1]
+    with pytest.raises(StorageIOError):
+        _fill(plog, 1)  # no append reaches the source's files
+    manager.close()  # (the clean shutdown of a mount with an offline directory: no error out of it)
+    monkeypatch.undo()
+    again = open_manager(data_dir=dirs)
+    assert again.log_dir_of("t", 0) == str(tmp_path / "d1")
+    assert _read_all(again.get_log("t", 0)) == data
