@@ -98,7 +98,7 @@ class RemoteStore(abc.ABC):
         RemoteNotFoundError if the object is missing.
         """
 
-    def get_range_buffer(self, key: str, start: int, length: int) -> bytes | bytearray:
+    def get_range_buffer(self, key: str, start: int, length: int) -> bytes | bytearray | memoryview:
         """As :meth:`get_range`, as a buffer the caller owns (a store may read the body straight into it, with no
         copy into a ``bytes``): the tiered read path slices it into blocks as views."""
         return self.get_range(key, start, length)
@@ -154,7 +154,7 @@ class ReadOnlyStore(RemoteStore):
     def get_range(self, key: str, start: int, length: int) -> bytes:
         return self.inner.get_range(key, start, length)
 
-    def get_range_buffer(self, key: str, start: int, length: int) -> bytes | bytearray:
+    def get_range_buffer(self, key: str, start: int, length: int) -> bytes | bytearray | memoryview:
         return self.inner.get_range_buffer(key, start, length)
 
     def list(self, prefix: str) -> list[RemoteObject]:
