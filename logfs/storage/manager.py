@@ -107,37 +107,7 @@ class LogManager(TopicSettings, PartitionMoves, LogDirsLoading):
 
     # -- startup -----------------------------------------------------------------------------------
 
-    # -- topics ------------------------------------------------------------------------------------
-
-    def list_topics(self) -> list[str]:
-        with self.lock:
-            return sorted(self.topics)
-
-    def partitions(self, topic: str) -> list[int]:
-        """The topic's partition numbers, ascending (a copy: O(p) for its p partitions)."""
-        with self.lock:
-            if topic not in self.topics:
-                raise NoSuchTopicError(f"no topic {topic!r}")
-            return list(self._topic_parts.get(topic, ()))
-
-    def partition_count(self, topic: str) -> int:
-        """How many partitions the topic has (O(1))."""
-        with self.lock:
-            if topic not in self.topics:
-                raise NoSuchTopicError(f"no topic {topic!r}")
-            return len(self._topic_parts.get(topic, ()))
-
-    def next_partition(self, topic: str) -> int:
-        """One past the topic's highest partition number (0 for none): the number a new partition gets (O(1))."""
-        with self.lock:
-            if topic not in self.topics:
-                raise NoSuchTopicError(f"no topic {topic!r}")
-            parts = self._topic_parts.get(topic)
-            return parts[-1] + 1 if parts else 0
-
-    def topic_logs(self, topic: str) -> list[Log]:
-        """The logs of one topic's partitions (O(p); empty for an unknown topic)."""
-        return list(self._topic_logs.get(topic, {}).values())
+    # -- topics (their listing: the TopicSettings mixin) -----------------------------------------------
 
     def dir_of(self, plog: Log) -> DataDir:
         """The log directory holding ``plog``."""
