@@ -121,6 +121,10 @@ class RemoteStore(abc.ABC):
     def close(self) -> None:
         """Release connections; the store is not used afterwards."""
 
+    def drop_idle_connections(self) -> None:
+        """Close the connections kept alive for reuse that no request is using (after a burst of parallel requests,
+        so that they do not hold descriptors for good); the next requests open what they need."""
+
 
 class ReadOnlyStore(RemoteStore):
     """A store that reads through ``store`` and refuses every change (a follower mount's: it never writes to the
@@ -165,6 +169,9 @@ class ReadOnlyStore(RemoteStore):
 
     def close(self) -> None:
         self.inner.close()
+
+    def drop_idle_connections(self) -> None:
+        self.inner.drop_idle_connections()
 
     def __getattr__(self, name: str):
         return getattr(self.inner, name)  # (read_timeout, worst_case_seconds, counters...)

@@ -300,6 +300,10 @@ class S3Store(RemoteStore):
     def close(self) -> None:
         self._client.close()
 
+    def drop_idle_connections(self) -> None:
+        # urllib3's pools: clear() closes the connections idle in them; one in use is closed when given back.
+        self._client._endpoint.http_session._manager.clear()
+
 
 def _buffer(size: int) -> bytearray | mmap.mmap:
     """A writable buffer of ``size`` bytes for a GET's body. From 1 MiB on, an anonymous mapping populated in one

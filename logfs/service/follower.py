@@ -114,12 +114,16 @@ class Follower:
             self._topic(topic, entry["config"], entry["partitions"])
             changed += [(topic, partition) for partition, generation in sorted(entry["partitions"].items())
                         if self.generations.get((topic, partition)) != generation]
-        for (topic, partition), m in self._read_manifests(changed):
-            plog = manager.logs[(topic, partition)]
-            tier = self.rlm._tier(plog)
-            tier.loaded = True
-            self.rlm._publish(tier, m, fetch=True)
-            self.generations[(topic, partition)] = m.generation
+        try:
+            for (topic, partition), m in self._read_manifests(changed):
+                plog = manager.logs[(topic, partition)]
+                tier = self.rlm._tier(plog)
+                tier.loaded = True
+                self.rlm._publish(tier, m, fetch=True)
+                self.generations[(topic, partition)] = m.generation
+        finally:
+            if len(changed) > 1:  # the readers' extra connections: not kept alive, holding descriptors, when idle
+                self.store.drop_idle_connections()
         for topic in list(manager.topics):
             named = index.topics.get(topic, {}).get("partitions", {})
             for partition in manager.partitions(topic):
