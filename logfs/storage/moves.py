@@ -407,6 +407,12 @@ class _MoveThread(threading.Thread):
     def run(self) -> None:
         manager, plog = self.manager, self.plog
         try:
+            # A background copy: the lowest CPU priority (Linux's nice is per thread), so that on a busy machine the
+            # copy's own CPU (copy_file_range runs in this thread, in the kernel) waits for the appends and reads.
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+        except (OSError, AttributeError):
+            pass
+        try:
             with plog.rewrite_lock:  # the cleaner and compression keep off it meanwhile
                 manager._move(plog, self.source_dir, self.target_dir)
             manager.moves_done += 1
