@@ -52,14 +52,18 @@ def _append_unsynced(path: str, lines: list[bytes]) -> None:
         os.close(fd)
 
 
-@pytest.mark.parametrize("where", ["mid-segment", "log-end", "high-watermark"])
+@pytest.mark.parametrize("where", ["mid-segment", "log-end", "high-watermark", "unsynced-high-watermark"])
 def test_delete_records_survives_a_power_cut_right_after_it(faultfs, mount_logfs, where):
     faultfs.fsyncgate("")
     fs = mount_logfs(*OPTIONS, name=".", foreground=True)
     os.mkdir(fs.path("t"))
     lines = [b"record %04d %s" % (i, b"p" * 40) for i in range(400)]  # ~5 segments of 4 KiB
-    append_synced(fs.path("t", 0), lines)
-    start = {"mid-segment": 157, "log-end": 400, "high-watermark": -1}[where]
+    if where.startswith("unsynced"):  # the last 100 lines were never fsynced by their writer
+        append_synced(fs.path("t", 0), lines[:300])
+        _append_unsynced(fs.path("t", 0), lines[300:])
+    else:
+        append_synced(fs.path("t", 0), lines)
+    start = {"mid-segment": 157, "log-end": 400}.get(where, -1)
     os.setxattr(fs.path("t", 0), "user.logfs.log_start_offset", str(start).encode())
     expected_start = 400 if start == -1 else start
     assert fs.getx("t/0", "log_start_offset") == str(expected_start)
