@@ -406,9 +406,17 @@ class FaultOperations(pyfuse3.Operations):
             if not names:
                 del self.names[ino]
                 self.last[ino] = rel
-                self._maybe_forget(ino)
+                self._unlinked(ino)
         if self.inode_of.get(rel) == ino:
             del self.inode_of[rel]
+
+    def _unlinked(self, ino: int) -> None:
+        """A file lost its last name: once no descriptor holds it either, what it had not fsynced matters to no
+        power cut (its bytes are gone with it), so its undo records and gate descriptor go too."""
+        if ino not in self.inode_fds and ino in self.undo:
+            del self.undo[ino]
+            self._close_gate_fd(ino)
+        self._maybe_forget(ino)
 
     def _maybe_forget(self, ino: int) -> None:
         """A file with no name and no descriptor is gone from SOURCE, which may reuse its inode number: a file
@@ -708,7 +716,10 @@ class FaultOperations(pyfuse3.Operations):
                 del self.inode_fds[ino]
                 if ino not in self.undo:
                     self._close_gate_fd(ino)
-                self._maybe_forget(ino)
+                if ino in self.names:
+                    self._maybe_forget(ino)
+                else:
+                    self._unlinked(ino)
         os.close(fh)
         rules = inj.by_op.get("release")
         if rules:  # the kernel ignores release's answer; the descriptor is closed either way
