@@ -23,7 +23,7 @@ import time
 import pytest
 
 from harness import append_synced
-from rel_helpers import wait_for
+from rel_helpers import mount_over_two_dirs, wait_for
 
 pytestmark = [pytest.mark.mount, pytest.mark.daemon_errors("clean shutdown of .* incomplete")]
 
@@ -106,15 +106,8 @@ def test_fsynced_appends_survive_a_power_cut_and_the_rest_is_a_prefix(faultfs, m
         assert data[pos:].split(b"\n", 1)[0] == acked[offset]
 
 
-def test_a_finished_move_survives_a_power_cut(faultfs, mount_logfs, tmp_path):
-    d1, d2 = faultfs.mountpoint / "d1", faultfs.mountpoint / "d2"
-    d1.mkdir()
-    d2.mkdir()
-
-    def prepare(m):
-        m.source = f"{d1},{d2}"
-
-    fs = mount_logfs(*OPTIONS, name="fs", prepare=prepare, foreground=True)
+def test_a_finished_move_survives_a_power_cut(faultfs, mount_logfs):
+    fs, d1, d2 = mount_over_two_dirs(faultfs, mount_logfs, *OPTIONS)
     faultfs.fsyncgate("")  # after the directories were made: mkdir is metadata, kept in any case
     os.mkdir(fs.path("m"))
     lines = [b"moving line %04d %s" % (i, b"m" * 30) for i in range(500)]

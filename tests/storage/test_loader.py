@@ -56,6 +56,17 @@ def managers(open_manager):
     return open
 
 
+def flushed_log(managers, n):
+    """A new manager with topic t, whose partition 0 holds ``n`` values, flushed and checkpointed: (manager, log)."""
+    mgr = managers()
+    mgr.create_topic("t")
+    log = mgr.get_log("t", 0)
+    log.append(values(n))
+    log.flush()
+    mgr.checkpoint()
+    return mgr, log
+
+
 def build_closed_log(open_log, n=200):
     log = open_log(LogConfig.for_tests(**SMALL))
     for i in range(0, n, 4):
@@ -195,12 +206,7 @@ def test_a_roll_whose_predecessor_lost_its_tail_skips_no_offset(managers, new_se
     """A power cut after a roll: the new segment's name reached the disk, the old segment's last records did not
     (found by tests/reliability/test_rel_powercut.py). An empty segment past the gap goes, and the log goes on
     from the recovered end; one with records is kept (it holds what was written, and its offsets are its own)."""
-    mgr = managers()
-    mgr.create_topic("t")
-    log = mgr.get_log("t", 0)
-    log.append(values(100))
-    log.flush()
-    mgr.checkpoint()
+    mgr, log = flushed_log(managers, 100)
     first_unflushed = len(log.segments)
     while len(log.segments) < first_unflushed + 2:
         log.append(values(10, 100))  # unflushed; rolls twice
@@ -391,12 +397,7 @@ def test_checkpoint_format_and_recovery_point_only_after_flush(managers, tmp_pat
 
 
 def test_recovery_point_not_advanced_before_flush_across_a_crash(managers, recover_calls):
-    mgr = managers()
-    mgr.create_topic("t")
-    log = mgr.get_log("t", 0)
-    log.append(values(100))
-    log.flush()
-    mgr.checkpoint()
+    mgr, log = flushed_log(managers, 100)
     log.append(values(100, 100))
     bases = [s.base_offset for s in log.segments]
     assert log.recovery_point == 100
