@@ -305,7 +305,7 @@ class Bench:
                     store_mb_big=out["store_mb_big"], target_max_mb=200.0)
 
     def responsiveness(self):
-        size = (24 << 20) if self.quick else (1 << 30)
+        size = (16 << 20) if self.quick else (1 << 30)  # (quick: ~50,000 keys in ~160,000 lines)
         row = {}
         for mode in ("process", "thread"):
             data, mnt = self.dirs(f"clean-{mode}")
