@@ -66,6 +66,13 @@ def _long(lo: int | None = None, hi: int = LONG_MAX) -> Callable[[str], int]:
     return parse
 
 
+def _share(text: str) -> float:
+    value = parse_double(text)
+    if not 0.0 < value <= 1.0:  # also refuses NaN
+        raise InvalidConfigError(f"value {value} is out of range (0, 1]")
+    return value
+
+
 def _ratio(text: str) -> float:
     value = parse_double(text)
     if not 0.0 <= value <= 1.0:  # also refuses NaN
@@ -224,6 +231,9 @@ BROKER_ONLY: dict[str, Setting] = {
         # Kafka's throttle of the copy of an intra-broker move (here: a move between log directories, moves.py);
         # Kafka's default, unthrottled.
         Setting("replica.alter.log.dirs.io.max.bytes.per.second", _long(1), str(LONG_MAX)),
+        # logfs's own pacing of that copy, whatever the disk: the share of the time the copy may spend copying
+        # (and writing back); it sleeps the rest. 1 copies flat out (Kafka's default); both limits apply.
+        Setting("logfs.move.disk.share", _share, "0.2"),
         Setting("log.cleaner.enable", _bool, "true"),
         Setting("log.initial.task.delay.ms", _long(0), "0"),
         # Tiered storage (logfs.storage.tiered.manager): the store is chosen by the service (logfs.service.tiering).

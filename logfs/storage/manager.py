@@ -374,6 +374,10 @@ class LogManager(TopicSettings, PartitionMoves, LogDirsLoading):
                                      f"at {end} (-1 means the log end offset)")
         if target <= start:
             return start
+        # The records below the new start are made durable first: a power cut could otherwise leave a log that
+        # ends below a start already checkpointed, which the loader takes for a damaged checkpoint (it starts at
+        # the first segment then), bringing the deleted records back. (One fsync; none when they already are.)
+        plog.flush(up_to=target)
         if self.remote is not None and plog.config.remote_storage_enable:
             self.remote.delete_records(plog, target)  # the manifest first: it is the tiered log's start
         plog.increment_log_start_offset(target)

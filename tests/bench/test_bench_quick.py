@@ -35,7 +35,7 @@ RANGES = {
     "responsiveness": {**{f"{k}_{mode}": r for mode in ("process", "thread") for k, r in (
                           ("p99_ms_idle", (0.001, 60_000)), ("p99_ms_cleaning", (0.001, 60_000)),
                           ("ratio", (0.0001, 10_000)), ("clean_s", (0.001, 600)))},  # -1: never cleaned
-                       "partition_mb": (24, 24), "target_max": (3, 3)},
+                       "partition_mb": (16, 16), "target_max": (3, 3)},
     "spark": {"mb": (32, 32), "s_logfs": (0.01, 900), "s_ext4": (0.01, 900), "ratio_vs_ext4": (0.001, 1000),
               "records": (1, 10**9), "target": (0.8, 0.8)},
     "spark_sink": {"rows": (50_000, 50_000), "row_bytes": (50, 200), "rows_per_s_logfs": (1, 1e8),
@@ -64,7 +64,7 @@ RANGES = {
                "random_read_ms_max": (0.01, 60_000), "cache_limit_mb": (2.097152, 2.097152),
                "cache_max_mb": (0.01, 30), "cache_max_block_files_mb": (0.01, 30),
                "MBps_stored_1m_cold_small_cache": (0.01, 1e5)},
-    "spark_cluster": {"mb": (20, 40), "records": (100_000, 1_000_000),
+    "spark_cluster": {"mb": (8, 20), "records": (50_000, 1_000_000),
                       **{f"{k}_{q}_{src}": r for q in ("count", "groupby") for src in ("bucket", "local")
                          for k, r in (("s", (0.01, 900)), ("MBps", (0.01, 1e5)))},
                       "ratio_count": (0.001, 1000), "ratio_groupby": (0.001, 1000), "target": (0.5, 0.5)},

@@ -47,6 +47,13 @@ remembered until a successful fsync of the file; when an fsync of such a file fa
 real), the writes since its last successful fsync are undone on SOURCE and the kernel's pages of the file are
 invalidated, and the next fsync, with nothing dirty any more, returns 0.
 
+A power cut (``{"cmd": "powercut"}``, after a gate on "" or on the files that matter) uses the same records: every
+gated file loses what was written to it since its last successful fsync (a file never fsynced goes back to the
+size it had when the gate first saw it written: 0 for a new file), as LazyFS's ``clear-cache`` does; names
+(creates, renames, unlinks) are kept, as LazyFS keeps them. Kill the daemons writing through faultfs first (a
+power cut stops them too): writes that arrive after the cut are the next boot's. Answers
+{"ok": true, "files": N, "writes": M}: the files cut back and the writes they lost.
+
 From a test: ``faultfs_client.FaultFS`` (tests/reliability/faultfs_client.py), or the ``faultfs`` fixture of
 tests/reliability/conftest.py, whose ``faultfs.mountpoint`` is the DATA_DIR to give a logfs daemon; then e.g.
 ``faultfs.fail("rename", r"\.swap$")``, ``faultfs.injected()``, ``faultfs.clear()``.
@@ -195,6 +202,7 @@ class Injector:
         self.log: collections.deque = collections.deque(maxlen=LOG_SIZE)
         self.seq = 0
         self.next_id = 1
+        self.power_cut = None  # async () -> dict: set by FaultOperations (a power cut needs its undo records)
 
     def add(self, spec: dict) -> Rule:
         rule = Rule(self.next_id, spec)
@@ -354,6 +362,7 @@ class FaultOperations(pyfuse3.Operations):
         # fsyncgate: per inode, the undo records of the writes since its last successful fsync
         self.undo: dict[int, list[tuple[int, bytes, int]]] = {}
         self.gate_fds: dict[int, int] = {}
+        inj.power_cut = self.power_cut
 
     # -- names and inodes ---------------------------------------------------------------------------------
     def abspath(self, rel: str) -> str:
@@ -397,9 +406,17 @@ class FaultOperations(pyfuse3.Operations):
             if not names:
                 del self.names[ino]
                 self.last[ino] = rel
-                self._maybe_forget(ino)
+                self._unlinked(ino)
         if self.inode_of.get(rel) == ino:
             del self.inode_of[rel]
+
+    def _unlinked(self, ino: int) -> None:
+        """A file lost its last name: once no descriptor holds it either, what it had not fsynced matters to no
+        power cut (its bytes are gone with it), so its undo records and gate descriptor go too."""
+        if ino not in self.inode_fds and ino in self.undo:
+            del self.undo[ino]
+            self._close_gate_fd(ino)
+        self._maybe_forget(ino)
 
     def _maybe_forget(self, ino: int) -> None:
         """A file with no name and no descriptor is gone from SOURCE, which may reuse its inode number: a file
@@ -699,7 +716,10 @@ class FaultOperations(pyfuse3.Operations):
                 del self.inode_fds[ino]
                 if ino not in self.undo:
                     self._close_gate_fd(ino)
-                self._maybe_forget(ino)
+                if ino in self.names:
+                    self._maybe_forget(ino)
+                else:
+                    self._unlinked(ino)
         os.close(fh)
         rules = inj.by_op.get("release")
         if rules:  # the kernel ignores release's answer; the descriptor is closed either way
@@ -753,8 +773,9 @@ class FaultOperations(pyfuse3.Operations):
             old = os.pread(fd, min(length, size - off), off) if off < size else b""
         self.undo.setdefault(ino, []).append((off, old, size))
 
-    def _drop_dirty(self, ino: int) -> None:
-        """A failed fsync: the writes it covered never reach the disk (Linux marks the pages clean and drops them)."""
+    def _drop_dirty(self, ino: int, why: str = "fsyncgate") -> int:
+        """A failed fsync: the writes it covered never reach the disk (Linux marks the pages clean and drops them).
+        Also a power cut's, file by file. Returns how many writes were undone."""
         records = self.undo.pop(ino)
         fd = self.gate_fds[ino]
         for off, old, _size in reversed(records):
@@ -762,11 +783,20 @@ class FaultOperations(pyfuse3.Operations):
                 os.pwrite(fd, old, off)
         os.ftruncate(fd, records[0][2])
         seq = self.inj.seq = self.inj.seq + 1
-        self.inj.log.append({"seq": seq, "rule": None, "op": "fsyncgate", "path": self.path_of(ino),
+        self.inj.log.append({"seq": seq, "rule": None, "op": why, "path": self.path_of(ino),
                              "time": time.time(), "dropped_writes": len(records)})
         if ino not in self.inode_fds:
             self._close_gate_fd(ino)
             self._maybe_forget(ino)
+        return len(records)
+
+    async def power_cut(self) -> dict:
+        """Every gated file back to its last fsynced bytes; the kernel's pages of them dropped."""
+        cut = list(self.undo)
+        writes = sum(self._drop_dirty(ino, "powercut") for ino in cut)
+        for ino in cut:
+            await self._invalidate(ino)
+        return {"ok": True, "files": len(cut), "writes": writes}
 
     @staticmethod
     async def _invalidate(ino: int) -> None:
@@ -894,7 +924,11 @@ async def serve_control(inj: Injector, path: str, *, task_status=trio.TASK_STATU
                     if not line.strip():
                         continue
                     try:
-                        reply = inj.request(json.loads(line))
+                        req = json.loads(line)
+                        if req.get("cmd") == "powercut":
+                            reply = await inj.power_cut()
+                        else:
+                            reply = inj.request(req)
                     except Exception as exc:  # a bad request is answered, never fatal
                         reply = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
                     try:

@@ -213,6 +213,11 @@ class FaultFS:
         """Writes to files matching ``path`` are dropped when an fsync of the file fails (see faultfs.py)."""
         return self.request(cmd="add", kind="fsyncgate", path=path)["id"]
 
+    def power_cut(self) -> dict:
+        """Every file under a gate (``fsyncgate(path)``, added before the writes) loses what was written to it since
+        its last successful fsync, as in a power cut; kill the writers first. {"files": N, "writes": M}."""
+        return self.request(cmd="powercut")
+
     def clear(self, rule_id: int | None = None) -> list[int]:
         """Remove one rule, or all of them; returns the ids removed."""
         req = {"cmd": "clear"}

@@ -23,6 +23,19 @@ from harness import (  # noqa: E402,F401  (re-exported for the tests)
     LogfsMount, daemon_env, daemon_pids, expect_errno, fuse_unusable_reason, mounted_at, sh, wait_for,
 )
 
+def mount_over_two_dirs(faultfs, mount_logfs, *options: str):
+    """A foreground logfs mount (named "fs") over two log directories on faultfs, ``d1`` and ``d2`` (made here):
+    (mount, d1, d2)."""
+    d1, d2 = faultfs.mountpoint / "d1", faultfs.mountpoint / "d2"
+    d1.mkdir()
+    d2.mkdir()
+
+    def prepare(m):
+        m.source = f"{d1},{d2}"
+
+    return mount_logfs(*options, name="fs", prepare=prepare, foreground=True), d1, d2
+
+
 # -- profiles ----------------------------------------------------------------------------------------------
 # Set by conftest.pytest_configure: LONG when LOGFS_LONG=1 or when the run selects `-m long`.
 LONG = os.environ.get("LOGFS_LONG", "") not in ("", "0")

@@ -453,6 +453,42 @@ def test_fsyncgate_drops_the_writes_of_a_failed_fsync(faultfs):
     assert [f["op"] for f in faultfs.injected()] == ["fsync", "fsyncgate", "fsync"]
 
 
+def test_a_power_cut_keeps_only_what_was_fsynced(faultfs):
+    data, lower = faultfs.mountpoint, faultfs.source
+    faultfs.fsyncgate("")
+    fd = os.open(data / "a", os.O_RDWR | os.O_CREAT, 0o644)
+    os.write(fd, b"synced ")
+    os.fdatasync(fd)
+    os.write(fd, b"lost")
+    os.ftruncate(fd, 3)  # a truncate after the fsync is lost too
+    os.write(fd, b"again")
+    os.close(fd)
+    fd = os.open(data / "b.tmp", os.O_RDWR | os.O_CREAT, 0o644)  # new, written, renamed, never fsynced
+    os.write(fd, b"never synced")
+    os.close(fd)
+    os.rename(data / "b.tmp", data / "b")
+    fd = os.open(data / "c.tmp", os.O_RDWR | os.O_CREAT, 0o644)  # the checkpoint protocol: fsync, then rename
+    os.write(fd, b"checkpoint")
+    os.fsync(fd)
+    os.close(fd)
+    os.rename(data / "c.tmp", data / "c")
+    with open(data / "a", "rb") as f:
+        assert f.read() == b"syn" + b"\0" * 8 + b"again"  # what the "cache" held
+    reply = faultfs.power_cut()
+    assert (reply["files"], reply["writes"]) == (2, 4), reply  # a: write + truncate + write; b: one write
+    assert (lower / "a").read_bytes() == b"synced "
+    assert (lower / "b").read_bytes() == b""  # the name survived, its bytes did not
+    assert (lower / "c").read_bytes() == b"checkpoint"
+    with open(data / "a", "rb") as f:  # the kernel's pages of the files were dropped
+        assert f.read() == b"synced "
+    assert [f["op"] for f in faultfs.injected()] == ["powercut", "powercut"]
+    assert faultfs.power_cut()["files"] == 0  # nothing dirty any more
+    # A file removed before the cut is no file's business: nothing of it is remembered (nor a descriptor kept).
+    (data / "gone").write_bytes(b"written, never fsynced")
+    os.unlink(data / "gone")
+    assert faultfs.power_cut()["files"] == 0
+
+
 def test_start_stop_and_kill(tmp_path):
     fs = FaultFS(tmp_path / "lower", tmp_path / "mnt")
     with fs:

@@ -21,6 +21,7 @@ import time
 import pytest
 
 from harness import append_synced
+from rel_helpers import mount_over_two_dirs
 
 pytestmark = [pytest.mark.mount, pytest.mark.daemon_errors(
     "is offline", "was offline", "Input/output error", "No space left on device",
@@ -137,14 +138,7 @@ AFTER_COMMIT = {"fsync-source-dir", "rename-live", "fsync-target-dir-3"}
 @pytest.mark.parametrize("variant", ["eio", "kill"])
 @pytest.mark.parametrize("step", list(STEPS))
 def test_each_step_of_a_move(faultfs, mount_logfs, step, variant):
-    d1, d2 = faultfs.mountpoint / "d1", faultfs.mountpoint / "d2"
-    d1.mkdir()
-    d2.mkdir()
-
-    def prepare(m):
-        m.source = f"{d1},{d2}"
-
-    fs = mount_logfs(*OPTIONS, name="fs", prepare=prepare, foreground=True)
+    fs, d1, d2 = mount_over_two_dirs(faultfs, mount_logfs, *OPTIONS)
     os.mkdir(fs.path("t"))
     os.mkdir(fs.path("other"))  # a partition of d2 that the move never touches
     path = fs.path("t", 0)
@@ -202,14 +196,7 @@ def test_each_step_of_a_move(faultfs, mount_logfs, step, variant):
 def test_a_full_target_fails_the_move_and_keeps_both_directories_online(faultfs, mount_logfs):
     """ENOSPC writing the copy is not a failing disk: the move fails, its copy is removed, the partition stays
     where it was, and the target directory stays online (its other partitions serve)."""
-    d1, d2 = faultfs.mountpoint / "d1", faultfs.mountpoint / "d2"
-    d1.mkdir()
-    d2.mkdir()
-
-    def prepare(m):
-        m.source = f"{d1},{d2}"
-
-    fs = mount_logfs(*OPTIONS, name="fs", prepare=prepare, foreground=True)
+    fs, d1, d2 = mount_over_two_dirs(faultfs, mount_logfs, *OPTIONS)
     os.mkdir(fs.path("t"))
     os.mkdir(fs.path("other"))  # in d2
     path = fs.path("t", 0)

@@ -98,6 +98,33 @@ def test_rows_land_where_a_kafka_producer_puts_them(spark, mount_logfs):
         1 for v, (k, p) in seen.items() if p == 1 and v.endswith(b"second line"))
 
 
+def test_the_sink_writes_into_every_log_directory(spark, mount_logfs, tmp_path):
+    """CONTRACT section 12: a topic whose partitions are placed in two log directories takes a sink's commit in
+    both, each partition's records in its own directory (kafka-python reads them there)."""
+    d1, d2 = tmp_path / "d1", tmp_path / "d2"
+    d1.mkdir()
+    d2.mkdir()
+
+    def prepare(m):
+        m.source = f"{d1},{d2}"
+
+    fs = mount_logfs("num.partitions=2", prepare=prepare)
+    os.mkdir(fs.path("out"))
+    dirs = {p: os.getxattr(fs.path("out", p), "user.logfs.log_dir").decode() for p in range(2)}
+    assert sorted(dirs.values()) == sorted([str(d1), str(d2)])  # placement: one partition in each
+    df = spark.range(1000).repartition(3).select(
+        F.concat(F.lit("v"), F.col("id").cast("string")).cast("binary").alias("value"),
+        (F.col("id") % 2).cast("int").alias("partition"))
+    write(df, fs, topic="out")
+    for p in range(2):
+        want = sorted(b"v%d" % i for i in range(p, 1000, 2))
+        records = kafka_python_records(dirs[p], "out", p)
+        assert [r[0] for r in records] == list(range(500))
+        assert sorted(r[3] for r in records) == want
+        assert sorted(fs.read(f"out/{p}").split()) == want
+    assert staged(fs) == []
+
+
 def test_topic_column_headers_and_the_topic_option_winning(spark, mount_logfs):
     fs = mount_logfs("num.partitions=2")
     for t in ("a", "b", "c"):

@@ -81,7 +81,7 @@ def test_a_batch_write_whose_first_attempts_fail_appends_each_row_once(mount_log
     os.mkdir(fs.path("out"))
     markers = tmp_path / "markers"
     markers.mkdir()
-    rows = 1_000_000
+    rows = 200_000  # (per task ~33,000: the first attempts fail after ~16,000 of theirs)
     proc = driver("batch", str(fs.mnt), "out", str(rows), str(markers))
     try:
         out, _ = proc.communicate(timeout=600)
@@ -158,7 +158,7 @@ def killed_stream(fs, tmp_path, kills: int, env: dict | None = None, check_stage
             fs.append(f"in/{p}", "".join(lines[start:start + 2000]))
     tails = [Tail(fs.path(f"out/{p}")) for p in range(3)]
     checkpoint = str(tmp_path / "checkpoint")
-    args = ["stream", str(fs.data), str(fs.mnt), "in", "out", checkpoint, "1500"]
+    args = ["stream", str(fs.data), str(fs.mnt), "in", "out", checkpoint, "3000"]  # ~5 micro-batches in all
     rng = random.Random(int(time.time()))
     try:
         committed = []  # micro-batches each killed run reported done

@@ -56,6 +56,17 @@ def managers(open_manager):
     return open
 
 
+def flushed_log(managers, n):
+    """A new manager with topic t, whose partition 0 holds ``n`` values, flushed and checkpointed: (manager, log)."""
+    mgr = managers()
+    mgr.create_topic("t")
+    log = mgr.get_log("t", 0)
+    log.append(values(n))
+    log.flush()
+    mgr.checkpoint()
+    return mgr, log
+
+
 def build_closed_log(open_log, n=200):
     log = open_log(LogConfig.for_tests(**SMALL))
     for i in range(0, n, 4):
@@ -188,6 +199,42 @@ def test_garbage_after_unclean_shutdown_is_truncated(managers):
     assert read_values(log) == values(150)
     log.append([b"after"])
     assert log.read(150)[0].value == b"after"
+
+
+@pytest.mark.parametrize("new_segment_has_records", [False, True])
+def test_a_roll_whose_predecessor_lost_its_tail_skips_no_offset(managers, new_segment_has_records):
+    """A power cut after a roll: the new segment's name reached the disk, the old segment's last records did not
+    (found by tests/reliability/test_rel_powercut.py). An empty segment past the gap goes, and the log goes on
+    from the recovered end; one with records is kept (it holds what was written, and its offsets are its own)."""
+    mgr, log = flushed_log(managers, 100)
+    first_unflushed = len(log.segments)
+    while len(log.segments) < first_unflushed + 2:
+        log.append(values(10, 100))  # unflushed; rolls twice
+    segments = [(s.base_offset, s.log_path) for s in log.segments]
+    mgr.abandon()
+    last_base, last_path = segments[-1]
+    prev_base, prev_path = segments[-2]
+    open(last_path, "wb").close()  # the newest segment's records were lost, its name was not
+    with open(prev_path, "r+b") as f:  # and the old segment's tail: cut back to its first batch
+        first = rec.parse_header(f.read(61))
+        f.truncate(first.size)
+    if new_segment_has_records:
+        with open(last_path, "ab") as f:
+            f.write(rec.build_batch(last_base, 0, [b"kept past the gap"]))
+    mgr = managers()
+    log = mgr.get_log("t", 0)
+    names = segment_files(os.path.dirname(last_path))
+    if new_segment_has_records:
+        assert os.path.basename(last_path) in names
+        assert log.log_end_offset == last_base + 1
+    else:
+        assert os.path.basename(last_path) not in names
+        assert log.log_end_offset == log.active_segment.next_offset
+        assert log.active_segment.base_offset == prev_base
+        end = log.log_end_offset
+        log.append([b"after the cut"])
+        assert log.read(end)[0].offset == end  # no offset skipped
+        assert log.read(end)[0].value == b"after the cut"
 
 
 def test_crash_image_with_preallocated_indexes_recovers(managers, tmp_path):
@@ -350,12 +397,7 @@ def test_checkpoint_format_and_recovery_point_only_after_flush(managers, tmp_pat
 
 
 def test_recovery_point_not_advanced_before_flush_across_a_crash(managers, recover_calls):
-    mgr = managers()
-    mgr.create_topic("t")
-    log = mgr.get_log("t", 0)
-    log.append(values(100))
-    log.flush()
-    mgr.checkpoint()
+    mgr, log = flushed_log(managers, 100)
     log.append(values(100, 100))
     bases = [s.base_offset for s in log.segments]
     assert log.recovery_point == 100

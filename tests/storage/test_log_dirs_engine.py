@@ -155,3 +155,27 @@ def test_a_move_whose_files_cannot_be_switched_takes_the_target_offline(open_man
     again = open_manager(data_dir=dirs)
     assert again.log_dir_of("t", 0) == str(tmp_path / "d1")
     assert _read_all(again.get_log("t", 0)) == data
+
+
+@pytest.mark.parametrize("rate, share, busy, want", [
+    (10**18, 1.0, 0.01, 0.0),   # unthrottled (Kafka's default): never sleeps
+    (10**18, 0.2, 0.01, 0.04),  # a fifth of the time: 10 ms of copying, then 40 ms asleep
+    (100e6, 1.0, 0.01, 0.07),   # 8 MB at 100 MB/s take 80 ms: 70 ms asleep after 10 ms of copying
+    (100e6, 0.2, 0.01, 0.07),   # both limits: the slower one wins
+    (400e6, 0.2, 0.01, 0.04),
+])
+def test_a_moves_pacing(rate, share, busy, want):
+    from logfs.storage.moves import _Throttle
+
+    now, slept = [0.0], []
+
+    def sleep(seconds):
+        slept.append(seconds)
+        now[0] += seconds
+
+    throttle = _Throttle(rate, share, clock=lambda: now[0], sleep=sleep)
+    for _ in range(3):  # three chunks of 8 MB, each taking ``busy`` seconds to copy and write back
+        now[0] += busy
+        throttle.spent(8_000_000, busy)
+    assert sum(slept) == pytest.approx(3 * want, abs=1e-9)
+    assert (len(slept) == 3) == (want > 0)

@@ -8,7 +8,8 @@
 3. Open segments in offset order. After a clean shutdown, state comes from the indexes (reading at most the
    tail after the last index entry). After an unclean shutdown, every segment from the one holding the
    recovery point is recovered: CRCs validated, the first invalid byte truncated away with all later
-   segments, indexes rebuilt. A segment with a missing or inconsistent index is recovered either way.
+   segments, indexes rebuilt. A segment with a missing or inconsistent index is recovered either way. Empty
+   segments past a gap at the recovered end (a roll, then a power cut that lost the old segment's tail) go too.
 4. The log start offset is the larger of its checkpoint and the first segment's base offset.
 
 Recovery is the one place allowed to read whole segments, and only the unflushed tail (or a segment whose
@@ -121,6 +122,19 @@ def load_log(
         segments.append(segment)
         if not segment.active:
             segment.release()  # its files open again when read: a store's descriptors follow its use
+    if recover_from is not None:
+        # A roll whose predecessor lost its tail (a power cut: the new segment's name reached the disk, the last
+        # records of the old one did not) leaves an empty segment past a gap. It holds nothing: the log goes on
+        # from the recovered end, as if the roll had not happened, so no offset is skipped. (Kafka keeps such a
+        # segment, and its offsets then skip the records no fsync acknowledged.) A segment with records is kept.
+        while (len(segments) > 1 and segments[-1].size == 0 and segments[-1].base_offset >= recover_from
+               and segments[-2].next_offset < segments[-1].base_offset):
+            gone = segments.pop()
+            log.warning("%s: segment %d is empty and starts past the recovered end %d (a lost tail); removed",
+                        directory, gone.base_offset, segments[-1].next_offset)
+            gone.close_readonly()
+            gone.delete_files()
+            truncated_at = gone.base_offset
     if truncated_at is not None and segments and not segments[-1].active:
         segments[-1].become_active(config.segment_index_bytes)
     if segments:
