@@ -72,9 +72,8 @@ class NamespaceOps:
                     return
             return
         topic, _ = self._resolve(fh)
-        for partition in self.manager.partitions(topic):
-            if partition + 1 <= start_id:
-                continue
+        partitions = self.manager.partitions(topic)  # ascending: a later call of the listing resumes by bisection
+        for partition in partitions[bisect.bisect_left(partitions, start_id):]:
             ino = self.inodes.partition(topic, partition)
             attrs = await self._partition_attrs(ino)
             if not pyfuse3.readdir_reply(token, str(partition).encode(), attrs, partition + 1):

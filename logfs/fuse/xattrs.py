@@ -142,7 +142,7 @@ def topic_get(manager: LogManager, topic: str, name: str) -> bytes:
         fail(errno.ENODATA)
     key = name[len(PREFIX):]
     if key == "partitions":
-        return str(len(manager.partitions(topic))).encode()
+        return str(manager.partition_count(topic)).encode()
     if key.startswith(CONFIG_PREFIX) and key[len(CONFIG_PREFIX):] in TOPIC_SETTINGS:
         setting = key[len(CONFIG_PREFIX):]
         overrides = manager.topic_overrides(topic)

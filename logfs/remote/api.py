@@ -98,7 +98,7 @@ class RemoteStore(abc.ABC):
         RemoteNotFoundError if the object is missing.
         """
 
-    def get_range_buffer(self, key: str, start: int, length: int) -> bytes | bytearray:
+    def get_range_buffer(self, key: str, start: int, length: int) -> bytes | bytearray | memoryview:
         """As :meth:`get_range`, as a buffer the caller owns (a store may read the body straight into it, with no
         copy into a ``bytes``): the tiered read path slices it into blocks as views."""
         return self.get_range(key, start, length)
@@ -120,6 +120,10 @@ class RemoteStore(abc.ABC):
 
     def close(self) -> None:
         """Release connections; the store is not used afterwards."""
+
+    def drop_idle_connections(self) -> None:
+        """Close the connections kept alive for reuse that no request is using (after a burst of parallel requests,
+        so that they do not hold descriptors for good); the next requests open what they need."""
 
 
 class ReadOnlyStore(RemoteStore):
@@ -154,7 +158,7 @@ class ReadOnlyStore(RemoteStore):
     def get_range(self, key: str, start: int, length: int) -> bytes:
         return self.inner.get_range(key, start, length)
 
-    def get_range_buffer(self, key: str, start: int, length: int) -> bytes | bytearray:
+    def get_range_buffer(self, key: str, start: int, length: int) -> bytes | bytearray | memoryview:
         return self.inner.get_range_buffer(key, start, length)
 
     def list(self, prefix: str) -> list[RemoteObject]:
@@ -165,6 +169,9 @@ class ReadOnlyStore(RemoteStore):
 
     def close(self) -> None:
         self.inner.close()
+
+    def drop_idle_connections(self) -> None:
+        self.inner.drop_idle_connections()
 
     def __getattr__(self, name: str):
         return getattr(self.inner, name)  # (read_timeout, worst_case_seconds, counters...)

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import http.client
 import io
+import mmap
 import os
 import time
 from collections.abc import Iterable
@@ -161,7 +162,8 @@ class S3Store(RemoteStore):
 
     def _read_body(self, op: str, key: str, r, into: bool = False) -> bytes | bytearray:
         """The response's body, complete, within ``read_timeout`` + its length at MIN_TRANSFER_RATE. With
-        ``into``: read from the socket straight into one ``bytearray`` of the body's length (no chunks, no join)."""
+        ``into``: read from the socket straight into one buffer of the body's length (:func:`_buffer`; no chunks,
+        no join)."""
         expected = r.get("ContentLength")
         deadline = time.monotonic() + self.read_timeout + (expected or 0) / MIN_TRANSFER_RATE
         try:
@@ -193,12 +195,13 @@ class S3Store(RemoteStore):
             raise RemoteUnavailableError(f"{op} s3://{self.bucket}/{key} at {self._where}: "
                                          f"unreachable ({type(e).__name__})") from None
 
-    def _read_into(self, op: str, key: str, raw, buffered, expected: int, deadline: float) -> bytearray:
+    def _read_into(self, op: str, key: str, raw, buffered, expected: int, deadline: float
+                   ) -> bytearray | memoryview:
         """(in _read_body) The body into one buffer by ``readinto1`` of the connection's reader: each call at most
         one ``recv`` (what has arrived), so the deadline is checked as often as with ``read1``. The same checks and
         errors as the chunked read; once complete, the response is closed and its connection back in the pool,
         as urllib3 does after a complete read."""
-        buf = bytearray(expected)
+        buf = _buffer(expected)
         view = memoryview(buf)
         got = 0
         try:
@@ -218,7 +221,7 @@ class S3Store(RemoteStore):
                                          f"after {got} of {expected} bytes")
         raw._fp.close()  # http.client's response: read to its end (the connection may serve the next request)
         raw.release_conn()
-        return buf
+        return buf if isinstance(buf, bytearray) else memoryview(buf)
 
     def get_bytes(self, key: str) -> bytes:
         return self._read_body("get", key, self._call("get", key, self._client.get_object,
@@ -256,7 +259,7 @@ class S3Store(RemoteStore):
             data = data[start:start + length]  # a service that ignored Range sent the whole object
         return data
 
-    def get_range_buffer(self, key: str, start: int, length: int) -> bytes | bytearray:
+    def get_range_buffer(self, key: str, start: int, length: int) -> bytes | bytearray | memoryview:
         return self.get_range(key, start, length, into=True)
 
     def delete(self, keys: Iterable[str]) -> None:
@@ -296,6 +299,22 @@ class S3Store(RemoteStore):
 
     def close(self) -> None:
         self._client.close()
+
+    def drop_idle_connections(self) -> None:
+        # urllib3's pools: clear() closes the connections idle in them; one in use is closed when given back.
+        self._client._endpoint.http_session._manager.clear()
+
+
+def _buffer(size: int) -> bytearray | mmap.mmap:
+    """A writable buffer of ``size`` bytes for a GET's body. From 1 MiB on, an anonymous mapping populated in one
+    call (``MAP_POPULATE``): a ``bytearray`` of that size is a fresh mapping too (the daemon's malloc maps anything
+    over 4 MiB, ``service/daemon.tune_malloc``), zeroed again by ``bytearray`` and faulted in page by page, which
+    cost more than twice as much per 16 MiB here (22 ms against 10 ms, a loaded machine) and ~0.43 -> ~0.49 of the
+    store's GET rate for a cold follower read (docs/benchmarks.md). The mapping goes with its last view."""
+    populate = getattr(mmap, "MAP_POPULATE", 0)
+    if size < (1 << 20) or not populate:
+        return bytearray(size)
+    return mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | populate)
 
 
 def _socket_reader(raw) -> io.BufferedReader | None:

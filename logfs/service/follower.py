@@ -22,9 +22,11 @@ that prefix. The follower is the writer's daemon with no local records:
 
 from __future__ import annotations
 
+import concurrent.futures
 import hashlib
 import logging
 import os
+import threading
 import time
 
 from ..remote.api import RemoteNotFoundError, RemoteStoreError
@@ -33,6 +35,11 @@ from ..storage.errors import LogfsError
 from ..storage.manager import LogManager
 
 log = logging.getLogger(__name__)
+
+#: Manifests read at once when many partitions changed (catching up): a few of the store client's 10 connections,
+#: the rest left to reads. Read a chunk at a time (each applied as it comes).
+MANIFEST_READERS = 4
+MANIFEST_CHUNK = 256
 
 
 def parse_source(source: str) -> tuple[str, str] | None:
@@ -102,18 +109,21 @@ class Follower:
         self.published_ends = {(topic, p): end for topic, entry in index.topics.items()
                                for p, end in entry["end_offsets"].items()}
         manager = self.manager
+        changed: list[tuple[str, int]] = []
         for topic, entry in sorted(index.topics.items()):
             self._topic(topic, entry["config"], entry["partitions"])
-            for partition, generation in sorted(entry["partitions"].items()):
-                if self.generations.get((topic, partition)) == generation:
-                    continue
+            changed += [(topic, partition) for partition, generation in sorted(entry["partitions"].items())
+                        if self.generations.get((topic, partition)) != generation]
+        try:
+            for (topic, partition), m in self._read_manifests(changed):
                 plog = manager.logs[(topic, partition)]
-                m = self.manifests.read(topic, partition)
-                self.requests += 1
                 tier = self.rlm._tier(plog)
                 tier.loaded = True
                 self.rlm._publish(tier, m, fetch=True)
                 self.generations[(topic, partition)] = m.generation
+        finally:
+            if len(changed) > 1:  # the readers' extra connections: not kept alive, holding descriptors, when idle
+                self.store.drop_idle_connections()
         for topic in list(manager.topics):
             named = index.topics.get(topic, {}).get("partitions", {})
             for partition in manager.partitions(topic):
@@ -128,6 +138,41 @@ class Follower:
         self.applied_published_s = index.published_ms / 1000 if index.published_ms >= 0 else -1.0
         self.current_since_s = began
         return True
+
+    def _read_manifests(self, keys: list[tuple[str, int]]):
+        """(key, manifest) for each partition in ``keys``, in order. Several: read by up to MANIFEST_READERS threads
+        at once, MANIFEST_CHUNK at a time, so catching up on thousands of changed partitions is not one GET's round
+        trip after another. Each is applied as it comes; a failure stops there (what came before stays applied).
+        Daemon threads, as the read-ahead's: a GET to a stalled store never holds up the daemon's exit."""
+        for i in range(0, len(keys), MANIFEST_CHUNK):
+            chunk = keys[i:i + MANIFEST_CHUNK]
+            results = [concurrent.futures.Future() for _ in chunk]
+            todo = iter(range(len(chunk)))
+            lock, stop = threading.Lock(), threading.Event()
+
+            def work() -> None:
+                while not stop.is_set():
+                    with lock:
+                        j = next(todo, None)
+                    if j is None:
+                        return
+                    try:
+                        results[j].set_result(self.manifests.read(*chunk[j]))
+                    except BaseException as exc:  # noqa: BLE001 - raised by the applier, in order
+                        results[j].set_exception(exc)
+
+            if len(chunk) == 1:
+                work()  # (one change, the usual case: no thread)
+            else:
+                for _ in range(min(MANIFEST_READERS, len(chunk))):
+                    threading.Thread(target=work, name="logfs-follow-manifests", daemon=True).start()
+            try:
+                for key, result in zip(chunk, results):
+                    m = result.result()
+                    self.requests += 1
+                    yield key, m
+            finally:
+                stop.set()  # (a failure, or the applier gone: the threads take no more)
 
     def lag_offsets(self) -> dict[str, int]:
         """Per topic: the writer's ``remote_log_end_offset`` summed over its partitions, as the newest follower
@@ -148,8 +193,7 @@ class Follower:
         for partition in sorted(partitions):
             if (topic, partition) not in manager.logs:
                 while True:  # (partitions are created in order; a hole the writer left stays an empty one)
-                    nxt = max(manager.partitions(topic), default=-1) + 1
-                    plog = manager.create_partition(topic, min(nxt, partition))
+                    plog = manager.create_partition(topic, min(manager.next_partition(topic), partition))
                     plog.follower = True
                     if plog.partition == partition:
                         break

@@ -218,7 +218,7 @@ class LogService:
             log.info("%s works again", what)
 
     def clean_once(self, now_ms: int) -> bool:
-        logs = [plog for plog in self.manager.logs.values() if not plog.log_dir.offline]
+        logs = [plog for plog in list(self.manager.logs.values()) if not plog.log_dir.offline]
         target = grab_filthiest(logs, dict(self.manager.cleaner_checkpoints), now_ms)
         if target is None:
             return False

@@ -13,6 +13,7 @@ log has its own writer lock.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import logging
 import os
@@ -63,6 +64,10 @@ class LogManager(TopicSettings, PartitionMoves, LogDirsLoading):
         self.lock = threading.RLock()
         self.logs: dict[tuple[str, int], Log] = {}
         self._topic_logs: dict[str, dict[int, Log]] = {}  # the same logs by topic (no operation scans them all)
+        # Each topic's partition numbers, kept ascending as logs are added and dropped (a new partition is the
+        # next number: an append), so listing them or finding the next one sorts nothing. Sorting on every
+        # creation made a follower's catch-up of 20,000 partitions quadratic (docs/benchmarks.md, issue 33).
+        self._topic_parts: dict[str, list[int]] = {}
         self.topics: dict[str, dict[str, str]] = {}  # topic -> overrides
         self.attrs: dict[str, tuple[int, int, int]] = {}  # "", "topic", "topic/N" -> (mode, uid, gid)
         self._deleted_dirs: list[tuple[int, str]] = []
@@ -102,22 +107,7 @@ class LogManager(TopicSettings, PartitionMoves, LogDirsLoading):
 
     # -- startup -----------------------------------------------------------------------------------
 
-    # -- topics ------------------------------------------------------------------------------------
-
-    def list_topics(self) -> list[str]:
-        with self.lock:
-            return sorted(self.topics)
-
-    def partitions(self, topic: str) -> list[int]:
-        """The topic's partition numbers, ascending (O(p log p) for its p partitions)."""
-        with self.lock:
-            if topic not in self.topics:
-                raise NoSuchTopicError(f"no topic {topic!r}")
-            return sorted(self._topic_logs.get(topic, ()))
-
-    def topic_logs(self, topic: str) -> list[Log]:
-        """The logs of one topic's partitions (O(p); empty for an unknown topic)."""
-        return list(self._topic_logs.get(topic, {}).values())
+    # -- topics (their listing: the TopicSettings mixin) -----------------------------------------------
 
     def dir_of(self, plog: Log) -> DataDir:
         """The log directory holding ``plog``."""
@@ -126,7 +116,14 @@ class LogManager(TopicSettings, PartitionMoves, LogDirsLoading):
     def _add_log(self, plog: Log) -> Log:
         self.dir_of(plog).partitions += 1
         self.logs[(plog.topic, plog.partition)] = plog
-        self._topic_logs.setdefault(plog.topic, {})[plog.partition] = plog
+        logs = self._topic_logs.setdefault(plog.topic, {})
+        if plog.partition not in logs:
+            parts = self._topic_parts.setdefault(plog.topic, [])
+            if not parts or plog.partition > parts[-1]:
+                parts.append(plog.partition)  # the usual case: the next partition
+            else:
+                bisect.insort(parts, plog.partition)  # a hole filled, or loading in another order
+        logs[plog.partition] = plog
         return plog
 
     def _drop_log(self, topic: str, partition: int) -> Log | None:
@@ -134,10 +131,11 @@ class LogManager(TopicSettings, PartitionMoves, LogDirsLoading):
         if plog is not None:
             self.dir_of(plog).partitions -= 1
         logs = self._topic_logs.get(topic)
-        if logs is not None:
-            logs.pop(partition, None)
+        if logs is not None and logs.pop(partition, None) is not None:
+            parts = self._topic_parts[topic]
+            del parts[bisect.bisect_left(parts, partition)]
             if not logs:
-                del self._topic_logs[topic]
+                del self._topic_logs[topic], self._topic_parts[topic]
         return plog
 
     @guarded("topic creation", convert=False)
@@ -186,8 +184,7 @@ class LogManager(TopicSettings, PartitionMoves, LogDirsLoading):
         """Add partition ``partition``: the next number, or one missing below it (a hole left by a delete, or a
         store whose lowest partitions were removed)."""
         with self.lock:
-            existing = self.partitions(topic)
-            limit = (max(existing) + 1) if existing else 0
+            limit = self.next_partition(topic)
             if partition > limit or (topic, partition) in self.logs:
                 raise InvalidPartitionError(
                     f"partition {partition} of {topic!r} exists or is past the next partition ({limit})")
@@ -247,7 +244,7 @@ class LogManager(TopicSettings, PartitionMoves, LogDirsLoading):
         not raised (stale checkpoint entries of a partition that is gone are ignored at load)."""
         with self.lock:
             victim = self.get_log(topic, partition)
-            emptied = not any(p != partition for p in self._topic_logs.get(topic, ()))
+            emptied = len(self._topic_logs.get(topic, ())) == 1  # (the victim is one of them: get_log above)
             if emptied:
                 try:  # the emptied topic must survive a crash after the rename as a topic
                     self._save_topics(keep=topic)
@@ -301,7 +298,7 @@ class LogManager(TopicSettings, PartitionMoves, LogDirsLoading):
     @guarded("topic deletion", convert=False)
     def delete_topic(self, topic: str) -> None:
         with self.lock:
-            if self.partitions(topic):
+            if self.partition_count(topic):
                 raise TopicNotEmptyError(f"topic {topic!r} still has partitions")
             overrides, attrs = self.topics.pop(topic), self.attrs.pop(topic, None)
             try:

@@ -1,5 +1,6 @@
 """The mount's topics: their settings (overrides of the broker's defaults) and the modes set through the mount,
-persisted in the topics file (``DATA_DIR/logfs-topics.json``, which Kafka ignores; a copy in each log directory).
+persisted in the topics file (``DATA_DIR/logfs-topics.json``, which Kafka ignores; a copy in each log directory),
+and the listing of topics and of each topic's partitions.
 
 A mixin of :class:`~logfs.storage.manager.LogManager` (it uses its lock, data directory, broker config and logs).
 The file lists only the topics the partition directories do not already describe (those with overrides, and
@@ -22,7 +23,39 @@ log = logging.getLogger(__name__)
 
 
 class TopicSettings:
-    """The topics' overrides and modes (a mixin of LogManager)."""
+    """The topics' overrides and modes, and the listing of topics and partitions (a mixin of LogManager)."""
+
+    # -- listing (the manager's _topic_logs and _topic_parts) ------------------------------------------
+
+    def list_topics(self) -> list[str]:
+        with self.lock:
+            return sorted(self.topics)
+
+    def partitions(self, topic: str) -> list[int]:
+        """The topic's partition numbers, ascending (a copy: O(p) for its p partitions)."""
+        with self.lock:
+            if topic not in self.topics:
+                raise NoSuchTopicError(f"no topic {topic!r}")
+            return list(self._topic_parts.get(topic, ()))
+
+    def partition_count(self, topic: str) -> int:
+        """How many partitions the topic has (O(1))."""
+        with self.lock:
+            if topic not in self.topics:
+                raise NoSuchTopicError(f"no topic {topic!r}")
+            return len(self._topic_parts.get(topic, ()))
+
+    def next_partition(self, topic: str) -> int:
+        """One past the topic's highest partition number (0 for none): the number a new partition gets (O(1))."""
+        with self.lock:
+            if topic not in self.topics:
+                raise NoSuchTopicError(f"no topic {topic!r}")
+            parts = self._topic_parts.get(topic)
+            return parts[-1] + 1 if parts else 0
+
+    def topic_logs(self, topic: str) -> list:
+        """The logs (``Log``) of one topic's partitions (O(p); empty for an unknown topic)."""
+        return list(self._topic_logs.get(topic, {}).values())
 
     def _load_topics(self) -> None:
         """The topics file of every log directory, merged: the first directory's entries win (each directory has

@@ -283,3 +283,48 @@ def test_the_follower_index_of_an_older_or_newer_writer_reads():
     index = FollowerIndex(2, {"t": {"config": {"a": "b"}, "partitions": {0: 1, 1: 2},
                                     "end_offsets": {0: 10, 1: 0}}}, 1_700_000_000_123)
     assert decode_index(encode_index(index)) == index
+
+
+def test_manifests_of_many_changed_partitions_are_read_at_once_and_applied_in_order():
+    """Catching up on many partitions: their manifests are read by a few threads at once (not one GET after
+    another), each applied in the index's order; a failure stops the apply there and the readers take no more."""
+    import random
+    import threading
+    import types
+
+    from logfs.service import follower as follower_mod
+    from logfs.service.follower import Follower
+
+    keys = [("t", p) for p in range(follower_mod.MANIFEST_CHUNK * 2 + 17)]
+    active, most, read, lock = [0], [0], [], threading.Lock()
+
+    def slow_read(topic, partition):
+        with lock:
+            active[0] += 1
+            most[0] = max(most[0], active[0])
+            read.append(partition)
+        time.sleep(random.random() * 0.002)
+        with lock:
+            active[0] -= 1
+        if partition == fail_at[0]:
+            raise OSError("the store failed")
+        return (topic, partition)
+
+    fail_at = [-1]
+    fake = types.SimpleNamespace(manifests=types.SimpleNamespace(read=slow_read), requests=0)
+    got = list(Follower._read_manifests(fake, keys))
+    assert got == [(k, k) for k in keys]
+    assert fake.requests == len(keys)
+    assert 1 < most[0] <= follower_mod.MANIFEST_READERS
+
+    read.clear()
+    fail_at[0] = 40
+    fake.requests = 0
+    applied = []
+    with pytest.raises(OSError, match="the store failed"):
+        for key, m in Follower._read_manifests(fake, keys):
+            applied.append(key)
+    assert applied == keys[:40]
+    time.sleep(0.1)
+    assert len(read) < follower_mod.MANIFEST_CHUNK  # the next chunk was never started
+    assert list(Follower._read_manifests(fake, keys[:1])) == [(keys[0], keys[0])]  # one: read inline
