@@ -1,7 +1,7 @@
 """``tools/bench.py --only spark_time``: the ``logfs`` Spark source's read path against ``spark.read.text`` of the
 same lines, and time windows (CONTRACT section 11) against a full scan, from a DATA_DIR and from the bucket.
 
-One partition of the bench's JSON lines (256 MB; 32 MB with ``--quick``; ``--spark-time-mb N``), written by the engine with a
+One partition of the bench's JSON lines (256 MB; 16 MB with ``--quick``; ``--spark-time-mb N``), written by the engine with a
 ``ManualClock`` stepping 100 ms per append of 2,000 lines (so a time window is that fraction of the offsets),
 16 MiB segments (4 MiB quick); the same lines in one ext4 file for ``spark.read.text``; the sealed segments put in
 a SeaweedFS bucket as the daemon's tiering puts them (objects and manifest). ``local[2]``, best of 2 (1 with ``--quick``) after a
@@ -124,7 +124,7 @@ def spark_time(bench) -> None:
     from logfs.spark.options import SourceOptions, plan_batch
     from logfs.spark.pushdown import Narrowing
 
-    size = (32 << 20) if bench.quick else (256 << 20)
+    size = (16 << 20) if bench.quick else (256 << 20)
     if getattr(bench, "spark_time_mb", None):
         size = bench.spark_time_mb << 20
     segment = (4 << 20) if bench.quick else (16 << 20)

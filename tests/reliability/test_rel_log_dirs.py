@@ -149,7 +149,7 @@ def test_each_step_of_a_move(faultfs, mount_logfs, step, variant):
     if variant == "eio":
         rule = faultfs.fail(op, regex, errno="EIO", nth=nth)
     else:
-        rule = faultfs.delay(op, regex, delay_ms=1500, nth=nth)
+        rule = faultfs.delay(op, regex, delay_ms=600, nth=nth)  # (long enough to kill the daemon inside it)
     os.setxattr(path, LOG_DIR, str(d2).encode())  # the move starts (in the background)
     deadline = time.monotonic() + 20
     while _seen(faultfs, rule) < nth:  # (the held or failed call has begun)
@@ -160,7 +160,7 @@ def test_each_step_of_a_move(faultfs, mount_logfs, step, variant):
         time.sleep(0.01)
     if variant == "kill":
         fs.kill9()  # in the middle of the step
-        time.sleep(1.6)  # (faultfs completes the held call meanwhile)
+        time.sleep(0.7)  # (faultfs completes the held call meanwhile)
     else:
         deadline = time.monotonic() + 60
         while _moving(path):
