@@ -28,6 +28,11 @@ def spark_cluster(bench) -> None:
     except ImportError:
         bench.record("spark_cluster", skipped="pyspark not installed")
         return
+    if bench.quick and os.environ.get("LOGFS_BENCH_QUICK_CLUSTER", "") in ("", "0"):
+        # A cluster of its own (a Master, two Workers, a driver and its executors: six JVMs) is half a minute of
+        # the test suite's quick run; tests/spark/test_spark_cluster.py runs the source on the suite's cluster.
+        bench.record("spark_cluster", skipped="not with --quick unless LOGFS_BENCH_QUICK_CLUSTER=1 (six JVMs)")
+        return
     from seaweed import SeaweedS3
     from spark_standalone import ClusterDriver, SparkCluster
 

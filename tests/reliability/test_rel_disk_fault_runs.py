@@ -316,7 +316,7 @@ def _verify_run_on_disk(lower: Path, parts: dict[str, RunPartition], what: str) 
 
 def test_random_disk_faults(faultfs, mount_logfs, tmp_path, profile):
     rng = random.Random(SEED)
-    rounds = scale(4, 30)
+    rounds = scale(3, 30)
     window = scale(2.0, 4.0)
     fs = mount_logfs(*RUN_OPTIONS, name=".", foreground=True)
     lower = faultfs.source
