@@ -118,11 +118,7 @@ class LogManager(TopicSettings, PartitionMoves, LogDirsLoading):
         self.logs[(plog.topic, plog.partition)] = plog
         logs = self._topic_logs.setdefault(plog.topic, {})
         if plog.partition not in logs:
-            parts = self._topic_parts.setdefault(plog.topic, [])
-            if not parts or plog.partition > parts[-1]:
-                parts.append(plog.partition)  # the usual case: the next partition
-            else:
-                bisect.insort(parts, plog.partition)  # a hole filled, or loading in another order
+            bisect.insort(self._topic_parts.setdefault(plog.topic, []), plog.partition)  # (the next: at the end)
         logs[plog.partition] = plog
         return plog
 
