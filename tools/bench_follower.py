@@ -41,7 +41,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from benchlib import (drop_caches, daemon_pid, leave_nothing, make_lines, append_file, mount_logfs,  # noqa: E402
+from benchlib import (drop_caches, daemon_pid, daemon_pids, leave_nothing, make_lines, append_file, mount_logfs,  # noqa: E402
                       rss_kb, table, unmount)
 from seaweed import SeaweedS3  # noqa: E402
 
@@ -62,6 +62,13 @@ def metric(path: str, name: str) -> float:
     except FileNotFoundError:
         pass
     return -1.0
+
+
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU time of process ``pid`` (all its threads) so far."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def fds_of(pid: int) -> int:
@@ -261,7 +268,7 @@ class Bench:
             return read_text(wpath)
 
         read_text(wpath)  # (the writer's first read of its tiered data, before any figure)
-        cold, cold_w, seq, par, warm_f, warm_w = [], [], [], [], [], []
+        cold, cold_w, seq, par, warm_f, warm_w, cold_cpu = [], [], [], [], [], [], []
         for run in range(args.runs):
             fmnt = self.mount_follower("follower-reads", fresh=True)  # an empty cache directory
             fpath = os.path.join(fmnt, "reads", "0")
@@ -278,7 +285,10 @@ class Bench:
                     continue
                 drop_caches()
                 if what == "follower":
+                    pid = daemon_pids(self.source, fmnt)[0]
+                    before = cpu_seconds(pid)
                     cold.append(read_text(fpath))
+                    cold_cpu.append(cpu_seconds(pid) - before)
                 elif what == "get":
                     seq.append(get_sequential())
                 else:
@@ -304,6 +314,8 @@ class Bench:
         self.report("cold follower read: ratio to the writer's cold read of the same tiered data",
                     f"{spread(ratios_w)} (writer {spread([mb / w for w in cold_w], ' MB/s', 0)})", "(reference)",
                     None)
+        self.report("cold follower read: the follower daemon's CPU seconds per GB of .log read (all its threads)",
+                    spread([c / (mb / 1000) for c in cold_cpu], " s"), "(reference: lower is better)", None)
         self.report("warm follower read vs the writer's warm read of the same tiered data (ratio)",
                     f"{spread(warm_ratios)} (follower {spread([length / 1e6 / w for w in warm_f], ' MB/s', 0)}, "
                     f"writer {spread([length / 1e6 / w for w in warm_w], ' MB/s', 0)})", "match (~1)",

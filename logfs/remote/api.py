@@ -19,7 +19,7 @@ Implementations: ``logfs.remote.directory.DirectoryStore`` (a plain or NFS-mount
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -98,10 +98,17 @@ class RemoteStore(abc.ABC):
         RemoteNotFoundError if the object is missing.
         """
 
-    def get_range_buffer(self, key: str, start: int, length: int) -> bytes | bytearray | memoryview:
+    def get_range_buffer(self, key: str, start: int, length: int,
+                         progress: Callable[[object, int], None] | None = None) -> bytes | bytearray | memoryview:
         """As :meth:`get_range`, as a buffer the caller owns (a store may read the body straight into it, with no
-        copy into a ``bytes``): the tiered read path slices it into blocks as views."""
-        return self.get_range(key, start, length)
+        copy into a ``bytes``): the tiered read path slices it into blocks as views. ``progress(buffer, got)``,
+        if given, is called (in the calling thread) as the body arrives: the first ``got`` bytes of ``buffer``
+        (the buffer that will be returned) are complete and will not change. This default calls it once, at
+        the end."""
+        data = self.get_range(key, start, length)
+        if progress is not None and data:
+            progress(data, len(data))
+        return data
 
     @abc.abstractmethod
     def delete(self, keys: Iterable[str]) -> None:
@@ -158,8 +165,9 @@ class ReadOnlyStore(RemoteStore):
     def get_range(self, key: str, start: int, length: int) -> bytes:
         return self.inner.get_range(key, start, length)
 
-    def get_range_buffer(self, key: str, start: int, length: int) -> bytes | bytearray | memoryview:
-        return self.inner.get_range_buffer(key, start, length)
+    def get_range_buffer(self, key: str, start: int, length: int,
+                         progress: Callable[[object, int], None] | None = None) -> bytes | bytearray | memoryview:
+        return self.inner.get_range_buffer(key, start, length, progress)
 
     def list(self, prefix: str) -> list[RemoteObject]:
         return self.inner.list(prefix)

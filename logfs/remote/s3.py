@@ -31,6 +31,8 @@ import http.client
 import io
 import mmap
 import os
+import sys
+import threading
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -160,7 +162,7 @@ class S3Store(RemoteStore):
     def put_bytes(self, key: str, data: bytes) -> None:
         self._call("put", key, self._client.put_object, Bucket=self.bucket, Key=key, Body=data)
 
-    def _read_body(self, op: str, key: str, r, into: bool = False) -> bytes | bytearray:
+    def _read_body(self, op: str, key: str, r, into: bool = False, progress=None) -> bytes | bytearray:
         """The response's body, complete, within ``read_timeout`` + its length at MIN_TRANSFER_RATE. With
         ``into``: read from the socket straight into one buffer of the body's length (:func:`_buffer`; no chunks,
         no join)."""
@@ -173,7 +175,7 @@ class S3Store(RemoteStore):
                 if into and expected:
                     buffered = _socket_reader(raw)
                     if buffered is not None:
-                        return self._read_into(op, key, raw, buffered, expected, deadline)
+                        return self._read_into(op, key, raw, buffered, expected, deadline, progress)
                 chunks, got = [], 0
                 while got < expected:
                     chunk = raw.read1(min(expected - got, 1 << 20))
@@ -195,7 +197,7 @@ class S3Store(RemoteStore):
             raise RemoteUnavailableError(f"{op} s3://{self.bucket}/{key} at {self._where}: "
                                          f"unreachable ({type(e).__name__})") from None
 
-    def _read_into(self, op: str, key: str, raw, buffered, expected: int, deadline: float
+    def _read_into(self, op: str, key: str, raw, buffered, expected: int, deadline: float, progress=None
                    ) -> bytearray | memoryview:
         """(in _read_body) The body into one buffer by ``readinto1`` of the connection's reader: each call at most
         one ``recv`` (what has arrived), so the deadline is checked as often as with ``read1``. The same checks and
@@ -210,6 +212,8 @@ class S3Store(RemoteStore):
                 if not n:
                     break
                 got += n
+                if progress is not None:
+                    progress(buf, got)
                 if got < expected and time.monotonic() > deadline:
                     raise RemoteUnavailableError(
                         f"{op} s3://{self.bucket}/{key} at {self._where}: cut off after {got} of {expected} "
@@ -241,7 +245,7 @@ class S3Store(RemoteStore):
         tag = r.get("ETag")
         return self._read_body("get", key, r), tag
 
-    def get_range(self, key: str, start: int, length: int, *, into: bool = False) -> bytes:
+    def get_range(self, key: str, start: int, length: int, *, into: bool = False, progress=None) -> bytes:
         if start < 0 or length < 0:
             raise ValueError("negative range")
         if length == 0:
@@ -254,13 +258,16 @@ class S3Store(RemoteStore):
             raise self._error("get", key, e) from None
         except bx.BotoCoreError as e:
             raise self._error("get", key, e) from None
-        data = self._read_body("get", key, r, into=into)
+        streamed = progress is not None and "ContentRange" in r
+        data = self._read_body("get", key, r, into=into, progress=progress if streamed else None)
         if "ContentRange" not in r and len(data) > length:
             data = data[start:start + length]  # a service that ignored Range sent the whole object
+        if progress is not None and data and (not streamed or not isinstance(data, (bytearray, memoryview))):
+            progress(data, len(data))  # (not read into one buffer: told once, at the end)
         return data
 
-    def get_range_buffer(self, key: str, start: int, length: int) -> bytes | bytearray | memoryview:
-        return self.get_range(key, start, length, into=True)
+    def get_range_buffer(self, key: str, start: int, length: int, progress=None) -> bytes | bytearray | memoryview:
+        return self.get_range(key, start, length, into=True, progress=progress)
 
     def delete(self, keys: Iterable[str]) -> None:
         keys = list(keys)
@@ -314,7 +321,45 @@ def _buffer(size: int) -> bytearray | mmap.mmap:
     populate = getattr(mmap, "MAP_POPULATE", 0)
     if size < (1 << 20) or not populate:
         return bytearray(size)
+    if size <= POOL_BUFFER_BYTES:
+        now = time.monotonic()
+        with _pool_lock:
+            for i, m in enumerate(_pool):
+                if sys.getrefcount(m) <= 3:  # the pool's list, ``m`` and the call's argument: no view left
+                    _pool_used[i] = now
+                    return memoryview(m)[:size]
+            if len(_pool) < POOL_BUFFERS:
+                m = mmap.mmap(-1, POOL_BUFFER_BYTES, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | populate)
+                _pool.append(m)
+                _pool_used.append(now)
+                return memoryview(m)[:size]
     return mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | populate)
+
+
+#: GET buffers of up to POOL_BUFFER_BYTES (the read-ahead's GETs) come from a pool of at most POOL_BUFFERS
+#: mappings, each taken again once no view of it is left (the block cache's blocks are views of them): a buffer
+#: used again is not zeroed and faulted in again. That was 12-17% of the follower's CPU per GB of a cold
+#: sequential read (docs/benchmarks.md). A sequential reader keeps ~6 in use (two in memory as hot blocks, the
+#: GETs in flight, the blocks the reading threads are in); they are unmapped after POOL_IDLE_S unused
+#: (:func:`release_idle_buffers`, from the daemon's periodic tasks), so an idle daemon holds none.
+POOL_BUFFER_BYTES = 32 << 20
+POOL_BUFFERS = 8
+POOL_IDLE_S = 30.0
+_pool: list = []
+_pool_used: list[float] = []  # when each was last taken
+_pool_lock = threading.Lock()
+
+
+def release_idle_buffers(now: float | None = None) -> int:
+    """Unmap the pooled GET buffers that no view holds and that were not taken for POOL_IDLE_S. Returns how many
+    are left."""
+    now = time.monotonic() if now is None else now
+    with _pool_lock:
+        for i in reversed(range(len(_pool))):
+            if now - _pool_used[i] >= POOL_IDLE_S and sys.getrefcount(_pool[i]) <= 2:  # the list and the argument
+                _pool.pop(i).close()
+                _pool_used.pop(i)
+        return len(_pool)
 
 
 def _socket_reader(raw) -> io.BufferedReader | None:

@@ -223,9 +223,15 @@ class BlockCache:
 
     def _fetch_run(self, paths: list[str], futures: list[Future], a: int, b: int,
                    fetch: Callable[[int, int], list[Block]], ahead: bool) -> None:
-        """Fetch blocks a..b (one request), store them, and settle their futures (with the error, if it failed)."""
+        """Fetch blocks a..b (one request), store them, and settle their futures (with the error, if it failed).
+        Read-ahead settles each block's future as soon as its bytes have arrived (``fetch``'s ``ready``), so a
+        reader waiting for the first block of a large GET is served while the rest arrives; a waiter finds the
+        settled future until the block is stored (it leaves the in-flight set only after that)."""
         try:
-            blocks = fetch(a, b)
+            if ahead:
+                blocks = fetch(a, b, lambda i, data: _settle(futures[i], data))
+            else:
+                blocks = fetch(a, b)
             with self.lock:
                 self.requests += 1
                 self.fetched_bytes += sum(len(d) for d in blocks)
