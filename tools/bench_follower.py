@@ -98,8 +98,20 @@ class Bench:
         self.source = None
         self.rows: list[list] = []
         self.followers: dict[str, str] = {}  # mountpoint -> cache dir
+        self.proxy = None  # a RateProxy (--rate-mbps)
 
     # -- mounts ------------------------------------------------------------------------------------------------
+    @property
+    def read_endpoint(self) -> str:
+        """Where the followers and the reference GETs reach the store: through a RateProxy with --rate-mbps."""
+        if not self.args.rate_mbps:
+            return self.sw.endpoint
+        if self.proxy is None:
+            from seaweed import RateProxy
+
+            self.proxy = RateProxy(int(self.sw.endpoint.rsplit(":", 1)[1]), self.args.rate_mbps * 1e6)
+        return self.proxy.endpoint
+
     def start(self) -> None:
         self.sw.start()
         self.sw.create_bucket()
@@ -120,7 +132,7 @@ class Bench:
         mnt, cache = os.path.join(self.work, name), os.path.join(self.work, name + ".cache")
         if fresh:
             shutil.rmtree(cache, ignore_errors=True)
-        mount_logfs(self.source, mnt, f"logfs.remote.s3.endpoint={self.sw.endpoint}",
+        mount_logfs(self.source, mnt, f"logfs.remote.s3.endpoint={self.read_endpoint}",
                     f"logfs.remote.cache.dir={cache}", f"logfs.follow.interval.ms={self.args.interval_ms}",
                     f"logfs.remote.cache.bytes={4 << 30}", *opts, extra_env=self.sw.env())
         self.followers[mnt] = cache
@@ -209,7 +221,7 @@ class Bench:
         import boto3
         from botocore.config import Config
 
-        client = boto3.client("s3", endpoint_url=self.sw.endpoint, region_name="us-east-1",
+        client = boto3.client("s3", endpoint_url=self.read_endpoint, region_name="us-east-1",
                               aws_access_key_id=self.sw.access_key, aws_secret_access_key=self.sw.secret_key,
                               config=Config(s3={"addressing_style": "path"}, max_pool_connections=8))
         listing = client.list_objects_v2(Bucket=self.sw.bucket, Prefix=f"{PREFIX}/reads-0/")
@@ -399,6 +411,9 @@ class Bench:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--only", default="lag,reads,idle", help="comma-separated: lag, reads, idle")
+    ap.add_argument("--rate-mbps", type=float, default=0,
+                    help="reads: the followers and the reference GETs reach the store through a proxy that passes "
+                         "at most this many MB/s per connection (a remote store; the writer's cold read does not)")
     ap.add_argument("--segments", type=int, default=100)
     ap.add_argument("--partitions", type=int, default=1000)
     ap.add_argument("--interval-ms", type=int, default=1000)

@@ -372,3 +372,30 @@ class StallProxy(TcpProxy):
                     dst.sendall(data[i : i + 1])
                 continue
             dst.sendall(data)
+
+
+class RateProxy(TcpProxy):
+    """A TCP proxy on 127.0.0.1 whose answers flow at most ``rate`` bytes a second per connection: a store far
+    away, as a single connection to a cloud object store is (tens of MB/s each), in front of a local SeaweedFS."""
+
+    name = "rate-proxy"
+
+    def __init__(self, target_port: int, rate: float) -> None:
+        self.rate = rate
+        super().__init__(target_port)
+
+    def _pump(self, src: socket.socket, dst: socket.socket, upstream: bool) -> None:
+        started, sent = time.monotonic(), 0
+        while True:
+            data = src.recv(256 << 10)
+            if not data:
+                break
+            dst.sendall(data)
+            if upstream:
+                continue
+            sent += len(data)
+            ahead = sent / self.rate - (time.monotonic() - started)
+            if ahead > 0:
+                time.sleep(ahead)
+            elif ahead < -0.05:  # idle between answers: the budget does not build up
+                started, sent = time.monotonic(), 0
