@@ -15,7 +15,6 @@ import os
 import queue
 import struct
 import threading
-import time
 from collections import OrderedDict
 from concurrent.futures import Future, InvalidStateError
 from concurrent.futures import TimeoutError as FutureTimeoutError
@@ -93,8 +92,6 @@ class BlockCache:
         self._pool: _DaemonPool | None = None
         self._behind: _DaemonPool | None = None  # writes read-ahead's block files, at the lowest CPU priority
         self._behind_bytes = 0  # of blocks fetched ahead, served from memory, their files not written yet
-        self._written = threading.Condition(self.lock)  # notified when no block file waits to be written
-        self._drops: dict[str, int] = {}  # block stem -> objects dropped while write-behind runs were pending
         # How long a reader waits for a block another fetch has in flight (read-ahead's GETs are larger than the
         # reader's own would be, and a store that trickles bytes may take their own, longer, bound): this plus
         # the block at WAIT_RATE, the bound of a GET of that block alone. Then the read fails (EIO).
@@ -250,15 +247,13 @@ class BlockCache:
                 if ahead and self._behind_bytes + size <= WRITE_BEHIND_BYTES:
                     self._behind_bytes += size
                     deferred = True
-                    stem = paths[0].rsplit(".", 1)[0]
-                    epoch = self._drops.get(stem, 0)
                     if self._behind is None:
                         self._behind = _DaemonPool(1, "logfs-cache-write", nice=19)
                     behind = self._behind
             if deferred:
                 for future, data in zip(futures, blocks):
                     _settle(future, data)
-                behind.submit(self._store_run, paths, futures, blocks, size, stem, epoch)
+                behind.submit(self._store_run, paths, futures, blocks, size)
                 return
             for path, future, data in zip(paths, futures, blocks):
                 self._store(path, data, ahead=ahead)
@@ -273,16 +268,11 @@ class BlockCache:
             if not deferred:
                 self._done_in_flight(paths, futures)
 
-    def _store_run(self, paths: list[str], futures: list[Future], blocks: list[Block], size: int, stem: str,
-                   epoch: int) -> None:
+    def _store_run(self, paths: list[str], futures: list[Future], blocks: list[Block], size: int) -> None:
         """(the write-behind thread) Block files of a read-ahead GET whose readers were served from memory (their
-        futures, in flight until now). Not for an object dropped since its GET (:meth:`drop`): a partition
-        deleted and made again reuses its objects' keys, and a late block file would serve the old bytes."""
+        futures, in flight until now)."""
         try:
             for path, data in zip(paths, blocks):
-                with self.lock:
-                    if self._drops.get(stem, 0) != epoch:
-                        break
                 self._store(path, data, ahead=True)
         except OSError as exc:
             log.debug("writing read-ahead blocks to the cache failed: %s", exc)
@@ -290,21 +280,6 @@ class BlockCache:
             self._done_in_flight(paths, futures)
             with self.lock:
                 self._behind_bytes -= size
-                if not self._behind_bytes:
-                    self._drops.clear()  # (drops are counted only while a run waits to be written)
-                    self._written.notify_all()
-
-    def wait_written(self, timeout: float = 30.0) -> bool:
-        """Wait until the block files that write-behind holds are written (tests, and the bench, look at the
-        files). False if some were still waiting after ``timeout`` seconds."""
-        deadline = time.monotonic() + timeout
-        with self._written:
-            while self._behind_bytes:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self._written.wait(left)
-        return True
 
     def _done_in_flight(self, paths: list[str], futures: list[Future]) -> None:
         with self.lock:
@@ -434,8 +409,6 @@ class BlockCache:
         """Forget every block of ``key`` (its object was deleted from the store)."""
         stem = self._path(directory, key, 0)[:-1]
         with self.lock:
-            if self._behind_bytes:
-                self._drops[stem.rstrip(".")] = self._drops.get(stem.rstrip("."), 0) + 1
             for path in [p for p in self._lru if p.startswith(stem)]:
                 self._remove(path)
 
