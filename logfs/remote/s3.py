@@ -343,7 +343,7 @@ def _buffer(size: int) -> bytearray | mmap.mmap:
 #: GETs in flight, the blocks the reading threads are in); they are unmapped after POOL_IDLE_S unused
 #: (:func:`release_idle_buffers`, from the daemon's periodic tasks), so an idle daemon holds none.
 POOL_BUFFER_BYTES = 32 << 20
-POOL_BUFFERS = 12
+POOL_BUFFERS = 8
 POOL_IDLE_S = 30.0
 _pool: list = []
 _pool_used: list[float] = []  # when each was last taken

@@ -41,11 +41,6 @@ READ_AHEAD_AFTER = 4  # blocks (1 MiB) a reader must move forward by, read after
 READ_AHEAD_MAX = 64 << 20
 READ_AHEAD_GET = 32 << 20  # (16 MiB GETs and a 32 MiB window: 0.37-0.43 of the store's GET rate, 32/64: 0.43-0.47)
 READ_AHEAD_THREADS = 4
-#: Block files of read-ahead GETs are written behind, by one thread at the lowest CPU priority, while their readers
-#: are served from memory (the blocks stay in flight until written): at most this many bytes wait to be written,
-#: beyond that the GET's own thread writes them. On a machine whose cores are busy with the read itself (the
-#: store, the reader), the cache's writes then take what is left over instead of slowing the read.
-WRITE_BEHIND_BYTES = 128 << 20
 _CRC = struct.Struct(">I")  # the trailer of a cached block file
 #: A block's bytes: a read-only view of the GET's buffer it came in, or of the block file's bytes read back.
 Block = bytes | memoryview
@@ -90,8 +85,6 @@ class BlockCache:
         self._reserved = 0  # bytes of block files being written (their temporaries), counted against the limit
         self._inflight: dict[str, Future] = {}
         self._pool: _DaemonPool | None = None
-        self._behind: _DaemonPool | None = None  # writes read-ahead's block files, at the lowest CPU priority
-        self._behind_bytes = 0  # of blocks fetched ahead, served from memory, their files not written yet
         # How long a reader waits for a block another fetch has in flight (read-ahead's GETs are larger than the
         # reader's own would be, and a store that trickles bytes may take their own, longer, bound): this plus
         # the block at WAIT_RATE, the bound of a GET of that block alone. Then the read fails (EIO).
@@ -234,27 +227,14 @@ class BlockCache:
         Read-ahead settles each block's future as soon as its bytes have arrived (``fetch``'s ``ready``), so a
         reader waiting for the first block of a large GET is served while the rest arrives; a waiter finds the
         settled future until the block is stored (it leaves the in-flight set only after that)."""
-        deferred = False
         try:
             if ahead:
                 blocks = fetch(a, b, lambda i, data: _settle(futures[i], data))
             else:
                 blocks = fetch(a, b)
-            size = sum(len(d) for d in blocks)
             with self.lock:
                 self.requests += 1
-                self.fetched_bytes += size
-                if ahead and self._behind_bytes + size <= WRITE_BEHIND_BYTES:
-                    self._behind_bytes += size
-                    deferred = True
-                    if self._behind is None:
-                        self._behind = _DaemonPool(1, "logfs-cache-write", nice=19)
-                    behind = self._behind
-            if deferred:
-                for future, data in zip(futures, blocks):
-                    _settle(future, data)
-                behind.submit(self._store_run, paths, futures, blocks, size)
-                return
+                self.fetched_bytes += sum(len(d) for d in blocks)
             for path, future, data in zip(paths, futures, blocks):
                 self._store(path, data, ahead=ahead)
                 _settle(future, data)
@@ -265,27 +245,10 @@ class BlockCache:
                 raise
             log.debug("read-ahead of blocks %d..%d failed: %s", a, b, exc)
         finally:
-            if not deferred:
-                self._done_in_flight(paths, futures)
-
-    def _store_run(self, paths: list[str], futures: list[Future], blocks: list[Block], size: int) -> None:
-        """(the write-behind thread) Block files of a read-ahead GET whose readers were served from memory (their
-        futures, in flight until now)."""
-        try:
-            for path, data in zip(paths, blocks):
-                self._store(path, data, ahead=True)
-        except OSError as exc:
-            log.debug("writing read-ahead blocks to the cache failed: %s", exc)
-        finally:
-            self._done_in_flight(paths, futures)
             with self.lock:
-                self._behind_bytes -= size
-
-    def _done_in_flight(self, paths: list[str], futures: list[Future]) -> None:
-        with self.lock:
-            for path, future in zip(paths, futures):
-                if self._inflight.get(path) is future:
-                    del self._inflight[path]
+                for path, future in zip(paths, futures):
+                    if self._inflight.get(path) is future:
+                        del self._inflight[path]
 
     def get_blocks(self, directory: str, key: str, first: int, last: int, length_of: Callable[[int], int],
                    fetch: Callable[[int, int], list[Block]]) -> list[Block]:
@@ -416,10 +379,8 @@ class BlockCache:
         """Stop read-ahead (fetches under way finish in their threads; nothing waits for them)."""
         with self.lock:
             pool, self._pool = self._pool, None
-            behind, self._behind = self._behind, None
-        for p in (pool, behind):
-            if p is not None:
-                p.shutdown()
+        if pool is not None:
+            pool.shutdown()
         with self.lock:
             inflight, self._inflight = self._inflight, {}
         for future in inflight.values():  # a fetch cancelled before it ran: its waiters must not wait for ever
@@ -431,10 +392,8 @@ class _DaemonPool:
     whole time bound; concurrent.futures' threads are joined at interpreter exit). Queued work is dropped at
     shutdown."""
 
-    def __init__(self, threads: int, name: str, nice: int = 0):
+    def __init__(self, threads: int, name: str):
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        self._threads = threads
-        self._nice = nice
         for i in range(threads):
             threading.Thread(target=self._work, name=f"{name}-{i}", daemon=True).start()
 
@@ -442,11 +401,6 @@ class _DaemonPool:
         self._queue.put((fn, args))
 
     def _work(self) -> None:
-        if self._nice:
-            try:  # (Linux's nice is per thread)
-                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self._nice)
-            except OSError:
-                pass
         while True:
             item = self._queue.get()
             if item is None:
@@ -463,7 +417,7 @@ class _DaemonPool:
                 self._queue.get_nowait()
             except queue.Empty:
                 break
-        for _ in range(self._threads):
+        for _ in range(READ_AHEAD_THREADS):
             self._queue.put(None)
 
 
