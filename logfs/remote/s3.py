@@ -31,8 +31,6 @@ import http.client
 import io
 import mmap
 import os
-import sys
-import threading
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -321,45 +319,7 @@ def _buffer(size: int) -> bytearray | mmap.mmap:
     populate = getattr(mmap, "MAP_POPULATE", 0)
     if size < (1 << 20) or not populate:
         return bytearray(size)
-    if size <= POOL_BUFFER_BYTES:
-        now = time.monotonic()
-        with _pool_lock:
-            for i, m in enumerate(_pool):
-                if sys.getrefcount(m) <= 3:  # the pool's list, ``m`` and the call's argument: no view left
-                    _pool_used[i] = now
-                    return memoryview(m)[:size]
-            if len(_pool) < POOL_BUFFERS:
-                m = mmap.mmap(-1, POOL_BUFFER_BYTES, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | populate)
-                _pool.append(m)
-                _pool_used.append(now)
-                return memoryview(m)[:size]
     return mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | populate)
-
-
-#: GET buffers of up to POOL_BUFFER_BYTES (the read-ahead's GETs) come from a pool of at most POOL_BUFFERS
-#: mappings, each taken again once no view of it is left (the block cache's blocks are views of them): a buffer
-#: used again is not zeroed and faulted in again. That was 12-17% of the follower's CPU per GB of a cold
-#: sequential read (docs/benchmarks.md). A sequential reader keeps ~6 in use (two in memory as hot blocks, the
-#: GETs in flight, the blocks the reading threads are in); they are unmapped after POOL_IDLE_S unused
-#: (:func:`release_idle_buffers`, from the daemon's periodic tasks), so an idle daemon holds none.
-POOL_BUFFER_BYTES = 32 << 20
-POOL_BUFFERS = 8
-POOL_IDLE_S = 30.0
-_pool: list = []
-_pool_used: list[float] = []  # when each was last taken
-_pool_lock = threading.Lock()
-
-
-def release_idle_buffers(now: float | None = None) -> int:
-    """Unmap the pooled GET buffers that no view holds and that were not taken for POOL_IDLE_S. Returns how many
-    are left."""
-    now = time.monotonic() if now is None else now
-    with _pool_lock:
-        for i in reversed(range(len(_pool))):
-            if now - _pool_used[i] >= POOL_IDLE_S and sys.getrefcount(_pool[i]) <= 2:  # the list and the argument
-                _pool.pop(i).close()
-                _pool_used.pop(i)
-        return len(_pool)
 
 
 def _socket_reader(raw) -> io.BufferedReader | None:

@@ -211,11 +211,8 @@ class FollowTask:
     async def run(self) -> None:
         import trio
 
-        from ..remote.s3 import release_idle_buffers
-
         while True:
             await self.once()
-            release_idle_buffers()  # (the tiered reads' pooled GET buffers, once idle)
             await trio.sleep(self.interval_s)
 
     async def once(self) -> None:

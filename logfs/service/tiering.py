@@ -131,11 +131,8 @@ class TieringTask:
         self._failing: dict[str, str] = {}
 
     async def run(self) -> None:
-        from ..remote.s3 import release_idle_buffers
-
         while True:
             await self.run_once()
-            release_idle_buffers()  # (the tiered reads' pooled GET buffers, once idle)
             await trio.sleep(self.interval_s)
 
     async def run_once(self) -> None:

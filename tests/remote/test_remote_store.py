@@ -331,6 +331,43 @@ def test_s3_ranged_reads_into_a_buffer(seaweed, aws_env, pfx):
     assert s.get_range(f"{pfx}/seg.log", 7, 9) == body[7:16]
 
 
+def test_s3_ranged_read_into_a_buffer_reports_its_progress(seaweed, stall_proxy, aws_env, pfx):
+    """get_range_buffer's ``progress(buffer, got)``: called as the body arrives (several times for a body that
+    comes in pieces), ``got`` growing to the length, the first ``got`` bytes of ``buffer`` already the object's and
+    the buffer the one returned; a store without streaming (the default) reports once, at the end. A body cut
+    short still fails, whatever was reported before."""
+    s = s3_store(seaweed, aws_env, endpoint=stall_proxy.endpoint)
+    body = os.urandom(4 << 20)
+    s.put_bytes(f"{pfx}/seg.log", body)
+    start, length = 12345, 3 << 20
+    calls = []
+
+    def progress(buffer, got):
+        assert bytes(memoryview(buffer)[:got]) == body[start:start + got]
+        calls.append((got, id(buffer)))
+
+    got = s.get_range_buffer(f"{pfx}/seg.log", start, length, progress)
+    assert got == body[start:start + length]
+    sizes = [g for g, _ in calls]
+    assert len(calls) > 1 and sizes == sorted(sizes) and sizes[-1] == length, sizes[:5]
+    calls.clear()
+    stall_proxy.cut_answer_after = 1 << 20  # (headers and ~1 MiB of the body)
+    _, err = _timed(lambda: s.get_range_buffer(f"{pfx}/seg.log", start, length, progress))
+    stall_proxy.cut_answer_after = None
+    assert isinstance(err, RemoteUnavailableError), err
+    assert calls and all(g < length for g, _ in calls), calls[-1:]
+
+
+def test_the_default_range_buffer_reports_progress_once(tmp_path):
+    store = DirectoryStore(tmp_path)
+    store.put_bytes("a/seg.log", b"x" * 1000)
+    calls = []
+    assert store.get_range_buffer("a/seg.log", 10, 500, lambda buf, got: calls.append((bytes(buf), got))) == b"x" * 500
+    assert calls == [(b"x" * 500, 500)]
+    assert store.get_range_buffer("a/seg.log", 2000, 10, lambda buf, got: calls.append(got)) == b""
+    assert len(calls) == 1  # (nothing to report for nothing read)
+
+
 def test_s3_a_multipart_upload_that_fails_midway_is_aborted(seaweed, stall_proxy, aws_env, pfx, tmp_path):
     src = tmp_path / "big.log"
     src.write_bytes(os.urandom(2 * PART + 100))

@@ -529,3 +529,65 @@ def test_the_block_cache_survives_a_restart(tiered):
     gets = store.log_gets()
     assert len(gets) == 2 and all(n <= BLOCK_BYTES for _, _, n in gets), gets
     assert rlm.blocks.used == sum(os.path.getsize(os.path.join(blocks_dir, n)) for n in os.listdir(blocks_dir))
+
+
+def test_a_reader_is_served_the_blocks_of_a_read_ahead_get_as_they_arrive(tmp_path):
+    """Read-ahead hands each block of its GET to the readers waiting for it as soon as the block's bytes have
+    arrived (``fetch``'s ``ready``): a reader of the GET's first block does not wait for the rest of the body; the
+    blocks join the cache once the whole GET is in, and a GET that fails midway fails only the blocks it had not
+    delivered."""
+    cache = block_cache.BlockCache(64 << 20)
+    directory = str(tmp_path / "blocks")
+    obj = os.urandom(6 * BLOCK_BYTES)
+    arrived = threading.Event()
+    finish = threading.Event()
+    failing = [False]
+
+    def fetch(a, b, ready=None):
+        blocks = [obj[i * BLOCK_BYTES:(i + 1) * BLOCK_BYTES] for i in range(a, b + 1)]
+        for i, data in enumerate(blocks[:2]):
+            ready(i, data)  # the first two blocks are in; the rest is on its way
+        arrived.set()
+        assert finish.wait(30)
+        if failing[0]:
+            raise RemoteUnavailableError("cut off (test)")
+        for i in range(2, len(blocks)):
+            ready(i, blocks[i])
+        return blocks
+
+    length = lambda block: BLOCK_BYTES  # noqa: E731
+    assert cache.prefetch(directory, "k", 0, 5, fetch) == 1
+    assert arrived.wait(30)
+    started = time.monotonic()
+    got = cache.get_blocks(directory, "k", 0, 1, length, fetch)  # (in this thread: not the request thread)
+    assert time.monotonic() - started < 5 and b"".join(got) == obj[:2 * BLOCK_BYTES]
+    assert not os.path.isdir(directory) or not os.listdir(directory)  # not cached yet: the GET goes on
+    finish.set()
+    deadline = time.monotonic() + 30
+    while cache._inflight and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(os.listdir(directory)) == 6 and cache.get_blocks(directory, "k", 2, 5, length, fetch) == [
+        obj[i * BLOCK_BYTES:(i + 1) * BLOCK_BYTES] for i in range(2, 6)]
+    # A GET that fails after its first blocks: those were served and stay good; the others fail their waiters.
+    arrived.clear()
+    finish.clear()
+    failing[0] = True
+    cache.drop(directory, "k")
+    assert cache.prefetch(directory, "k2", 0, 3, fetch) == 1
+    assert arrived.wait(30)
+    assert b"".join(cache.get_blocks(directory, "k2", 0, 0, length, fetch)) == obj[:BLOCK_BYTES]
+    waiter = {}
+
+    def wait_for_block_3():
+        try:
+            waiter["got"] = cache.get_blocks(directory, "k2", 3, 3, length, fetch)
+        except BaseException as exc:  # noqa: BLE001
+            waiter["error"] = exc
+
+    t = threading.Thread(target=wait_for_block_3)
+    t.start()
+    time.sleep(0.2)
+    finish.set()
+    t.join(30)
+    assert isinstance(waiter.get("error"), RemoteUnavailableError), waiter
+    cache.close()
