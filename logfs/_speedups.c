@@ -12,6 +12,7 @@
  * render_records(batch, separator, null_marker) -> bytes: the lines of one batch ([key + separator] +
  *     (value | marker | "") + "\n" per record).
  * batch_stats(batch): line statistics of one batch (recovery, cleaning).
+ * min_timestamp(batch): the smallest record timestamp of one batch (tiering: the manifest's min_timestamp).
  * seek_line(batch, separator, null_marker, offset, position): the text view's lookups (position_of, offset_at)
  *     inside one batch.
  * index_ok(kind, buf, n, log_size): the sanity checks of an index's entries (loading a store).
@@ -153,11 +154,12 @@ typedef struct {
     int64_t klen, vlen, ts_delta, offset_delta;
 } parsed_record;
 
-/* Walks the records of a batch; calls back per record (a callback returning > 0 ends the walk). Returns -1
- * (with ValueError set) if malformed. With ``partial`` (only the first ``size`` bytes of the batch are at hand),
- * a record that does not fit ends the walk with 1 instead. */
-static int walk_ex(const unsigned char *buf, Py_ssize_t size, int32_t count,
-                   int (*fn)(const parsed_record *, void *), void *ctx, int partial) {
+/* Walks the records of a batch; calls back per record (a callback returning > 0 ends the walk, < 0 fails it:
+ * -1 is returned). Returns -2 if malformed, setting no error (so it may run without the GIL: walk_quiet). With
+ * ``partial`` (only the first ``size`` bytes of the batch are at hand), a record that does not fit ends the walk
+ * with 1 instead. */
+static int walk_records(const unsigned char *buf, Py_ssize_t size, int32_t count,
+                        int (*fn)(const parsed_record *, void *), void *ctx, int partial) {
     const unsigned char *p = buf + HEADER_SIZE, *end = buf + size;
     for (int32_t i = 0; i < count; i++) {
         int64_t len, hcount;
@@ -190,13 +192,30 @@ static int walk_ex(const unsigned char *buf, Py_ssize_t size, int32_t count,
     }
     return 0;
 bad:
-    PyErr_SetString(PyExc_ValueError, "malformed record batch");
-    return -1;
+    return -2;
+}
+
+/* walk_records, with ValueError set for a malformed batch (-1 then). */
+static int walk_ex(const unsigned char *buf, Py_ssize_t size, int32_t count,
+                   int (*fn)(const parsed_record *, void *), void *ctx, int partial) {
+    int rc = walk_records(buf, size, count, fn, ctx, partial);
+    if (rc == -2) {
+        PyErr_SetString(PyExc_ValueError, "malformed record batch");
+        return -1;
+    }
+    return rc;
 }
 
 static int walk(const unsigned char *buf, Py_ssize_t size, int32_t count,
                 int (*fn)(const parsed_record *, void *), void *ctx) {
     return walk_ex(buf, size, count, fn, ctx, 0);
+}
+
+/* A whole batch's walk that sets no Python error (-2: malformed), for a callback that touches no Python object:
+ * it may run with the GIL released. */
+static int walk_quiet(const unsigned char *buf, Py_ssize_t size, int32_t count,
+                      int (*fn)(const parsed_record *, void *), void *ctx) {
+    return walk_records(buf, size, count, fn, ctx, 0);
 }
 
 typedef struct {
@@ -289,6 +308,8 @@ done:
 static inline uint32_t be32(const unsigned char *p) {
     return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3];
 }
+
+static inline uint64_t be64(const unsigned char *p) { return ((uint64_t)be32(p) << 32) | be32(p + 4); }
 
 /* render_window(buf, skip, want, separator=None, null_marker=None) -> (out, advanced, skip_after, need, lines)
  *
@@ -471,6 +492,65 @@ static PyObject *batch_stats(PyObject *self, PyObject *args) {
     if (!(attributes & 0x20) && walk(buf, view.len, (int32_t)be32(buf + 57), count, &s) < 0)
         goto done;
     result = Py_BuildValue("(LLLLL)", s.records, s.keyed, s.nulls, s.key_bytes, s.value_bytes);
+done:
+    PyBuffer_Release(&view);
+    return result;
+}
+
+/* min_timestamp(batch) -> int | None: the smallest record timestamp of one uncompressed v2 batch, as a reader
+ * sees its records (CreateTime: firstTimestamp + the smallest timestampDelta, which may be negative: a batch's
+ * records need not be in time order; LogAppendTime: the batch's maxTimestamp, every record's). None for a batch
+ * without records. A control batch counts (its records are timestamped like any). ValueError for a compressed or
+ * malformed batch. What tiering records per segment (the manifest's min_timestamp). */
+typedef struct {
+    int64_t lowest;
+    int seen;
+} min_ts_ctx;
+
+static int min_ts_one(const parsed_record *r, void *c) {
+    min_ts_ctx *m = c;
+    if (!m->seen || r->ts_delta < m->lowest)
+        m->lowest = r->ts_delta;
+    m->seen = 1;
+    return 0;
+}
+
+static PyObject *min_timestamp(PyObject *self, PyObject *args) {
+    Py_buffer view;
+    if (!PyArg_ParseTuple(args, "y*", &view))
+        return NULL;
+    PyObject *result = NULL;
+    const unsigned char *buf = view.buf;
+    min_ts_ctx m = {0, 0};
+    int attributes = plain_v2_attributes(buf, view.len);
+    if (attributes < 0)
+        goto done;
+    int32_t count = (int32_t)be32(buf + 57);
+    if (count <= 0) {
+        Py_INCREF(Py_None);
+        result = Py_None;
+        goto done;
+    }
+    if (attributes & 0x08) {
+        result = PyLong_FromLongLong((long long)(int64_t)be64(buf + 35));
+        goto done;
+    }
+    int rc;
+    /* (no Python object is touched in the walk: other threads run meanwhile; the error, if any, is set after) */
+    Py_BEGIN_ALLOW_THREADS
+    rc = walk_quiet(buf, view.len, count, min_ts_one, &m);
+    Py_END_ALLOW_THREADS
+    if (rc < 0) {
+        PyErr_SetString(PyExc_ValueError, "malformed record batch");
+        goto done;
+    }
+    if (m.seen) {
+        /* (wrapping as Kafka's long arithmetic does: no signed overflow) */
+        result = PyLong_FromLongLong((long long)(int64_t)(be64(buf + 27) + (uint64_t)m.lowest));
+    } else {
+        Py_INCREF(Py_None);
+        result = Py_None;
+    }
 done:
     PyBuffer_Release(&view);
     return result;
@@ -707,8 +787,6 @@ done:
     PyBuffer_Release(&data);
     return result;
 }
-
-static inline uint64_t be64(const unsigned char *p) { return ((uint64_t)be32(p) << 32) | be32(p + 4); }
 
 /* index_ok(kind, buf, n, log_size) -> bool: the sanity checks of n index entries at the start of buf, in one
  * pass (loading a store checks every entry of every index: 50 partitions of 5,000 entries took ~0.25 s as
@@ -1421,6 +1499,7 @@ static PyMethodDef methods[] = {
     {"index_ok", index_ok, METH_VARARGS, "Sanity checks of an index's entries, in one pass."},
     {"index_floor", index_floor, METH_VARARGS, "Binary search of an index file by pread (greatest entry <= a key)."},
     {"batch_stats", batch_stats, METH_VARARGS, "Line statistics of one uncompressed batch."},
+    {"min_timestamp", min_timestamp, METH_VARARGS, "The smallest record timestamp of one uncompressed batch."},
     {"seek_line", seek_line, METH_VARARGS, "Lines before an offset, or the record holding a byte, in one batch."},
     {"render_window", render_window, METH_VARARGS, "Text-view bytes of a read request, from a skip, within a limit."},
     {"encode_lines", encode_lines, METH_VARARGS, "Whole batches of plain lines, for the bulk append."},

@@ -7,8 +7,10 @@ One partition of the bench's JSON lines (256 MB; 16 MB with ``--quick``; ``--spa
 a SeaweedFS bucket as the daemon's tiering puts them (objects and manifest). ``local[2]``, best of 2 (1 with ``--quick``) after a
 warm-up. Windows: 1% and 10% of the partition's time range in its middle, through the options
 (``startingTimestamp``/``endingTimestamp``) and through pushed-down filters (``timestamp >= lo AND timestamp <
-hi``: the lower bound narrows, see logfs/spark/pushdown.py), and the last 1% through pushdown. Bytes of ``.log``
-fetched from the bucket are counted by running the source's planner and read path in this process through a
+hi``: the lower bound starts the range through the time index, the upper one ends it at the first of the tiered
+segments after it whose smallest timestamp is later, from the bucket only: see logfs/spark/pushdown.py), and the
+last 1% through pushdown. The upload also times the tiering's scan for each segment's smallest timestamp.
+Bytes of ``.log`` fetched from the bucket are counted by running the source's planner and read path in this process through a
 counting wrapper of the store (the code Spark's executors run).
 """
 
@@ -56,15 +58,18 @@ def _build(bench, data: str, size: int, segment: int) -> tuple[int, int, str]:
     return first, last, text
 
 
-def _upload(store, prefix: str, data: str) -> tuple[int, int]:
-    """The sealed segments of b-0 and their manifest, as the tiering writes them; returns the bytes of .log and
-    the largest timestamp tiered."""
+def _upload(store, prefix: str, data: str) -> tuple[int, int, float]:
+    """The sealed segments of b-0 and their manifest, as the tiering writes them (each segment's smallest
+    timestamp by the tiering's own scan, ``SegmentFile.min_timestamp``); returns the bytes of .log, the largest
+    timestamp tiered and the seconds those scans took."""
     from logfs.remote.manifest import ManifestStore, PartitionManifest, RemoteFile, RemoteSegment, segment_key
     from logfs.spark.segments import PartitionReader, TopicPartition
+    from logfs.storage.local.reader import SegmentReader
 
     reader = PartitionReader(data, TopicPartition("b", 0))
     bases = reader.segment_bases()
     m = PartitionManifest("b", 0)
+    scans = 0.0
     for i, base in enumerate(bases[:-1]):
         stem = os.path.join(data, "b-0", f"{base:020d}")
         headers = [h for h, _ in reader.batches(base, bases[i + 1])]
@@ -78,10 +83,14 @@ def _upload(store, prefix: str, data: str) -> tuple[int, int]:
             else:
                 store.put_bytes(key, b"")
                 objects[ext] = RemoteFile(key, 0)
+        started = time.perf_counter()
+        with SegmentReader(os.path.dirname(stem), base) as segment:
+            lowest = segment.min_timestamp()
+        scans += time.perf_counter() - started
         m = m.with_segment(RemoteSegment(base, headers[-1].next_offset, os.path.getsize(f"{stem}.log"),
-                                         max(h.max_timestamp for h in headers), objects))
+                                         max(h.max_timestamp for h in headers), objects, lowest))
     ManifestStore(store, prefix).write(m)
-    return m.remote_size_bytes, m.segments[-1].max_timestamp
+    return m.remote_size_bytes, m.segments[-1].max_timestamp, scans
 
 
 def _put_small(store, key: str, path: str) -> int:
@@ -139,7 +148,7 @@ def spark_time(bench) -> None:
         os.environ.update(sw.env())  # before the JVM starts: its Python workers inherit the credentials
         _fresh_jvm()  # (an earlier scenario's JVM was started without them)
         store = S3Store(sw.bucket, endpoint=sw.endpoint)
-        tiered_bytes, tiered_last = _upload(store, "bench", data)
+        tiered_bytes, tiered_last, scans = _upload(store, "bench", data)
         remote = f"s3://{sw.bucket}/bench"
         spark = local_spark("logfs-bench-time", 2)
         register(spark, pushdown=True)  # each query below loads its DataFrame again (README: Spark 4.3)
@@ -189,6 +198,7 @@ def spark_time(bench) -> None:
                 row[f"{where}_{name}_s_options"] = t_opt
                 row[f"{where}_{name}_speedup_options"] = t_full / t_opt
                 row[f"{where}_{name}_s_pushdown_mid"] = t_push
+                row[f"{where}_{name}_speedup_pushdown_mid"] = t_full / t_push
             lo, hi = tails[where]
             t_tail, _ = best(lambda: src(path).where(
                 (F.col("timestamp") >= F.timestamp_millis(F.lit(lo)))
@@ -231,12 +241,14 @@ def spark_time(bench) -> None:
             for name, (lo, hi) in windows.items():
                 row[f"bucket_{name}_fetched_fraction_options"] = fetched(
                     {"startingTimestamp": str(lo), "endingTimestamp": str(hi)}) / tiered_bytes
-                row[f"bucket_{name}_fetched_fraction_pushdown_mid"] = fetched(
-                    {}, [Narrowing(min_timestamp=lo)]) / tiered_bytes
+                row[f"bucket_{name}_fetched_fraction_pushdown_mid"] = fetched(  # (translate's of lo <= ts < hi)
+                    {}, [Narrowing(min_timestamp=lo, max_timestamp=hi - 1)]) / tiered_bytes
             row["bucket_last1pct_fetched_fraction_pushdown"] = fetched(
-                {}, [Narrowing(min_timestamp=tails["bucket"][0])]) / tiered_bytes
+                {}, [Narrowing(min_timestamp=tails["bucket"][0], max_timestamp=tails["bucket"][1] - 1)]) / tiered_bytes
         finally:
             bucket_mod.open_store = original
+        row["min_timestamp_scan_s"] = scans  # (the tiering's scan of every sealed segment, page cache warm)
+        row["min_timestamp_scan_mb_s"] = tiered_bytes / 1e6 / scans if scans else 0.0
         row.update(target_count_vs_text=0.6, target_filter_vs_text=0.9, target_bucket_1pct_fraction=0.03,
                    target_bucket_1pct_speedup=10.0)
         bench.record("spark_time", **row)

@@ -27,13 +27,22 @@ Manifest (JSON, UTF-8)
         "next_offset": 1000,           # the offset after its last record (Kafka's end offset + 1)
         "size": 1048576,               # bytes of the .log
         "max_timestamp": 1700000000123,  # largest record timestamp (ms), -1 when none
+        "min_timestamp": 1699999990000,  # smallest record timestamp (ms); optional: -1 or absent = unknown
         "objects": {"log":       {"key": "<prefix>/orders-0/00000000000000000000.log", "size": 1048576},
                     "index":     {"key": "...index", "size": 8192},
                     "timeindex": {"key": "...timeindex", "size": 12288},
                     "viewindex": {"key": "...viewindex", "size": 36000}}}]}
 
 ``remote_log_end_offset`` is the last segment's ``next_offset`` (0 with no segment). Readers reject an unknown
-``format`` or a higher ``version``, and a manifest whose segments overlap, as corrupt.
+``format`` or a higher ``version``, and a manifest whose segments overlap, as corrupt; they ignore fields they do
+not know, so a field added later without a new ``version`` is harmless to older readers.
+
+``min_timestamp`` was added that way (still version 1): the smallest timestamp of any record of the segment, as a
+reader sees them (a LogAppendTime batch's records all have its max timestamp; a CreateTime batch's records may go
+back in time, so tiering walks every record's timestamp delta when it uploads the segment). Kafka's indexes give
+only the largest timestamp so far; this is what lets a reader skip the tail of a log that holds no record at or
+before a time (the Spark source's upper bound on ``timestamp``, :mod:`logfs.spark.pushdown`). Manifests written
+before it, and segments whose scan failed, have none (-1 on reading): they are never skipped that way.
 
 What a crash at each step leaves
 --------------------------------
@@ -100,6 +109,7 @@ class RemoteSegment:
     size: int
     max_timestamp: int
     objects: dict[str, RemoteFile]
+    min_timestamp: int = -1  # smallest record timestamp (ms); -1: unknown (an older writer, or no record)
 
     def keys(self) -> list[str]:
         return [f.key for f in self.objects.values()]
@@ -162,6 +172,7 @@ def encode(m: PartitionManifest) -> bytes:
         "segments": [{
             "base_offset": s.base_offset, "next_offset": s.next_offset, "size": s.size,
             "max_timestamp": s.max_timestamp,
+            "min_timestamp": s.min_timestamp,
             "objects": {ext: {"key": f.key, "size": f.size} for ext, f in s.objects.items()},
         } for s in m.segments],
     }, indent=1).encode()
@@ -188,7 +199,8 @@ def decode(data: bytes, where: str = "manifest") -> PartitionManifest:
             if set(objects) != set(SEGMENT_EXTS):
                 raise ValueError(f"segment {s.get('base_offset')} names objects {sorted(objects)}")
             seg = RemoteSegment(_int(s, "base_offset"), _int(s, "next_offset"), _int(s, "size"),
-                                _int(s, "max_timestamp"), objects)
+                                _int(s, "max_timestamp"), objects,
+                                _int(s, "min_timestamp") if "min_timestamp" in s else -1)
             if seg.next_offset <= seg.base_offset or (segs and seg.base_offset < segs[-1].next_offset):
                 raise ValueError(f"segment {seg.base_offset}..{seg.next_offset} is empty or overlaps")
             segs.append(seg)

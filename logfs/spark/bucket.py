@@ -200,9 +200,11 @@ class BucketPartitionReader:
         self.store, self.tp = store, tp
         self.manifests = ManifestStore(store, prefix)
         self.name = str(tp)
+        self._last: PartitionManifest | None = None  # the manifest read last
 
     def manifest(self) -> PartitionManifest:
-        return self.manifests.read(self.tp.topic, self.tp.partition)
+        self._last = self.manifests.read(self.tp.topic, self.tp.partition)
+        return self._last
 
     def offsets(self) -> tuple[int, int]:
         return self.layout()[:2]
@@ -237,6 +239,28 @@ class BucketPartitionReader:
             if found is not None:
                 return found
         return None
+
+    def end_for_timestamp_at_most(self, timestamp: int, start: int, end: int) -> int:
+        """Where offsets [start, end) can end for records with timestamps at or before ``timestamp`` (ms): the base
+        offset of the first of the longest run of tiered segments, up to ``end``, whose smallest record
+        timestamp (the manifest's ``min_timestamp``) is after ``timestamp``; ``end`` itself when the segment
+        holding ``end - 1`` has none or an earlier one, or when ``end`` is past the tiered log. Every record of
+        such a run is later than ``timestamp``, whatever the order of timestamps in the log, so the cut drops no
+        matching row. From the manifest read last (the planner's :meth:`layout`: no request), read again only if
+        it does not reach ``end``; a tiered segment never changes, so an older copy gives the same answer."""
+        m = self._last
+        if m is None or m.remote_log_end_offset < end:
+            m = self.manifest()
+        if m.remote_log_end_offset < end:
+            return end  # offsets past the tiered log: nothing known about them
+        cut = end
+        for seg in reversed(m.segments):
+            if seg.base_offset >= cut:
+                continue  # wholly at or after the range's end
+            if seg.next_offset <= start or seg.min_timestamp == -1 or seg.min_timestamp <= timestamp:
+                break
+            cut = seg.base_offset
+        return cut
 
     def _batches_of(self, seg: RemoteSegment, lo: int, hi: int, chunk: int = READ_CHUNK
                     ) -> Iterator[tuple[rec.BatchHeader, bytes]]:
@@ -323,6 +347,20 @@ class TieredPartitionReader:
             if found is not None:
                 return found
         return self.local.offset_for_timestamp(timestamp, max(start, seam))
+
+    def end_for_timestamp_at_most(self, timestamp: int, start: int, end: int) -> int:
+        """:meth:`BucketPartitionReader.end_for_timestamp_at_most` over the whole log: the part after the seam
+        (the local segments') must be cut first, which the local reader cannot do (it keeps no smallest
+        timestamps: :meth:`~logfs.storage.local.reader.PartitionReader.end_for_timestamp_at_most`); so a range
+        reaching past the seam keeps its end, and one ending at or before it is cut from the manifest. The seam is
+        the manifest's read last (no request): it only moves up, so an older one can only keep an end."""
+        seam = (self.remote._last or self.remote.manifest()).remote_log_end_offset
+        if end > seam:
+            cut = self.local.end_for_timestamp_at_most(timestamp, max(start, seam), end)
+            if cut > max(start, seam):
+                return cut
+            end = max(start, cut)
+        return self.remote.end_for_timestamp_at_most(timestamp, start, end) if start < end else end
 
     def batches(self, start: int, end: int, *, fail_on_data_loss: bool = False
                 ) -> Iterator[tuple[rec.BatchHeader, bytes]]:

@@ -6,16 +6,28 @@ What narrows the read, per topic-partition (conjuncts only; Spark does not push 
 - ``topic``: ``=``, ``IN``, ``STARTSWITH``: partitions of other topics are not read;
 - ``partition``: ``=``, ``IN``, ``<``, ``<=``, ``>``, ``>=``;
 - ``offset``: the same comparisons cut the offset range (``IN`` by its smallest and largest value);
-- ``timestamp``: a lower bound (``>``, ``>=``, ``=``, ``IN``) starts the range at Kafka's ``offsetsForTimes`` of
-  the bound, through the time index. Every record before that offset is older than the bound, whatever the
-  order of timestamps in the log: the time index records the largest timestamp so far. An upper bound
-  (``<``, ``<=``) does not cut the range: a Kafka log's timestamps may go back (another producer's CreateTime, a
-  clock stepped back), and no index can prove that no later record is older than the bound. Use
-  ``endingTimestamp`` (Kafka's semantics: the range ends at the first record at or after it) for that.
+- ``timestamp``: a lower bound (``>``, ``>=``, ``=``, ``IN`` by its smallest value) starts the range at Kafka's
+  ``offsetsForTimes`` of the bound, through the time index. Every record before that offset is older than the
+  bound, whatever the order of timestamps in the log: the time index records the largest timestamp so far.
+- ``timestamp``: an upper bound (``<``, ``<=``, ``=``, ``IN`` by its largest value; ``BETWEEN`` is both) cuts the
+  tail of the range, at segment granularity: a Kafka log's timestamps may go back (another producer's
+  CreateTime, a clock stepped back, a batch whose records are out of order), so "the first record after the
+  bound" proves nothing about later ones, and Kafka's indexes hold only the largest timestamp so far. What does
+  prove it is each segment's SMALLEST record timestamp, which tiering records in the bucket's manifest
+  (``min_timestamp``, :mod:`logfs.remote.manifest`): the range ends at the base offset of the first segment of
+  the longest run of segments, up to the range's end, whose smallest timestamp is after the bound (a suffix
+  minimum over segments). So from the bucket a window in the middle of a log reads about the window's segments.
+  Segments without one (tiered by an older logfs, or whose scan failed) end the run; so does the part of the log
+  that is only in a DATA_DIR (a local log keeps no smallest timestamps, and finding them would read the segments:
+  the very cost the cut saves), so locally, and with ``localDataDir`` for a range reaching past the tiered part,
+  an upper bound does not cut. Spark's timestamps are microseconds, the records' milliseconds: a bound becomes
+  the largest millisecond at or before it (``_ms_at_or_before``, the twin of ``_ms_at_or_after``).
+  ``endingTimestamp`` (Kafka's semantics: the range ends at the first record at or after it) ends a read
+  anywhere, locally too.
 
-Every filter is handed back to Spark, which applies it to the rows read: the source only reads less. That keeps
-the rows exact, and it is also what makes a scan correct when Spark 4.3 runs it with the read plan of another
-scan of the same DataFrame (below).
+Every filter is handed back to Spark, which applies it to the rows read: the source only reads less (a cut may
+keep records outside the bounds, never drop one inside them). That keeps the rows exact, and it is also what
+makes a scan correct when Spark 4.3 runs it with the read plan of another scan of the same DataFrame (below).
 
 Spark 4.3 keeps the read plan that a filter pushdown produced on the DataFrame's relation, not on the scan
 (``PythonDataSourceV2.setReadInfo``): every scan of that relation planned afterwards in the same query (a
@@ -37,7 +49,7 @@ import logging
 import os
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Iterable, Sequence
 
 log = logging.getLogger(__name__)
@@ -59,6 +71,7 @@ class Narrowing:
     offset_lo: int | None = None  # inclusive
     offset_hi: int | None = None  # exclusive
     min_timestamp: int | None = None  # ms, inclusive
+    max_timestamp: int | None = None  # ms, inclusive
 
     @property
     def narrows(self) -> bool:
@@ -78,8 +91,9 @@ class Narrowing:
         return True
 
     def range_for(self, reader, topic: str, partition: int, start: int, end: int) -> tuple[int, int] | None:
-        """The part of offsets [start, end) of one partition that can hold rows passing the filters (``reader``
-        resolves a timestamp bound through the time index), or None."""
+        """The part of offsets [start, end) of one partition that can hold rows passing the filters, or None.
+        ``reader`` resolves a lower timestamp bound through the time index (``offset_for_timestamp``) and an
+        upper one through the segments' smallest timestamps (``end_for_timestamp_at_most``)."""
         if not self.selects(topic, partition):
             return None
         if self.offset_lo is not None:
@@ -88,6 +102,10 @@ class Narrowing:
             end = min(end, self.offset_hi)
         if start >= end:
             return None
+        if self.max_timestamp is not None:  # (first: from the manifest, no request; it may leave nothing)
+            end = min(end, reader.end_for_timestamp_at_most(self.max_timestamp, start, end))
+            if start >= end:
+                return None
         if self.min_timestamp is not None:
             found = reader.offset_for_timestamp(self.min_timestamp, start)
             if found is None:
@@ -124,6 +142,14 @@ def _ms_at_or_after(value: datetime.datetime, strict: bool) -> int | None:
     return micros // 1000 + 1 if strict else -(-micros // 1000)
 
 
+def _ms_at_or_before(value: datetime.datetime, strict: bool) -> int | None:
+    """The largest record timestamp (ms) whose Spark timestamp (us) is <= ``value`` (< with ``strict``)."""
+    if not isinstance(value, datetime.datetime) or value.tzinfo is None:
+        return None  # (as _ms_at_or_after)
+    micros = (value - _EPOCH) // _MICROSECOND
+    return -(-micros // 1000) - 1 if strict else micros // 1000
+
+
 def _is_int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
@@ -138,7 +164,7 @@ def translate(filters: Iterable) -> Narrowing:
     topics: set[str] | None = None
     prefixes: list[str] = []
     parts: set[int] | None = None
-    p_lo = p_hi = o_lo = o_hi = ts_lo = None
+    p_lo = p_hi = o_lo = o_hi = ts_lo = ts_hi = None
 
     def lower(cur, v):
         return v if cur is None else max(cur, v)
@@ -190,18 +216,27 @@ def translate(filters: Iterable) -> Narrowing:
                     o_hi = upper(o_hi, lo)
                 else:
                     o_hi = upper(o_hi, lo + 1)
-        elif column == "timestamp" and kind in ("eq", "GreaterThan", "GreaterThanOrEqual"):
-            bounds = [_ms_at_or_after(v, kind == "GreaterThan") for v in values]
-            if all(b is not None for b in bounds):
-                ts_lo = lower(ts_lo, min(bounds))
+        elif column == "timestamp":
+            if kind in ("eq", "GreaterThan", "GreaterThanOrEqual"):
+                bounds = [_ms_at_or_after(v, kind == "GreaterThan") for v in values]
+                if all(b is not None for b in bounds):
+                    ts_lo = lower(ts_lo, min(bounds))
+            if kind in ("eq", "LessThan", "LessThanOrEqual"):
+                bounds = [_ms_at_or_before(v, kind == "LessThan") for v in values]
+                if all(b is not None for b in bounds):
+                    ts_hi = upper(ts_hi, max(bounds))
     return Narrowing(
         topics=tuple(sorted(topics)) if topics is not None else None,
         topic_prefixes=tuple(sorted(set(prefixes))),
         partitions=tuple(sorted(parts)) if parts is not None else None,
-        partition_lo=p_lo, partition_hi=p_hi, offset_lo=o_lo, offset_hi=o_hi, min_timestamp=ts_lo)
+        partition_lo=p_lo, partition_hi=p_hi, offset_lo=o_lo, offset_hi=o_hi, min_timestamp=ts_lo,
+        max_timestamp=ts_hi)
 
 
 # -- the per-relation record (Spark 4.3 shares one read plan between the scans of a relation) ----------------
+_FIELDS = frozenset(f.name for f in fields(Narrowing))
+
+
 def registry_dir() -> str:
     return os.path.join(tempfile.gettempdir(), f"logfs-spark-{os.getuid()}", "pushdown")
 
@@ -212,6 +247,7 @@ def _to_json(n: Narrowing) -> str:
 
 def _from_json(line: str) -> Narrowing:
     d = json.loads(line)
+    d = {k: v for k, v in d.items() if k in _FIELDS}  # (a record of another logfs version: what both know)
     for k in ("topics", "topic_prefixes", "partitions"):
         if d.get(k) is not None:
             d[k] = tuple(d[k])

@@ -132,3 +132,39 @@ def test_a_finished_move_survives_a_power_cut(faultfs, mount_logfs):
     assert os.getxattr(fs.path("m", 0), "user.logfs.log_dir").decode() == target
     assert _lines(fs.path("m", 0)) == lines
     assert not [n for n in os.listdir(source) if n.startswith("m-0")], os.listdir(source)
+
+
+@pytest.mark.parametrize("failing", ["segment", "checkpoint"])
+@pytest.mark.daemon_errors("is offline", "setxattr: .*Input/output error")
+def test_delete_records_whose_fsync_fails_is_not_reported_and_loses_nothing(faultfs, mount_logfs, failing):
+    """DeleteRecords over unsynced appends must fsync the records below the new start, then its checkpoint. When
+    either fsync fails (EIO): the setfattr fails with EIO, the directory goes offline (section 12), and after a
+    power cut and a remount the log is one a writer could have left: every fsynced line is there once, the start is
+    the old one or the new one, and nothing appears that no writer wrote."""
+    faultfs.fsyncgate("")
+    fs = mount_logfs(*OPTIONS, name=".", foreground=True)
+    os.mkdir(fs.path("t"))
+    lines = [b"record %04d %s" % (i, b"f" * 40) for i in range(400)]
+    append_synced(fs.path("t", 0), lines[:300])
+    _append_unsynced(fs.path("t", 0), lines[300:])
+    pattern = r"\.log$" if failing == "segment" else r"log-start-offset-checkpoint"
+    faultfs.fail("fsync", pattern, errno="EIO", count=-1)
+    with pytest.raises(OSError) as exc:
+        os.setxattr(fs.path("t", 0), "user.logfs.log_start_offset", b"-1")
+    assert exc.value.errno == errno.EIO, exc.value
+    wait_for(lambda: "is offline" in fs.stderr(), 10, what="the directory to go offline")
+    with pytest.raises(OSError) as exc:  # offline: the partition answers EIO until the next mount
+        os.getxattr(fs.path("t", 0), "user.logfs.log_start_offset")
+    assert exc.value.errno == errno.EIO, exc.value
+    faultfs.clear()
+    _power_cut(faultfs, fs)
+    fs.mount(*OPTIONS, foreground=True)
+    start = int(fs.getx("t/0", "log_start_offset"))
+    got = _lines(fs.path("t", 0))
+    if start == 0:  # the delete did not survive: every fsynced line, and a prefix of the rest
+        assert got[:300] == lines[:300]
+        assert got == lines[:len(got)], "not a prefix of what was written"
+    else:  # it did: only after the fsync of everything below it
+        assert start == 400 and got == [], (start, got[:3])
+    append_synced(fs.path("t", 0), [b"after the cut"])
+    assert _lines(fs.path("t", 0)) == got + [b"after the cut"]

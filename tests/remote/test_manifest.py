@@ -10,9 +10,9 @@ from logfs.remote import PartitionManifest, RemoteCorruptError, RemoteFile, Remo
 from logfs.remote.manifest import SEGMENT_EXTS, decode, encode, manifest_key, partition_prefix, segment_key
 
 
-def seg(base: int, nxt: int, prefix: str = "p") -> RemoteSegment:
+def seg(base: int, nxt: int, prefix: str = "p", min_timestamp: int = -1) -> RemoteSegment:
     return RemoteSegment(base, nxt, 10 * (nxt - base), 1000 + nxt,
-                         {e: RemoteFile(segment_key(prefix, "t", 0, base, e), 7) for e in SEGMENT_EXTS})
+                         {e: RemoteFile(segment_key(prefix, "t", 0, base, e), 7) for e in SEGMENT_EXTS}, min_timestamp)
 
 
 def test_key_naming():
@@ -34,6 +34,36 @@ def test_round_trip_and_offsets():
     assert doc["segments"][0]["objects"]["log"] == {"key": "p/t-0/00000000000000000100.log", "size": 7}
     assert [m.segment_for(o) for o in (99, 100, 249, 250, 299, 300)] == [
         None, m.segments[0], m.segments[0], m.segments[1], m.segments[1], None]
+
+
+def test_min_timestamp_round_trips_and_a_manifest_without_it_reads_as_unknown():
+    m = PartitionManifest("t", 0).with_segment(seg(0, 10, min_timestamp=500)).with_segment(seg(10, 20))
+    m = m.with_segment(seg(20, 30, min_timestamp=-7))
+    assert [s.min_timestamp for s in decode(encode(m)).segments] == [500, -1, -7]
+    assert decode(encode(m)) == m
+    doc = json.loads(encode(m))
+    assert doc["version"] == 1  # (a field older readers ignore: no new version)
+    assert [s["min_timestamp"] for s in doc["segments"]] == [500, -1, -7]
+    # A manifest of a logfs from before the field: every segment unknown, the rest as written.
+    for s in doc["segments"]:
+        del s["min_timestamp"]
+    old = decode(json.dumps(doc).encode())
+    assert [s.min_timestamp for s in old.segments] == [-1, -1, -1]
+    assert [(s.base_offset, s.max_timestamp) for s in old.segments] == [(s.base_offset, s.max_timestamp)
+                                                                        for s in m.segments]
+    # Rewritten by this logfs (the next upload): still version 1, the unknown ones written as -1.
+    assert decode(encode(old.with_segment(seg(30, 40, min_timestamp=9)))).segments[-1].min_timestamp == 9
+
+
+def test_fields_a_reader_does_not_know_are_ignored():
+    """What lets a field be added without a new version (min_timestamp was): an older reader of a newer manifest
+    takes what it knows."""
+    m = PartitionManifest("t", 0).with_segment(seg(0, 10, min_timestamp=3))
+    doc = json.loads(encode(m))
+    doc["written_by"] = "a later logfs"
+    doc["segments"][0]["checksum"] = {"crc32c": 1}
+    doc["segments"][0]["objects"]["log"]["etag"] = "x"
+    assert decode(json.dumps(doc).encode()) == m
 
 
 def test_with_segment_refuses_an_overlap_and_an_empty_segment_and_takes_a_gap():
@@ -69,6 +99,7 @@ def test_retention_drops_whole_segments_and_advances_the_start():
     lambda d: d["segments"][1].update(base_offset=5),  # overlaps the first
     lambda d: d["segments"][0].update(next_offset=0),  # empty
     lambda d: d["segments"][0]["objects"].pop("viewindex"),
+    lambda d: d["segments"][0].update(min_timestamp="5"),
     lambda d: d.pop("segments"),
 ])
 def test_decode_rejects_what_logfs_did_not_write(mutate):

@@ -28,6 +28,7 @@ from logfs.spark.options import OffsetRange, OptionError, SourceOptions, plan_ba
 from logfs.spark.pushdown import Narrowing, narrow_union, remember  # noqa: E402
 from logfs.spark.segments import PartitionReader, TopicPartition  # noqa: E402
 from logfs.storage import ManualClock  # noqa: E402
+from logfs.storage.local.reader import SegmentReader  # noqa: E402
 from log_helpers import log_file_records  # noqa: E402
 
 T0 = 1_700_000_000_000
@@ -128,9 +129,11 @@ class CountingStore:
         return data
 
 
-def upload(store, prefix: str, data_dir: str, p: int, count: int | None = None) -> int:
+def upload(store, prefix: str, data_dir: str, p: int, count: int | None = None, *,
+           min_timestamps: bool = True) -> int:
     """Put the first ``count`` sealed segments of partition ``p`` (all sealed ones by default) and a manifest
-    listing them, as the daemon's tiering does. Returns the remote log end offset."""
+    listing them, as the daemon's tiering does (each segment's smallest timestamp by the same scan, unless
+    ``min_timestamps`` is false: a manifest of a logfs from before it). Returns the remote log end offset."""
     reader = PartitionReader(data_dir, TopicPartition(TOPIC, p))
     bases = reader.segment_bases()
     sealed = bases[:-1][:count]
@@ -147,8 +150,10 @@ def upload(store, prefix: str, data_dir: str, p: int, count: int | None = None) 
                     body = f.read()
             store.put_bytes(key, body)
             objects[ext] = RemoteFile(key, len(body))
+        with SegmentReader(os.path.dirname(stem), base) as segment:
+            lowest = segment.min_timestamp() if min_timestamps else -1
         m = m.with_segment(RemoteSegment(base, headers[-1].next_offset, objects["log"].size,
-                                         max(h.max_timestamp for h in headers), objects))
+                                         max(h.max_timestamp for h in headers), objects, lowest))
     ManifestStore(store, prefix).write(m)
     return m.remote_log_end_offset
 
@@ -246,6 +251,213 @@ def test_timestamp_options_from_the_bucket_with_and_without_local_data_dir(timed
             assert [(o, t) for _, o, t in got] == [r for r in mine if first <= r[0] < last], (prefix, lo, hi)
             if local and first < seam < last:
                 assert any(o < seam for _, o, _ in got) and any(o >= seam for _, o, _ in got)
+
+
+# -- an upper bound on timestamp cuts the tail, from the manifest's smallest timestamps -----------------------
+def segments_of(data_dir: str, p: int) -> list[tuple[int, list[tuple[int, int]]]]:
+    """(base offset, its records' (offset, timestamp) by kafka-python) of each segment of partition ``p``."""
+    out = []
+    for path in sorted(glob.glob(os.path.join(data_dir, f"{TOPIC}-{p}", "*.log"))):
+        base = int(os.path.basename(path)[:20])
+        with open(path, "rb") as f:
+            from kafka.record.memory_records import MemoryRecords
+
+            records = MemoryRecords(f.read())
+        recs = []
+        while records.has_next():
+            recs += [(r.offset, r.timestamp) for r in records.next_batch()]
+        out.append((base, recs))
+    return out
+
+
+def suffix_cut(segments, hi: int, start: int, end: int) -> int:
+    """The cut by brute force: the base offset of the first of the longest run of segments before ``end`` whose
+    records are all later than ``hi`` (``end`` if the segment holding ``end - 1`` has one at or before)."""
+    cut = end
+    for base, recs in reversed(segments):
+        if base >= cut:
+            continue
+        if not recs or recs[-1][0] < start or min(t for _, t in recs) <= hi:
+            break
+        cut = base
+    return cut
+
+
+def test_the_manifest_holds_each_segments_smallest_timestamp(timed, bucket):
+    """What the tiering's scan recorded is kafka-python's smallest timestamp of the segment's records (partition 0
+    has a batch older than the ones before it and a batch whose records go back in time)."""
+    going_back = 0
+    for p in range(2):
+        m = ManifestStore(bucket["store"], bucket["full"]).read(TOPIC, p)
+        segments = dict(segments_of(timed.data_dir, p))
+        assert len(m.segments) > 8
+        for i, seg in enumerate(m.segments):
+            assert seg.min_timestamp == min(t for _, t in segments[seg.base_offset]), (p, seg.base_offset)
+            going_back += i > 0 and seg.min_timestamp < m.segments[i - 1].max_timestamp
+    assert going_back  # (a segment holding records older than the one before it: the case an upper bound minds)
+
+
+def test_an_upper_bound_cuts_the_tail_exactly_at_segment_granularity(timed, bucket):
+    """For every timestamp of the log (one ms on each side too) as the inclusive upper bound, from the log start
+    and from a later offset: the bucket reader's end is the brute-force suffix cut, and no record at or before the
+    bound lies at or after it. From the manifest read by layout(): no request at all."""
+    for p in range(2):
+        reader = BucketPartitionReader(bucket["store"], bucket["full"], TopicPartition(TOPIC, p))
+        first, end, _ = reader.layout()
+        segments = [(b, r) for b, r in segments_of(timed.data_dir, p) if b < end]
+        recs = [r for _, rs in segments for r in rs]
+        reader.manifests.store = None  # (any request now fails)
+        for hi in probe_times(recs)[::2]:
+            for start in (first, 137):
+                cut = reader.end_for_timestamp_at_most(hi, start, end)
+                assert cut == suffix_cut(segments, hi, start, end), (p, hi, start)
+                assert all(o < cut for o, t in recs if t <= hi and o >= start), (p, hi, start, cut)
+            assert reader.end_for_timestamp_at_most(hi, first, 200) == suffix_cut(segments, hi, first, 200)
+        assert reader.end_for_timestamp_at_most(T0 - 50_000, first, end) == segments[0][0]  # before everything
+        assert reader.end_for_timestamp_at_most(10**15, first, end) == end  # after everything
+
+
+def test_a_mid_window_from_the_bucket_fetches_only_its_segments(timed, bucket, monkeypatch):
+    """A window in the middle of partition 0's time range, pushed down as both bounds (``timestamp >= lo AND
+    timestamp <= hi``): the rows are the ground truth's and those of the whole read filtered (pushdown off); the
+    .log bytes fetched are about the window's segments, not the rest of the log."""
+    counting = CountingStore(bucket["store"])
+    monkeypatch.setattr(bucket_mod, "open_store", lambda *a, **k: counting)
+    monkeypatch.setattr(CountingStore, "close", lambda self: None, raising=False)
+    end = bucket["ends"][0]
+    segments = [(b, r) for b, r in segments_of(timed.data_dir, 0) if b < end]
+    recs = [r for _, rs in segments for r in rs]
+    sizes = {b: os.path.getsize(os.path.join(timed.data_dir, f"{TOPIC}-0", f"{b:020d}.log")) for b, _ in segments}
+    total = sum(sizes.values())
+    path = f"s3://{bucket['creds'].bucket}/{bucket['full']}"
+    plain = SourceOptions.parse({"path": path, "s3.endpoint": bucket["creds"].endpoint, "assign": '{"ev":[0]}'})
+    whole = [(o, t) for _, o, t in _read_rows(plain)]
+    counting.log_bytes = 0
+    eq = recs[len(recs) // 2][1]  # (timestamp = one record's: both bounds)
+    for lo, hi in ((T0 + 40_000, T0 + 43_000), (eq, eq), (T0 + 30_000, T0 + 31_500)):
+        counting.log_bytes = 0
+        got = [(o, t) for _, o, t in _read_rows(plain, [Narrowing(min_timestamp=lo, max_timestamp=hi)])]
+        want = [r for r in recs if lo <= r[1] <= hi]
+        assert want and [r for r in got if lo <= r[1] <= hi] == want == [r for r in whole if lo <= r[1] <= hi]
+        # What the plan covers: from the first record at or after lo to the cut; its segments and the look-up's.
+        first = offsets_for_times(recs, lo)
+        cut = suffix_cut(segments, hi, first, end)
+        assert cut < end - 100, (lo, hi, cut, end)  # it does cut (the log goes on well past the window)
+        assert max(o for o, _ in got) < cut
+        held = sum(size for b, size in sizes.items() if any(first <= o < cut for o, _ in dict(segments)[b]))
+        assert counting.log_bytes <= held + 2 * max(sizes.values()), (lo, hi, counting.log_bytes, held)
+        assert counting.log_bytes < 0.2 * total, (lo, hi, counting.log_bytes, total)
+    # Only an upper bound: the read ends at the cut, from the log start.
+    counting.log_bytes = 0
+    hi = T0 + 12_000
+    got = [(o, t) for _, o, t in _read_rows(plain, [Narrowing(max_timestamp=hi)])]
+    assert [r for r in got if r[1] <= hi] == [r for r in recs if r[1] <= hi]
+    assert counting.log_bytes < 0.35 * total, (counting.log_bytes, total)
+
+
+def test_a_manifest_without_smallest_timestamps_is_read_whole(timed, bucket, monkeypatch):
+    """Segments tiered by a logfs from before ``min_timestamp`` (no field in the manifest): an upper bound does
+    not cut, the rows are the same."""
+    store = bucket["store"]
+    old = "o-" + uuid.uuid4().hex[:8]
+    end = upload(store, old, timed.data_dir, 0, min_timestamps=False)
+    key = f"{old}/{TOPIC}-0/manifest.json"
+    doc = json.loads(store.get_bytes(key))
+    for seg in doc["segments"]:
+        del seg["min_timestamp"]  # as an older logfs wrote it
+    store.put_bytes(key, json.dumps(doc).encode())
+    reader = BucketPartitionReader(store, old, TopicPartition(TOPIC, 0))
+    assert {s.min_timestamp for s in reader.manifest().segments} == {-1}
+    first, end2, _ = reader.layout()
+    assert end2 == end and reader.end_for_timestamp_at_most(T0 + 10_000, first, end) == end
+    recs = [r for r in truth(timed.data_dir, 0) if r[0] < end]
+    counting = CountingStore(store)
+    monkeypatch.setattr(bucket_mod, "open_store", lambda *a, **k: counting)
+    monkeypatch.setattr(CountingStore, "close", lambda self: None, raising=False)
+    opts = SourceOptions.parse({"path": f"s3://{bucket['creds'].bucket}/{old}", "s3.endpoint": bucket["creds"].endpoint,
+                                "assign": '{"ev":[0]}'})
+    got = [(o, t) for _, o, t in _read_rows(opts, [Narrowing(max_timestamp=T0 + 10_000)])]
+    assert got == recs
+
+
+def test_the_cut_across_the_local_data_dir_seam(timed, bucket):
+    """With localDataDir: a range ending at or before the seam is cut from the manifest; one reaching past it
+    keeps its end (the local segments keep no smallest timestamps)."""
+    store = bucket["store"]
+    seam = bucket["seam"]
+    whole = TieredPartitionReader(BucketPartitionReader(store, bucket["part"], TopicPartition(TOPIC, 0)),
+                                  PartitionReader(timed.data_dir, TopicPartition(TOPIC, 0)))
+    first, end, _ = whole.layout()
+    segments = [(b, r) for b, r in segments_of(timed.data_dir, 0) if b < seam]
+    hi = T0 + 2_000
+    assert whole.end_for_timestamp_at_most(hi, first, seam) == suffix_cut(segments, hi, first, seam) < seam
+    assert whole.end_for_timestamp_at_most(hi, first, end) == end
+    assert PartitionReader(timed.data_dir, TopicPartition(TOPIC, 0)).end_for_timestamp_at_most(hi, 0, end) == end
+
+
+@pytest.fixture
+def backwards(open_manager, creds):
+    """Partition 0 of ``ev`` whose late segments hold records older than the whole log, where only a walk of the
+    records shows them: a CreateTime batch (kafka-python) whose second record is 100 s before the log's start
+    (its first timestamp and its max are new), a gzip batch holding one 90 s before it, and a LogAppendTime batch
+    whose records' deltas point 80 s back (its records are its max timestamp: they are new). Every segment
+    sealed, tiered with its smallest timestamp."""
+    from logfs.remote.s3 import S3Store
+    from logfs.storage.format import records as rec
+
+    m = open_manager({"num.partitions": "1", "log.segment.bytes": "2048", "log.index.interval.bytes": "256",
+                      "log.segment.delete.delay.ms": "0"}, clock=ManualClock())
+    m.create_topic(TOPIC)
+    log = m.get_log(TOPIC, 0)
+    t = T0
+    for i in range(60):
+        stamps = [t + 10 * j for j in range(5)]
+        if i == 40:
+            stamps = [t, T0 - 100_000, t + 5]
+        batch = _batch([(b"b%d-r%d-%s" % (i, j, b"z" * 30), ts) for j, ts in enumerate(stamps)])
+        if i == 45:
+            batch = rec.compress_batch(_batch([(b"gz%d" % j, ts) for j, ts in enumerate([t, t + 1, T0 - 90_000])]),
+                                       1)
+        if i == 50:
+            batch = rec.build_batch_generic(0, t, [b"lat-%d" % j for j in range(3)],
+                                            timestamps=[t, T0 - 80_000, t - 3], attributes=rec.ATTR_TIMESTAMP_TYPE)
+        log.append_raw_batch(batch)
+        t += 1000
+    log.roll()
+    store = S3Store(creds.bucket, endpoint=creds.endpoint)
+    prefix = "b-" + uuid.uuid4().hex[:8]
+    end = upload(store, prefix, m.data_dir, 0)
+    yield {"store": store, "prefix": prefix, "end": end, "data_dir": m.data_dir, "creds": creds}
+    store.close()
+
+
+def test_records_older_than_the_log_in_late_segments_are_never_cut_away(backwards, monkeypatch):
+    b = backwards
+    end = b["end"]
+    segments = [(base, r) for base, r in segments_of(b["data_dir"], 0) if base < end]
+    recs = [r for _, rs in segments for r in rs]
+    assert len(recs) == 5 * 57 + 9 and recs[-1][0] == end - 1
+    oldest = sorted(recs, key=lambda r: r[1])[:2]
+    assert [t for _, t in oldest] == [T0 - 100_000, T0 - 90_000] and oldest[0][0] > 150
+    reader = BucketPartitionReader(b["store"], b["prefix"], TopicPartition(TOPIC, 0))
+    first, _, _ = reader.layout()
+    for hi in probe_times(recs)[::3] + [T0 - 100_000, T0 - 100_001, T0 - 90_000, T0 - 80_000]:
+        cut = reader.end_for_timestamp_at_most(hi, first, end)
+        assert cut == suffix_cut(segments, hi, first, end), hi
+        assert all(o < cut for o, t in recs if t <= hi), (hi, cut)
+    # The LogAppendTime batch's records are new (its max timestamp): nothing at or before T0 - 80_000 but the
+    # two old records, and the cut at T0 - 90_000 ends right after the segment of the gzip batch's old record.
+    assert [r for r in recs if r[1] <= T0 - 80_000] == sorted(oldest)
+    assert reader.end_for_timestamp_at_most(T0 - 90_000, first, end) < end
+    opts = SourceOptions.parse({"path": f"s3://{b['creds'].bucket}/{b['prefix']}", "s3.endpoint": b["creds"].endpoint,
+                                "assign": '{"ev":[0]}'})
+    whole = [(o, t) for _, o, t in _read_rows(opts)]
+    assert whole == recs
+    for lo, hi in ((None, T0 - 100_000), (None, T0 - 90_000), (T0 - 95_000, T0 - 85_000), (T0 + 30_000, T0 + 41_000),
+                   (None, T0 + 20_000), (T0 + 49_000, T0 + 50_500)):
+        got = [(o, t) for _, o, t in _read_rows(opts, [Narrowing(min_timestamp=lo, max_timestamp=hi)])]
+        keep = (lambda r: (lo is None or r[1] >= lo) and r[1] <= hi)
+        assert [r for r in got if keep(r)] == [r for r in whole if keep(r)] and any(map(keep, whole)), (lo, hi)
 
 
 # -- Spark ---------------------------------------------------------------------------------------------------
@@ -505,3 +717,43 @@ def test_narrowing_union_and_record(tmp_path, timed):
     with pytest.raises(OptionError):
         SourceOptions.parse({"path": "/x", "subscribe": "a", "startingOffsetsByTimestampStrategy": "x"})
     assert OffsetRange  # (imported for the planner's types)
+
+
+def test_translate_turns_timestamp_bounds_into_inclusive_milliseconds():
+    """Spark's timestamps are microseconds, the records' milliseconds: a record at ms m is the Spark timestamp
+    m * 1000 us; each bound becomes the smallest / largest ms that passes it (rows stay exact: Spark filters)."""
+    import datetime
+
+    from pyspark.sql.datasource import (
+        EqualTo, GreaterThan, GreaterThanOrEqual, In, LessThan, LessThanOrEqual, StringStartsWith,
+    )
+
+    from logfs.spark.pushdown import translate
+
+    def at(us: int) -> datetime.datetime:
+        return datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc) + datetime.timedelta(microseconds=us)
+
+    ts = ("timestamp",)
+    cases = [
+        (LessThan(ts, at(5_000_000)), None, 4_999), (LessThan(ts, at(5_000_001)), None, 5_000),
+        (LessThan(ts, at(5_000_999)), None, 5_000), (LessThanOrEqual(ts, at(5_000_000)), None, 5_000),
+        (LessThanOrEqual(ts, at(4_999_999)), None, 4_999), (LessThanOrEqual(ts, at(-1_500)), None, -2),
+        (LessThan(ts, at(-1_500)), None, -2), (LessThan(ts, at(-1_000)), None, -2),
+        (GreaterThan(ts, at(5_000_000)), 5_001, None), (GreaterThanOrEqual(ts, at(4_999_001)), 5_000, None),
+        (EqualTo(ts, at(7_000_000)), 7_000, 7_000), (EqualTo(ts, at(7_000_500)), 7_001, 7_000),
+        (In(ts, (at(9_000_000), at(3_000_000), None)), 3_000, 9_000),
+    ]
+    for f, lo, hi in cases:
+        n = translate([f])
+        assert (n.min_timestamp, n.max_timestamp) == (lo, hi), f
+    # BETWEEN (both bounds) and several upper bounds: the tightest.
+    n = translate([GreaterThanOrEqual(ts, at(1_000_000)), LessThanOrEqual(ts, at(2_000_000)),
+                   LessThan(ts, at(1_800_000)), StringStartsWith(("topic",), "e")])
+    assert (n.min_timestamp, n.max_timestamp, n.topic_prefixes) == (1_000, 1_799, ("e",))
+    # A TimestampNTZ literal (no zone) is not this column's type: no bound.
+    assert translate([LessThan(ts, datetime.datetime(2024, 1, 1))]).max_timestamp is None
+    # Every m in range passes the filter and every m out of it fails, for the Spark value m * 1000 us.
+    for us in range(-3_001, 3_002, 250):
+        for kind, test in ((LessThan, lambda v: v < us), (LessThanOrEqual, lambda v: v <= us)):
+            hi = translate([kind(ts, at(us))]).max_timestamp
+            assert test(hi * 1000) and not test((hi + 1) * 1000), (kind, us, hi)

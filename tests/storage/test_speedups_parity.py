@@ -67,6 +67,21 @@ def _batch_stats(rnd):
     return (rec.build_batch_generic(7, 1_700_000_000_000, values, keys),)
 
 
+def _min_timestamp(rnd):
+    """Batches whose records go back in time (negative deltas), LogAppendTime ones, control ones, empty ones."""
+    values, keys = _records(rnd, rnd.choice([1, 2, 64]))
+    base = rnd.choice([1_700_000_000_000, 0, -1])
+    stamps = [base + rnd.randrange(-5000, 5000) for _ in values]
+    attributes = rnd.choice([0, 0, rec.ATTR_TIMESTAMP_TYPE, rec.ATTR_CONTROL])
+    if rnd.random() < 0.1:
+        return (rec.build_batch_generic(3, base, [], last_offset_delta=4, attributes=attributes),)
+    batch = rec.build_batch_generic(7, base, values, keys, timestamps=stamps, attributes=attributes)
+    if rnd.random() < 0.1:  # a damaged one: both refuse it
+        cut = rnd.randrange(rec.HEADER_SIZE, len(batch))
+        batch = batch[:cut]
+    return (batch,)
+
+
 def _merge_batches(rnd):
     batches = _plain_batches(rnd, rnd.choice([1, 2, 9]))
     return (batches, rec.parse_header(batches[-1]).last_offset)
@@ -106,6 +121,7 @@ INPUTS = {
     "batch_stats": _batch_stats,
     "index_floor": _index_floor,
     "merge_batches": _merge_batches,
+    "min_timestamp": _min_timestamp,
     "murmur2": _murmur2,
 }
 
@@ -145,6 +161,11 @@ def test_refusals_match():
         assert _outcome(speedups.C.encode_lines, args) == _outcome(speedups.twin("encode_lines"), args)
     for args in [(bytearray(10), b"", b"x\n", 2, 0, 100)]:
         assert _outcome(speedups.C.grow_lines, args) == _outcome(speedups.twin("grow_lines"), args)
+    plain = rec.build_batch_generic(0, 5, [b"a", b"b"], timestamps=[9, 5])
+    for args in [(b"",), (plain[:60],), (rec.compress_batch(plain, 1),), (plain[:16] + b"\x01" + plain[17:],)]:
+        assert _outcome(speedups.C.min_timestamp, args) == _outcome(speedups.twin("min_timestamp"), args) == (
+            "refused", "ValueError")
+    assert speedups.C.min_timestamp(plain) == speedups.twin("min_timestamp")(plain) == 5
 
 
 def test_the_switch_turns_c_off_for_the_process(tmp_path):

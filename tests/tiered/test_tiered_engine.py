@@ -289,3 +289,85 @@ def test_a_small_tiered_read_costs_one_ranged_get_of_at_most_two_blocks(tmp_path
     assert len(store.calls) == n  # cached
     view.release()
     manager.close()
+
+
+def _segment_min_timestamps(partition_dir) -> dict[int, int]:
+    """Each segment's smallest record timestamp, by kafka-python (a LogAppendTime batch's records: its max)."""
+    from kafka.record.memory_records import MemoryRecords
+
+    out = {}
+    for name in sorted(os.listdir(partition_dir)):
+        if name.endswith(".log"):
+            with open(os.path.join(partition_dir, name), "rb") as f:
+                records = MemoryRecords(f.read())
+            stamps = []
+            while records.has_next():
+                stamps += [r.timestamp for r in records.next_batch()]
+            if stamps:
+                out[int(name[:20])] = min(stamps)
+    return out
+
+
+def test_upload_records_each_segments_smallest_timestamp(tmp_path, archive, clock):
+    """The manifest's ``min_timestamp`` of every tiered segment is the smallest timestamp of its records, found by
+    the upload's walk of the records: logfs's own lines, then another writer's batches whose timestamps go back
+    where no header shows it (a CreateTime batch's second record, a gzip batch's last one) and a LogAppendTime
+    batch (its records are its max timestamp, whatever their deltas say)."""
+    from kafka.record.default_records import DefaultRecordBatchBuilder
+
+    from logfs.storage.format import records as rec
+
+    def foreign(stamps, compression=0) -> bytes:
+        builder = DefaultRecordBatchBuilder(magic=2, compression_type=compression, is_transactional=False,
+                                            producer_id=-1, producer_epoch=-1, base_sequence=-1, batch_size=1 << 20)
+        for i, ts in enumerate(stamps):
+            builder.append(i, timestamp=ts, key=None, value=b"foreign-%d-%s" % (i, b"f" * 200), headers=[])
+        return bytes(builder.build())
+
+    manager, rlm = make(tmp_path, archive, clock)
+    plog = tiered_topic(manager)
+    data = lines(600)
+    plog.append_lines(b"", data, len(data))
+    now = clock.time_ms()
+    for i in range(30):
+        clock.advance(1000)
+        t = clock.time_ms()
+        if i == 10:
+            plog.append_raw_batch(foreign([t, now - 500_000, t + 1]))
+        elif i == 15:
+            plog.append_raw_batch(foreign([t, t + 2, now - 400_000], compression=1))
+        elif i == 20:
+            plog.append_raw_batch(rec.build_batch_generic(0, t, [b"lat-a", b"lat-b"], timestamps=[t, now - 300_000],
+                                                          attributes=rec.ATTR_TIMESTAMP_TYPE))
+        else:
+            plog.append_raw_batch(foreign([t + 3, t + 1, t + 2]))
+    plog.roll()
+    plog.flush()
+    want = _segment_min_timestamps(tmp_path / "data" / "t-0")
+    assert sorted(want.values())[:2] == [now - 500_000, now - 400_000]
+    rlm.sync(plog, clock.time_ms())
+    m = ManifestStore(DirectoryStore(archive)).read("t", 0)
+    assert len(m.segments) > 10 and m.remote_log_end_offset == plog.log_end_offset
+    assert {s.base_offset: s.min_timestamp for s in m.segments} == want
+    assert all(s.min_timestamp <= s.max_timestamp for s in m.segments)
+    manager.close()
+
+
+def test_a_segment_whose_records_cannot_be_walked_is_tiered_without_a_smallest_timestamp(tmp_path, archive, clock,
+                                                                                        caplog):
+    """A sealed segment damaged on disk after it was written (a record's length no longer fits its batch; the
+    upload does not check CRCs): it is tiered as before, its ``min_timestamp`` unknown (-1: never skipped by an
+    upper time bound), with a warning."""
+    data = lines(400)
+    manager, rlm, plog = tiered_log(tmp_path, archive, clock, data)
+    plog.flush()
+    first = plog.segments.first
+    with open(first.log_path, "r+b") as f:
+        f.seek(61)  # the first batch's first record: its length varint, now the largest 1-byte one (63)
+        f.write(b"\x7e")
+    rlm.sync(plog, clock.time_ms())
+    m = ManifestStore(DirectoryStore(archive)).read("t", 0)
+    assert m.segments[0].base_offset == 0 and m.segments[0].min_timestamp == -1
+    assert all(s.min_timestamp == clock.time_ms() for s in m.segments[1:]) and len(m.segments) > 3
+    assert "no min_timestamp" in caplog.text
+    manager.abandon()

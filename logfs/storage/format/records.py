@@ -374,6 +374,28 @@ def _rebuild(view: memoryview, header: BatchHeader, attributes: int, records, st
     return b"".join((head, records))
 
 
+def min_timestamp(header: BatchHeader, batch) -> int | None:
+    """The smallest record timestamp of the whole batch ``batch`` (its header ``header``), as readers see its
+    records: a LogAppendTime batch's are all its max timestamp (the header says it); a CreateTime batch's are its
+    first timestamp plus each record's delta, which may be negative (a batch's records need not be in time
+    order), so they are walked (in C; a compressed batch is decompressed first). None for a batch without
+    records. CorruptRecordError if the records cannot be walked."""
+    if header.records_count <= 0:
+        return None
+    if header.timestamp_type:
+        return header.max_timestamp
+    if header.compression:
+        batch = decompress_batch(batch, stamp=False)  # (the walk checks no CRC: none computed for the plain one)
+    try:
+        if _speedups is not None:
+            return _speedups.min_timestamp(batch)
+        from .speedups import twin
+
+        return twin("min_timestamp")(batch)
+    except ValueError as exc:
+        raise CorruptRecordError(f"batch at offset {header.base_offset}: {exc}") from None
+
+
 def iter_headers(buf, start: int = 0) -> Iterator[tuple[int, BatchHeader]]:
     """Headers of the complete batches in ``buf`` from ``start``, with their positions (no CRC check)."""
     pos = start

@@ -24,6 +24,7 @@ TWINS = {
     "encode_records": "logfs.storage.format.twins:encode_records",
     "render_records": "logfs.storage.format.twins:render_records",
     "batch_stats": "logfs.storage.format.twins:batch_stats",
+    "min_timestamp": "logfs.storage.format.twins:min_timestamp",
     "merge_batches": "logfs.storage.format.twins:merge_batches",
     "index_floor": "logfs.storage.format.twins:index_floor",
     "murmur2": "logfs.spark.sink_rows:murmur2",

@@ -100,6 +100,57 @@ def batch_stats(batch) -> tuple[int, int, int, int, int]:
     return (records, keyed, nulls, key_bytes, value_bytes)
 
 
+def min_timestamp(batch) -> int | None:
+    """The smallest record timestamp of one uncompressed batch as readers see its records (CreateTime: the first
+    timestamp plus the smallest delta, which may be negative; LogAppendTime: the batch's max timestamp); None
+    without records. The records are walked with the C walk's checks (ValueError for a malformed one)."""
+    attributes = _plain_attributes(batch)
+    view = memoryview(batch).cast("B")
+    count = int.from_bytes(view[57:61], "big", signed=True)
+    if count <= 0:
+        return None
+    if attributes & rec.ATTR_TIMESTAMP_TYPE:
+        return int.from_bytes(view[35:43], "big", signed=True)
+    pos, end, lowest = rec.HEADER_SIZE, len(view), None
+    for _ in range(count):
+        length, pos = _get_varint(view, pos, end)
+        if length < 0 or length > end - pos:
+            raise ValueError("malformed record batch")
+        record_end = pos + length
+        p = pos + 1  # attributes
+        ts_delta, p = _get_varint(view, p, record_end)
+        _, p = _get_varint(view, p, record_end)  # offset delta
+        for _field in ("key", "value"):
+            n, p = _get_varint(view, p, record_end)
+            if n < -1 or n > record_end - p:
+                raise ValueError("malformed record batch")
+            p += max(n, 0)
+        headers, p = _get_varint(view, p, record_end)
+        if headers < 0:
+            raise ValueError("malformed record batch")
+        lowest = ts_delta if lowest is None else min(lowest, ts_delta)
+        pos = record_end
+    first = int.from_bytes(view[27:35], "big", signed=True)
+    return (first + lowest + (1 << 63)) % (1 << 64) - (1 << 63)  # (wrapping as Kafka's long arithmetic does)
+
+
+def _get_varint(view, pos: int, end: int) -> tuple[int, int]:
+    """Kafka's zigzag varint at ``pos`` (before ``end``), and the position after it; ValueError past ``end`` or
+    for an over-long encoding (the C reader's limits)."""
+    z = shift = 0
+    while True:
+        if pos >= end or shift > 63:
+            raise ValueError("malformed record batch")
+        b = view[pos]
+        pos += 1
+        z |= (b & 0x7F) << shift
+        if not b & 0x80:
+            break
+        shift += 7
+    z &= (1 << 64) - 1
+    return (z >> 1) ^ -(z & 1), pos
+
+
 def merge_batches(batches: list, last_offset: int) -> bytes:
     """Plain batches (in offset order) merged into one: the first's base offset, base timestamp, attributes and
     leader epoch; each record's deltas re-based; the CRC left 0 (the caller stamps it)."""

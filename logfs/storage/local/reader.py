@@ -399,6 +399,14 @@ class PartitionReader:
                 return found
         return None
 
+    def end_for_timestamp_at_most(self, timestamp: int, start: int, end: int) -> int:
+        """Where offsets [start, end) can end for records with timestamps at or before ``timestamp``: here always
+        ``end``. Cutting the tail needs each segment's smallest timestamp, which Kafka's indexes do not hold
+        (only the largest so far) and which a local log keeps nowhere; finding it means reading the segments, the
+        very cost the cut would save. The bucket's manifest records it per tiered segment
+        (:meth:`logfs.spark.bucket.BucketPartitionReader.end_for_timestamp_at_most`)."""
+        return end
+
     def records(self, start: int, end: int, *, fail_on_data_loss: bool = False) -> Iterator[rec.Record]:
         """Records with offsets in [start, end) (a compacted log has gaps), in offset order."""
         for header, data in self.batches(start, end, fail_on_data_loss=fail_on_data_loss):

@@ -13,6 +13,7 @@ from ..errors import StorageIOError
 from ..format import records as rec
 
 _READ_CHUNK = 64 * 1024
+MIN_TIMESTAMP_CHUNK = 4 << 20  # bytes per pread of min_timestamp's scan (one reused buffer)
 
 
 class SegmentFile:
@@ -77,3 +78,23 @@ class SegmentFile:
             if at == 0:
                 return  # a partial batch at the end
             pos += at
+
+    def min_timestamp(self, position: int = 0, end: int | None = None, chunk: int = MIN_TIMESTAMP_CHUNK) -> int:
+        """The smallest record timestamp of the batches from ``position`` to ``end`` (default: the size now), -1
+        when they hold no record: what tiering records per segment (the manifest's ``min_timestamp``). Kafka's
+        indexes hold only the largest timestamp so far, and timestamps may go back (another producer's
+        CreateTime, a batch whose records are out of order), so every batch is looked at: a LogAppendTime one by
+        its header, a CreateTime one by its records' timestamp deltas (:func:`~logfs.storage.format.records.
+        min_timestamp`, in C). Reads by ``pread`` in ``chunk``-sized pieces into one reused buffer. Raises
+        CorruptRecordError for a batch whose records cannot be walked."""
+        lowest = None
+        scratch = bytearray(chunk)
+        for _, header, buf, at in self.batches_from(position, end, chunk, scratch):
+            if header.records_count <= 0:
+                continue
+            ts = (header.max_timestamp if header.timestamp_type else
+                  rec.min_timestamp(header, memoryview(buf)[at : at + header.size]))
+            if ts is not None and (lowest is None or ts < lowest):
+                lowest = ts
+        return -1 if lowest is None else lowest
+

@@ -50,6 +50,7 @@ from ...remote.manifest import (
 from ..checkpoints import atomic_write
 from ..cleaner.compression import needs_rewrite
 from ..clock import SYSTEM_CLOCK
+from ..errors import CorruptRecordError
 from ..local.log import Log
 from ..names import REMOTE_CACHE_DIR, REMOTE_DELETES_FILE
 from .block_cache import BlockCache
@@ -295,6 +296,7 @@ class RemoteLogManager:
         end = seg.view_index.last()
         if end is None or end.position != seg.size:
             raise OSError(f"{seg.log_path}: its view index has no end entry; not uploaded")
+        min_timestamp = self._min_timestamp(seg)
         contents = {}
         for ext, index in indexes.items():
             with open(index.path, "rb") as f:
@@ -315,7 +317,7 @@ class RemoteLogManager:
                 return
         if objects["log"].size != seg.size:
             raise OSError(f"{seg.log_path}: uploaded {objects['log'].size} bytes of {seg.size}")
-        meta = RemoteSegment(seg.base_offset, seg.next_offset, seg.size, seg.max_timestamp, objects)
+        meta = RemoteSegment(seg.base_offset, seg.next_offset, seg.size, seg.max_timestamp, objects, min_timestamp)
         paths = index_paths(self._index_dir(plog), seg.base_offset)
         for ext, path in paths.items():
             install_index(path, data=contents[ext])
@@ -325,6 +327,19 @@ class RemoteLogManager:
         tier.copied_bytes += seg.size
         log.debug("%s-%d: segment %d..%d tiered", plog.topic, plog.partition, seg.base_offset, seg.next_offset)
         self._publish(tier, new, fetch=True)
+
+    @staticmethod
+    def _min_timestamp(seg) -> int:
+        """The sealed segment's smallest record timestamp, for its manifest entry: a read of the whole ``.log``
+        walking every record's timestamp (Kafka's indexes hold only the largest so far), here in the upload's
+        worker thread, just before the same bytes are uploaded (ARCHITECTURE.md, "Tiered storage", gives its
+        cost). A batch whose records cannot be walked gives -1 (unknown: readers then never skip the segment on
+        an upper time bound) and a warning, not a failed upload; a failed read fails the pass, as the put would."""
+        try:
+            return seg.min_timestamp()
+        except CorruptRecordError as exc:
+            log.warning("%s: no min_timestamp for its manifest entry (%s)", seg.log_path, exc)
+            return -1
 
     # -- retention ---------------------------------------------------------------------------------
     def expire(self, tier: PartitionTier, now_ms: int) -> int:
