@@ -162,3 +162,40 @@ async def test_flush_scheduler_interval_bounds_the_tick(setup):
     m, log, clock, service = setup(log_flush_scheduler_interval_ms=50)
     assert service._tick_ms() <= 50
     m.close()
+
+
+def test_the_cleaner_pass_walks_the_partitions_while_others_are_created(setup):
+    """The cleaner's pass (a worker thread) looks at every partition while the request thread creates new ones
+    (a mount growing to 20,000 partitions): it must walk a snapshot, never the live dict ("dictionary changed size
+    during iteration" ended the writer at 14,000-19,000 partitions)."""
+    import sys
+    import threading
+
+    m, _, clock, service = setup(log_cleanup_policy="compact")
+    failures: list[BaseException] = []
+    stop = threading.Event()
+
+    def cleaner():
+        while not stop.is_set():
+            try:
+                service.clean_once(clock.time_ms())
+            except BaseException as exc:  # noqa: BLE001
+                failures.append(exc)
+                return
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # (switch threads as often as possible: the walk meets the creations)
+    t = threading.Thread(target=cleaner)
+    t.start()
+    try:
+        for i in range(60):
+            m.create_topic(f"c{i}", 50)
+            if failures:
+                break
+    finally:
+        stop.set()
+        t.join(30)
+        sys.setswitchinterval(interval)
+    assert not failures, failures[0]
+    assert len(m.logs) == 1 + 60 * 50
+    m.close()
