@@ -136,13 +136,20 @@ class TieringTask:
             await trio.sleep(self.interval_s)
 
     async def run_once(self) -> None:
+        """One pass: every tiered partition's sync (load, upload, retention), ``remote.log.manager.thread.pool.size``
+        at a time (Kafka's RLM tasks run in a pool of that size: a pass over thousands of new partitions, a LIST and
+        a GET each, is store round trips, not CPU), then the deletes of deleted partitions and the follower index."""
         now = trio.current_time()
-        for plog in self.rlm.tiered_logs():
+        limiter = trio.CapacityLimiter(self.manager.broker.get("remote.log.manager.thread.pool.size"))
+
+        async def one(plog, token) -> None:
             key = (plog.topic, plog.partition)
-            if self._next_try.get(key, 0) > now:
-                continue
             what = f"tiering of {plog.topic}-{plog.partition}"
-            ok = await self._guarded(what, self.rlm.sync, plog, self.manager.clock.time_ms(), log_dir=plog.log_dir)
+            try:
+                ok = await self._guarded(what, self.rlm.sync, plog, self.manager.clock.time_ms(),
+                                         log_dir=plog.log_dir)
+            finally:
+                limiter.release_on_behalf_of(token)
             if ok:
                 self._failures.pop(key, None)
                 self._next_try.pop(key, None)
@@ -150,6 +157,14 @@ class TieringTask:
                 n = self._failures[key] = self._failures.get(key, 0) + 1
                 self.failed_passes[key] = self.failed_passes.get(key, 0) + 1
                 self._next_try[key] = now + min(self.interval_s * 2 ** n, max(MAX_BACKOFF_S, self.interval_s))
+
+        async with trio.open_nursery() as nursery:
+            for plog in self.rlm.tiered_logs():
+                if self._next_try.get((plog.topic, plog.partition), 0) > now:
+                    continue
+                token = object()  # (taken here: at most the pool's size of tasks exist at once)
+                await limiter.acquire_on_behalf_of(token)
+                nursery.start_soon(one, plog, token)
         await self._guarded("deleting the remote objects of deleted partitions", self.rlm.purge_deleted)
         configs = {t: dict(self.manager.topics.get(t, {})) for t in {k[0] for k in self.rlm.tiers}}
         await self._guarded("publishing the follower index", self.rlm.publish_index, configs)

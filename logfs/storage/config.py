@@ -239,6 +239,7 @@ BROKER_ONLY: dict[str, Setting] = {
         # Tiered storage (logfs.storage.tiered.manager): the store is chosen by the service (logfs.service.tiering).
         Setting("remote.log.storage.system.enable", _bool, "false"),
         Setting("remote.log.manager.task.interval.ms", _long(1), "30000"),
+        Setting("remote.log.manager.thread.pool.size", _long(1), "10"),
         Setting("logfs.remote.s3.bucket", _free_text, ""),
         Setting("logfs.remote.s3.endpoint", _free_text, ""),
         Setting("logfs.remote.s3.prefix", _free_text, ""),

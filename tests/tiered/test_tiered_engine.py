@@ -371,3 +371,50 @@ def test_a_segment_whose_records_cannot_be_walked_is_tiered_without_a_smallest_t
     assert all(s.min_timestamp == clock.time_ms() for s in m.segments[1:]) and len(m.segments) > 3
     assert "no min_timestamp" in caplog.text
     manager.abandon()
+
+
+@pytest.mark.parametrize("pool", [1, 4])
+async def test_a_pass_runs_the_partitions_syncs_a_pool_at_a_time(tmp_path, archive, clock, pool):
+    """remote.log.manager.thread.pool.size partitions are synced at once in a pass (Kafka's RLM pool): a pass over
+    new partitions, each a LIST and a GET of the store, takes their round trips a pool at a time, never more."""
+    import threading
+    import time
+
+    from logfs.service.tiering import TieringTask
+
+    class Slow(DirectoryStore):
+        def __init__(self, root):
+            super().__init__(root)
+            self.lock = threading.Lock()
+            self.now = self.peak = 0
+
+        def get_bytes(self, key):
+            if key.endswith("manifest.json"):
+                with self.lock:
+                    self.now += 1
+                    self.peak = max(self.peak, self.now)
+                try:
+                    time.sleep(0.05)  # a store's round trip
+                    return super().get_bytes(key)
+                finally:
+                    with self.lock:
+                        self.now -= 1
+            return super().get_bytes(key)
+
+    store = Slow(archive)
+    manager, rlm = make(tmp_path, archive, clock, store=store,
+                        **{"remote.log.manager.thread.pool.size": str(pool)})
+    manager.create_topic("t", 12)
+    manager.set_topic_config("t", "remote.storage.enable", "true")
+    for p in range(12):
+        data = lines(300, p * 1000)
+        manager.get_log("t", p).append_lines(b"", data, len(data))
+        manager.get_log("t", p).roll()
+    task = TieringTask(manager, rlm)
+    await task.run_once()
+    assert store.peak == pool, store.peak
+    assert all(rlm.tiers[("t", p)].loaded for p in range(12))
+    assert all(tier_stats(manager.get_log("t", p))["remote_segment_count"] > 0 for p in range(12))
+    assert not task.failed_passes
+    rlm.close()
+    manager.close()
