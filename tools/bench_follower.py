@@ -103,14 +103,21 @@ class Bench:
     # -- mounts ------------------------------------------------------------------------------------------------
     @property
     def read_endpoint(self) -> str:
-        """Where the followers and the reference GETs reach the store: through a RateProxy with --rate-mbps."""
-        if not self.args.rate_mbps:
+        """Where the followers and the reference GETs reach the store: through a RateProxy with --rate-mbps or
+        --latency-ms."""
+        if not self.args.rate_mbps and not self.args.latency_ms:
             return self.sw.endpoint
         if self.proxy is None:
             from seaweed import RateProxy
 
-            self.proxy = RateProxy(int(self.sw.endpoint.rsplit(":", 1)[1]), self.args.rate_mbps * 1e6)
+            self.proxy = RateProxy(int(self.sw.endpoint.rsplit(":", 1)[1]), self.args.rate_mbps * 1e6,
+                                   self.args.latency_ms / 1000)
         return self.proxy.endpoint
+
+    @property
+    def write_endpoint(self) -> str:
+        """Where the writer reaches the store: through the proxy with --latency-ms (its passes are round trips)."""
+        return self.read_endpoint if self.args.latency_ms else self.sw.endpoint
 
     def start(self) -> None:
         self.sw.start()
@@ -120,13 +127,13 @@ class Bench:
         self.mount_writer()
 
     def mount_writer(self) -> None:
-        mount_logfs(self.data, self.wmnt, f"logfs.remote.s3.endpoint={self.sw.endpoint}",
+        mount_logfs(self.data, self.wmnt, f"logfs.remote.s3.endpoint={self.write_endpoint}",
                     "remote.log.storage.system.enable=true", f"logfs.remote.s3.bucket={self.sw.bucket}",
                     f"logfs.remote.s3.prefix={PREFIX}", "remote.log.manager.task.interval.ms=100",
                     "log.segment.bytes=262144", "log.segment.delete.delay.ms=0", f"logfs.remote.cache.bytes={4 << 30}",
                     # (as the idle follower's: the metrics' render is part of a daemon's RSS at 20,000 partitions)
                     f"logfs.metrics.file={os.path.join(self.work, 'writer.prom')}", "logfs.metrics.interval.ms=1000",
-                    extra_env=self.sw.env())
+                    *filter(None, self.args.writer_opts.split(",")), extra_env=self.sw.env())
 
     def mount_follower(self, name: str, *opts: str, fresh: bool = False) -> str:
         mnt, cache = os.path.join(self.work, name), os.path.join(self.work, name + ".cache")
@@ -411,6 +418,10 @@ class Bench:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--only", default="lag,reads,idle", help="comma-separated: lag, reads, idle")
+    ap.add_argument("--writer-opts", default="", help="more -o options for the writer's mount (comma-separated)")
+    ap.add_argument("--latency-ms", type=float, default=0,
+                    help="the writer, the followers and the reference GETs reach the store through a proxy that "
+                         "starts each answer this long after its request (a store in another region)")
     ap.add_argument("--rate-mbps", type=float, default=0,
                     help="reads: the followers and the reference GETs reach the store through a proxy that passes "
                          "at most this many MB/s per connection (a remote store; the writer's cold read does not)")

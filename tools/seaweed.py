@@ -375,23 +375,36 @@ class StallProxy(TcpProxy):
 
 
 class RateProxy(TcpProxy):
-    """A TCP proxy on 127.0.0.1 whose answers flow at most ``rate`` bytes a second per connection: a store far
-    away, as a single connection to a cloud object store is (tens of MB/s each), in front of a local SeaweedFS."""
+    """A TCP proxy on 127.0.0.1 in front of a local SeaweedFS that behaves like a store far away: each answer
+    starts ``latency`` seconds after its request arrived (a round trip to a cloud region), and flows at most
+    ``rate`` bytes a second per connection (0: unlimited), as a single connection to a cloud object store does."""
 
     name = "rate-proxy"
 
-    def __init__(self, target_port: int, rate: float) -> None:
+    def __init__(self, target_port: int, rate: float = 0.0, latency: float = 0.0) -> None:
         self.rate = rate
+        self.latency = latency
+        self._asked: dict[int, float] = {}  # client socket's id -> when its latest request started arriving
         super().__init__(target_port)
 
     def _pump(self, src: socket.socket, dst: socket.socket, upstream: bool) -> None:
+        client = id(src if upstream else dst)
         started, sent = time.monotonic(), 0
         while True:
             data = src.recv(256 << 10)
             if not data:
                 break
-            dst.sendall(data)
             if upstream:
+                self._asked.setdefault(client, time.monotonic())
+                dst.sendall(data)
+                continue
+            asked = self._asked.pop(client, None)
+            if asked is not None and self.latency:  # the first bytes of an answer
+                wait = asked + self.latency - time.monotonic()
+                if wait > 0:
+                    time.sleep(wait)
+            dst.sendall(data)
+            if not self.rate:
                 continue
             sent += len(data)
             ahead = sent / self.rate - (time.monotonic() - started)

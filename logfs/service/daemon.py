@@ -33,9 +33,12 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 # twice the largest block freed). Both defaults made every 1 MiB append fault in ~500 fresh zeroed pages (half
 # the daemon's CPU for a bulk append, docs/benchmarks.md). Fixed thresholds keep those pages for the next request:
 # at most TRIM_THRESHOLD of freed memory stays in the daemon's RSS.
-M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_ARENA_MAX = -1, -3, -8
 MMAP_THRESHOLD = 4 << 20
 TRIM_THRESHOLD = 16 << 20
+# Each arena keeps up to TRIM_THRESHOLD of freed memory, and glibc gives threads arenas of their own (up to 8 per
+# core): the tiering pass's pool of threads (remote.log.manager.thread.pool.size) would each keep their own.
+ARENA_MAX = 2
 
 
 async def serve(manager: LogManager, mountpoint: str, fuse_opts: list[str], read_only: bool, ready,
@@ -76,7 +79,7 @@ def tune_malloc() -> bool:
 
         libc = ctypes.CDLL(None)
         return bool(libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(
-            libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD))
+            libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD)) and bool(libc.mallopt(M_ARENA_MAX, ARENA_MAX))
     except (OSError, AttributeError):
         return False
 
