@@ -98,8 +98,9 @@ def build_parser() -> argparse.ArgumentParser:
                                "mounts, read-only, the tiered log a writing logfs keeps under that bucket prefix "
                                "(options logfs.remote.cache.dir, logfs.remote.cache.bytes, logfs.follow.interval.ms; "
                                "credentials from the AWS chain).")
-    p.add_argument("data_dir", help="Kafka log directory (created if missing), or s3://BUCKET[/PREFIX] for a "
-                                    "read-only follower mount of a writer's tiered log")
+    p.add_argument("data_dir", help="Kafka log directory (created if missing); DIR1,DIR2,... for several, as "
+                                    "Kafka's log.dirs (one namespace, each partition in one of them); or "
+                                    "s3://BUCKET[/PREFIX] for a read-only follower mount of a writer's tiered log")
     p.add_argument("mountpoint")
     p.add_argument("-f", "--foreground", action="store_true", help="stay in the foreground")
     p.add_argument("-o", dest="options", action="append", default=[], metavar="OPTS",
