@@ -256,11 +256,17 @@ class S3Store(RemoteStore):
             raise self._error("get", key, e) from None
         except bx.BotoCoreError as e:
             raise self._error("get", key, e) from None
-        streamed = progress is not None and "ContentRange" in r
-        data = self._read_body("get", key, r, into=into, progress=progress if streamed else None)
-        if "ContentRange" not in r and len(data) > length:
-            data = data[start:start + length]  # a service that ignored Range sent the whole object
-        if progress is not None and data and (not streamed or not isinstance(data, (bytearray, memoryview))):
+        told = [0]  # bytes reported to ``progress`` as the body arrived (only when read into one buffer)
+
+        def tell(buffer, got: int) -> None:
+            told[0] = got
+            progress(buffer, got)
+
+        ranged = "ContentRange" in r  # (a service that ignored Range sends the whole object: sliced below)
+        data = self._read_body("get", key, r, into=into, progress=tell if progress and ranged else None)
+        if not ranged and len(data) > length:
+            data = data[start:start + length]
+        if progress is not None and data and told[0] != len(data):
             progress(data, len(data))  # (not read into one buffer: told once, at the end)
         return data
 

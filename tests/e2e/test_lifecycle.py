@@ -186,6 +186,7 @@ def test_second_daemon_on_same_data_dir_fails(fs, tmp_path):
     ("compression.zstd.level=23", "compression.zstd.level"),
     ("compression.lz4.level=18", "compression.lz4.level"),
     ("compression.gzip.level=10", "compression.gzip.level"),
+    ("remote.log.manager.thread.pool.size=0", "remote.log.manager.thread.pool.size"),
 ])
 def test_bad_option_fails_and_mounts_nothing(tmp_path, opts, needle):
     data, mnt = tmp_path / "data", tmp_path / "mnt"

@@ -166,6 +166,8 @@ def test_tiering_settings_are_checked(tmp_path, archive, clock):
         BrokerConfig.from_properties({"logfs.remote.cache.bytes": "-1"})
     with pytest.raises(InvalidConfigError):
         BrokerConfig.from_properties({"remote.log.manager.task.interval.ms": "0"})
+    with pytest.raises(InvalidConfigError):
+        BrokerConfig.from_properties({"remote.log.manager.thread.pool.size": "0"})
     plain = LogManager(str(tmp_path / "plain"), BrokerConfig.from_properties({}), clock=clock)
     plain.create_topic("t", 1)
     with pytest.raises(InvalidConfigError):  # the broker's remote storage system is off

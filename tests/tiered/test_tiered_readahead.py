@@ -507,6 +507,15 @@ def test_blocks_are_read_only_views_of_one_get_correct_at_block_boundaries_and_t
         assert os.path.getsize(os.path.join(seg.blocks_dir, name)) == sum(sizes), name
 
 
+def _settled(cache, timeout=30.0):
+    """Wait until no fetch is in flight: a read-ahead GET hands its blocks to the reader as they arrive, and writes
+    their files after that, so the last ones may still be being written when the reader is done."""
+    deadline = time.monotonic() + timeout
+    while cache._inflight:
+        assert time.monotonic() < deadline, "fetches still in flight"
+        time.sleep(0.01)
+
+
 def test_the_block_cache_survives_a_restart(tiered):
     """After a restart the cache takes its block files in, and a reader of the whole log sends no GET but for the
     blocks no longer there: one evicted, one cut short (as a power cut leaves an unsynced file), each fetched
@@ -515,8 +524,9 @@ def test_the_block_cache_survives_a_restart(tiered):
     plog, rlm, store = reopen()
     assert read_log(plog, 1 << 20) == data
     blocks_dir = plog.remote_segments[0].blocks_dir
-    names = sorted(os.listdir(blocks_dir))
     cache = rlm.blocks
+    _settled(cache)
+    names = sorted(os.listdir(blocks_dir))
     assert cache.used == sum(os.path.getsize(os.path.join(blocks_dir, n)) for n in names)
     with cache.lock:
         cache._remove(os.path.join(blocks_dir, names[3]))
@@ -528,6 +538,7 @@ def test_the_block_cache_survives_a_restart(tiered):
     assert read_log(plog, 1 << 20) == data
     gets = store.log_gets()
     assert len(gets) == 2 and all(n <= BLOCK_BYTES for _, _, n in gets), gets
+    _settled(rlm.blocks)
     assert rlm.blocks.used == sum(os.path.getsize(os.path.join(blocks_dir, n)) for n in os.listdir(blocks_dir))
 
 

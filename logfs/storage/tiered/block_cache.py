@@ -198,10 +198,12 @@ class BlockCache:
                 _write_all(fd, [data, _CRC.pack(crc32c(data))])
             finally:
                 os.close(fd)
-        finally:
+        except BaseException:
             with self.lock:
                 self._reserved -= size
-        with self.lock:
+            raise
+        with self.lock:  # from reserved to used at once: never on disk and counted nowhere (a reservation could
+            self._reserved -= size  # then pass the limit: 8 full blocks in a cache of 8 blocks' bytes were seen)
             self.used += size - self._lru.pop(path, 0)
             self._lru[path] = size
             if ahead:  # not read yet, and the most recently used all the same: its reader is on its way
