@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import threading
 
 from . import checkpoints as ckpt
 from .errors import LockedError
@@ -49,6 +50,10 @@ class DataDir:
         self.lock_fd: int | None = None
         self.had_clean_shutdown = False
         self.partitions = 0  # the partitions it holds (placement)
+        # One writer of this directory's checkpoint files at a time (as Kafka's CheckpointFile.write holds a lock):
+        # they are written through one temporary name each, and two writers at once (DeleteRecords in a worker
+        # thread, the periodic checkpoint, retention) renamed each other's file away: ENOENT, the directory offline.
+        self._checkpoint_lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"DataDir({self.path!r})"
@@ -105,11 +110,13 @@ class DataDir:
 
     def write_checkpoints(self, logs: dict) -> None:
         """The recovery points and log start offsets of ``logs`` ((topic, partition) -> Log), this directory's."""
-        ckpt.write_checkpoint(self.file(ckpt.RECOVERY_POINT), {k: v.recovery_point for k, v in logs.items()})
-        ckpt.write_checkpoint(self.file(ckpt.LOG_START_OFFSET), {k: v.log_start_offset for k, v in logs.items()})
+        with self._checkpoint_lock:  # (the offsets are read inside: a later writer never writes older ones)
+            ckpt.write_checkpoint(self.file(ckpt.RECOVERY_POINT), {k: v.recovery_point for k, v in logs.items()})
+            ckpt.write_checkpoint(self.file(ckpt.LOG_START_OFFSET), {k: v.log_start_offset for k, v in logs.items()})
 
     def write_cleaner_checkpoint(self, offsets: dict) -> None:
-        ckpt.write_checkpoint(self.file(ckpt.CLEANER_OFFSET), offsets)
+        with self._checkpoint_lock:
+            ckpt.write_checkpoint(self.file(ckpt.CLEANER_OFFSET), offsets)
 
 
 def next_log_dir(dirs: list[DataDir]) -> DataDir | None:

@@ -308,3 +308,42 @@ def test_stopping_cuts_a_long_creation_short_and_undoes_it(managers, tmp_path):
     assert not [n for n in os.listdir(tmp_path / "data") if n.startswith("t-")]
     mgr.close()
     assert managers().list_topics() == []
+
+
+def test_concurrent_checkpoints_and_delete_records(open_manager):
+    """DeleteRecords in several worker threads at once (concurrent ``setfattr``s) and the periodic checkpoint
+    write the directory's checkpoint files through one temporary name each: one at a time, or a writer renames
+    another's file away (ENOENT, and the directory went offline: seen with DeleteRecords from a thread while
+    opens ran)."""
+    manager = open_manager({"num.partitions": "4"})
+    manager.create_topic("t")
+    for p in range(4):
+        plog = manager.get_log("t", p)
+        for i in range(0, 400, 50):
+            data = b"".join(b"r%d\n" % j for j in range(i, i + 50))
+            plog.append_lines(b"", data, len(data))
+    errors: list[BaseException] = []
+
+    def run(fn):
+        try:
+            fn()
+        except BaseException as exc:  # noqa: BLE001 (reported below)
+            errors.append(exc)
+
+    def deletes(p):
+        for start in range(1, 400, 2):
+            manager.delete_records("t", p, start)
+
+    def checkpoints():
+        for _ in range(300):
+            manager.checkpoint()
+
+    threads = [threading.Thread(target=run, args=(lambda p=p: deletes(p),)) for p in range(4)]
+    threads.append(threading.Thread(target=run, args=(checkpoints,)))
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert not any(d.offline for d in manager.dirs)
+    assert all(manager.get_log("t", p).log_start_offset == 399 for p in range(4))
