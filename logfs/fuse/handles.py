@@ -33,18 +33,18 @@ import time
 from ..storage.format import lines
 from ..storage.errors import InvalidRecordError, LogfsError, RecordTooLargeError
 from ..storage.local.log import Log
-from ..view.text import SegmentView, open_view
+from ..view.text import SegmentView, open_view, view_positions
 from .errors import fail
 
 log = logging.getLogger(__name__)
 
 class PartitionHandle:
     __slots__ = ("log", "counters", "view", "append_mode", "writable", "pending", "skipping", "dropped", "inode",
-                 "pid", "uid", "_headers", "_headers_at", "_layout_seen",
-                 "readable")
+                 "pid", "uid", "_headers", "_headers_at", "_layout_seen", "readable", "fh", "positions")
 
-    def __init__(self, log: Log, inode: int, flags: int, pid: int = 0, uid: int = 0):
+    def __init__(self, log: Log, inode: int, flags: int, pid: int = 0, uid: int = 0, fh: int = 0):
         self.log = log
+        self.fh = fh
         self.pid, self.uid = pid, uid  # the opener (the FUSE request of open/create)
         self._headers: tuple | None = None  # the writer headers, as last built
         self._headers_at = 0.0
@@ -52,6 +52,9 @@ class PartitionHandle:
         self.inode = inode
         self.readable = (flags & os.O_ACCMODE) != os.O_WRONLY
         self.view: SegmentView = open_view(log, write_only=not self.readable)
+        # Which positions this view has, for ever (appends add to its end only): what the inode table compares
+        # (fuse/inodes.py), equal to Operations._positions of the log when it was opened.
+        self.positions = view_positions(self.view.start_offset, self.view.rewrite_count, self.view.fmt)
         self._layout_seen = log.layout_version  # the layout release_passed() last looked at
         self.append_mode = bool(flags & os.O_APPEND)
         self.writable = (flags & os.O_ACCMODE) in (os.O_WRONLY, os.O_RDWR)

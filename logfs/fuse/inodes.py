@@ -2,10 +2,15 @@
 seen; never reused, so a removed partition's open handles keep a number nobody else gets. The sink's entries (the
 staging directory, its files, the commit file) take numbers from the same counter.
 
-Generations: a partition's name keeps its inode until its log start moves (retention, DeleteRecords) while
-handles are open on it; then those handles keep the old inode, whose size is their own view's (it never shrinks:
+Generations: a partition's name keeps its inode until the positions of its text view change (the log start moves:
+retention, DeleteRecords; records are rewritten: compaction, a truncation; the line format changes) while handles
+are open on it; then those handles keep the old inode, whose size is their own view's (it never shrinks:
 ``tail -f`` never sees a truncation), and the name gets a new inode, the file as new opens see it. As logrotate
-does, with the old file's name gone.
+does, with the old file's name gone. So every handle open on one inode has the same positions, and an xattr asked
+of that inode (FUSE's GETXATTR carries the inode, not the handle: ``fgetxattr``) answers in their view
+(CONTRACT section 4, "Positions belong to a view"). An open whose view would not have the positions of the handles
+already open on its inode (the view changed between the kernel's lookup of the name and the open) is refused with
+ESTALE after the inode is retired: the kernel then looks the name up again and opens its new inode.
 
 Not thread-safe: used on the trio thread only, by :class:`~logfs.fuse.operations.Operations`.
 """
@@ -13,7 +18,7 @@ Not thread-safe: used on the trio thread only, by :class:`~logfs.fuse.operations
 from __future__ import annotations
 
 import itertools
-from typing import Callable
+from typing import Callable, Hashable
 
 import pyfuse3
 
@@ -21,17 +26,18 @@ ROOT = pyfuse3.ROOT_INODE
 
 
 class InodeTable:
-    """Topic -> inode, (topic, partition) -> inode, and back (O(1) each). ``log_start(key)`` is the partition's
-    log start offset now, or None once it is gone."""
+    """Topic -> inode, (topic, partition) -> inode, and back (O(1) each). ``positions(key)`` says which positions
+    the partition's view has now (any value that compares equal for equal positions), or None once it is gone;
+    a handle passed to :meth:`opened` has a ``positions`` attribute, its own view's."""
 
-    def __init__(self, log_start: Callable[[tuple[str, int]], int | None]):
-        self._log_start = log_start
+    def __init__(self, positions: Callable[[tuple[str, int]], Hashable | None]):
+        self._positions = positions
         self._next = itertools.count(ROOT + 1)
         self._topic: dict[str, int] = {}
         self._partition: dict[tuple[str, int], int] = {}
         self._entry: dict[int, tuple[str, int | None]] = {}
-        self._gen_start: dict[tuple[str, int], int] = {}  # the log start when the name's inode was last checked
-        self._open_on: dict[int, int] = {}  # inode -> partition handles open on it
+        self._gen: dict[tuple[str, int], Hashable] = {}  # the positions when the name's inode was last checked
+        self._open_on: dict[int, list] = {}  # inode -> the partition handles open on it (all of one positions)
         self._old: dict[int, tuple[str, int]] = {}  # earlier inodes of a name, while handles are open on them
 
     def allocate(self) -> int:
@@ -46,7 +52,7 @@ class InodeTable:
         return ino
 
     def partition(self, topic: str, partition: int) -> int:
-        """The inode of the partition's name now (a new one if its log start moved under open handles)."""
+        """The inode of the partition's name now (a new one if its positions changed under open handles)."""
         key = (topic, partition)
         ino = self._partition.get(key)
         if ino is not None and self._moved_under_handles(ino, key):
@@ -54,8 +60,7 @@ class InodeTable:
         if ino is None:
             ino = self._partition[key] = next(self._next)
             self._entry[ino] = key
-            start = self._log_start(key)
-            self._gen_start[key] = start if start is not None else 0
+            self._gen[key] = self._positions(key)
         return ino
 
     def entry(self, inode: int) -> tuple[str, int | None]:
@@ -75,40 +80,64 @@ class InodeTable:
 
     def forget_partition(self, topic: str, partition: int) -> None:
         self._entry.pop(self._partition.pop((topic, partition), None), None)
-        self._gen_start.pop((topic, partition), None)
+        self._gen.pop((topic, partition), None)
 
     # -- handles and generations -------------------------------------------------------------------------------
-    def opened(self, inode: int) -> None:
-        self._open_on[inode] = self._open_on.get(inode, 0) + 1
-
-    def closed(self, inode: int) -> None:
-        left = self._open_on.get(inode, 0) - 1
-        if left > 0:
-            self._open_on[inode] = left
+    def opened(self, inode: int, handle) -> bool:
+        """Count ``handle`` as open on ``inode``, unless the handles already open there have other positions:
+        then nothing is counted, the inode is retired if it is still the name's (the name's next lookup gives a
+        new one), and False says the open must be refused (ESTALE: the kernel looks the name up again)."""
+        held = self._open_on.get(inode)
+        if held and held[0].positions != handle.positions:
+            key = self._entry.get(inode)
+            if key is not None and key[1] is not None and self._partition.get(key) == inode:
+                self._retire(inode, key)
+            return False
+        key = self._entry.get(inode)
+        if key is not None and key[1] is not None and self._partition.get(key) == inode:
+            self._gen[key] = handle.positions  # (the inode now stands for the view its handles have)
+        if held is None:
+            self._open_on[inode] = [handle]
         else:
-            self._open_on.pop(inode, None)
+            held.append(handle)
+        return True
+
+    def closed(self, inode: int, handle) -> None:
+        held = self._open_on.get(inode)
+        if held is None:
+            return
+        held[:] = [h for h in held if h is not handle]
+        if not held:
+            del self._open_on[inode]
             self._old.pop(inode, None)
 
     def is_open(self, inode: int) -> bool:
         return inode in self._open_on
 
+    def handles(self, inode: int) -> list:
+        """The handles open on ``inode`` (their views have the same positions)."""
+        return self._open_on.get(inode, [])
+
     def retire_if_moved(self, inode: int) -> None:
-        """Give the name a new inode if its log start moved while handles hold ``inode`` (an fstat of a handle
+        """Give the name a new inode if its positions changed while handles hold ``inode`` (an fstat of a handle
         whose file shrank from the front since)."""
         key = self._entry.get(inode)
         if key is not None and key[1] is not None and self._partition.get(key) == inode:
             self._moved_under_handles(inode, key)
 
     def _moved_under_handles(self, ino: int, key: tuple[str, int]) -> bool:
-        """Whether the log start of the partition moved since its inode ``ino`` was given out while handles are
+        """Whether the positions of the partition changed since its inode ``ino`` was given out while handles are
         open on it: then the inode is retired to those handles (True), and the name needs a new one."""
-        start = self._log_start(key)
-        if start is None or start == self._gen_start.get(key, start):
+        now = self._positions(key)
+        if now is None or now == self._gen.get(key, now):
             return False
         if not self._open_on.get(ino):
-            self._gen_start[key] = start  # nobody holds the old view: the same inode serves the new one
+            self._gen[key] = now  # nobody holds the old view: the same inode serves the new one
             return False
+        self._retire(ino, key)
+        return True
+
+    def _retire(self, ino: int, key: tuple[str, int]) -> None:
         del self._partition[key]
         del self._entry[ino]
         self._old[ino] = key
-        return True

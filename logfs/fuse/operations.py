@@ -30,7 +30,7 @@ import trio
 from ..storage.errors import FetchNeededError, InvalidRecordError, LogfsError, RecordTooLargeError, StorageIOError
 from ..storage.manager import LogManager
 from ..storage.names import MOUNT_COMMIT, MOUNT_STAGING, parse_partition_number
-from ..view.text import live_view, measure_start
+from ..view.text import live_view, log_positions, measure_start
 from .control import ControlEntries, StagedFileHandle
 from .errors import disk_failed, fail, translate
 from .handles import PartitionHandle
@@ -66,7 +66,7 @@ class Operations(NamespaceOps, XattrOps, ControlEntries, pyfuse3.Operations):
         self.manager = manager
         self.read_only = read_only
         self.run_blocking = run_blocking or (lambda fn, *a: trio.to_thread.run_sync(fn, *a))
-        self.inodes = InodeTable(self._log_start)  # (inode generations: logfs.fuse.inodes)
+        self.inodes = InodeTable(self._positions)  # (inode generations: logfs.fuse.inodes)
         self._handles: dict[int, PartitionHandle] = {}
         self._fetching: dict[int, trio.Lock] = {}  # handles reading tiered data in a worker thread
         self._root_listing: list[tuple[int, str]] | None = None  # the root's entries, as the listing began
@@ -90,9 +90,10 @@ class Operations(NamespaceOps, XattrOps, ControlEntries, pyfuse3.Operations):
         return len(self._handles)
 
     # -- inode bookkeeping ---------------------------------------------------------------------------
-    def _log_start(self, key: tuple[str, int]) -> int | None:
+    def _positions(self, key: tuple[str, int]) -> tuple | None:
+        """Which positions a new open of the partition gets now (view.text.log_positions), None once it is gone."""
         plog = self.manager.logs.get(key)
-        return plog.log_start_offset if plog is not None else None
+        return log_positions(plog) if plog is not None else None
 
     def _resolve(self, inode: int) -> tuple[str, int | None]:
         try:
@@ -161,7 +162,7 @@ class Operations(NamespaceOps, XattrOps, ControlEntries, pyfuse3.Operations):
         unlinked open file: ``exec 7< t/1; rm t/1; cat <&7`` fstats before it reads). None for other inodes."""
         if inode == ROOT or inode in self.inodes:
             return None  # a live entry: only unlink forgets a partition's inode while handles may stay open
-        handles = [h for h in self._handles.values() if h.inode == inode]
+        handles = self.inodes.handles(inode)
         if not handles:
             return None
         for h in handles:  # (fstat of a ``tail -f`` or shipper: a moment to free what retention removed behind it)
@@ -333,14 +334,19 @@ class Operations(NamespaceOps, XattrOps, ControlEntries, pyfuse3.Operations):
         # The opener's identity, for logfs.writer.headers (handler calls without a kernel pass no context: then
         # this process is the opener).
         pid, uid = (ctx.pid, ctx.uid) if ctx is not None else (os.getpid(), os.getuid())
-        handle = PartitionHandle(self.manager.logs[(topic, partition)], inode, flags, pid, uid)
         fh = next(self._next_fh)
+        handle = PartitionHandle(self.manager.logs[(topic, partition)], inode, flags, pid, uid, fh)
+        if not self.inodes.opened(inode, handle):
+            # Its view has other positions than the handles open on this inode (retention, DeleteRecords or a
+            # compaction ran since the kernel looked the name up): the inode is retired, and ESTALE makes the
+            # kernel look the name up again and open the new inode (fuse/inodes.py).
+            handle.release()
+            fail(errno.ESTALE)
         self._handles[fh] = handle
-        self.inodes.opened(inode)
         return pyfuse3.FileInfo(fh=fh, direct_io=True, keep_cache=False, nonseekable=False)
 
     def _handle_closed(self, handle: PartitionHandle) -> None:
-        self.inodes.closed(handle.inode)
+        self.inodes.closed(handle.inode, handle)
 
     def _handle(self, fh: int) -> PartitionHandle:
         try:

@@ -46,12 +46,14 @@ def partition_get_pinned(log: Log, name: str) -> bytes:
         view.release()
 
 
-def partition_get(log: Log, name: str, view: SegmentView | None = None) -> bytes:
+def partition_get(log: Log, name: str, view: SegmentView | None = None, *, own_view: bool = False) -> bytes:
+    """The value of ``name``; with ``own_view``, ``view`` is an open descriptor's (pinned, extended to the log's
+    end) and the names of positions answer in it (:data:`VIEW_NAMES`)."""
     if not name.startswith(PREFIX):
         fail(errno.ENODATA)
     key = name[len(PREFIX):]
     if key == "log_start_offset":
-        value = log.log_start_offset
+        value = view.start_offset if own_view else log.log_start_offset
     elif key == "log_end_offset":
         value = log.log_end_offset
     elif key == "recovery_point":
@@ -72,8 +74,11 @@ def partition_get(log: Log, name: str, view: SegmentView | None = None) -> bytes
         value = _lookup(log, view, lambda v: v.offset_at(target))
     elif key.startswith("time."):
         ts = _number(key[5:])
-        found = log.offset_for_timestamp(ts)
-        value = log.log_end_offset if found is None else found
+        if own_view:
+            value = view.offset_for_timestamp(ts)
+        else:
+            found = log.offset_for_timestamp(ts)
+            value = log.log_end_offset if found is None else found
     else:
         value = None
     if value is None:
@@ -91,6 +96,9 @@ def _lookup(log: Log, view: SegmentView | None, lookup):
 
 
 PARTITION_PARAMETRISED = ("position.", "offset.", "time.")
+# The names that answer in an open descriptor's own view (fgetxattr; CONTRACT section 4, "Positions belong to a
+# view"): everything that relates offsets to positions of the file the descriptor reads.
+VIEW_NAMES = tuple(PREFIX + n for n in ("log_start_offset", *PARTITION_PARAMETRISED))
 
 
 WRITABLE_LOG_START = PREFIX + "log_start_offset"  # setfattr on a partition: DeleteRecords
@@ -199,6 +207,10 @@ class XattrOps:
             return target.encode()
         plog = self.manager.logs[(topic, partition)]
         plog.log_dir.check()
+        if text.startswith(VIEW_NAMES):
+            handle = self._handle_for_xattrs(inode, ctx)
+            if handle is not None:
+                return await self._view_xattr(handle, text)
         try:
             try:
                 return partition_get(plog, text)
@@ -206,6 +218,30 @@ class XattrOps:
                 pass
             async with self._fetch_slots:
                 return await self.run_blocking(partition_get_pinned, plog, text)
+        except (OSError, StorageIOError) as exc:
+            disk_failed(plog, exc, f"getxattr {text}")
+
+    def _handle_for_xattrs(self, inode: int, ctx):
+        """A readable handle open on ``inode`` (all have the same positions: fuse/inodes.py), the asking process's
+        own if it has one; None if there is none: the path's xattrs answer in the view a new open gets."""
+        readers = [h for h in self.inodes.handles(inode) if h.readable]
+        if not readers:
+            return None
+        pid = getattr(ctx, "pid", None)
+        return next((h for h in readers if h.pid == pid), readers[0])
+
+    async def _view_xattr(self, handle, text: str) -> bytes:
+        """``text`` answered in ``handle``'s view: inline, or in a worker thread when it needs tiered data or a
+        decompression, one at a time with the handle's reads (its view is not thread-safe)."""
+        plog = handle.log
+        try:
+            handle.length()  # (the view takes the segments rolled since: an offset appended since has a position)
+            if handle.fh not in self._fetching:
+                try:
+                    return partition_get(plog, text, handle.view, own_view=True)
+                except FetchNeededError:
+                    pass
+            return await self._fetch(handle.fh, lambda: partition_get(plog, text, handle.view, own_view=True))
         except (OSError, StorageIOError) as exc:
             disk_failed(plog, exc, f"getxattr {text}")
 

@@ -44,6 +44,9 @@ class SegmentView:
     def __init__(self, segments: list[LogSegment], start_offset: int, fmt: LineFormat,
                  snapshot: LogSnapshot | None = None):
         self._snapshot = snapshot
+        # With the start offset and the format, which positions the view has (:func:`view_positions`): the log's
+        # rewrite count when the snapshot was taken (a live view is made for the log as it is now).
+        self.rewrite_count = snapshot.rewrite_count if snapshot is not None else 0
         # Segments wholly below the start offset are not part of the view (but stay pinned until release).
         kept = [s for s in segments if s.next_offset > start_offset]
         self.segments = kept if kept else list(segments[-1:])
@@ -365,12 +368,20 @@ class SegmentView:
         passed, found = _speedups.seek_line(batch, self.fmt.separator, self.fmt.null_marker, offset, position)
         return passed, (found if found >= 0 else None)
 
+    def _readable(self, i: int) -> LogSegment:
+        """Segment ``i``, unless this view let it go (:meth:`release_passed`): then DataLossError (EIO), as a read
+        of it would be, never an answer from another segment."""
+        if i in self._dropped:
+            raise DataLossError(f"{self.segments[i].log_path}: removed by retention or compaction after this "
+                                f"reader had read past it")
+        return self.segments[i]
+
     def offset_at(self, pos: int) -> int | None:
         """Offset of the record whose line holds byte ``pos``, or None if out of range."""
         if pos < 0 or pos >= self.length():
             return None
         i, local = self._locate(pos)
-        segment = self.segments[i]
+        segment = self._readable(i)
         entry = segment.view_index.floor_by_view(local, self.fmt)
         file_pos, cum = (entry.position, self.fmt.length(entry.stats)) if entry else (0, 0)
         for batch_pos, header, buf, at in segment.batches_from(file_pos):
@@ -395,6 +406,7 @@ class SegmentView:
         while i < len(self.segments):
             segment = self.segments[i]
             if offset < segment.next_offset:
+                self._readable(i)
                 entry = segment.view_index.floor_by_offset(offset)
                 file_pos, cum = (entry.position, self.fmt.length(entry.stats)) if entry else (0, 0)
                 for batch_pos, header, buf, at in segment.batches_from(file_pos):
@@ -406,6 +418,17 @@ class SegmentView:
             i += 1
             offset = max(offset, self.segments[i].base_offset) if i < len(self.segments) else offset
         return self.length()
+
+    def offset_for_timestamp(self, timestamp: int) -> int:
+        """The earliest offset of this view whose record's timestamp is at or after ``timestamp`` (each segment's
+        time index, then a bounded scan, as :meth:`Log.offset_for_timestamp`), or the view's end offset."""
+        for i, segment in enumerate(self.segments):
+            if not segment.size or segment.max_timestamp < timestamp:
+                continue
+            found = self._readable(i).find_offset_by_timestamp(timestamp, self.start_offset)
+            if found is not None:
+                return found
+        return self.segments[-1].next_offset if self.segments else self.start_offset
 
     def release(self) -> None:
         """Let the storage close the segments this view pinned (once its files are gone), after any read-ahead
@@ -437,6 +460,17 @@ def measure_start(log: Log) -> None:
     thread: a view made on the request thread then needs no fetch or decompression for it."""
     with log.snapshot(tiers=True) as snapshot:
         SegmentView(snapshot.segments, snapshot.log_start_offset, LineFormat.of(log.config))
+
+
+def view_positions(start_offset: int, rewrite_count: int, fmt: LineFormat) -> tuple:
+    """A value equal for two views of a log exactly when they give every record the same position: the same log
+    start, no rewrite of the log's records between them (:attr:`Log.rewrite_count`), the same line format."""
+    return (start_offset, rewrite_count, fmt)
+
+
+def log_positions(log: Log) -> tuple:
+    """:func:`view_positions` of the view a new open of ``log`` gets now."""
+    return view_positions(log.log_start_offset, log.rewrite_count, LineFormat.of(log.config))
 
 
 def live_view(log: Log) -> SegmentView:

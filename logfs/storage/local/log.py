@@ -85,6 +85,10 @@ class Log(SegmentRemoval):
         self.deleted_segments: list[tuple[int, LogSegment]] = []  # (unlink due ms, segment)
         self.closed = False
         self._layout_version = 0
+        # Bumped whenever records already in the log change their place in its text view without the log start
+        # moving: a segment swap (compaction: records removed from the middle) or a truncation. With the log
+        # start offset and the line format, it says whether two views give the same positions (``positions_key``).
+        self.rewrite_count = 0
         # Tiered segments (read-only, logfs.storage.tiered.manager publishes them): the view shows those below the first
         # local segment, then the local ones; the log start offset is then the whole log's.
         self.remote_segments: list = []
@@ -105,6 +109,11 @@ class Log(SegmentRemoval):
         return self._layout_version
 
     def _layout_changed(self) -> None:
+        self._layout_version += 1
+
+    def _rewritten(self) -> None:
+        """Records already in the log were removed or replaced (a swap, a truncation): under the lock."""
+        self.rewrite_count += 1
         self._layout_version += 1
 
     # -- offsets -----------------------------------------------------------------------------------

@@ -44,7 +44,7 @@ class SegmentRemoval:
                 self._retire(last, delay_ms=0, unlink_later=unlink_later)
                 self.segments.add(segment)
             self.recovery_point = min(self.recovery_point, self.log_end_offset)
-            self._layout_changed()
+            self._rewritten()
 
     @guarded("retention", space_ok=False)
     def delete_segments(self, segments: Sequence[LogSegment], *, tiered: bool = False) -> None:
@@ -86,7 +86,7 @@ class SegmentRemoval:
             try:
                 replace_segments(self.directory, new, old, retire)
             finally:
-                self._layout_changed()
+                self._rewritten()
             self.segments.add(new)
 
     def _retire(self, segment: LogSegment, delay_ms: int, unlink_later: bool = False) -> None:

@@ -25,6 +25,7 @@ class PinnedLog(Protocol):
     closed: bool
     segments: "LogSegments"
     log_start_offset: int
+    rewrite_count: int
 
 
 class LogSegments:
@@ -96,12 +97,13 @@ class LogSnapshot:
     does); releasing again does nothing. Its methods take the log lock; they are safe from any thread.
     """
 
-    __slots__ = ("log", "segments", "log_start_offset", "rolled", "write_only", "__weakref__")
+    __slots__ = ("log", "segments", "log_start_offset", "rewrite_count", "rolled", "write_only", "__weakref__")
 
-    def __init__(self, log: PinnedLog, segments: list[LogSegment], log_start_offset: int):
+    def __init__(self, log: PinnedLog, segments: list[LogSegment], log_start_offset: int, rewrite_count: int = 0):
         self.log = log
         self.segments = segments  # already pinned, under the log lock, by whoever made this
         self.log_start_offset = log_start_offset
+        self.rewrite_count = rewrite_count  # the log's then: with the start, which positions this view has
         # A following snapshot (a file handle's): segments the log rolled since, pinned by the roll itself
         # (:meth:`on_roll`) and not yet taken by :meth:`extend`. So retention can never delete a segment a reader
         # has not reached yet, however fast segments roll and retention runs between its reads.
@@ -190,7 +192,7 @@ def pin(log: PinnedLog, segments: list[LogSegment]) -> LogSnapshot:
     """A snapshot of ``segments`` (a selection of ``log``'s segments). Caller holds the log lock."""
     for segment in segments:
         segment.refs += 1
-    return LogSnapshot(log, segments, log.log_start_offset)
+    return LogSnapshot(log, segments, log.log_start_offset, log.rewrite_count)
 
 
 def unpin(segment: LogSegment) -> None:

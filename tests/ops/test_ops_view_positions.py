@@ -1,0 +1,177 @@
+"""CONTRACT section 4, "Positions belong to a view", at the handler level: an xattr asked of the inode an open
+descriptor holds (``fgetxattr``: FUSE's GETXATTR carries the inode) answers in that descriptor's view, after
+DeleteRecords, compaction and a change of the line format; the path answers in the view a new open gets; an open
+whose view would differ from the handles already on its inode is ESTALE (the kernel looks the name up again)."""
+
+from __future__ import annotations
+
+import errno
+import types
+
+import pytest
+
+from logfs.storage.cleaner.compaction import OffsetMap, clean, cleanable_range
+from ops_helpers import fuse_errno
+
+PX = "user.logfs."
+
+
+def lines(n: int, start: int = 0) -> list[bytes]:
+    return [b"rec-%05d-%s\n" % (i, b"v" * (i % 17)) for i in range(start, start + n)]
+
+
+async def fgetx(fs, fh: int, key: str) -> str:
+    """``fgetxattr``: the kernel sends GETXATTR for the inode the descriptor holds."""
+    inode = fs.ops._handles[fh].inode
+    return (await fs.ops.getxattr(inode, (PX + key).encode(), None)).decode()
+
+
+async def check_positions(fs, fh: int, written: list[bytes], offsets) -> None:
+    for n in offsets:
+        pos = int(await fgetx(fs, fh, f"position.{n}"))
+        line = written[n]
+        assert await fs.read(fh, pos, len(line)) == line, n
+        assert int(await fgetx(fs, fh, f"offset.{pos}")) == n
+        assert int(await fgetx(fs, fh, f"offset.{pos + len(line) - 1}")) == n
+
+
+@pytest.fixture
+async def loaded(ops_fs):
+    fs = ops_fs(num_partitions=1, log_segment_bytes=1024, log_index_interval_bytes=256,
+                log_segment_delete_delay_ms=0)
+    await fs.mkdir("t")
+    written = lines(400)
+    for i in range(0, 400, 20):
+        await fs.append("t/0", b"".join(written[i:i + 20]))
+    return fs, written
+
+
+async def test_descriptor_answers_in_its_view_after_delete_records(loaded):
+    fs, written = loaded
+    first = await fs.open("t/0")
+    await fs.setxattr("t/0", PX + "log_start_offset", "100")
+    second = await fs.open("t/0")
+    await fs.setxattr("t/0", PX + "log_start_offset", "250")
+    third = await fs.open("t/0")
+    # Three descriptors, three inodes, three views; each answers in its own.
+    inodes = {fs.ops._handles[fh].inode for fh in (first, second, third)}
+    assert len(inodes) == 3
+    for fh, start in ((first, 0), (second, 100), (third, 250)):
+        assert await fgetx(fs, fh, "log_start_offset") == str(start)
+        assert await fgetx(fs, fh, f"position.{start}") == "0"
+        await check_positions(fs, fh, written, range(start, 400, 7))
+        with fuse_errno(errno.ENODATA):
+            await fgetx(fs, fh, f"position.{start - 1}") if start else await fgetx(fs, fh, "position.401")
+    # The path answers for a new open.
+    assert await fs.getx("t/0", "log_start_offset") == "250"
+    assert await fs.getx("t/0", "position.250") == "0"
+    # Appends after the opens have positions in every view.
+    more = lines(30, start=400)
+    await fs.append("t/0", b"".join(more))
+    written += more
+    for fh in (first, second, third):
+        await check_positions(fs, fh, written, range(400, 430, 3))
+        assert int(await fgetx(fs, fh, "position.430")) == len(await fs.read_all(fh))
+    for fh in (first, second, third):
+        await fs.release(fh)
+
+
+async def test_descriptor_time_lookup_in_its_view(ops_fs, clock):
+    fs = ops_fs(num_partitions=1, log_segment_bytes=1024, log_segment_delete_delay_ms=0)
+    await fs.mkdir("t")
+    written = lines(200)
+    for i in range(0, 200, 10):
+        await fs.append("t/0", b"".join(written[i:i + 10]))
+        clock.advance(1000)
+    fh = await fs.open("t/0")
+    at_50 = await fs.getx("t/0", "time.0")
+    assert at_50 == "0"
+    await fs.setxattr("t/0", PX + "log_start_offset", "150")
+    assert await fs.getx("t/0", "time.0") == "150"  # a new open starts at 150
+    assert await fgetx(fs, fh, "time.0") == "0"  # the descriptor's view still starts at 0
+    await fs.release(fh)
+
+
+async def test_descriptor_answers_in_its_view_after_compaction(ops_fs, clock):
+    fs = ops_fs(num_partitions=1, log_segment_bytes=600, log_cleanup_policy="compact",
+                log_segment_delete_delay_ms=0, log_cleaner_delete_retention_ms=0)
+    await fs.mkdir("t")
+    await fs.setconfig("t", "logfs.key.separator", "=")
+    written = [b"k%d=value-%04d\n" % (i % 5, i) for i in range(300)]
+    for i in range(0, 300, 10):
+        await fs.append("t/0", b"".join(written[i:i + 10]))
+    fh = await fs.open("t/0")
+    plog = fs.manager.logs[("t", 0)]
+    result = clean(plog, cleanable_range(plog, None, clock.time_ms()), OffsetMap(10_000), clock.time_ms())
+    assert result.end_offset > 0
+    compacted = await fs.cat("t/0")
+    assert len(compacted) < len(b"".join(written))
+    # The descriptor still reads (and positions) the log as it was when opened.
+    await check_positions(fs, fh, written, range(0, 300, 11))
+    # The path answers in the compacted view: a position there leads to the same record in a new open.
+    new = await fs.open("t/0")
+    assert fs.ops._handles[new].inode != fs.ops._handles[fh].inode
+    for n in range(280, 300):
+        pos = int(await fs.getx("t/0", f"position.{n}"))
+        assert await fs.read(new, pos, len(written[n])) == written[n]
+    await fs.release(fh)
+    await fs.release(new)
+
+
+async def test_descriptor_keeps_its_line_format(ops_fs):
+    fs = ops_fs(num_partitions=1, log_segment_bytes=1024, log_index_interval_bytes=256)
+    await fs.mkdir("t")
+    await fs.setconfig("t", "logfs.key.separator", "=")
+    written = [b"key%d=value-%04d\n" % (i % 7, i) for i in range(300)]
+    for i in range(0, 300, 15):
+        await fs.append("t/0", b"".join(written[i:i + 15]))
+    fh = await fs.open("t/0")
+    await fs.setconfig("t", "logfs.key.separator", "::")  # every line one byte longer from now on
+    assert (await fs.cat("t/0")).startswith(b"key0::value-0000\nkey1::")
+    await check_positions(fs, fh, written, range(0, 300, 13))  # the descriptor reads, and positions, "="
+    assert int(await fs.getx("t/0", "position.10")) == int(await fgetx(fs, fh, "position.10")) + 10
+    await fs.release(fh)
+
+
+async def test_open_of_an_inode_whose_view_moved_is_estale(loaded):
+    fs, written = loaded
+    inode = await fs.inode("t/0")  # the kernel's lookup
+    held = (await fs.ops.open(inode, 0, None)).fh
+    await fs.setxattr("t/0", PX + "log_start_offset", "100")  # between another open's lookup and its open
+    with fuse_errno(errno.ESTALE):
+        await fs.ops.open(inode, 0, None)
+    # The kernel looks the name up again: a new inode, whose open succeeds with the new view.
+    again = await fs.inode("t/0")
+    assert again != inode
+    fresh = (await fs.ops.open(again, 0, None)).fh
+    assert await fgetx(fs, fresh, "log_start_offset") == "100"
+    assert await fgetx(fs, held, "log_start_offset") == "0"
+    await check_positions(fs, held, written, range(0, 100, 9))
+    await fs.release(held)
+    await fs.release(fresh)
+    # With no handle left on it, the name's inode serves the new view to whoever opens it.
+    await fs.setxattr("t/0", PX + "log_start_offset", "200")
+    last = (await fs.ops.open(again, 0, None)).fh
+    assert await fgetx(fs, last, "log_start_offset") == "200"
+    await fs.release(last)
+
+
+async def test_asking_process_gets_its_own_handle(loaded):
+    """Handles of one inode have the same positions; the asker's own handle answers when it has one."""
+    fs, written = loaded
+    inode = await fs.inode("t/0")
+    a = (await fs.ops.open(inode, 0, types.SimpleNamespace(pid=111, uid=0))).fh
+    b = (await fs.ops.open(inode, 0, types.SimpleNamespace(pid=222, uid=0))).fh
+    assert fs.ops._handle_for_xattrs(inode, types.SimpleNamespace(pid=222)) is fs.ops._handles[b]
+    assert fs.ops._handle_for_xattrs(inode, types.SimpleNamespace(pid=111)) is fs.ops._handles[a]
+    await fs.release(a)
+    await fs.release(b)
+
+
+async def test_write_only_descriptor_answers_for_the_log(loaded):
+    """A handle that cannot read has no view to seek in: its inode answers as the path does."""
+    fs, written = loaded
+    fh = await fs.open("t/0", flags=0o1 | 0o2000)  # O_WRONLY | O_APPEND
+    await fs.setxattr("t/0", PX + "log_start_offset", "100")
+    assert await fgetx(fs, fh, "log_start_offset") == "100"
+    await fs.release(fh)
