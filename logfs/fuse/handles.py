@@ -42,7 +42,8 @@ class PartitionHandle:
     __slots__ = ("log", "counters", "view", "append_mode", "writable", "pending", "skipping", "dropped", "inode",
                  "pid", "uid", "_headers", "_headers_at", "_layout_seen", "readable", "fh", "positions")
 
-    def __init__(self, log: Log, inode: int, flags: int, pid: int = 0, uid: int = 0, fh: int = 0):
+    def __init__(self, log: Log, inode: int, flags: int, pid: int = 0, uid: int = 0, fh: int = 0,
+                 view: SegmentView | None = None):
         self.log = log
         self.fh = fh
         self.pid, self.uid = pid, uid  # the opener (the FUSE request of open/create)
@@ -51,7 +52,7 @@ class PartitionHandle:
         self.counters = log.counters  # the partition's traffic counters (Operations adds to them)
         self.inode = inode
         self.readable = (flags & os.O_ACCMODE) != os.O_WRONLY
-        self.view: SegmentView = open_view(log, write_only=not self.readable)
+        self.view: SegmentView = view if view is not None else open_view(log, write_only=not self.readable)
         # Which positions this view has, for ever (appends add to its end only): what the inode table compares
         # (fuse/inodes.py), equal to Operations._positions of the log when it was opened.
         self.positions = view_positions(self.view.start_offset, self.view.rewrite_count, self.view.fmt)

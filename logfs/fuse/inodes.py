@@ -8,9 +8,11 @@ are open on it; then those handles keep the old inode, whose size is their own v
 ``tail -f`` never sees a truncation), and the name gets a new inode, the file as new opens see it. As logrotate
 does, with the old file's name gone. So every handle open on one inode has the same positions, and an xattr asked
 of that inode (FUSE's GETXATTR carries the inode, not the handle: ``fgetxattr``) answers in their view
-(CONTRACT section 4, "Positions belong to a view"). An open whose view would not have the positions of the handles
-already open on its inode (the view changed between the kernel's lookup of the name and the open) is refused with
-ESTALE after the inode is retired: the kernel then looks the name up again and opens its new inode.
+(CONTRACT section 4, "Positions belong to a view"). An open whose view would not have the positions of the readers
+already open on its inode (the view changed between the kernel's lookup of the name and the open) gets a twin of
+their view instead: the file as it was when the kernel looked it up. Only when there is none to copy (they let
+segments go, having read past them) is the open refused with ESTALE after the inode is retired: the kernel then
+looks the name up again and opens its new inode.
 
 Not thread-safe: used on the trio thread only, by :class:`~logfs.fuse.operations.Operations`.
 """
@@ -37,8 +39,8 @@ class InodeTable:
         self._partition: dict[tuple[str, int], int] = {}
         self._entry: dict[int, tuple[str, int | None]] = {}
         self._gen: dict[tuple[str, int], Hashable] = {}  # the positions when the name's inode was last checked
-        self._open_on: dict[int, list] = {}  # inode -> the partition handles open on it (all of one positions)
-        self._old: dict[int, tuple[str, int]] = {}  # earlier inodes of a name, while handles are open on them
+        self._open_on: dict[int, list] = {}  # inode -> the partition handles open on it (its readers: one positions)
+        self._old: dict[int, tuple[str, int]] = {}  # earlier inodes of a name, until the kernel forgets them
 
     def allocate(self) -> int:
         """A new number, for an entry that is not a topic or a partition."""
@@ -83,19 +85,25 @@ class InodeTable:
         self._gen.pop((topic, partition), None)
 
     # -- handles and generations -------------------------------------------------------------------------------
+    def reader(self, inode: int):
+        """A readable handle open on ``inode``, or None: its positions are the inode's."""
+        return next((h for h in self._open_on.get(inode, ()) if h.readable), None)
+
     def opened(self, inode: int, handle) -> bool:
-        """Count ``handle`` as open on ``inode``, unless the handles already open there have other positions:
-        then nothing is counted, the inode is retired if it is still the name's (the name's next lookup gives a
-        new one), and False says the open must be refused (ESTALE: the kernel looks the name up again)."""
-        held = self._open_on.get(inode)
-        if held and held[0].positions != handle.positions:
+        """Count ``handle`` as open on ``inode``, unless it can read and the readable handles already open there
+        have other positions: then nothing is counted, the inode is retired if it is still the name's (the name's
+        next lookup gives a new one), and False says so (the caller opens a twin of their view instead, or refuses
+        the open). A handle that cannot read has no positions anyone asks for."""
+        reader = self.reader(inode) if handle.readable else None
+        if reader is not None and reader.positions != handle.positions:
             key = self._entry.get(inode)
             if key is not None and key[1] is not None and self._partition.get(key) == inode:
                 self._retire(inode, key)
             return False
+        held = self._open_on.get(inode)
         key = self._entry.get(inode)
-        if key is not None and key[1] is not None and self._partition.get(key) == inode:
-            self._gen[key] = handle.positions  # (the inode now stands for the view its handles have)
+        if handle.readable and key is not None and key[1] is not None and self._partition.get(key) == inode:
+            self._gen[key] = handle.positions  # (the inode now stands for the view its readers have)
         if held is None:
             self._open_on[inode] = [handle]
         else:
@@ -103,19 +111,27 @@ class InodeTable:
         return True
 
     def closed(self, inode: int, handle) -> None:
+        """``handle`` is released. An earlier inode stays known after its last handle, until the kernel forgets
+        it (:meth:`forget`): a request may still come for it (a lookup answered it just before it was retired),
+        and answers for the partition as it is now."""
         held = self._open_on.get(inode)
         if held is None:
             return
         held[:] = [h for h in held if h is not handle]
         if not held:
             del self._open_on[inode]
+
+    def forget(self, inode: int) -> None:
+        """The kernel let go of ``inode`` (FORGET: no dentry, no open file of its refers to it): an earlier inode
+        of a partition with no handle left is forgotten here too. Live names keep their numbers."""
+        if inode not in self._open_on:
             self._old.pop(inode, None)
 
     def is_open(self, inode: int) -> bool:
         return inode in self._open_on
 
     def handles(self, inode: int) -> list:
-        """The handles open on ``inode`` (their views have the same positions)."""
+        """The handles open on ``inode`` (those that can read have the same positions)."""
         return self._open_on.get(inode, [])
 
     def retire_if_moved(self, inode: int) -> None:

@@ -190,6 +190,11 @@ class Operations(NamespaceOps, XattrOps, ControlEntries, pyfuse3.Operations):
             await self.run_blocking(measure_start, self.manager.logs[self._resolve_partition(inode)])
             return self._attrs(inode)
 
+    async def forget(self, inode_list):
+        # (Never raises: pyfuse3's rule for FORGET, which has no reply.)
+        for inode, _ in inode_list:
+            self.inodes.forget(inode)
+
     @translate
     async def getattr(self, inode, ctx=None):
         if self._is_control(inode):
@@ -335,13 +340,22 @@ class Operations(NamespaceOps, XattrOps, ControlEntries, pyfuse3.Operations):
         # this process is the opener).
         pid, uid = (ctx.pid, ctx.uid) if ctx is not None else (os.getpid(), os.getuid())
         fh = next(self._next_fh)
-        handle = PartitionHandle(self.manager.logs[(topic, partition)], inode, flags, pid, uid, fh)
+        plog = self.manager.logs[(topic, partition)]
+        handle = PartitionHandle(plog, inode, flags, pid, uid, fh)
         if not self.inodes.opened(inode, handle):
-            # Its view has other positions than the handles open on this inode (retention, DeleteRecords or a
-            # compaction ran since the kernel looked the name up): the inode is retired, and ESTALE makes the
-            # kernel look the name up again and open the new inode (fuse/inodes.py).
+            # Its view has other positions than the readers open on this inode (retention, DeleteRecords or a
+            # compaction ran since the kernel looked the name up): it gets a twin of theirs, the file it looked up
+            # (fuse/inodes.py). Without one to copy, ESTALE: the inode is retired, and the kernel looks the name up
+            # again and opens the new inode.
             handle.release()
-            fail(errno.ESTALE)
+            reader = self.inodes.reader(inode)
+            twin = reader.view.clone() if reader is not None else None
+            if twin is None:
+                fail(errno.ESTALE)
+            handle = PartitionHandle(plog, inode, flags, pid, uid, fh, view=twin)
+            if not self.inodes.opened(inode, handle):  # (cannot be: the same positions)
+                handle.release()
+                fail(errno.ESTALE)
         self._handles[fh] = handle
         return pyfuse3.FileInfo(fh=fh, direct_io=True, keep_cache=False, nonseekable=False)
 

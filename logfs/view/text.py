@@ -64,7 +64,10 @@ class SegmentView:
         # so their disk is freed (:meth:`release_passed`); reading one again is DataLossError (EIO), never bytes
         # of another segment. Their lengths stay known: a segment's view length is in memory (its stats).
         self._dropped: set[int] = set()
-        self._reached = 0  # the furthest segment a read of this view reached
+        # The furthest segment a read of this view began in: the segments before it are behind the reader. (Not
+        # the one a read ended in: a reader that just read a line may ask the offset of its position, which lies
+        # in the segment it began in; one segment is the margin.)
+        self._reached = 0
         self.lines = 0  # records whose line ends in what the last read() returned (the metrics' read counter)
 
     # -- layout ------------------------------------------------------------------------------------
@@ -123,6 +126,15 @@ class SegmentView:
         last = len(self.segments) - 1
         return self._start(last) + self._segment_length(last)
 
+    def clone(self, *, write_only: bool = False) -> "SegmentView | None":
+        """A view with the same positions, over the same segments (pinned again), for another handle; None if this
+        view has let segments go (:meth:`release_passed`: a reader from the start could not read them) or has no
+        snapshot."""
+        if self._snapshot is None or self._dropped:
+            return None
+        snapshot = self._snapshot.clone(write_only=write_only)
+        return SegmentView(snapshot.segments, self.start_offset, self.fmt, snapshot)
+
     def extend(self) -> bool:
         """Take in segments rolled since this view was made (appends continue into them); its snapshot pins
         them. Returns whether any."""
@@ -169,6 +181,8 @@ class SegmentView:
         total = self.length()
         self.lines = 0
         if pos >= total or size <= 0:
+            if pos >= total and self.segments:
+                self._reached = len(self.segments) - 1  # (a reader at the end has passed every segment before it)
             return b""
         size = min(size, total - pos)
         cursor = self._cursor
@@ -183,6 +197,7 @@ class SegmentView:
             entry = self.segments[i].view_index.floor_by_view(local, self.fmt)
             file_pos, cum = (entry.position, self.fmt.length(entry.stats)) if entry else (0, 0)
             skip = local - cum  # bytes of lines to pass over from file_pos: at most an index interval's worth
+        first = i
         parts: list = []
         got = lines = 0
         seen = -1
@@ -206,7 +221,7 @@ class SegmentView:
                 got += len(out)
                 lines += ended
             file_pos, skip = file_pos + advanced, skip_after
-        self._reached = max(self._reached, min(i, len(self.segments) - 1))
+        self._reached = max(self._reached, first)
         last = self.segments[-1]
         if i == len(self.segments) - 1 and last.active and file_pos >= seen:
             # The end of what the active segment had published: the end of its last batch, which an append may

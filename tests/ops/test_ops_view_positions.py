@@ -1,7 +1,8 @@
 """CONTRACT section 4, "Positions belong to a view", at the handler level: an xattr asked of the inode an open
 descriptor holds (``fgetxattr``: FUSE's GETXATTR carries the inode) answers in that descriptor's view, after
 DeleteRecords, compaction and a change of the line format; the path answers in the view a new open gets; an open
-whose view would differ from the handles already on its inode is ESTALE (the kernel looks the name up again)."""
+whose view would differ from the readers already on its inode gets a twin of their view, or, when there is none to
+copy, ESTALE (the kernel looks the name up again)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import types
 import pytest
 
 from logfs.storage.cleaner.compaction import OffsetMap, clean, cleanable_range
+from logfs.storage.local.retention import delete_old_segments
 from ops_helpers import fuse_errno
 
 PX = "user.logfs."
@@ -133,27 +135,56 @@ async def test_descriptor_keeps_its_line_format(ops_fs):
     await fs.release(fh)
 
 
-async def test_open_of_an_inode_whose_view_moved_is_estale(loaded):
+async def test_open_of_an_inode_whose_view_moved_gets_its_readers_view(loaded):
+    """The view moves between the kernel's lookup and its open: the open gets a twin of the view of the readers
+    already on that inode (the file it looked up), and the name a new inode for later lookups."""
     fs, written = loaded
     inode = await fs.inode("t/0")  # the kernel's lookup
     held = (await fs.ops.open(inode, 0, None)).fh
     await fs.setxattr("t/0", PX + "log_start_offset", "100")  # between another open's lookup and its open
-    with fuse_errno(errno.ESTALE):
-        await fs.ops.open(inode, 0, None)
-    # The kernel looks the name up again: a new inode, whose open succeeds with the new view.
+    late = (await fs.ops.open(inode, 0, None)).fh
+    assert fs.ops._handles[late].inode == inode
+    assert await fgetx(fs, late, "log_start_offset") == "0"
+    assert (await fs.read_all(late)).startswith(written[0])
+    await check_positions(fs, late, written, range(0, 400, 9))
+    await fs.release(held)  # (the twin pins its segments itself)
+    await check_positions(fs, late, written, range(3, 400, 9))
     again = await fs.inode("t/0")
     assert again != inode
     fresh = (await fs.ops.open(again, 0, None)).fh
     assert await fgetx(fs, fresh, "log_start_offset") == "100"
-    assert await fgetx(fs, held, "log_start_offset") == "0"
-    await check_positions(fs, held, written, range(0, 100, 9))
-    await fs.release(held)
+    await fs.release(late)
     await fs.release(fresh)
     # With no handle left on it, the name's inode serves the new view to whoever opens it.
     await fs.setxattr("t/0", PX + "log_start_offset", "200")
     last = (await fs.ops.open(again, 0, None)).fh
     assert await fgetx(fs, last, "log_start_offset") == "200"
     await fs.release(last)
+
+
+async def test_open_is_estale_when_the_readers_view_cannot_be_copied(loaded, clock):
+    """The readers on the inode let segments go (read past them, and retention removed them): a twin could not
+    read from its start, so the open is ESTALE and the kernel looks the name up again (a new inode, the new view)."""
+    fs, written = loaded
+    inode = await fs.inode("t/0")
+    held = (await fs.ops.open(inode, 0, None)).fh
+    assert await fs.read_all(held) == b"".join(written)  # read to the end
+    await fs.setxattr("t/0", PX + "log_start_offset", "300")
+    plog = fs.manager.logs[("t", 0)]
+    assert delete_old_segments(plog, clock.time_ms()) > 0
+    await fs.read(held, 0, 10)  # (a read after the layout changed lets the passed segments go)
+    assert fs.ops._handles[held].view._dropped
+    with fuse_errno(errno.ESTALE):
+        await fs.ops.open(inode, 0, None)
+    again = await fs.inode("t/0")
+    assert again != inode
+    fresh = (await fs.ops.open(again, 0, None)).fh
+    assert await fgetx(fs, fresh, "log_start_offset") == "300"
+    await check_positions(fs, fresh, written, range(300, 400, 7))
+    with fuse_errno(errno.EIO):  # the held descriptor's own view: a removed range it had passed
+        await fgetx(fs, held, "position.5")
+    await fs.release(held)
+    await fs.release(fresh)
 
 
 async def test_asking_process_gets_its_own_handle(loaded):

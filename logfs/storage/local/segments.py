@@ -157,8 +157,19 @@ class LogSnapshot:
             for segment in more:
                 segment.refs += 1
             newer += more
-        self.segments.extend(newer)
+            self.segments.extend(newer)  # (under the lock: :meth:`clone` reads the list from another thread)
         return newer
+
+    def clone(self, *, write_only: bool = False) -> "LogSnapshot":
+        """A second snapshot of the same segments and start (its own pins, following the log's rolls from now
+        on): a handle opened with the positions of handles already open (fuse/inodes.py)."""
+        log = self.log
+        with log.lock:
+            segments = list(self.segments) + list(self.rolled or ())
+            for segment in segments:
+                segment.refs += 1
+            twin = LogSnapshot(log, segments, self.log_start_offset, self.rewrite_count)
+            return twin.follow(write_only=write_only) if self.rolled is not None else twin
 
     def drop(self, segment: LogSegment) -> bool:
         """Unpin one segment that left the log, before the whole snapshot is released (a reader that has read past
