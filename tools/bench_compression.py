@@ -159,7 +159,7 @@ def reads(bench, pair: Pair, text: bytes, n: int) -> tuple[dict, int]:
                 try:
                     for offset in offsets:
                         start = time.perf_counter()
-                        pos = int(os.getxattr(path, f"user.logfs.position.{offset}"))
+                        pos = int(os.getxattr(fd, f"user.logfs.position.{offset}"))  # (the descriptor's view)
                         line = read_line(fd, pos)
                         latencies[system].append(time.perf_counter() - start)
                         assert pos == 0 or text[pos - 1] == 10, (system, offset, pos)

@@ -370,7 +370,7 @@ def tiered(bench) -> None:
             try:
                 for offset in offsets:
                     start = time.perf_counter()
-                    pos = int(os.getxattr(r, f"user.logfs.position.{offset}"))
+                    pos = int(os.getxattr(fd, f"user.logfs.position.{offset}"))  # (the descriptor's view)
                     got = os.pread(fd, 100, pos)
                     took.append(time.perf_counter() - start)
                     assert got.startswith(b'{"id":%09d,' % offset), (offset, got)  # line k is record k

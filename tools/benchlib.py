@@ -236,7 +236,8 @@ def rss_kb(pid: int) -> int:
     return 0
 
 
-def getx(path: str, name: str) -> str:
+def getx(path: "str | int", name: str) -> str:
+    """``user.logfs.<name>`` of a path (the view a new open gets) or of a descriptor (its own view)."""
     return os.getxattr(path, f"user.logfs.{name}").decode()
 
 

@@ -257,3 +257,26 @@ def test_compaction_and_compression_in_every_directory(mount_logfs):
     for p in (0, 1):
         assert _read(fs.path("z", p)) == b"".join(f"compressible line {i} {'x' * 80}\n".encode()
                                                   for i in range(2000))
+
+
+def test_descriptor_positions_across_a_move(mount_logfs):
+    """A descriptor opened before a move between log directories answers in its own view after it, and after
+    DeleteRecords there (CONTRACT section 4, "Positions belong to a view")."""
+    fs, dirs = _mount(mount_logfs, 2, "log.segment.bytes=2048", "log.segment.delete.delay.ms=0",
+                      "log.retention.check.interval.ms=50")
+    os.mkdir(fs.path("t"))
+    lines = [b"moved-%05d-%s\n" % (i, b"m" * (i % 13)) for i in range(800)]
+    with open(fs.path("t", 0), "ab") as f:
+        f.write(b"".join(lines))
+    fd = os.open(fs.path("t", 0), os.O_RDONLY)
+    try:
+        source = _log_dir(fs, "t", 0)
+        _move(fs, "t", 0, next(d for d in dirs if d != source))
+        os.setxattr(fs.path("t", 0), "user.logfs.log_start_offset", b"500")
+        assert int(os.getxattr(fd, "user.logfs.log_start_offset")) == 0
+        for n in range(0, 800, 37):
+            pos = int(os.getxattr(fd, f"user.logfs.position.{n}"))
+            assert os.pread(fd, len(lines[n]), pos) == lines[n]
+        assert int(os.getxattr(fs.path("t", 0), "user.logfs.position.500")) == 0
+    finally:
+        os.close(fd)

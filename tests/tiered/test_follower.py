@@ -328,3 +328,40 @@ def test_manifests_of_many_changed_partitions_are_read_at_once_and_applied_in_or
     time.sleep(0.1)
     assert len(read) < follower_mod.MANIFEST_CHUNK  # the next chunk was never started
     assert list(Follower._read_manifests(fake, keys[:1])) == [(keys[0], keys[0])]  # one: read inline
+
+
+def test_descriptor_positions_on_tiered_and_follower_partitions(mount_logfs, follower, creds):
+    """CONTRACT section 4, "Positions belong to a view", for a tiered partition (its local copies deleted by local
+    retention) on the writer and the same partition on a follower: a descriptor opened before DeleteRecords answers
+    position./offset. in its own view, and reading there gives the record asked for. Below the new start, the
+    tiered objects are deleted from the bucket: there the answer is the record's, or EIO once its objects are gone
+    and not cached (README, "Tiered storage"), never another record's."""
+    prefix = "fol-" + uuid.uuid4().hex[:8]
+    w = mount_logfs(*writer_opts(creds, prefix))
+    tier(w, "t")
+    text = lines("p", 0, 4000)
+    w.append("t/0", text)
+    wait_for(lambda: int(w.getx("t/0", "remote_segment_count")) >= 3, 60, interval=0.2, what="tiering")
+    wait_for(lambda: int(w.getx("t/0", "local_log_start_offset")) > 0, 30, what="local retention")
+    f = follower(prefix)
+    end = int(w.getx("t/0", "remote_log_end_offset"))
+    wait_for(lambda: f.getx("t/0", "log_end_offset") == str(end), 10, what="the follower to follow")
+    records = text.splitlines(keepends=True)
+    fds = [os.open(w.path("t", 0), os.O_RDONLY), os.open(f.path("t", 0), os.O_RDONLY)]
+    try:
+        cut = end // 2
+        os.setxattr(w.path("t", 0), "user.logfs.log_start_offset", str(cut).encode())
+        wait_for(lambda: f.getx("t/0", "log_start_offset") == str(cut), 10, what="the follower to see the start")
+        assert f.getx("t/0", f"position.{cut}") == "0"
+        for fd in fds:
+            assert int(os.getxattr(fd, "user.logfs.log_start_offset")) == 0
+            for n in range(0, end, end // 23):
+                try:
+                    pos = int(os.getxattr(fd, f"user.logfs.position.{n}"))
+                    assert os.pread(fd, len(records[n]), pos) == records[n], n
+                    assert int(os.getxattr(fd, f"user.logfs.offset.{pos}")) == n
+                except OSError as exc:
+                    assert exc.errno == errno.EIO and n < cut, (n, exc)  # (from the new start on: all there)
+    finally:
+        for fd in fds:
+            os.close(fd)
