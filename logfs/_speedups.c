@@ -311,7 +311,7 @@ static inline uint32_t be32(const unsigned char *p) {
 
 static inline uint64_t be64(const unsigned char *p) { return ((uint64_t)be32(p) << 32) | be32(p + 4); }
 
-/* render_window(buf, skip, want, separator=None, null_marker=None) -> (out, advanced, skip_after, need, lines)
+/* render_window(buf, skip, want, separator=None, null_marker=None, stop=0x27) -> (out, advanced, skip_after, need, lines)
  *
  * The read path's one call per request: the text-view lines of the plain batches at the start of ``buf``, from
  * byte ``skip`` of those lines, at most ``want`` bytes. Lines before ``skip`` are measured, not copied, and the
@@ -320,6 +320,8 @@ static inline uint64_t be64(const unsigned char *p) { return ((uint64_t)be32(p) 
  * batch's lines already passed). ``need`` is why it stopped early: 0 (``want`` reached, or the buffer ended at
  * a batch boundary), N > 0 (the batch at ``advanced`` is not whole in ``buf``, and its lines were rendered as
  * far as its whole records go: read N bytes from there to go on), -1 (the batch at ``advanced`` is compressed, a control batch or not v2: the caller renders it).
+ * ``stop``: the batch attributes the walk stops at (-1) and leaves to the caller: compression and control by
+ * default; with the transactional bit too where the segment has aborted transactions (the caller decides).
  * ``lines`` is how many of ``out``'s bytes are a line's "\n" (records whose line ends in this window: the read
  * counter of the metrics, counted here for free instead of scanning ``out`` again). */
 typedef struct {
@@ -380,7 +382,8 @@ static PyObject *render_window(PyObject *self, PyObject *args) {
     Py_buffer view;
     Py_ssize_t skip, want;
     PyObject *sep = Py_None, *marker = Py_None;
-    if (!PyArg_ParseTuple(args, "y*nn|OO", &view, &skip, &want, &sep, &marker))
+    int stop = 0x27;
+    if (!PyArg_ParseTuple(args, "y*nn|OOi", &view, &skip, &want, &sep, &marker, &stop))
         return NULL;
     window_ctx w = {{NULL, NULL, 0, 0, 0, NULL}, skip, want, 0, 0, 0};
     PyObject *out = NULL, *result = NULL;
@@ -415,7 +418,7 @@ static PyObject *render_window(PyObject *self, PyObject *args) {
             break;
         }
         int16_t attributes = (int16_t)((buf[pos + 21] << 8) | buf[pos + 22]);
-        if (buf[pos + 16] != 2 || (attributes & 0x07) || (attributes & 0x20)) {
+        if (buf[pos + 16] != 2 || (attributes & (stop | 0x27))) {
             need = -1;
             break;
         }

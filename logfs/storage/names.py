@@ -130,6 +130,7 @@ LOG_SUFFIX = ".log"
 INDEX_SUFFIX = ".index"
 TIME_INDEX_SUFFIX = ".timeindex"
 VIEW_INDEX_SUFFIX = ".viewindex"  # logfs's own: line positions of the text view (Kafka ignores it)
+TXN_INDEX_SUFFIX = ".txnindex"  # Kafka's aborted transactions (storage/local/txn_index.py): kept, never written
 DELETED_SUFFIX = ".deleted"
 CLEANED_SUFFIX = ".cleaned"
 SWAP_SUFFIX = ".swap"

@@ -37,6 +37,18 @@ from ..storage.local.segments import LogSnapshot
 from .readahead import PENDING, READ_SLACK, ReadAhead, decompress, plain_batches, whole_compressed
 
 
+# The batch attributes the C renderer leaves to this module: compressed and control batches, and, in a segment that
+# Kafka's aborted transactions reach into, transactional ones (render_window's ``stop``).
+_STOP = rec.ATTR_COMPRESSION_MASK | rec.ATTR_CONTROL
+_STOP_TRANSACTIONAL = _STOP | rec.ATTR_TRANSACTIONAL
+
+
+def _header_at(segment, file_pos: int):
+    """The header of the batch at ``file_pos`` (None past the segment's published bytes)."""
+    head = segment.read(file_pos, rec.HEADER_SIZE)
+    return rec.parse_header(head) if len(head) == rec.HEADER_SIZE else None
+
+
 class SegmentView:
     """The view over ``segments`` starting at ``start_offset``, in format ``fmt``; with ``snapshot`` (which
     pinned them), it can :meth:`extend` and must be released."""
@@ -246,6 +258,12 @@ class SegmentView:
         their lines: (lines, file bytes advanced, skip from there, records whose line ends in them). Reads only as
         far as the window needs."""
         segment = self.segments[i]
+        stop = _STOP
+        if segment.aborted is not None:  # Kafka's aborted transactions reach into it: their batches have no lines
+            header = _header_at(segment, file_pos)
+            if header is not None and segment.is_aborted(header):
+                return b"", header.size, skip, 0
+            stop = _STOP_TRANSACTIONAL  # (each transactional batch comes back here, to be checked)
         if self._batches or self._ahead is not None:
             ready = self._ready(i, file_pos)
             if ready is not None:  # a batch decompressed already: the one the last read was in, or read ahead
@@ -258,7 +276,7 @@ class SegmentView:
                 buf = segment.read_into(self._scratch, file_pos, length)
                 short = len(buf) < length
                 out, advanced, skip_after, need, ended = _speedups.render_window(
-                    buf, skip, want, self.fmt.separator, self.fmt.null_marker)
+                    buf, skip, want, self.fmt.separator, self.fmt.null_marker, stop)
                 if need < 0 and not (out or advanced or skip_after != skip) and whole_compressed(buf):
                     # A compressed batch, whole in what was read (most are: it is a tenth of its lines' size).
                     try:
@@ -367,7 +385,7 @@ class SegmentView:
         record's offset), or (all the batch's lines, None). In C, no Python object per record; a compressed batch
         is decompressed once (:meth:`_plain`: kept for the read of the line looked up), in a worker thread, never
         on the request thread (FetchNeededError, unless it is among the batches decompressed last)."""
-        if header.is_control:
+        if header.is_control or segment.is_aborted(header):
             return 0, None
         if _speedups is None:
             passed = 0

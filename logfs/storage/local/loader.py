@@ -30,9 +30,10 @@ from .lifecycle import discard, open_segment, replace_segments
 from .log import Log
 from ..names import (
     CLEANED_SUFFIX, DELETED_SUFFIX, INDEX_SUFFIX, INDEX_SUFFIXES, LOG_SUFFIX, SWAP_SUFFIX,
-    TIME_INDEX_SUFFIX, VIEW_INDEX_SUFFIX, filename_prefix, parse_segment_file,
+    TIME_INDEX_SUFFIX, TXN_INDEX_SUFFIX, VIEW_INDEX_SUFFIX, filename_prefix, parse_segment_file,
 )
 from .segment import LogSegment
+from .txn_index import AbortedRanges, aborted_by_segment
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +98,7 @@ def load_log(
         floor = [b for b in bases if b <= recovery_point]
         recover_from = floor[-1] if floor else bases[0]
     truncated_at = None
+    aborted = aborted_by_segment(directory, present, bases)  # Kafka's aborted transactions (a broker's segments)
     for i, base in enumerate(bases):
         if progress is not None:
             progress(i, len(bases))
@@ -107,7 +109,7 @@ def load_log(
         active = i == len(bases) - 1
         try:
             segment, truncated = _load_segment(directory, base, config, clock, present, active,
-                                               recover_from, recovery_point)
+                                               recover_from, recovery_point, aborted=aborted.get(base))
         except (OSError, StorageIOError) as exc:
             # Indexes are derived data: one the disk cannot read, write or fsync (a write-back that failed before
             # the restart reports its error to the first fsync after it) is rebuilt from the .log, in new files.
@@ -116,7 +118,8 @@ def load_log(
                 _remove(os.path.join(directory, filename_prefix(base) + suffix))
             present = set(os.listdir(directory))
             segment, truncated = _load_segment(directory, base, config, clock, present, active,
-                                               recover_from, recovery_point, rebuild=True)
+                                               recover_from, recovery_point, rebuild=True,
+                                               aborted=aborted.get(base))
         if truncated:
             truncated_at = base
         segments.append(segment)
@@ -167,17 +170,23 @@ def load_log(
 
 
 def _load_segment(directory: str, base: int, config: LogConfig, clock: Clock, present: set, active: bool,
-                  recover_from: int | None, recovery_point: int, *, rebuild: bool = False) -> tuple[LogSegment, bool]:
+                  recover_from: int | None, recovery_point: int, *, rebuild: bool = False,
+                  aborted: AbortedRanges | None = None) -> tuple[LogSegment, bool]:
     """Open the segment at ``base``, recovering it when it holds unflushed data (``recover_from``), when its
-    indexes are missing or inconsistent, or with ``rebuild`` (its indexes were removed). Returns it, and whether
-    invalid bytes were cut from its end. On an I/O error the segment is closed before the error is raised."""
+    indexes are missing or inconsistent, or with ``rebuild`` (its indexes were removed). ``aborted``: the aborted
+    transactions reaching into it (their batches have no lines). Returns it, and whether invalid bytes were cut
+    from its end. On an I/O error the segment is closed before the error is raised."""
     prefix = filename_prefix(base)
-    indexes_present = all(prefix + s in present for s in (INDEX_SUFFIX, TIME_INDEX_SUFFIX))
-    index_trouble = rebuild or not indexes_present or prefix + VIEW_INDEX_SUFFIX not in present
+    indexes_present = all(prefix + s in present for s in (INDEX_SUFFIX, TIME_INDEX_SUFFIX, VIEW_INDEX_SUFFIX))
+    index_trouble = rebuild or not indexes_present
     segment = open_segment(directory, base, config, created_ms=clock.time_ms(), active=active)
+    segment.aborted = aborted
+    segment.has_txn_index = prefix + TXN_INDEX_SUFFIX in present
     try:
         needs_recovery = rebuild or (recover_from is not None and base >= recover_from)
         if not needs_recovery and not indexes_present and segment.size > 0:
+            # (Also a segment a Kafka broker wrote: it has no .viewindex, whose entries every read at a position
+            # starts from; one built by a scan of the whole segment at each read would be the alternative.)
             log.info("rebuilding missing indexes of %s", segment.log_path)
             needs_recovery = True
         if not needs_recovery:

@@ -29,7 +29,7 @@ from .segment_recovery import SegmentRecovery, batch_stats  # noqa: F401  (batch
 
 from ..names import (  # noqa: F401 (re-exported: the segment's own file names)
     ALL_SUFFIXES, CLEANED_SUFFIX, DELETED_SUFFIX, INDEX_SUFFIX, INDEX_SUFFIXES, LOG_SUFFIX, SWAP_SUFFIX,
-    TIME_INDEX_SUFFIX, VIEW_INDEX_SUFFIX, filename_prefix,
+    TIME_INDEX_SUFFIX, TXN_INDEX_SUFFIX, VIEW_INDEX_SUFFIX, filename_prefix,
 )
 
 
@@ -426,7 +426,7 @@ class LogSegment(SegmentRecovery, SegmentFile):
         self.max_timestamp, self.offset_of_max_timestamp = last_ts.timestamp, last_ts.offset
         self.rolling_based_timestamp = None
         for _, h, buf, at in self.batches_from(start):
-            self.stats = self.stats + batch_stats(buf, at, h.size)
+            self.stats = self.stats + self.visible_stats(buf, at, h)
             self.next_offset = h.next_offset
             if h.max_timestamp > self.max_timestamp:
                 self.max_timestamp, self.offset_of_max_timestamp = h.max_timestamp, h.last_offset
@@ -454,12 +454,16 @@ class LogSegment(SegmentRecovery, SegmentFile):
             index.flush()
 
     def _paths(self) -> list[str]:
-        return [self.log_path, self.offset_index.path, self.time_index.path, self.view_index.path]
+        paths = [self.log_path, self.offset_index.path, self.time_index.path, self.view_index.path]
+        if self.has_txn_index:  # (Kafka's .txnindex: kept beside its segment, renamed and deleted with it)
+            paths.append(os.path.join(self.directory, filename_prefix(self.base_offset)) + TXN_INDEX_SUFFIX
+                         + self.suffix)
+        return paths
 
     def change_suffix(self, new_suffix: str) -> None:
         """Rename all files from the current suffix to ``new_suffix`` (open fds stay valid)."""
         stem = os.path.join(self.directory, filename_prefix(self.base_offset))
-        for old, kind in zip(self._paths(), ALL_SUFFIXES):
+        for old, kind in zip(self._paths(), ALL_SUFFIXES + (TXN_INDEX_SUFFIX,)):
             new = stem + kind + new_suffix
             if os.path.exists(old):
                 os.rename(old, new)

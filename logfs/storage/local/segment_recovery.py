@@ -47,6 +47,18 @@ def batch_stats(buf, pos: int = 0, size: int | None = None) -> tuple[LineStats, 
 class SegmentRecovery:
     """State from indexes, and recovery, for :class:`LogSegment` (which owns the attributes used here)."""
 
+    aborted = None  # AbortedRanges of Kafka's aborted transactions reaching into this segment (txn_index.py)
+    has_txn_index = False  # a .txnindex of its own beside it (a Kafka broker wrote it; the loader says so)
+
+    def is_aborted(self, header: rec.BatchHeader) -> bool:
+        """Whether the batch holds records of an aborted transaction (a ``read_committed`` reader skips it)."""
+        return (self.aborted is not None and bool(header.attributes & rec.ATTR_TRANSACTIONAL)
+                and self.aborted.covers(header.producer_id, header.base_offset))
+
+    def visible_stats(self, buf, pos: int, header: rec.BatchHeader) -> LineStats:
+        """The LineStats of the batch's lines in the text view: none for an aborted transaction's batch."""
+        return ZERO_STATS if self.is_aborted(header) else batch_stats(buf, pos, header.size)
+
     def load_state(self) -> None:
         """Derive in-memory state (next offset, totals, max timestamp) from the indexes, reading at most the
         tail after the last index entry. Raises CorruptRecordError if the indexes disagree with the log."""
@@ -111,7 +123,7 @@ class SegmentRecovery:
                 if (header.magic != rec.MAGIC or header.size < rec.HEADER_SIZE
                         or (expect_base and pos == position and header.base_offset != next_offset)):
                     break
-                stats = stats + batch_stats(buf, at, header.size)
+                stats = stats + self.visible_stats(buf, at, header)
                 next_offset = header.next_offset
                 if max_ts is None or header.max_timestamp > max_ts[0]:
                     max_ts = (header.max_timestamp, header.last_offset)
@@ -170,7 +182,7 @@ class SegmentRecovery:
             buf = self.read(pos, size)
             try:
                 header = rec.validate(buf)
-                stats = batch_stats(buf, 0, size)
+                stats = self.visible_stats(buf, 0, header)
             except Exception:  # CRC, structure, or a codec error on corrupt compressed data
                 break
             if header.base_offset < self.next_offset or header.last_offset - self.base_offset > 0x7FFFFFFF:

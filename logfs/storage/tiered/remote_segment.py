@@ -287,6 +287,9 @@ class RemoteLogSegment(SegmentFile):
     # The same bounded lookups as a local segment's: index entry, then a scan of at most one interval.
     translate_offset = LogSegment.translate_offset
     find_offset_by_timestamp = LogSegment.find_offset_by_timestamp
+    # Kafka's aborted transactions: none (a segment is tiered with none known; tiering does not carry a .txnindex)
+    aborted = None
+    is_aborted = LogSegment.is_aborted
 
     def hold_files(self) -> None:
         """Open the indexes before their files are unlinked while a snapshot pins this segment (as

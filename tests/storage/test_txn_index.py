@@ -1,0 +1,138 @@
+"""Kafka's aborted transactions (``.txnindex``, storage/local/txn_index.py): a partition a broker wrote with
+transactional producers shows what a ``read_committed`` consumer reads (CONTRACT section 13). Segments are built
+here byte by byte as a broker lays them out (transactional batches, control batches with commit and abort markers,
+an abort's entry in the ``.txnindex`` of the segment holding its marker); tests/kafka checks the same against a
+real broker's directory."""
+
+from __future__ import annotations
+
+import os
+import struct
+
+import pytest
+
+from logfs.storage import LogConfig, load_log
+from logfs.storage.format import records as rec
+from logfs.storage.local.txn_index import ENTRY, AbortedRanges, AbortedTxn, read_txn_index
+from logfs.storage.names import filename_prefix
+from logfs.view import text as view_text
+from logfs.view.text import live_view, open_view
+
+T = 1_700_000_000_000
+
+
+def txn_batch(base: int, values: list[bytes], producer_id: int) -> bytes:
+    return rec.build_batch_generic(base, T, values, attributes=rec.ATTR_TRANSACTIONAL, producer=(producer_id, 0, base))
+
+
+def marker(offset: int, producer_id: int, commit: bool) -> bytes:
+    key = struct.pack(">hh", 0, 1 if commit else 0)
+    value = struct.pack(">hi", 0, 0)
+    return rec.build_batch_generic(offset, T, [value], [key], attributes=rec.ATTR_TRANSACTIONAL | rec.ATTR_CONTROL,
+                                   producer=(producer_id, 0, -1))
+
+
+def plain(base: int, values: list[bytes]) -> bytes:
+    return rec.build_batch(base, T, values)
+
+
+def write_partition(directory, segments: dict[int, list[bytes]], txn: dict[int, list[AbortedTxn]]) -> None:
+    os.makedirs(directory, exist_ok=True)
+    for base, batches in segments.items():
+        with open(os.path.join(directory, filename_prefix(base) + ".log"), "wb") as f:
+            f.write(b"".join(batches))
+    for base, entries in txn.items():
+        with open(os.path.join(directory, filename_prefix(base) + ".txnindex"), "wb") as f:
+            f.write(b"".join(ENTRY.pack(0, *e) for e in entries))
+
+
+# offsets 0-2 plain; 3-4 producer 7 (aborted); 5-6 producer 8 (committed); 7 plain | 8 producer 7 (aborted: the same
+# transaction, in the next segment); 9 abort marker of 7; 10 commit marker of 8; 11-12 plain; 13 producer 9 (aborted,
+# compressed); 14 its abort marker; 15 plain
+SEGMENTS = {
+    0: [plain(0, [b"a0", b"a1", b"a2"]), txn_batch(3, [b"t7-3", b"t7-4"], 7), txn_batch(5, [b"t8-5", b"t8-6"], 8),
+        plain(7, [b"p7"])],
+    8: [txn_batch(8, [b"t7-8"], 7), marker(9, 7, commit=False), marker(10, 8, commit=True),
+        plain(11, [b"p11", b"p12"]), rec.compress_batch(txn_batch(13, [b"t9-13" * 50], 9), 1),
+        marker(14, 9, commit=False), plain(15, [b"p15"])],
+    16: [plain(16, [b"p16"])],
+}
+TXN = {8: [AbortedTxn(7, 3, 9, 3), AbortedTxn(9, 13, 14, 13)]}
+COMMITTED = [b"a0", b"a1", b"a2", b"t8-5", b"t8-6", b"p7", b"p11", b"p12", b"p15", b"p16"]
+OFFSETS = [0, 1, 2, 5, 6, 7, 11, 12, 15, 16]
+
+
+@pytest.fixture(params=["c", "python"])
+def speedups(request, monkeypatch):
+    if request.param == "python":
+        monkeypatch.setattr(view_text, "_speedups", None)
+    return request.param
+
+
+def load(tmp_path):
+    directory = str(tmp_path / "t-0")
+    write_partition(directory, SEGMENTS, TXN)
+    return load_log(directory, "t", 0, LogConfig.for_tests(index_interval_bytes=1), had_clean_shutdown=True)
+
+
+def test_aborted_ranges():
+    ranges = AbortedRanges([AbortedTxn(7, 3, 9, 3), AbortedTxn(7, 20, 25, 20), AbortedTxn(8, 0, 4, 0)])
+    assert [ranges.covers(7, o) for o in (2, 3, 9, 10, 19, 20, 25, 26)] == [False, True, True, False, False, True,
+                                                                           True, False]
+    assert ranges.covers(8, 0) and not ranges.covers(9, 5) and ranges.count == 3
+
+
+def test_read_txn_index_ignores_a_partial_entry(tmp_path):
+    path = tmp_path / "x.txnindex"
+    path.write_bytes(ENTRY.pack(0, 7, 3, 9, 3) + ENTRY.pack(0, 8, 10, 12, 10)[:20])
+    assert read_txn_index(str(path)) == [AbortedTxn(7, 3, 9, 3)]
+
+
+def test_view_shows_what_read_committed_reads(tmp_path, speedups):
+    plog = load(tmp_path)
+    try:
+        text = b"".join(v + b"\n" for v in COMMITTED)
+        view = live_view(plog)
+        assert view.length() == len(text)
+        handle_view = open_view(plog)
+        try:
+            assert handle_view.read(0, 1 << 20) == text
+            # Small reads, one byte at a time: every batch boundary, aborted batches between them
+            assert b"".join(handle_view.read(i, 1) for i in range(len(text))) == text
+            positions = {}
+            at = 0
+            for value, offset in zip(COMMITTED, OFFSETS):
+                positions[offset] = at
+                assert handle_view.position_of(offset) == at
+                assert handle_view.offset_at(at) == offset
+                assert handle_view.offset_at(at + len(value)) == offset  # (its "\n")
+                at += len(value) + 1
+            # An aborted or control record's position is the next committed record's.
+            assert handle_view.position_of(3) == positions[5]
+            assert handle_view.position_of(8) == positions[11]
+            assert handle_view.position_of(13) == positions[15]
+            assert handle_view.position_of(17) == len(text)
+        finally:
+            handle_view.release()
+        # Offsets stay Kafka's: the log end offset counts aborted records and markers.
+        assert plog.log_end_offset == 17
+    finally:
+        plog.close()
+
+
+def test_the_txn_index_stays_beside_its_segment_and_the_view_index_is_rebuilt_once(tmp_path):
+    plog = load(tmp_path)
+    directory = plog.directory
+    plog.close()
+    names = sorted(os.listdir(directory))
+    assert filename_prefix(8) + ".txnindex" in names and filename_prefix(0) + ".viewindex" in names
+    again = load_log(directory, "t", 0, LogConfig.for_tests(index_interval_bytes=1), had_clean_shutdown=True)
+    try:
+        assert live_view(again).read(0, 1 << 20) == b"".join(v + b"\n" for v in COMMITTED)
+        # Retention deletes a segment with its .txnindex (renamed .deleted, then unlinked).
+        again.delete_segments(list(again.segments)[:2])
+        assert filename_prefix(8) + ".txnindex.deleted" in os.listdir(directory)
+        again.purge_deleted(now_ms=1 << 62)
+    finally:
+        again.close()
+    assert not any(n.startswith((filename_prefix(0), filename_prefix(8))) for n in os.listdir(directory))
