@@ -192,6 +192,11 @@ def byte_range(index: bytes, seg: RemoteSegment, start: int, end: int) -> tuple[
     return lo, hi
 
 
+def _never_aborted(header) -> bool:
+    """Tiered segments carry no ``.txnindex`` (logfs tiers segments it wrote, which are never transactional)."""
+    return False
+
+
 class BucketPartitionReader:
     """One partition of the bucket, with the local :class:`~logfs.storage.local.reader.PartitionReader`'s interface
     (``offsets()``, ``batches(start, end)``)."""
@@ -201,6 +206,7 @@ class BucketPartitionReader:
         self.manifests = ManifestStore(store, prefix)
         self.name = str(tp)
         self._last: PartitionManifest | None = None  # the manifest read last
+        self.is_aborted = _never_aborted
 
     def manifest(self) -> PartitionManifest:
         self._last = self.manifests.read(self.tp.topic, self.tp.partition)
@@ -323,6 +329,7 @@ class TieredPartitionReader:
     def __init__(self, remote: BucketPartitionReader, local):
         self.remote, self.local = remote, local
         self.name = remote.name
+        self.is_aborted = local.is_aborted
 
     def offsets(self) -> tuple[int, int]:
         return self.layout()[:2]

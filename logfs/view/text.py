@@ -18,6 +18,11 @@ each, never on the request thread (:func:`~logfs.storage.threads.on_request_thre
 the caller repeats the call in a worker thread). Reading one line decompresses the batch that holds it and nothing
 else. A sequential reader gets the compressed batches after its own decompressed ahead of it, and the last batches
 decompressed are shared: :mod:`logfs.view.readahead`.
+
+The module is longer than 500 lines because one idea, a view addressed by byte position, needs its layout
+(segment starts, the prefix before the log start), its reading (cursor, decompressed batches, read-ahead) and its
+lookups (offset <-> position, time) over the same segment list and the same pins: split apart, each part would
+reach into the others' state.
 """
 
 from __future__ import annotations

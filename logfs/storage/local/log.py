@@ -11,6 +11,10 @@ Thread safety: one writer at a time (``lock``) for append, roll, truncate, delet
 append. Reads outside the lock go through a :class:`~logfs.storage.local.segments.LogSnapshot` (:meth:`snapshot`)
 and only touch published bytes. :attr:`layout_version` changes whenever the segment list or the log start offset
 does, so a reader may cache what it derives from the layout.
+
+The module is longer than 500 lines because one partition's offsets, append batching, roll, flush and snapshots
+share one lock and one set of invariants (the log end offset, the recovery point, the pins of the segments); what
+could leave, did (removal, tail_batch, segments, lifecycle). Kafka's UnifiedLog and LocalLog hold the same together.
 """
 
 from __future__ import annotations

@@ -38,8 +38,11 @@ from ..format import records as rec
 from ..checkpoints import LOG_START_OFFSET, read_checkpoint
 from ..errors import CorruptRecordError, DataLossError
 from .index import OffsetIndex, TimeIndex
-from ..names import INDEX_SUFFIX, LOG_SUFFIX, SWAP_SUFFIX, TIME_INDEX_SUFFIX, filename_prefix, parse_segment_file
+from ..names import (
+    INDEX_SUFFIX, LOG_SUFFIX, SWAP_SUFFIX, TIME_INDEX_SUFFIX, TXN_INDEX_SUFFIX, filename_prefix, parse_segment_file,
+)
 from .segment_file import SegmentFile
+from .txn_index import AbortedRanges, read_txn_index
 
 log = logging.getLogger(__name__)
 
@@ -249,6 +252,21 @@ class PartitionReader:
             directory = next((c for c in candidates if os.path.isdir(c)), candidates[0])
         self.directory = directory
         self.data_dir = os.path.dirname(os.path.abspath(directory))  # (its log directory: its checkpoints)
+        self._aborted: AbortedRanges | None = None  # Kafka's aborted transactions (read at first need)
+
+    def is_aborted(self, header: rec.BatchHeader) -> bool:
+        """Whether a batch holds records of an aborted transaction (Kafka's ``.txnindex``): a ``read_committed``
+        reader, and so the text view and the Spark source, skips it."""
+        if not header.attributes & rec.ATTR_TRANSACTIONAL:
+            return False
+        if self._aborted is None:
+            try:
+                names = os.listdir(self.directory)
+            except FileNotFoundError:
+                names = []
+            self._aborted = AbortedRanges(t for n in names if n.endswith(TXN_INDEX_SUFFIX)
+                                          for t in read_txn_index(os.path.join(self.directory, n)))
+        return self._aborted.covers(header.producer_id, header.base_offset)
 
     # -- listing -------------------------------------------------------------------------------------
     def segment_bases(self) -> list[int]:
@@ -410,7 +428,7 @@ class PartitionReader:
     def records(self, start: int, end: int, *, fail_on_data_loss: bool = False) -> Iterator[rec.Record]:
         """Records with offsets in [start, end) (a compacted log has gaps), in offset order."""
         for header, data in self.batches(start, end, fail_on_data_loss=fail_on_data_loss):
-            if header.is_control:
+            if header.is_control or self.is_aborted(header):
                 continue
             ts_type = header.timestamp_type
             for r in rec.decode_raw(data):
