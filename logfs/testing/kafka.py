@@ -11,8 +11,8 @@ Set-up (``tools/dev.sh`` runs ``python -m logfs.testing.kafka setup``) puts Kafk
   JVM that lives as long as the object, answering one JSON command a line (``kafka_jvm/KafkaClient.java``).
 - :mod:`logfs.testing.kafka_dump`: DumpLogSegments over many files in one call, its output parsed.
 
-Every process started here is ended by ``stop``/``close``, and gets SIGTERM if the Python process that started it
-dies first (PR_SET_PDEATHSIG).
+Every process started here is ended by ``stop``/``close``, and gets SIGTERM if the thread that started it dies
+first (PR_SET_PDEATHSIG): start them from a thread that outlives them (the main thread, as session fixtures do).
 """
 
 from __future__ import annotations

@@ -48,6 +48,12 @@ def test_broker_serves_kafkas_clients_and_restarts(kafka_broker, kafka_client, t
     assert len(topic_id) == 22
     t0 = int(time.time() * 1000) - 60_000
     committed, aborted = produced(client, broker.bootstrap, t0)
+    # commitTransaction returns before the coordinator has written the markers: wait for the last stable offset.
+    end = committed[-1]["offset"] + 2  # (the last record, then its COMMIT marker)
+    deadline = time.monotonic() + 30
+    while client.list_offsets(broker.bootstrap, TOPIC, 0)["latest"] < end:
+        assert time.monotonic() < deadline, "the last transaction's markers were not written in 30 s"
+        time.sleep(0.05)
 
     def consumed(isolation: str) -> list:
         return [(r.offset, r.timestamp, r.timestamp_type, r.key, r.value, r.headers)
@@ -57,7 +63,7 @@ def test_broker_serves_kafkas_clients_and_restarts(kafka_broker, kafka_client, t
     everything = sorted(committed + aborted, key=lambda r: r["offset"])
     assert consumed("read_uncommitted") == as_consumed(everything)
     offsets = client.list_offsets(broker.bootstrap, TOPIC, 0, timestamps=[0, t0 + 3, t0 + 21, t0 + 10**9])
-    assert offsets["earliest"] == 0 and offsets["latest"] == committed[-1]["offset"] + 2  # (the last marker)
+    assert offsets["earliest"] == 0 and offsets["latest"] == end
     # A transaction marker is a record with the coordinator's time (now): Kafka's ListOffsets finds the COMMIT
     # after the first transaction for any time past the records before it.
     commit_marker = committed[-2]["offset"] + 1
