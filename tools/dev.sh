@@ -6,7 +6,8 @@ cd "$(dirname "$0")/.."
 action=${1:-test}; shift || true
 
 need_apt=()
-for pair in fusermount3:fuse3 pkg-config:pkg-config getfattr:attr java:openjdk-17-jdk-headless gcc:gcc systemd-analyze:systemd; do
+for pair in fusermount3:fuse3 pkg-config:pkg-config getfattr:attr java:openjdk-17-jdk-headless \
+    javac:openjdk-17-jdk-headless mvn:maven gcc:gcc systemd-analyze:systemd; do
   command -v "${pair%%:*}" >/dev/null 2>&1 || need_apt+=("${pair#*:}")
 done
 [ -e /usr/include/fuse3/fuse_lowlevel.h ] || need_apt+=(libfuse3-dev)
@@ -17,7 +18,7 @@ python3 -c 'import os, sysconfig, sys; sys.exit(not os.path.exists(os.path.join(
 if [ ${#need_apt[@]} -gt 0 ]; then
   SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
   $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_apt[@]}" >/dev/null
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq $(printf '%s\n' "${need_apt[@]}" | sort -u) >/dev/null
 fi
 [ -e /dev/fuse ] || { echo "error: /dev/fuse is missing (load the fuse module)" >&2; exit 1; }
 
@@ -41,6 +42,9 @@ quiet_pip .venv/bin/pip install -q -e '.[test]'
 # The C accelerator is optional (the build goes on without it); say so when it is missing, as it costs speed.
 .venv/bin/python -c 'import logfs._speedups' 2>/dev/null \
   || echo "note: logfs's C accelerator was not built (no C compiler?): logfs runs on its slower pure-Python paths" >&2
+# Apache Kafka for tests/kafka (logfs/testing/kafka.py): its jars resolved with Maven into .cache/kafka, the test
+# client compiled, Spark's Kafka connector tried. Skipped when already done (a stamp of the POM).
+.venv/bin/python -m logfs.testing.kafka setup
 
 case "$action" in
   test)

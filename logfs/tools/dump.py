@@ -1,11 +1,13 @@
-"""Print logfs segment files the way Kafka's ``kafka-dump-log.sh`` (kafka.tools.DumpLogSegments, 3.x) does.
+"""Print logfs segment files the way Kafka's ``kafka-dump-log.sh`` (kafka.tools.DumpLogSegments, 3.x to 4.2) does.
 
     logfs-dump-log-segments --files A.log,B.index,C.timeindex
         [--deep-iteration] [--print-data-log] [--verify-index-only] [--index-sanity-check]
 
 Output follows Kafka's: batch lines and ``| offset: ...`` record lines on stdout, ``Found N invalid bytes at the
 end of <name>`` after the last whole batch; index mismatches, time index errors and non-consecutive record
-offsets on stderr after all files, as Kafka prints them. Kafka's exceptions become messages instead: a missing
+offsets on stderr after all files, as Kafka prints them: in the order of the Scala hash maps it collects them in
+(:class:`ScalaHashMap`), files named as Java's ``File`` names them. tests/kafka compares the output with Kafka's
+own tool, line for line, on every kind of segment logfs writes. Kafka's exceptions become messages instead: a missing
 file or companion ``.log``, a failed ``--index-sanity-check``, or undecodable records are reported on stderr
 and make the exit status 1; bytes that cannot start a batch (bad length or magic) are counted as invalid
 trailing bytes. Control records other than ABORT/COMMIT print ``controlType: NAME(id)``, not Kafka's JSON.
@@ -18,6 +20,7 @@ import argparse
 import bisect
 import mmap
 import os
+import re
 import struct
 import sys
 import time
@@ -39,16 +42,65 @@ class DumpError(Exception):
     """A condition Kafka's tool dies on; reported as a message, the run continues, exit status 1."""
 
 
+class ScalaHashMap:
+    """The iteration order of the Scala ``mutable.Map[String, _]`` (a ``mutable.HashMap``, 2.13) Kafka's tool
+    collects its errors in, so they print in Kafka's order: buckets of a power-of-two table (16 at first, doubled by
+    a ``put`` that finds size + 1 at three quarters of it, an update included), each bucket in ascending order of
+    the spread hash of Java's ``String.hashCode``, equal hashes in insertion order."""
+
+    def __init__(self) -> None:
+        self._values: dict[str, list] = {}  # (a dict keeps first insertion order: the tie-break)
+        self._length = 16
+
+    def put(self, key: str, value: list) -> None:
+        if len(self._values) + 1 >= int(self._length * 0.75):
+            self._length *= 2
+        self._values[key] = value
+
+    def get(self, key: str) -> list | None:
+        return self._values.get(key)
+
+    def __bool__(self) -> bool:
+        return bool(self._values)
+
+    def items(self) -> list[tuple[str, list]]:
+        rank = {key: i for i, key in enumerate(self._values)}
+        return [(k, self._values[k]) for k in sorted(
+            self._values, key=lambda k: (scala_hash(k) & (self._length - 1), scala_hash(k), rank[k]))]
+
+
+def scala_hash(text: str) -> int:
+    """Scala's ``HashMap`` hash of a String: Java's ``hashCode`` (over UTF-16 units) xor its upper half, as an Int."""
+    h = 0
+    units = text.encode("utf-16-be", "surrogatepass")
+    for i in range(0, len(units), 2):
+        h = (31 * h + (units[i] << 8 | units[i + 1])) & 0xFFFFFFFF
+    h ^= h >> 16
+    return h - (1 << 32) if h & 0x80000000 else h
+
+
 class Errors:
     """What Kafka collects while dumping and prints to stderr at the end (same maps, same order)."""
 
     def __init__(self):
         self.failed = False  # a record-level error was reported as it happened
-        self.index_mismatches: dict[str, list[tuple[int, int]]] = {}
-        self.time_mismatches: dict[str, list[tuple[int, int]]] = {}
-        self.out_of_order: dict[str, list[tuple[int, int]]] = {}
-        self.not_found: dict[str, list[tuple[int, int]]] = {}
-        self.non_consecutive: dict[str, list[tuple[int, int]]] = {}
+        self.index_mismatches = ScalaHashMap()
+        self.time_mismatches = ScalaHashMap()
+        self.out_of_order = ScalaHashMap()
+        self.not_found = ScalaHashMap()
+        self.non_consecutive = ScalaHashMap()
+
+    @staticmethod
+    def prepend(to: ScalaHashMap, name: str, pair: tuple[int, int]) -> None:
+        """Kafka's ``list ::= pair; map.put(name, list)`` (a put each time: the last pair prints first)."""
+        to.put(name, [pair] + (to.get(name) or []))
+
+    @staticmethod
+    def append(to: ScalaHashMap, name: str, pair: tuple[int, int]) -> None:
+        """Kafka's TimeIndexDumpErrors: the buffer is put once, on its first pair."""
+        if to.get(name) is None:
+            to.put(name, [])
+        to.get(name).append(pair)
 
     def print(self, out) -> None:
         for name, pairs in self.index_mismatches.items():
@@ -63,7 +115,7 @@ class Errors:
             print(f"Found out of order timestamp in :{name}", file=out)
             for index_ts, prev_ts in pairs:
                 print(f"  Index timestamp: {index_ts}, Previously indexed timestamp: {prev_ts}", file=out)
-        for pairs in self.not_found.values():
+        for _, pairs in self.not_found.items():
             print("The following indexed offsets are not found in the log.", file=out)
             for indexed, found in pairs:
                 print(f"Indexed offset: {indexed}, found log offset: {found}", file=out)
@@ -71,6 +123,18 @@ class Errors:
             print(f"Non-consecutive offsets in {name}", file=out)
             for first, second in pairs:
                 print(f"  {first} is followed by {second}", file=out)
+
+
+def java_path(path: str) -> str:
+    """``new File(path).toString()``: repeated slashes made one, no trailing slash."""
+    path = re.sub("/+", "/", path)
+    return path[:-1] if len(path) > 1 and path.endswith("/") else path
+
+
+def absolute(path: str) -> str:
+    """``File.getAbsolutePath``: relative to the working directory, nothing resolved (``..`` stays)."""
+    path = java_path(path)
+    return path if path.startswith("/") else java_path(os.path.join(os.getcwd(), path)) if path else os.getcwd()
 
 
 # -- files ---------------------------------------------------------------------------------------
@@ -201,7 +265,7 @@ def dump_log(path: str, opts, errors: Errors) -> None:
                 errors.failed, decoded = True, []
             for r in decoded:
                 if last_offset != -1 and r.offset != last_offset + 1:
-                    errors.non_consecutive.setdefault(os.path.abspath(path), []).insert(0, (last_offset, r.offset))
+                    errors.prepend(errors.non_consecutive, absolute(path), (last_offset, r.offset))
                 last_offset = r.offset
                 print(record_line(header, r, opts.print_data_log))
         valid_bytes += header.size
@@ -229,15 +293,15 @@ def index_entries(data, entry: struct.Struct) -> list[tuple]:
 def sanity_check(path: str, data, entry: struct.Struct, base: int) -> None:
     entries = index_entries(data, entry)
     if entry is TIME_ENTRY and entries and entries[-1][0] < entries[0][0]:
-        raise DumpError(f"Corrupt time index found, time index file ({os.path.abspath(path)}) has non-zero "
+        raise DumpError(f"Corrupt time index found, time index file ({absolute(path)}) has non-zero "
                         f"size but the last timestamp is {entries[-1][0]} which is less than the first "
                         f"timestamp {entries[0][0]}")
     if entries and entries[-1][rel_field(entry)] < 0:
-        raise DumpError(f"Corrupt index found, index file ({os.path.abspath(path)}) has non-zero size but "
+        raise DumpError(f"Corrupt index found, index file ({absolute(path)}) has non-zero size but "
                         f"the last offset is {base + entries[-1][rel_field(entry)]} which is less than the "
                         f"base offset {base}")
     if len(data) % entry.size:
-        raise DumpError(f"Index file {os.path.abspath(path)} is corrupt, found {len(data)} bytes which is "
+        raise DumpError(f"Index file {absolute(path)} is corrupt, found {len(data)} bytes which is "
                         f"neither positive nor a multiple of {entry.size}")
     print(f"{path} passed sanity check.")
 
@@ -255,7 +319,7 @@ def dump_index(path: str, opts, errors: Errors) -> None:
         found = next(batches(log, position), None) if 0 <= position < len(log) else None
         log_offset = found[1].last_offset if found else -1
         if log_offset != base + rel:  # Kafka prepends: the list prints last mismatch first
-            errors.index_mismatches.setdefault(os.path.abspath(path), []).insert(0, (base + rel, log_offset))
+            errors.prepend(errors.index_mismatches, absolute(path), (base + rel, log_offset))
         if not opts.verify_index_only:
             print(f"offset: {base + rel} position: {position}")
 
@@ -269,22 +333,22 @@ def dump_time_index(path: str, opts, errors: Errors) -> None:
     index_path = companion(path, INDEX_SUFFIX)
     offsets = index_entries(read_file(index_path), OFFSET_ENTRY) if os.path.exists(index_path) else []
     keys = [base + rel for rel, _ in offsets]
-    name, prev = os.path.abspath(path), NO_TIMESTAMP
+    name, prev = absolute(path), NO_TIMESTAMP
     for timestamp, rel in index_entries(data, TIME_ENTRY):
         offset = base + rel
         slot = bisect.bisect_right(keys, offset) - 1
         position = offsets[slot][1] if slot >= 0 else 0
         found = next(((p, h) for p, h in batches(log, position) if h.last_offset >= offset), None)
         if found is None:
-            errors.not_found.setdefault(name, []).append((offset, -1))
+            errors.append(errors.not_found, name, (offset, -1))
         elif found[1].last_offset != offset:
-            errors.not_found.setdefault(name, []).append((offset, found[1].last_offset))
+            errors.append(errors.not_found, name, (offset, found[1].last_offset))
         else:
             max_ts = max((r.timestamp for r in records(log, *found, path)), default=NO_TIMESTAMP)
             if max_ts != timestamp:
-                errors.time_mismatches.setdefault(name, []).append((timestamp, max_ts))
+                errors.append(errors.time_mismatches, name, (timestamp, max_ts))
             if prev >= timestamp:
-                errors.out_of_order.setdefault(name, []).append((timestamp, prev))
+                errors.append(errors.out_of_order, name, (timestamp, prev))
         if not opts.verify_index_only:
             print(f"timestamp: {timestamp} offset: {offset}")
         prev = timestamp
@@ -306,7 +370,7 @@ def main(argv: list[str] | None = None) -> int:
     opts = parser.parse_args(argv)
     sys.stdout.reconfigure(encoding="utf-8", errors="replace")  # type: ignore[union-attr]
     errors, status = Errors(), 0
-    for path in [f for f in opts.files.split(",") if f]:
+    for path in [java_path(f) for f in opts.files.split(",") if f]:
         print(f"Dumping {path}")
         name = os.path.basename(path)
         dumper = DUMPERS.get(name[name.rfind("."):] if "." in name else "")

@@ -1,0 +1,384 @@
+"""A real Apache Kafka for the tests (CONTRACT.md section 13): its jars, a broker, its own clients.
+
+Set-up (``tools/dev.sh`` runs ``python -m logfs.testing.kafka setup``) puts Kafka's jars in ``.cache/kafka``
+(:mod:`logfs.testing.kafka_setup`: where they are, the Spark connector's status).
+
+- :class:`KafkaBroker`: one KRaft node, broker and controller in one JVM, on 127.0.0.1 with free ports; formats its
+  directories on first start, ``start``/``stop`` (SIGTERM, Kafka's clean shutdown)/``kill``, started again on the
+  same directories and ports. Node ids and the formatting arguments are its own, so three of them with
+  ``--initial-controllers`` can make a cluster later.
+- :class:`KafkaClient`: Kafka's Java clients (producer, consumer, admin) and ``kafka.tools.DumpLogSegments`` in one
+  JVM that lives as long as the object, answering one JSON command a line (``kafka_jvm/KafkaClient.java``).
+- :mod:`logfs.testing.kafka_dump`: DumpLogSegments over many files in one call, its output parsed.
+
+Every process started here is ended by ``stop``/``close``, and gets SIGTERM if the thread that started it dies
+first (PR_SET_PDEATHSIG): start them from a thread that outlives them (the main thread, as session fixtures do).
+"""
+
+from __future__ import annotations
+
+import base64
+import ctypes
+import json
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .kafka_setup import (  # noqa: F401  (the set-up's names, for the tests and tools that use this module)
+    KafkaError, KafkaNotSetUp, client_classpath, jars_dir, java, kafka_classpath, kafka_version, setup,
+    spark_connector_jars, spark_connector_status,
+)
+
+STARTED_MESSAGE = "Kafka Server started"  # KafkaRaftServer's line once the node serves
+LOG4J_CONFIG = Path(__file__).resolve().parent / "kafka_jvm" / "log4j2.properties"
+
+
+# -- processes ------------------------------------------------------------------------------------------------
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _die_with_parent() -> None:
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def _jvm(heap: str, log_file: Path, level: str) -> list[str]:
+    return [java(), f"-Xmx{heap}", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-Xss1m",
+            "-Djava.awt.headless=true", f"-Dlog4j2.configurationFile={LOG4J_CONFIG}",
+            f"-Dlogfs.log.file={log_file}", f"-Dlogfs.log.level={level}"]
+
+
+def random_uuid() -> str:
+    """A Kafka Uuid as ``kafka-storage.sh random-uuid`` prints it (base64url of 16 bytes, no padding, never
+    starting with '-')."""
+    while True:
+        text = base64.urlsafe_b64encode(os.urandom(16)).decode().rstrip("=")
+        if not text.startswith("-"):
+            return text
+
+
+def _b64(data: bytes | None) -> str | None:
+    return None if data is None else base64.b64encode(data).decode()
+
+
+def _unb64(text: str | None) -> bytes | None:
+    return None if text is None else base64.b64decode(text)
+
+
+@dataclass
+class ConsumedRecord:
+    """A record as Kafka's consumer returns it."""
+    offset: int
+    timestamp: int
+    timestamp_type: str  # CreateTime, LogAppendTime
+    key: bytes | None
+    value: bytes | None
+    headers: list[tuple[str, bytes | None]] = field(default_factory=list)
+    leader_epoch: int | None = None
+
+
+class KafkaClient:
+    """Kafka's Java clients and DumpLogSegments in one JVM, started by :meth:`start`, ended by :meth:`close`."""
+
+    def __init__(self, workdir: str | Path, heap: str = "384m"):
+        self.workdir = Path(workdir)
+        self.heap = heap
+        self.proc: subprocess.Popen | None = None
+        self._lines: queue.Queue = queue.Queue()
+        self._lock = threading.Lock()
+
+    def start(self) -> "KafkaClient":
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        cmd = [*_jvm(self.heap, self.workdir / "client.log", "WARN"), "-cp", client_classpath(), "KafkaClient"]
+        self._stderr = open(self.workdir / "client.err", "ab")
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr,
+                                     preexec_fn=_die_with_parent)
+        threading.Thread(target=self._read, args=(self.proc.stdout,), daemon=True, name="kafka-client").start()
+        self.call({"cmd": "ping"}, timeout=60)
+        return self
+
+    def _read(self, stream) -> None:
+        for line in stream:
+            self._lines.put(line)
+        self._lines.put(None)
+
+    def call(self, command: dict, timeout: float = 120) -> dict:
+        """Send one command, return its reply; :class:`KafkaError` with Java's stack trace when it failed."""
+        if self.proc is None or self.proc.poll() is not None:
+            raise KafkaError(f"the client JVM is not running (see {self.workdir / 'client.err'})")
+        with self._lock:
+            self.proc.stdin.write(json.dumps(command).encode() + b"\n")
+            self.proc.stdin.flush()
+            try:
+                line = self._lines.get(timeout=timeout)
+            except queue.Empty:
+                self.close(force=True)
+                raise KafkaError(f"no reply to {command.get('cmd')} in {timeout} s: the client JVM was killed")
+        if line is None:
+            raise KafkaError(f"the client JVM died (see {self.workdir / 'client.err'})")
+        reply = json.loads(line)
+        if not reply.pop("ok"):
+            raise KafkaError(f"{command.get('cmd')} failed in Kafka's client:\n{reply['error']}")
+        return reply
+
+    def close(self, force: bool = False) -> None:
+        proc, self.proc = self.proc, None
+        if proc is None:
+            return
+        if not force:
+            try:
+                proc.stdin.close()  # end of commands: the JVM closes its admin clients and exits
+                proc.wait(timeout=15)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        self._stderr.close()
+
+    # -- commands -------------------------------------------------------------------------------------------
+    def create_topics(self, bootstrap: str, topics: list[dict]) -> dict[str, str]:
+        """``topics``: {"name", "partitions", "replication_factor", "configs"}; returns name -> topic id."""
+        return self.call({"cmd": "create_topics", "bootstrap": bootstrap, "topics": topics})["topic_ids"]
+
+    def produce(self, bootstrap: str, records: list[dict], **props: str) -> list[dict]:
+        """``records``: {"topic", "partition", "key", "value" (bytes or None), "headers": [(name, bytes|None)],
+        "timestamp"}, or {"txn": "begin"|"commit"|"abort"} (with a ``transactional_id`` prop). Props are producer
+        settings with '_' for '.' (``enable_idempotence="true"``, ``compression_type="zstd"``). Returns
+        {"partition", "offset", "timestamp"} per record, in order."""
+        wire = []
+        for r in records:
+            if "txn" in r:
+                wire.append({"txn": r["txn"]})
+                continue
+            wire.append({"topic": r["topic"], "partition": r.get("partition"), "timestamp": r.get("timestamp"),
+                         "key": _b64(r.get("key")), "value": _b64(r.get("value")),
+                         "headers": [[k, _b64(v)] for k, v in r.get("headers", ())]})
+        settings = {k.replace("_", "."): str(v) for k, v in props.items()}
+        return self.call({"cmd": "produce", "bootstrap": bootstrap, "props": settings, "records": wire})["sent"]
+
+    def consume(self, bootstrap: str, topic: str, partition: int = 0, offset: int | None = None,
+                isolation: str = "read_committed", timeout_ms: int = 30000) -> list[ConsumedRecord]:
+        """Every record from ``offset`` (the log start when None) to the end the isolation level sees."""
+        reply = self.call({"cmd": "consume", "bootstrap": bootstrap, "topic": topic, "partition": partition,
+                           "offset": offset, "isolation": isolation, "timeout_ms": timeout_ms},
+                          timeout=timeout_ms / 1000 + 30)
+        return [ConsumedRecord(r["offset"], r["timestamp"], r["timestamp_type"], _unb64(r["key"]),
+                               _unb64(r["value"]), [(k, _unb64(v)) for k, v in r["headers"]],
+                               r.get("leader_epoch")) for r in reply["records"]]
+
+    def list_offsets(self, bootstrap: str, topic: str, partition: int = 0, timestamps=(),
+                     isolation: str = "read_committed") -> dict:
+        """Kafka's ListOffsets: {"earliest", "latest", "max_timestamp": {"offset", "timestamp"},
+        "by_timestamp": [{"offset", "timestamp"} or None per timestamp]}."""
+        return self.call({"cmd": "list_offsets", "bootstrap": bootstrap, "topic": topic, "partition": partition,
+                          "timestamps": list(timestamps), "isolation": isolation})
+
+    def run_main(self, main_class: str, args: list[str], timeout: float = 300) -> dict:
+        """A Kafka tool's main run in this JVM: {"stdout", "stderr", "status", "error" (its exception or None)}."""
+        return self.call({"cmd": "run_main", "class": main_class, "args": list(args)}, timeout=timeout)
+
+    def dump(self, args: list[str], timeout: float = 300) -> dict:
+        """kafka.tools.DumpLogSegments with ``args``: {"stdout", "stderr", "status", "error"}."""
+        return self.run_main("kafka.tools.DumpLogSegments", args, timeout)
+
+
+class KafkaBroker:
+    """One KRaft node (process.roles=broker,controller) on 127.0.0.1, its config and logs in ``directory``."""
+
+    def __init__(self, directory: str | Path, log_dirs: list[str | Path] | None = None, *, node_id: int = 1,
+                 client: KafkaClient | None = None, settings: dict[str, str] | None = None, heap: str = "512m"):
+        self.directory = Path(directory)
+        self.log_dirs = [Path(d) for d in (log_dirs or [self.directory / "data"])]
+        self.node_id = node_id
+        self.client = client
+        self.settings = dict(settings or {})
+        self.heap = heap
+        self.port = free_port()
+        self.controller_port = free_port()
+        self.cluster_id = random_uuid()
+        self.proc: subprocess.Popen | None = None
+        self.start_seconds: float | None = None
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def log_file(self) -> Path:
+        return self.directory / "server.log"
+
+    def properties(self) -> dict[str, str]:
+        props = {
+            "process.roles": "broker,controller",
+            "node.id": str(self.node_id),
+            "controller.quorum.bootstrap.servers": f"127.0.0.1:{self.controller_port}",
+            "listeners": f"PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}",
+            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{self.port}",
+            "controller.listener.names": "CONTROLLER",
+            "inter.broker.listener.name": "PLAINTEXT",
+            "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+            "log.dirs": ",".join(str(d) for d in self.log_dirs),
+            "num.partitions": "1",
+            "auto.create.topics.enable": "false",
+            # One node: the internal topics with one replica, and one partition each (their default 50 cost start
+            # time and files for nothing here).
+            "offsets.topic.replication.factor": "1", "offsets.topic.num.partitions": "1",
+            "transaction.state.log.replication.factor": "1", "transaction.state.log.min.isr": "1",
+            "transaction.state.log.num.partitions": "1",
+            "share.coordinator.state.topic.replication.factor": "1", "share.coordinator.state.topic.min.isr": "1",
+            # Fast for tests.
+            "group.initial.rebalance.delay.ms": "0",
+            "log.segment.delete.delay.ms": "500",
+            "log.cleaner.backoff.ms": "200",
+            "log.retention.check.interval.ms": "1000",
+            "log.initial.task.delay.ms": "0",
+            # Nothing deleted by age unless a test asks (a topic's retention.ms): tests write records stamped
+            # with fixed, old times (ManualClock), which Kafka's default 7 days would delete at once.
+            "log.retention.ms": "-1",
+        }
+        props.update(self.settings)
+        return props
+
+    def format_args(self) -> list[str]:
+        """StorageTool's arguments that say how the quorum starts: this node alone."""
+        return ["--standalone"]
+
+    def _write_config(self) -> Path:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        path = self.directory / "server.properties"
+        path.write_text("".join(f"{k}={v}\n" for k, v in self.properties().items()))
+        return path
+
+    def formatted(self) -> bool:
+        return all((d / "meta.properties").exists() for d in self.log_dirs)
+
+    def format(self) -> None:
+        """Kafka's StorageTool format: in the client's JVM when there is one, else in a JVM of its own."""
+        config = self._write_config()
+        args = ["format", "-t", self.cluster_id, "-c", str(config), *self.format_args()]
+        if self.client is not None:
+            r = self.client.run_main("kafka.tools.StorageTool", args, timeout=120)
+            status, output = r["status"], r["stdout"] + r["stderr"] + (r["error"] or "")
+        else:
+            p = subprocess.run([*_jvm("256m", self.directory / "storage-tool.log", "WARN"), "-cp", kafka_classpath(),
+                                "kafka.tools.StorageTool", *args], capture_output=True, text=True, timeout=120)
+            status, output = p.returncode, p.stdout + p.stderr
+        if status != 0 or not self.formatted():
+            raise KafkaError(f"kafka-storage format failed ({status}):\n{output}")
+
+    def start(self, timeout: float = 120) -> "KafkaBroker":
+        """Format (first start only), start, and wait until the node says it serves."""
+        if self.proc is not None and self.proc.poll() is None:
+            raise KafkaError("the broker is already running")
+        started = time.monotonic()
+        if not self.formatted():
+            self.format()
+        config = self._write_config()
+        seen = self.log_file.stat().st_size if self.log_file.exists() else 0
+        with open(self.directory / "kafka.out", "ab") as out:
+            self.proc = subprocess.Popen(
+                [*_jvm(self.heap, self.log_file, "INFO"), "-cp", kafka_classpath(), "kafka.Kafka", str(config)],
+                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.log_file.exists():
+                with open(self.log_file, "rb") as f:
+                    f.seek(seen)
+                    if STARTED_MESSAGE.encode() in f.read():
+                        break
+            if self.proc.poll() is not None:
+                raise KafkaError(f"the broker exited with {self.proc.returncode}:\n{self.tail()}")
+            if time.monotonic() > deadline:
+                self.kill()
+                raise KafkaError(f"the broker did not start in {timeout} s:\n{self.tail()}")
+            time.sleep(0.05)
+        self.start_seconds = time.monotonic() - started
+        return self
+
+    def tail(self, lines: int = 40) -> str:
+        out = []
+        for path in (self.directory / "kafka.out", self.log_file):
+            if path.exists():
+                out += [f"--- {path}"] + path.read_text(errors="replace").splitlines()[-lines:]
+        return "\n".join(out)
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self, timeout: float = 60) -> int:
+        """Kafka's clean shutdown (SIGTERM), waited for; killed if it takes longer than ``timeout``."""
+        proc = self.proc
+        if proc is None:
+            return 0
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.kill()
+                raise KafkaError(f"the broker did not stop in {timeout} s: killed")
+        self.proc = None
+        return proc.returncode
+
+    def kill(self) -> None:
+        """SIGKILL: a crash (no clean shutdown marker)."""
+        proc, self.proc = self.proc, None
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+    def create_topic(self, name: str, partitions: int = 1, configs: dict[str, str] | None = None) -> str:
+        """Create a topic through Kafka's admin client; returns its topic id."""
+        if self.client is None:
+            raise KafkaError("the broker was made without a KafkaClient")
+        return self.client.create_topics(self.bootstrap, [{"name": name, "partitions": partitions,
+                                                           "replication_factor": 1,
+                                                           "configs": dict(configs or {})}])[name]
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m logfs.testing.kafka")
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("setup", help="resolve Kafka's jars, compile the client, try Spark's Kafka connector")
+    sub.add_parser("where", help="print where the jars are, and the Spark connector's status")
+    dump = sub.add_parser("dump", help="Kafka's own DumpLogSegments (the arguments are its own)")
+    dump.add_argument("args", nargs=argparse.REMAINDER)
+    opts = parser.parse_args(argv)
+    if opts.command == "setup":
+        try:
+            setup()
+        except (KafkaNotSetUp, KafkaError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+        return 0
+    if opts.command == "where":
+        print(f"kafka {kafka_version()}: {jars_dir()}")
+        print(f"spark connector: {spark_connector_status()}")
+        return 0
+    with tempfile.TemporaryDirectory(prefix="kafka-dump.") as tmp:
+        client = KafkaClient(tmp).start()
+        try:
+            result = client.dump(opts.args)
+        finally:
+            client.close()
+    sys.stdout.write(result["stdout"])
+    sys.stderr.write(result["stderr"] + (result["error"] or ""))
+    return result["status"]
+
+
+if __name__ == "__main__":
+    sys.exit(main())

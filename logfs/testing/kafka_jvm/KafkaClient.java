@@ -1,0 +1,320 @@
+// Kafka's own clients and tools for the tests, driven from Python (logfs/testing/kafka.py): one JVM per test
+// session answers commands, one JSON object a line on stdin, one JSON reply a line on stdout.
+//
+//   {"cmd": "create_topics", "bootstrap": "127.0.0.1:9092",
+//    "topics": [{"name": "t", "partitions": 1, "replication_factor": 1, "configs": {"cleanup.policy": "compact"}}]}
+//   {"cmd": "produce", "bootstrap": ..., "props": {"enable.idempotence": "true", "transactional.id": "tx",
+//    "compression.type": "zstd", ...},
+//    "records": [{"txn": "begin"}, {"topic": "t", "partition": 0, "key": B64|null, "value": B64|null,
+//                 "headers": [["h", B64|null]], "timestamp": 1700000000000}, {"txn": "commit"|"abort"}, ...]}
+//     -> {"sent": [{"partition": 0, "offset": 5, "timestamp": ...}, ...]}  (records in order, markers left out)
+//   {"cmd": "consume", "bootstrap": ..., "topic": "t", "partition": 0, "offset": 0,
+//    "isolation": "read_committed", "timeout_ms": 30000}
+//     -> {"end": N, "records": [{"offset", "timestamp", "timestamp_type", "key", "value", "headers",
+//                                "leader_epoch"}]}   from offset to the end offset the isolation level sees
+//   {"cmd": "list_offsets", "bootstrap": ..., "topic": "t", "partition": 0, "timestamps": [t1, ...],
+//    "isolation": "read_committed"}
+//     -> {"earliest": o, "latest": o, "max_timestamp": {"offset", "timestamp"},
+//         "by_timestamp": [{"offset", "timestamp"} | null, ...]}   (Kafka's ListOffsets)
+//   {"cmd": "run_main", "class": "kafka.tools.DumpLogSegments", "args": ["--files", "a.log,b.index", ...]}
+//     -> {"stdout": "...", "stderr": "...", "status": 0, "error": null | "the exception the tool died of"}
+//        A tool's main (DumpLogSegments, StorageTool) run in this JVM: no JVM start per run. Its System.out/err
+//        (and Scala's Console) are captured; Exit.exit(status) ends the tool, not the JVM.
+//   {"cmd": "ping"} -> {}
+//
+// Bytes (keys, values, header values) are base64, null stays null. Every reply has "ok": true, or "ok": false and
+// "error" (the exception's stack trace). Logging goes to the file of -Dlogfs.log.file (log4j2.properties), never
+// to stdout or stderr.
+
+import com.fasterxml.jackson.databind.JsonNode;
+import com.fasterxml.jackson.databind.ObjectMapper;
+import com.fasterxml.jackson.databind.node.ArrayNode;
+import com.fasterxml.jackson.databind.node.ObjectNode;
+import java.io.BufferedReader;
+import java.io.ByteArrayOutputStream;
+import java.io.FileDescriptor;
+import java.io.FileOutputStream;
+import java.io.IOException;
+import java.io.InputStreamReader;
+import java.io.OutputStream;
+import java.io.PrintStream;
+import java.io.PrintWriter;
+import java.io.StringWriter;
+import java.nio.charset.StandardCharsets;
+import java.time.Duration;
+import java.util.ArrayList;
+import java.util.Base64;
+import java.util.HashMap;
+import java.util.List;
+import java.util.Map;
+import java.util.Properties;
+import java.util.concurrent.Future;
+import org.apache.kafka.clients.admin.Admin;
+import org.apache.kafka.clients.admin.ListOffsetsOptions;
+import org.apache.kafka.clients.admin.ListOffsetsResult;
+import org.apache.kafka.clients.admin.NewTopic;
+import org.apache.kafka.clients.admin.OffsetSpec;
+import org.apache.kafka.clients.consumer.ConsumerRecord;
+import org.apache.kafka.clients.consumer.KafkaConsumer;
+import org.apache.kafka.clients.producer.KafkaProducer;
+import org.apache.kafka.clients.producer.ProducerRecord;
+import org.apache.kafka.clients.producer.RecordMetadata;
+import org.apache.kafka.common.IsolationLevel;
+import org.apache.kafka.common.TopicPartition;
+import org.apache.kafka.common.header.Header;
+import org.apache.kafka.common.header.internals.RecordHeader;
+import org.apache.kafka.common.serialization.ByteArrayDeserializer;
+import org.apache.kafka.common.serialization.ByteArraySerializer;
+import org.apache.kafka.common.utils.Exit;
+
+public final class KafkaClient {
+    private static final ObjectMapper JSON = new ObjectMapper();
+    private static final Base64.Encoder B64 = Base64.getEncoder();
+    private static final Base64.Decoder UNB64 = Base64.getDecoder();
+
+    /** System.out and System.err of this JVM: the client's own stderr, or a dump's buffer while one runs. */
+    private static final class Switch extends OutputStream {
+        volatile OutputStream target;
+
+        Switch(OutputStream target) { this.target = target; }
+
+        @Override public void write(int b) throws IOException { target.write(b); }
+
+        @Override public void write(byte[] b, int off, int len) throws IOException { target.write(b, off, len); }
+
+        @Override public void flush() throws IOException { target.flush(); }
+    }
+
+    /** Kafka's tools call Exit.exit (System.exit) on bad arguments: a dump must not end this JVM. */
+    private static final class ToolExit extends RuntimeException {
+        final int status;
+
+        ToolExit(int status, String message) {
+            super("exit " + status + (message == null ? "" : ": " + message));
+            this.status = status;
+        }
+    }
+
+    private static Switch outSwitch;
+    private static Switch errSwitch;
+    private static final Map<String, Admin> ADMINS = new HashMap<>();
+
+    public static void main(String[] args) throws Exception {
+        PrintStream replies = new PrintStream(new FileOutputStream(FileDescriptor.out), true, StandardCharsets.UTF_8);
+        PrintStream stderr = new PrintStream(new FileOutputStream(FileDescriptor.err), true, StandardCharsets.UTF_8);
+        // Before anything reads System.out (Scala's Console keeps the first one it sees).
+        outSwitch = new Switch(stderr);
+        errSwitch = new Switch(stderr);
+        System.setOut(new PrintStream(outSwitch, true, StandardCharsets.UTF_8));
+        System.setErr(new PrintStream(errSwitch, true, StandardCharsets.UTF_8));
+        Exit.setExitProcedure((status, message) -> { throw new ToolExit(status, message); });
+
+        BufferedReader in = new BufferedReader(new InputStreamReader(System.in, StandardCharsets.UTF_8));
+        try {
+            for (String line; (line = in.readLine()) != null; ) {
+                if (line.isBlank()) continue;
+                ObjectNode reply;
+                try {
+                    reply = handle(JSON.readTree(line));
+                    reply.put("ok", true);
+                } catch (Throwable t) {
+                    reply = JSON.createObjectNode();
+                    reply.put("ok", false);
+                    reply.put("error", stackTrace(t));
+                }
+                replies.println(JSON.writeValueAsString(reply));
+            }
+        } finally {
+            for (Admin admin : ADMINS.values()) admin.close(Duration.ofSeconds(5));
+        }
+    }
+
+    private static ObjectNode handle(JsonNode cmd) throws Exception {
+        String name = cmd.path("cmd").asText();
+        switch (name) {
+            case "ping": return JSON.createObjectNode();
+            case "create_topics": return createTopics(cmd);
+            case "produce": return produce(cmd);
+            case "consume": return consume(cmd);
+            case "list_offsets": return listOffsets(cmd);
+            case "run_main": return runMain(cmd);
+            default: throw new IllegalArgumentException("unknown command: " + name);
+        }
+    }
+
+    // -- helpers ----------------------------------------------------------------------------------------------
+    private static String stackTrace(Throwable t) {
+        StringWriter w = new StringWriter();
+        t.printStackTrace(new PrintWriter(w));
+        return w.toString();
+    }
+
+    private static byte[] bytes(JsonNode node) {
+        return node == null || node.isNull() || node.isMissingNode() ? null : UNB64.decode(node.asText());
+    }
+
+    private static void putBytes(ObjectNode node, String field, byte[] value) {
+        if (value == null) node.putNull(field); else node.put(field, B64.encodeToString(value));
+    }
+
+    private static Properties props(JsonNode cmd) {
+        Properties props = new Properties();
+        props.put("bootstrap.servers", cmd.path("bootstrap").asText());
+        for (Map.Entry<String, JsonNode> e : cmd.path("props").properties()) props.put(e.getKey(), e.getValue().asText());
+        return props;
+    }
+
+    private static Admin admin(JsonNode cmd) {
+        return ADMINS.computeIfAbsent(cmd.path("bootstrap").asText(), bootstrap -> Admin.create(props(cmd)));
+    }
+
+    private static IsolationLevel isolation(JsonNode cmd) {
+        return IsolationLevel.valueOf(cmd.path("isolation").asText("read_committed").toUpperCase());
+    }
+
+    // -- commands ---------------------------------------------------------------------------------------------
+    private static ObjectNode createTopics(JsonNode cmd) throws Exception {
+        List<NewTopic> topics = new ArrayList<>();
+        for (JsonNode t : cmd.path("topics")) {
+            Map<String, String> configs = new HashMap<>();
+            for (Map.Entry<String, JsonNode> e : t.path("configs").properties()) configs.put(e.getKey(), e.getValue().asText());
+            topics.add(new NewTopic(t.path("name").asText(), t.path("partitions").asInt(1),
+                                    (short) t.path("replication_factor").asInt(1)).configs(configs));
+        }
+        ObjectNode reply = JSON.createObjectNode();
+        ObjectNode ids = reply.putObject("topic_ids");
+        var result = admin(cmd).createTopics(topics);
+        result.all().get();
+        for (NewTopic t : topics) ids.put(t.name(), result.topicId(t.name()).get().toString());
+        return reply;
+    }
+
+    private static ObjectNode produce(JsonNode cmd) throws Exception {
+        Properties props = props(cmd);
+        props.put("key.serializer", ByteArraySerializer.class.getName());
+        props.put("value.serializer", ByteArraySerializer.class.getName());
+        List<Future<RecordMetadata>> futures = new ArrayList<>();
+        try (KafkaProducer<byte[], byte[]> producer = new KafkaProducer<>(props)) {
+            if (props.containsKey("transactional.id")) producer.initTransactions();
+            for (JsonNode r : cmd.path("records")) {
+                String txn = r.path("txn").asText("");
+                if (txn.equals("begin")) producer.beginTransaction();
+                else if (txn.equals("commit")) producer.commitTransaction();
+                else if (txn.equals("abort")) { producer.flush(); producer.abortTransaction(); }
+                else if (!txn.isEmpty()) throw new IllegalArgumentException("unknown txn marker: " + txn);
+                else {
+                    List<Header> headers = new ArrayList<>();
+                    for (JsonNode h : r.path("headers")) headers.add(new RecordHeader(h.get(0).asText(), bytes(h.get(1))));
+                    Integer partition = r.hasNonNull("partition") ? r.get("partition").asInt() : null;
+                    Long timestamp = r.hasNonNull("timestamp") ? r.get("timestamp").asLong() : null;
+                    futures.add(producer.send(new ProducerRecord<>(r.path("topic").asText(), partition, timestamp,
+                                                                   bytes(r.get("key")), bytes(r.get("value")), headers)));
+                }
+            }
+            producer.flush();
+        }
+        ObjectNode reply = JSON.createObjectNode();
+        ArrayNode sent = reply.putArray("sent");
+        for (Future<RecordMetadata> f : futures) {
+            RecordMetadata m = f.get();
+            sent.addObject().put("partition", m.partition()).put("offset", m.offset()).put("timestamp", m.timestamp());
+        }
+        return reply;
+    }
+
+    private static ObjectNode consume(JsonNode cmd) throws Exception {
+        Properties props = props(cmd);
+        props.put("key.deserializer", ByteArrayDeserializer.class.getName());
+        props.put("value.deserializer", ByteArrayDeserializer.class.getName());
+        props.put("isolation.level", isolation(cmd).toString());
+        props.put("enable.auto.commit", "false");
+        props.putIfAbsent("auto.offset.reset", "earliest");
+        TopicPartition tp = new TopicPartition(cmd.path("topic").asText(), cmd.path("partition").asInt(0));
+        long deadline = System.currentTimeMillis() + cmd.path("timeout_ms").asLong(30000);
+        ObjectNode reply = JSON.createObjectNode();
+        ArrayNode out = reply.putArray("records");
+        try (KafkaConsumer<byte[], byte[]> consumer = new KafkaConsumer<>(props)) {
+            consumer.assign(List.of(tp));
+            if (cmd.hasNonNull("offset")) consumer.seek(tp, cmd.get("offset").asLong());
+            else consumer.seekToBeginning(List.of(tp));
+            long end = consumer.endOffsets(List.of(tp)).get(tp);  // the last stable offset under read_committed
+            reply.put("end", end);
+            while (consumer.position(tp) < end) {
+                if (System.currentTimeMillis() > deadline)
+                    throw new IllegalStateException("consumed up to " + consumer.position(tp) + " of " + end + " in time");
+                for (ConsumerRecord<byte[], byte[]> r : consumer.poll(Duration.ofMillis(200))) {
+                    if (r.offset() >= end) continue;
+                    ObjectNode o = out.addObject();
+                    o.put("offset", r.offset()).put("timestamp", r.timestamp())
+                        .put("timestamp_type", r.timestampType().toString());
+                    putBytes(o, "key", r.key());
+                    putBytes(o, "value", r.value());
+                    ArrayNode headers = o.putArray("headers");
+                    for (Header h : r.headers()) {
+                        ArrayNode pair = headers.addArray().add(h.key());
+                        if (h.value() == null) pair.addNull(); else pair.add(B64.encodeToString(h.value()));
+                    }
+                    if (r.leaderEpoch().isPresent()) o.put("leader_epoch", r.leaderEpoch().get());
+                }
+            }
+        }
+        return reply;
+    }
+
+    private static ObjectNode listOffsets(JsonNode cmd) throws Exception {
+        TopicPartition tp = new TopicPartition(cmd.path("topic").asText(), cmd.path("partition").asInt(0));
+        ListOffsetsOptions options = new ListOffsetsOptions(isolation(cmd));
+        Admin admin = admin(cmd);
+        ObjectNode reply = JSON.createObjectNode();
+        reply.put("earliest", one(admin, tp, OffsetSpec.earliest(), options).offset());
+        reply.put("latest", one(admin, tp, OffsetSpec.latest(), options).offset());
+        ListOffsetsResult.ListOffsetsResultInfo max = one(admin, tp, OffsetSpec.maxTimestamp(), options);
+        reply.putObject("max_timestamp").put("offset", max.offset()).put("timestamp", max.timestamp());
+        ArrayNode found = reply.putArray("by_timestamp");
+        for (JsonNode ts : cmd.path("timestamps")) {
+            ListOffsetsResult.ListOffsetsResultInfo info = one(admin, tp, OffsetSpec.forTimestamp(ts.asLong()), options);
+            if (info.offset() < 0) found.addNull();  // no record at or after the timestamp
+            else found.addObject().put("offset", info.offset()).put("timestamp", info.timestamp());
+        }
+        return reply;
+    }
+
+    private static ListOffsetsResult.ListOffsetsResultInfo one(Admin admin, TopicPartition tp, OffsetSpec spec,
+                                                               ListOffsetsOptions options) throws Exception {
+        return admin.listOffsets(Map.of(tp, spec), options).partitionResult(tp).get();
+    }
+
+    private static ObjectNode runMain(JsonNode cmd) throws Exception {
+        List<String> args = new ArrayList<>();
+        for (JsonNode a : cmd.path("args")) args.add(a.asText());
+        java.lang.reflect.Method main = Class.forName(cmd.path("class").asText()).getMethod("main", String[].class);
+        ByteArrayOutputStream out = new ByteArrayOutputStream();
+        ByteArrayOutputStream err = new ByteArrayOutputStream();
+        OutputStream oldOut = outSwitch.target, oldErr = errSwitch.target;
+        String error = null;
+        int status = 0;
+        System.out.flush();
+        System.err.flush();
+        outSwitch.target = out;
+        errSwitch.target = err;
+        try {
+            main.invoke(null, (Object) args.toArray(new String[0]));
+        } catch (java.lang.reflect.InvocationTargetException e) {
+            Throwable t = e.getCause();
+            if (t instanceof ToolExit) status = ((ToolExit) t).status;
+            else { status = 1; error = stackTrace(t); }
+        } finally {
+            System.out.flush();
+            System.err.flush();
+            scala.Console.out().flush();
+            outSwitch.target = oldOut;
+            errSwitch.target = oldErr;
+        }
+        ObjectNode reply = JSON.createObjectNode();
+        reply.put("stdout", out.toString(StandardCharsets.UTF_8));
+        reply.put("stderr", err.toString(StandardCharsets.UTF_8));
+        reply.put("status", status);
+        if (error == null) reply.putNull("error"); else reply.put("error", error);
+        return reply;
+    }
+}
