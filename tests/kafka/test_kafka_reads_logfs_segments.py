@@ -108,17 +108,7 @@ def test_kafka_sanity_checks_every_index(written, dumps):
         assert passed, p.kind
 
 
-# Kinds whose partition grew a tail batch in place (logfs/storage/local/tail_batch.py) after an index entry named it:
-# the entry keeps the batch's old last offset, which Kafka's --verify-index-only reports as a mismatch (the smallest
-# case: test_a_tail_batch_grown_in_place_leaves_no_stale_index_entry). The compressor's rewrite re-indexes, so the
-# codec kinds pass.
-STALE_INDEX_AFTER_TAIL_GROWTH = pytest.mark.xfail(
-    strict=True, reason="logfs bug: an index entry naming a tail batch keeps its last offset from before the batch "
-                        "grew in place (LogSegment.grow_tail writes no index entry)")
-
-
-@pytest.mark.parametrize("kind", [pytest.param(k, marks=STALE_INDEX_AFTER_TAIL_GROWTH)
-                                  if k in ("plain", "recovered", "tiered") else k for k in KINDS])
+@pytest.mark.parametrize("kind", KINDS)
 def test_kafka_finds_no_index_mismatch(written, kafka_dump, kind):
     """Every offset index entry names the last offset of the batch at its position, every time index entry the last
     offset of a batch whose largest timestamp it holds (``--verify-index-only``; one run per kind, as Kafka does not
@@ -130,23 +120,29 @@ def test_kafka_finds_no_index_mismatch(written, kafka_dump, kind):
     assert all(verify.files[f].other in ([], [f"{f} is empty."]) for f in files)
 
 
-@STALE_INDEX_AFTER_TAIL_GROWTH
 def test_a_tail_batch_grown_in_place_leaves_no_stale_index_entry(tmp_path, kafka_dump):
-    """The smallest case of the kinds marked above: a batch indexed when appended, then grown in place by single
-    lines. Kafka's --verify-index-only wants the index entry to name the batch's last offset."""
-    log = load_log(str(tmp_path / "t-0"), "t", 0, LogConfig.for_tests(index_interval_bytes=1),
-                   clock=ManualClock(T0))
-    log.append([b"first batch, indexed"] * 5)
-    data = b"indexed too, then grown\n" * 3
-    log.append_lines(b"", data, len(data))
-    for i in range(5):
-        log.append_lines(b"", b"line %d\n" % i, 7)
-    log.roll()
-    log.close()
-    files = [str(tmp_path / "t-0" / f"{0:020d}{s}") for s in (".log", ".index", ".timeindex")]
-    batches = kafka_dump.run(files[:1]).batches()
-    assert [(b["baseOffset"], b["lastOffset"]) for b in batches] == [(0, 4), (5, 12)]  # the second one grew
-    verify = kafka_dump.run(files[1:], "--verify-index-only")
+    """Small appends grow the last batch in place (logfs/storage/local/tail_batch.py), but never a batch an index
+    entry names: Kafka's --verify-index-only wants every entry to name the last offset of its batch (found by this
+    test: the entry kept the batch's last offset from before it grew)."""
+    def build(name: str, interval: int):
+        log = load_log(str(tmp_path / name), "t", 0, LogConfig.for_tests(index_interval_bytes=interval),
+                       clock=ManualClock(T0))
+        log.append([b"first batch, indexed"] * 5)
+        data = b"indexed too, then grown\n" * 3
+        log.append_lines(b"", data, len(data))
+        for i in range(40):
+            log.append_lines(b"", b"line %d\n" % i, 7 + (i >= 10))
+        log.roll()
+        log.close()
+        return [str(tmp_path / name / f"{0:020d}{s}") for s in (".log", ".index", ".timeindex")]
+
+    every = build("t-0", 1)  # an entry for every batch: no batch grows
+    sparse = build("t-1", 200)  # an entry every 200 bytes: the batches between entries grow
+    batches = kafka_dump.run(every[:1]).batches()
+    assert [(b["baseOffset"], b["lastOffset"]) for b in batches] == [(0, 4), (5, 7)] + [(o, o) for o in range(8, 48)]
+    grown = [b for b in kafka_dump.run(sparse[:1]).batches() if b["lastOffset"] > b["baseOffset"] + 2]
+    assert grown, "small appends grew a batch in place"
+    verify = kafka_dump.run(every[1:] + sparse[1:], "--verify-index-only")
     assert verify.stderr == "" and verify.problems == []
 
 

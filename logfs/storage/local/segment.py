@@ -276,8 +276,9 @@ class LogSegment(SegmentRecovery, SegmentFile):
         ``count`` records of ``payload`` value bytes, ``records.restamp_batch`` rewrote its header, ``old_header``
         is the header before): the new records after the end first, then the header. A kill between the two
         leaves the old header, which still describes a whole shorter batch, and bytes past it that recovery cuts.
-        No index entry: the ones naming this batch stay right (they name its start and offsets it still holds). On
-        a disk error the batch, in memory and on disk, is as it was."""
+        No index entry, and none names this batch (:func:`tail_batch.keep` keeps no batch an entry names: Kafka's
+        entries name a batch's last offset, which growing changes). On a disk error the batch, in memory and on
+        disk, is as it was."""
         tail = self.tail
         self.recent = True
         batch, position = tail.batch, tail.position

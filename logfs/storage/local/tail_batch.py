@@ -39,10 +39,20 @@ def keep(log, batch: bytearray, count: int, last: int) -> None:
     active = log.segments.active
     position = active.size - len(batch)
     if (len(batch) < TAIL_BATCH_CAP and active.next_offset == last + 1 and position >= 0
-            and position % PAGE_SIZE <= PAGE_SIZE - rec.HEADER_SIZE):
+            and position % PAGE_SIZE <= PAGE_SIZE - rec.HEADER_SIZE and not _indexed(active, position, last)):
         # (A header across a page boundary is never rewritten: a kill can cut a write between pages, and a torn
         # header would take the batch's earlier lines with it.)
         active.tail = TailBatch(batch, position, last + 1 - count, log.last_append_ms)
+
+
+def _indexed(segment, position: int, last: int) -> bool:
+    """Whether an index entry names the batch at ``position`` (last offset ``last``): Kafka's rule is that an offset
+    index entry names the last offset of the batch at its position, and a time index entry a batch's last offset
+    (DumpLogSegments --verify-index-only checks both), so such a batch never grows: one more batch header per
+    index interval."""
+    offsets, times = segment.offset_index, segment.time_index
+    return ((offsets.entries and offsets.last_entry().position == position)
+            or (times.entries and times.last_entry().offset >= last))
 
 
 def grow(log, prefix: bytes, data, end: int) -> tuple[int, int] | None:
