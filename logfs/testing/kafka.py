@@ -168,10 +168,16 @@ class KafkaClient:
         return self.call({"cmd": "produce", "bootstrap": bootstrap, "props": settings, "records": wire})["sent"]
 
     def consume(self, bootstrap: str, topic: str, partition: int = 0, offset: int | None = None,
-                isolation: str = "read_committed", timeout_ms: int = 30000) -> list[ConsumedRecord]:
-        """Every record from ``offset`` (the log start when None) to the end the isolation level sees."""
+                isolation: str = "read_committed", timeout_ms: int = 30000, leader_epoch: int | None = None,
+                **props: str) -> list[ConsumedRecord]:
+        """Every record from ``offset`` (the log start when None) to the end the isolation level sees. With
+        ``leader_epoch`` the consumer starts as from a committed offset with that epoch: it validates the position
+        with OffsetsForLeaderEpoch first. Props are consumer settings with '_' for '.'
+        (``auto_offset_reset="none"``: a truncation the validation finds is an error, not a reset)."""
+        settings = {k.replace("_", "."): str(v) for k, v in props.items()}
         reply = self.call({"cmd": "consume", "bootstrap": bootstrap, "topic": topic, "partition": partition,
-                           "offset": offset, "isolation": isolation, "timeout_ms": timeout_ms},
+                           "offset": offset, "isolation": isolation, "timeout_ms": timeout_ms,
+                           "leader_epoch": leader_epoch, "props": settings},
                           timeout=timeout_ms / 1000 + 30)
         return [ConsumedRecord(r["offset"], r["timestamp"], r["timestamp_type"], _unb64(r["key"]),
                                _unb64(r["value"]), [(k, _unb64(v)) for k, v in r["headers"]],

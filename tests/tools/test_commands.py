@@ -1,5 +1,5 @@
 """What users run: ``logfs --version``, the CLI's option handling, and a non-editable install (``pip install .``)
-that brings the C accelerator and both console commands."""
+that brings the C accelerator and the console commands."""
 
 from __future__ import annotations
 
@@ -58,8 +58,9 @@ def test_accepted_broker_setting_value_is_normalised():
 
 @pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None, reason="needs a C compiler")
 def test_wheel_install_works_without_the_source_tree(tmp_path):
-    """``pip install .`` (a built wheel, not -e): the C accelerator is compiled in, ``logfs --version`` and
-    ``logfs-dump-log-segments`` run from the install alone (the checkout is not on the path)."""
+    """``pip install .`` (a built wheel, not -e): the C accelerator is compiled in, ``logfs --version``,
+    ``logfs-dump-log-segments`` and ``logfs-kafka-handover`` run from the install alone (the checkout is not on the
+    path)."""
     src = tmp_path / "src"
     shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(".git", "*.so", "__pycache__", "build", "*.egg-info"))
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(tmp_path / "wheel"),
@@ -79,3 +80,6 @@ def test_wheel_install_works_without_the_source_tree(tmp_path):
     dump = subprocess.run([str(target / "bin" / "logfs-dump-log-segments"), "--help"], env=env, cwd=tmp_path,
                           capture_output=True, text=True, check=True)
     assert "usage: logfs-dump-log-segments" in dump.stdout
+    handover = subprocess.run([str(target / "bin" / "logfs-kafka-handover"), "--help"], env=env, cwd=tmp_path,
+                              capture_output=True, text=True, check=True)
+    assert "usage: logfs-kafka-handover" in handover.stdout

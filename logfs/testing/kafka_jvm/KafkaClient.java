@@ -9,9 +9,12 @@
 //                 "headers": [["h", B64|null]], "timestamp": 1700000000000}, {"txn": "commit"|"abort"}, ...]}
 //     -> {"sent": [{"partition": 0, "offset": 5, "timestamp": ...}, ...]}  (records in order, markers left out)
 //   {"cmd": "consume", "bootstrap": ..., "topic": "t", "partition": 0, "offset": 0,
-//    "isolation": "read_committed", "timeout_ms": 30000}
+//    "isolation": "read_committed", "timeout_ms": 30000, "leader_epoch": null, "props": {...}}
 //     -> {"end": N, "records": [{"offset", "timestamp", "timestamp_type", "key", "value", "headers",
 //                                "leader_epoch"}]}   from offset to the end offset the isolation level sees
+//     With "leader_epoch", the position is an offset with its epoch, as a committed offset restores it
+//     (seek(tp, OffsetAndMetadata)): the consumer validates it with OffsetsForLeaderEpoch before it fetches. "props"
+//     are consumer settings ("auto.offset.reset": "none" makes a truncation it detects an error).
 //   {"cmd": "list_offsets", "bootstrap": ..., "topic": "t", "partition": 0, "timestamps": [t1, ...],
 //    "isolation": "read_committed"}
 //     -> {"earliest": o, "latest": o, "max_timestamp": {"offset", "timestamp"},
@@ -47,6 +50,7 @@ import java.util.Base64;
 import java.util.HashMap;
 import java.util.List;
 import java.util.Map;
+import java.util.Optional;
 import java.util.Properties;
 import java.util.concurrent.Future;
 import org.apache.kafka.clients.admin.Admin;
@@ -56,6 +60,7 @@ import org.apache.kafka.clients.admin.NewTopic;
 import org.apache.kafka.clients.admin.OffsetSpec;
 import org.apache.kafka.clients.consumer.ConsumerRecord;
 import org.apache.kafka.clients.consumer.KafkaConsumer;
+import org.apache.kafka.clients.consumer.OffsetAndMetadata;
 import org.apache.kafka.clients.producer.KafkaProducer;
 import org.apache.kafka.clients.producer.ProducerRecord;
 import org.apache.kafka.clients.producer.RecordMetadata;
@@ -235,7 +240,10 @@ public final class KafkaClient {
         ArrayNode out = reply.putArray("records");
         try (KafkaConsumer<byte[], byte[]> consumer = new KafkaConsumer<>(props)) {
             consumer.assign(List.of(tp));
-            if (cmd.hasNonNull("offset")) consumer.seek(tp, cmd.get("offset").asLong());
+            if (cmd.hasNonNull("offset") && cmd.hasNonNull("leader_epoch"))
+                consumer.seek(tp, new OffsetAndMetadata(cmd.get("offset").asLong(),
+                                                        Optional.of(cmd.get("leader_epoch").asInt()), ""));
+            else if (cmd.hasNonNull("offset")) consumer.seek(tp, cmd.get("offset").asLong());
             else consumer.seekToBeginning(List.of(tp));
             long end = consumer.endOffsets(List.of(tp)).get(tp);  // the last stable offset under read_committed
             reply.put("end", end);
