@@ -15,6 +15,7 @@ A single DATA_DIR is the one-directory case: the same files, where they always w
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import threading
@@ -78,6 +79,15 @@ class DataDir:
         except BlockingIOError:
             os.close(fd)
             raise LockedError(f"{self.path} is in use by another logfs or Kafka process (.lock is held)")
+        try:
+            # Kafka's broker locks .lock with FileChannel.tryLock: a POSIX record lock, which flock() neither sees
+            # nor takes. Both, so that neither a logfs nor a Kafka broker gets a directory the other one uses.
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            os.close(fd)
+            if exc.errno not in (errno.EACCES, errno.EAGAIN):
+                raise
+            raise LockedError(f"{self.path} is in use by another process, a Kafka broker perhaps (.lock is held)")
         self.lock_fd = fd
 
     def release_lock(self) -> None:

@@ -11,6 +11,8 @@ import sys
 import time
 from pathlib import Path
 
+from harness import daemon_env, mounted_at
+
 ROOT = Path(__file__).resolve().parents[2]
 TOPIC = "smoke"
 
@@ -87,3 +89,20 @@ def test_broker_serves_kafkas_clients_and_restarts(kafka_broker, kafka_client, t
             assert "endTxnMarker: ABORT" in r.stdout and "compresscodec: zstd" in r.stdout
     broker.start()
     assert consumed("read_committed") == as_consumed(committed)
+
+
+def test_a_running_brokers_log_directory_is_refused(kafka_broker, tmp_path):
+    """Kafka's broker holds .lock with a POSIX record lock (FileChannel.tryLock), which flock() does not see: a
+    read-write mount of its log directory must fail clearly, and leave the directory as it was."""
+    log_dir = kafka_broker.log_dirs[0]
+    before = sorted(p.name for p in log_dir.iterdir())
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    result = subprocess.run([sys.executable, "-m", "logfs.cli", str(log_dir), str(mnt)], capture_output=True,
+                            text=True, timeout=60, env=daemon_env())
+    if mounted_at(mnt):  # (the failure this test is about: never leave a mount behind over the broker's directory)
+        subprocess.run(["fusermount3", "-u", str(mnt)], check=False)
+    assert result.returncode != 0
+    assert "in use by another process, a Kafka broker perhaps" in result.stderr, result.stderr
+    assert sorted(p.name for p in log_dir.iterdir()) == before
+    assert not mounted_at(mnt)
