@@ -14,7 +14,7 @@ from ..storage import TOPIC_SETTINGS
 from ..storage.local.log import Log
 from ..storage.manager import LogManager
 from ..storage.tiered.manager import tier_stats
-from ..view.text import SegmentView, live_view, measure_start, open_view
+from ..view.text import SegmentView, live_view, log_positions, measure_start, open_view
 from ..storage.errors import FetchNeededError, StorageIOError
 from .control import SINK_PROTOCOL, SINK_PROTOCOL_XATTR
 from .errors import disk_failed, fail, translate
@@ -209,7 +209,9 @@ class XattrOps:
         plog.log_dir.check()
         if text.startswith(VIEW_NAMES):
             handle = self._handle_for_xattrs(inode, ctx)
-            if handle is not None:
+            # (A view with the positions a new open gets answers as the path does: then the live view answers,
+            # without waiting for a read of that handle's in a worker thread, which a stalled store can hold.)
+            if handle is not None and handle.positions != log_positions(plog):
                 return await self._view_xattr(handle, text)
         try:
             try:
@@ -228,7 +230,8 @@ class XattrOps:
         if not readers:
             return None
         pid = getattr(ctx, "pid", None)
-        return next((h for h in readers if h.pid == pid), readers[0])
+        free = [h for h in readers if h.fh not in self._fetching] or readers  # (one a worker is not reading through)
+        return next((h for h in free if h.pid == pid), free[0])
 
     async def _view_xattr(self, handle, text: str) -> bytes:
         """``text`` answered in ``handle``'s view: inline, or in a worker thread when it needs tiered data or a
