@@ -11,6 +11,10 @@ partitions, the first named on a tie. The first directory also holds the mount's
 staging and transaction log, and tiering's pending deletions.
 
 A single DATA_DIR is the one-directory case: the same files, where they always were.
+
+A broker's log directory also holds partitions logfs never serves (Kafka's internal topics): their entries in the
+checkpoint files are kept as found and written back with every checkpoint (``keep_entries``), so that the broker
+given the directory again finds its own.
 """
 
 from __future__ import annotations
@@ -54,6 +58,8 @@ class DataDir:
         # they are written through one temporary name each, and two writers at once (DeleteRecords in a worker
         # thread, the periodic checkpoint, retention) renamed each other's file away: ENOENT, the directory offline.
         self._checkpoint_lock = threading.Lock()
+        # The checkpoint entries of the partitions here that logfs leaves alone (keep_entries).
+        self.kept: tuple[dict, dict, dict] = ({}, {}, {})
 
     def __repr__(self) -> str:
         return f"DataDir({self.path!r})"
@@ -108,15 +114,29 @@ class DataDir:
                 ckpt.read_checkpoint(self.file(ckpt.LOG_START_OFFSET)),
                 ckpt.read_checkpoint(self.file(ckpt.CLEANER_OFFSET)))
 
+    def keep_entries(self, partitions, checkpoints: tuple[dict, dict, dict]) -> None:
+        """Keep, for every checkpoint written from now on, the entries that ``checkpoints`` (recovery points, log
+        start offsets, cleaner offsets, as :meth:`read_checkpoints` gives them) hold for ``partitions`` ((topic,
+        partition) pairs here that logfs does not serve, such as Kafka's internal topics in a broker's directory).
+        Kafka reads a missing entry as offset 0 (recovery from the first segment, compaction from the start)."""
+        wanted = set(partitions)
+        self.kept = tuple({k: v for k, v in entries.items() if k in wanted} for entries in checkpoints)
+
     def write_checkpoints(self, logs: dict) -> None:
-        """The recovery points and log start offsets of ``logs`` ((topic, partition) -> Log), this directory's."""
+        """The recovery points and log start offsets of ``logs`` ((topic, partition) -> Log), this directory's,
+        and the entries kept for the partitions logfs leaves alone."""
+        recovery, starts, _ = self.kept
         with self._checkpoint_lock:  # (the offsets are read inside: a later writer never writes older ones)
-            ckpt.write_checkpoint(self.file(ckpt.RECOVERY_POINT), {k: v.recovery_point for k, v in logs.items()})
-            ckpt.write_checkpoint(self.file(ckpt.LOG_START_OFFSET), {k: v.log_start_offset for k, v in logs.items()})
+            ckpt.write_checkpoint(self.file(ckpt.RECOVERY_POINT),
+                                  {**recovery, **{k: v.recovery_point for k, v in logs.items()}})
+            ckpt.write_checkpoint(self.file(ckpt.LOG_START_OFFSET),
+                                  {**starts, **{k: v.log_start_offset for k, v in logs.items()}})
 
     def write_cleaner_checkpoint(self, offsets: dict) -> None:
+        """``offsets`` (this directory's cleaned partitions), and the entries kept for the partitions logfs leaves
+        alone."""
         with self._checkpoint_lock:
-            ckpt.write_checkpoint(self.file(ckpt.CLEANER_OFFSET), offsets)
+            ckpt.write_checkpoint(self.file(ckpt.CLEANER_OFFSET), {**self.kept[2], **offsets})
 
 
 def next_log_dir(dirs: list[DataDir]) -> DataDir | None:
