@@ -29,6 +29,9 @@ from .failure import LogDir
 from .names import LOCK_FILE
 
 
+_MARKER_MAX_BYTES = 4096  # (Kafka's marker is a line of JSON; anything longer is not one, and is cut)
+
+
 def parse_log_dirs(spec: str) -> list[str]:
     """``DIR1,DIR2,...`` (as ``log.dirs`` and the mount's first field give them) -> absolute paths, in order;
     ValueError for an empty entry or a directory named twice."""
@@ -53,6 +56,7 @@ class DataDir:
         self.log_dir = LogDir(self.path)
         self.lock_fd: int | None = None
         self.had_clean_shutdown = False
+        self.clean_marker_content = b""  # (take_clean_marker)
         self.partitions = 0  # the partitions it holds (placement)
         # One writer of this directory's checkpoint files at a time (as Kafka's CheckpointFile.write holds a lock):
         # they are written through one temporary name each, and two writers at once (DeleteRecords in a worker
@@ -94,7 +98,16 @@ class DataDir:
     def take_clean_marker(self) -> bool:
         """Whether the last shutdown was clean; the marker is removed (it is written again at the next one)."""
         marker = self.file(ckpt.CLEAN_SHUTDOWN)
-        self.had_clean_shutdown = os.path.exists(marker)
+        try:
+            with open(marker, "rb") as f:
+                # A broker's marker holds its epoch (Kafka's CleanShutdownFileHandler: {"version":0,
+                # "brokerEpoch":N}), which it sends the controller when it registers again: without it the
+                # controller takes the restart for an unclean shutdown. Written back as found (mark_clean).
+                self.clean_marker_content = f.read(_MARKER_MAX_BYTES)
+            self.had_clean_shutdown = True
+        except OSError:  # (missing; or there, but unreadable: clean all the same, its content lost)
+            self.clean_marker_content = b""
+            self.had_clean_shutdown = os.path.exists(marker)
         return self.had_clean_shutdown
 
     def drop_clean_marker(self) -> None:
@@ -105,7 +118,9 @@ class DataDir:
                 pass
 
     def mark_clean(self) -> None:
-        ckpt.atomic_write(self.file(ckpt.CLEAN_SHUTDOWN), b"")
+        """The clean-shutdown marker, with what the one found at mount held (a broker's epoch; empty when this
+        directory was not shut down cleanly before, or by logfs)."""
+        ckpt.atomic_write(self.file(ckpt.CLEAN_SHUTDOWN), self.clean_marker_content)
 
     # -- checkpoints -----------------------------------------------------------------------------------
     def read_checkpoints(self) -> tuple[dict, dict, dict]:

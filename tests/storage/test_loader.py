@@ -446,6 +446,28 @@ def test_checkpoints_keep_the_entries_of_partitions_logfs_leaves_alone(managers,
     assert ckpt.read_checkpoint(str(data / ckpt.CLEANER_OFFSET)) == {("__consumer_offsets", 0): 2, ("t", 0): 5}
 
 
+def test_a_brokers_clean_shutdown_marker_is_written_back_as_it_was(managers, tmp_path):
+    """Kafka's ``.kafka_cleanshutdown`` holds the broker's epoch (``CleanShutdownFileHandler``), which the broker
+    sends the controller when it registers again: without it the controller takes the restart for an unclean
+    shutdown (``handleBrokerUncleanShutdown``: the broker leaves its partitions' eligible leader replicas). A clean
+    unmount writes back what a clean mount found; after an unclean one there is nothing to write back."""
+    data = tmp_path / "data"
+    data.mkdir()
+    kafkas = b'{"version":0,"brokerEpoch":174}'
+    (data / ckpt.CLEAN_SHUTDOWN).write_bytes(kafkas)
+    mgr = managers()
+    assert mgr.had_clean_shutdown and not (data / ckpt.CLEAN_SHUTDOWN).exists()
+    mgr.close()
+    assert (data / ckpt.CLEAN_SHUTDOWN).read_bytes() == kafkas
+    managers().close()  # (again: still the broker's)
+    assert (data / ckpt.CLEAN_SHUTDOWN).read_bytes() == kafkas
+    managers().abandon()  # a crash: the next clean shutdown is logfs's own
+    mgr = managers()
+    assert not mgr.had_clean_shutdown
+    mgr.close()
+    assert (data / ckpt.CLEAN_SHUTDOWN).read_bytes() == b""
+
+
 def test_checkpoint_write_is_atomic(tmp_path):
     path = str(tmp_path / ckpt.RECOVERY_POINT)
     ckpt.write_checkpoint(path, {("t", 0): 5})
