@@ -39,6 +39,9 @@ class LogDirsLoading:
             # A broker's directory: the checkpoint entries of its internal partitions stay in the files.
             d.keep_entries((parse_partition_dir(name) for name in scan.internal), (recovery, starts, cleaned))
             self.cleaner_checkpoints.update((k, v) for k, v in cleaned.items() if k not in d.kept[2])
+            if scan.kafka_files:
+                log.info("%s is a Kafka broker's log directory (%s left untouched)", d.path,
+                         ", ".join(scan.kafka_files))
             for name in scan.ignored:
                 log.warning("ignoring %s in %s: not a partition directory (left untouched)", name, d.path)
             entries += [(key, path, d) for key, path in scan.partitions]
