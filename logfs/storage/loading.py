@@ -11,7 +11,7 @@ from . import checkpoints as ckpt
 from .errors import LogfsError
 from .local.loader import load_log
 from .log_dirs import DataDir
-from .names import LOG_SUFFIX, DataDirScan, collision_key, partition_dir_name
+from .names import LOG_SUFFIX, DataDirScan, collision_key, parse_partition_dir, partition_dir_name
 
 log = logging.getLogger(__name__)
 
@@ -30,13 +30,18 @@ class LogDirsLoading:
         for d in self.dirs:
             recovery, starts, cleaned = d.read_checkpoints()
             states[d.path] = (recovery, starts)
-            self.cleaner_checkpoints.update(cleaned)
             scan = DataDirScan(d.path)
             for path in scan.delete_dirs:
                 shutil.rmtree(path, ignore_errors=True)  # deletion already decided before the restart
             for name in scan.internal:
                 log.warning("ignoring %s in %s: a partition of a topic Kafka reserves for itself (not served)",
                             name, d.path)
+            # A broker's directory: the checkpoint entries of its internal partitions stay in the files.
+            d.keep_entries((parse_partition_dir(name) for name in scan.internal), (recovery, starts, cleaned))
+            self.cleaner_checkpoints.update((k, v) for k, v in cleaned.items() if k not in d.kept[2])
+            if scan.kafka_files:
+                log.info("%s is a Kafka broker's log directory (%s left untouched)", d.path,
+                         ", ".join(scan.kafka_files))
             for name in scan.ignored:
                 log.warning("ignoring %s in %s: not a partition directory (left untouched)", name, d.path)
             entries += [(key, path, d) for key, path in scan.partitions]

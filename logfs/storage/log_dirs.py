@@ -11,6 +11,10 @@ partitions, the first named on a tie. The first directory also holds the mount's
 staging and transaction log, and tiering's pending deletions.
 
 A single DATA_DIR is the one-directory case: the same files, where they always were.
+
+A broker's log directory also holds partitions logfs never serves (Kafka's internal topics): their entries in the
+checkpoint files are kept as found and written back with every checkpoint (``keep_entries``), so that the broker
+given the directory again finds its own.
 """
 
 from __future__ import annotations
@@ -24,6 +28,9 @@ from . import checkpoints as ckpt
 from .errors import LockedError
 from .failure import LogDir
 from .names import LOCK_FILE
+
+
+_MARKER_MAX_BYTES = 4096  # (Kafka's marker is a line of JSON; anything longer is not one, and is cut)
 
 
 def parse_log_dirs(spec: str) -> list[str]:
@@ -50,11 +57,14 @@ class DataDir:
         self.log_dir = LogDir(self.path)
         self.lock_fd: int | None = None
         self.had_clean_shutdown = False
+        self.clean_marker_content = b""  # (take_clean_marker)
         self.partitions = 0  # the partitions it holds (placement)
         # One writer of this directory's checkpoint files at a time (as Kafka's CheckpointFile.write holds a lock):
         # they are written through one temporary name each, and two writers at once (DeleteRecords in a worker
         # thread, the periodic checkpoint, retention) renamed each other's file away: ENOENT, the directory offline.
         self._checkpoint_lock = threading.Lock()
+        # The checkpoint entries of the partitions here that logfs leaves alone (keep_entries).
+        self.kept: tuple[dict, dict, dict] = ({}, {}, {})
 
     def __repr__(self) -> str:
         return f"DataDir({self.path!r})"
@@ -98,7 +108,16 @@ class DataDir:
     def take_clean_marker(self) -> bool:
         """Whether the last shutdown was clean; the marker is removed (it is written again at the next one)."""
         marker = self.file(ckpt.CLEAN_SHUTDOWN)
-        self.had_clean_shutdown = os.path.exists(marker)
+        try:
+            with open(marker, "rb") as f:
+                # A broker's marker holds its epoch (Kafka's CleanShutdownFileHandler: {"version":0,
+                # "brokerEpoch":N}), which it sends the controller when it registers again: without it the
+                # controller takes the restart for an unclean shutdown. Written back as found (mark_clean).
+                self.clean_marker_content = f.read(_MARKER_MAX_BYTES)
+            self.had_clean_shutdown = True
+        except OSError:  # (missing; or there, but unreadable: clean all the same, its content lost)
+            self.clean_marker_content = b""
+            self.had_clean_shutdown = os.path.exists(marker)
         return self.had_clean_shutdown
 
     def drop_clean_marker(self) -> None:
@@ -109,7 +128,9 @@ class DataDir:
                 pass
 
     def mark_clean(self) -> None:
-        ckpt.atomic_write(self.file(ckpt.CLEAN_SHUTDOWN), b"")
+        """The clean-shutdown marker, with what the one found at mount held (a broker's epoch; empty when this
+        directory was not shut down cleanly before, or by logfs)."""
+        ckpt.atomic_write(self.file(ckpt.CLEAN_SHUTDOWN), self.clean_marker_content)
 
     # -- checkpoints -----------------------------------------------------------------------------------
     def read_checkpoints(self) -> tuple[dict, dict, dict]:
@@ -118,15 +139,29 @@ class DataDir:
                 ckpt.read_checkpoint(self.file(ckpt.LOG_START_OFFSET)),
                 ckpt.read_checkpoint(self.file(ckpt.CLEANER_OFFSET)))
 
+    def keep_entries(self, partitions, checkpoints: tuple[dict, dict, dict]) -> None:
+        """Keep, for every checkpoint written from now on, the entries that ``checkpoints`` (recovery points, log
+        start offsets, cleaner offsets, as :meth:`read_checkpoints` gives them) hold for ``partitions`` ((topic,
+        partition) pairs here that logfs does not serve, such as Kafka's internal topics in a broker's directory).
+        Kafka reads a missing entry as offset 0 (recovery from the first segment, compaction from the start)."""
+        wanted = set(partitions)
+        self.kept = tuple({k: v for k, v in entries.items() if k in wanted} for entries in checkpoints)
+
     def write_checkpoints(self, logs: dict) -> None:
-        """The recovery points and log start offsets of ``logs`` ((topic, partition) -> Log), this directory's."""
+        """The recovery points and log start offsets of ``logs`` ((topic, partition) -> Log), this directory's,
+        and the entries kept for the partitions logfs leaves alone."""
+        recovery, starts, _ = self.kept
         with self._checkpoint_lock:  # (the offsets are read inside: a later writer never writes older ones)
-            ckpt.write_checkpoint(self.file(ckpt.RECOVERY_POINT), {k: v.recovery_point for k, v in logs.items()})
-            ckpt.write_checkpoint(self.file(ckpt.LOG_START_OFFSET), {k: v.log_start_offset for k, v in logs.items()})
+            ckpt.write_checkpoint(self.file(ckpt.RECOVERY_POINT),
+                                  {**recovery, **{k: v.recovery_point for k, v in logs.items()}})
+            ckpt.write_checkpoint(self.file(ckpt.LOG_START_OFFSET),
+                                  {**starts, **{k: v.log_start_offset for k, v in logs.items()}})
 
     def write_cleaner_checkpoint(self, offsets: dict) -> None:
+        """``offsets`` (this directory's cleaned partitions), and the entries kept for the partitions logfs leaves
+        alone."""
         with self._checkpoint_lock:
-            ckpt.write_checkpoint(self.file(ckpt.CLEANER_OFFSET), offsets)
+            ckpt.write_checkpoint(self.file(ckpt.CLEANER_OFFSET), {**self.kept[2], **offsets})
 
 
 def next_log_dir(dirs: list[DataDir]) -> DataDir | None:

@@ -189,6 +189,9 @@ TMP_SUFFIX = ".tmp"  # an atomic write's temporary, renamed over its target
 OWN_FILES = frozenset({RECOVERY_POINT, LOG_START_OFFSET, CLEANER_OFFSET, CLEAN_SHUTDOWN, TOPICS_FILE, LOCK_FILE,
                        REMOTE_DELETES_FILE, TRANSACTIONS_FILE})
 OWN_DIRS = frozenset({STAGING_DIR})
+# A Kafka broker's own files in its log directory, which logfs leaves alone (a broker's directory mounts): the
+# storage format's identity, the high watermarks, the KRaft bootstrap records.
+KAFKA_FILES = frozenset({"meta.properties", "replication-offset-checkpoint", "bootstrap.checkpoint"})
 
 
 def tmp_name(path: str) -> str:
@@ -204,14 +207,15 @@ def is_own_file(name: str) -> bool:
 class DataDirScan:
     """The entries of a data directory, by what they are: ``partitions`` ((topic, n), path), ``delete_dirs``
     (paths logfs renamed for deletion), ``future_dirs`` ((topic, n), path: the copies of moves between log
-    directories), ``internal`` (Kafka's own partitions, served never) and ``ignored`` (anything else, and symlinks
-    whatever they are called: never touched)."""
+    directories), ``internal`` (Kafka's own partitions, served never), ``kafka_files`` (a broker's own files) and
+    ``ignored`` (anything else, and symlinks whatever they are called: never touched)."""
 
     def __init__(self, data_dir: str):
         self.partitions: list[tuple[tuple[str, int], str]] = []
         self.delete_dirs: list[str] = []
         self.future_dirs: list[tuple[tuple[str, int], str]] = []
         self.internal: list[str] = []
+        self.kafka_files: list[str] = []
         self.ignored: list[str] = []
         with os.scandir(data_dir) as entries:
             for entry in sorted(entries, key=lambda e: e.name):
@@ -224,7 +228,9 @@ class DataDirScan:
         except OSError:
             is_dir = False
         if not is_dir:
-            if not is_own_file(name) or entry.is_symlink():
+            if name in KAFKA_FILES and not entry.is_symlink():
+                self.kafka_files.append(name)
+            elif not is_own_file(name) or entry.is_symlink():
                 self.ignored.append(name)
             return
         if is_delete_dir(name):

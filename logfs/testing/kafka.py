@@ -87,6 +87,11 @@ class ConsumedRecord:
     leader_epoch: int | None = None
 
 
+def _consumed(r: dict) -> ConsumedRecord:
+    return ConsumedRecord(r["offset"], r["timestamp"], r["timestamp_type"], _unb64(r["key"]), _unb64(r["value"]),
+                          [(k, _unb64(v)) for k, v in r["headers"]], r.get("leader_epoch"))
+
+
 class KafkaClient:
     """Kafka's Java clients and DumpLogSegments in one JVM, started by :meth:`start`, ended by :meth:`close`."""
 
@@ -151,20 +156,32 @@ class KafkaClient:
         """``topics``: {"name", "partitions", "replication_factor", "configs"}; returns name -> topic id."""
         return self.call({"cmd": "create_topics", "bootstrap": bootstrap, "topics": topics})["topic_ids"]
 
-    def produce(self, bootstrap: str, records: list[dict], **props: str) -> list[dict]:
+    def produce(self, bootstrap: str, records: list[dict], producers: dict[str, dict] | None = None,
+                **props: str) -> list[dict]:
         """``records``: {"topic", "partition", "key", "value" (bytes or None), "headers": [(name, bytes|None)],
         "timestamp"}, or {"txn": "begin"|"commit"|"abort"} (with a ``transactional_id`` prop). Props are producer
         settings with '_' for '.' (``enable_idempotence="true"``, ``compression_type="zstd"``). Returns
-        {"partition", "offset", "timestamp"} per record, in order."""
+        {"partition", "offset", "timestamp"} per record, in order.
+
+        Several producers taking turns: ``producers`` names them, each with its settings over ``props`` (same
+        spelling), and an entry's ``"producer": name`` picks one (none: the producer of ``props``). A producer is
+        flushed when the next entry names another, so the log holds their records in the order given (a
+        transaction's records among another producer's)."""
         wire = []
         for r in records:
             if "txn" in r:
                 wire.append({"txn": r["txn"]})
-                continue
-            wire.append({"topic": r["topic"], "partition": r.get("partition"), "timestamp": r.get("timestamp"),
-                         "key": _b64(r.get("key")), "value": _b64(r.get("value")),
-                         "headers": [[k, _b64(v)] for k, v in r.get("headers", ())]})
+            else:
+                wire.append({"topic": r["topic"], "partition": r.get("partition"), "timestamp": r.get("timestamp"),
+                             "key": _b64(r.get("key")), "value": _b64(r.get("value")),
+                             "headers": [[k, _b64(v)] for k, v in r.get("headers", ())]})
+            if r.get("producer"):
+                wire[-1]["producer"] = r["producer"]
         settings = {k.replace("_", "."): str(v) for k, v in props.items()}
+        if producers:
+            own = {name: {k.replace("_", "."): str(v) for k, v in given.items()} for name, given in producers.items()}
+            return self.call({"cmd": "produce", "bootstrap": bootstrap, "props": settings, "records": wire,
+                              "producers": own})["sent"]
         return self.call({"cmd": "produce", "bootstrap": bootstrap, "props": settings, "records": wire})["sent"]
 
     def consume(self, bootstrap: str, topic: str, partition: int = 0, offset: int | None = None,
@@ -189,6 +206,22 @@ class KafkaClient:
         "by_timestamp": [{"offset", "timestamp"} or None per timestamp]}."""
         return self.call({"cmd": "list_offsets", "bootstrap": bootstrap, "topic": topic, "partition": partition,
                           "timestamps": list(timestamps), "isolation": isolation})
+
+    def consume_partitions(self, bootstrap: str, partitions: list[tuple[str, int]],
+                           isolation: str = "read_committed",
+                           timeout_ms: int = 60000) -> dict[tuple[str, int], list[ConsumedRecord]]:
+        """:meth:`consume` of many partitions by one consumer (one consumer's start-up, not one per partition):
+        (topic, partition) -> every record from its log start to the end the isolation level sees."""
+        reply = self.call({"cmd": "consume_partitions", "bootstrap": bootstrap,
+                           "partitions": [list(tp) for tp in partitions], "isolation": isolation,
+                           "timeout_ms": timeout_ms}, timeout=timeout_ms / 1000 + 30)
+        return {(p["topic"], p["partition"]): [_consumed(r) for r in p["records"]] for p in reply["by_partition"]}
+
+    def commit_offsets(self, bootstrap: str, group: str, offsets: dict[tuple[str, int], int]) -> None:
+        """Commit ``offsets`` ((topic, partition) -> offset) for consumer group ``group`` (Kafka's admin
+        AlterConsumerGroupOffsets: records in ``__consumer_offsets``; the group must have no active member)."""
+        self.call({"cmd": "commit_offsets", "bootstrap": bootstrap, "group": group,
+                   "offsets": [[t, p, o] for (t, p), o in offsets.items()]})
 
     def run_main(self, main_class: str, args: list[str], timeout: float = 300) -> dict:
         """A Kafka tool's main run in this JVM: {"stdout", "stderr", "status", "error" (its exception or None)}."""

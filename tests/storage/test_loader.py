@@ -411,6 +411,63 @@ def test_recovery_point_not_advanced_before_flush_across_a_crash(managers, recov
     assert read_values(log) == values(200)
 
 
+def test_checkpoints_keep_the_entries_of_partitions_logfs_leaves_alone(managers, tmp_path):
+    """A broker's log directory: its checkpoint files name Kafka's internal partitions too, which logfs never
+    serves. Every checkpoint logfs writes (periodic, the cleaner's, at shutdown) keeps their entries as they were,
+    so the broker given the directory again finds its own (Kafka's LogManager reads a missing entry as 0: the log
+    start, recovery from the first segment, compaction from the start). A partition that is gone loses its entry,
+    as in Kafka."""
+    data = tmp_path / "data"
+    for name in ("__consumer_offsets-0", "__transaction_state-0", "__cluster_metadata-0", "kept-0"):
+        (data / name).mkdir(parents=True)
+        (data / name / "00000000000000000000.log").write_bytes(rec.build_batch(0, 1, values(3)))
+    ckpt.write_checkpoint(str(data / ckpt.RECOVERY_POINT), {
+        ("__consumer_offsets", 0): 3, ("__transaction_state", 0): 2, ("kept", 0): 3, ("gone", 0): 9})
+    ckpt.write_checkpoint(str(data / ckpt.LOG_START_OFFSET), {("__consumer_offsets", 0): 1, ("gone", 0): 4})
+    ckpt.write_checkpoint(str(data / ckpt.CLEANER_OFFSET), {("__consumer_offsets", 0): 2, ("gone", 0): 4})
+    (data / ckpt.CLEAN_SHUTDOWN).write_bytes(b"")
+    mgr = managers()
+    mgr.create_topic("t")
+    mgr.get_log("t", 0).append(values(5))
+    mgr.flush_all()
+    mgr.checkpoint()
+    mgr.update_cleaner_checkpoint("t", 0, 5)
+    internal = {("__consumer_offsets", 0): 3, ("__transaction_state", 0): 2}
+    for _ in range(2):  # the periodic checkpoint, then the clean shutdown's
+        assert ckpt.read_checkpoint(str(data / ckpt.RECOVERY_POINT)) == {**internal, ("kept", 0): 3, ("t", 0): 5}
+        assert ckpt.read_checkpoint(str(data / ckpt.LOG_START_OFFSET)) == {
+            ("__consumer_offsets", 0): 1, ("kept", 0): 0, ("t", 0): 0}
+        assert ckpt.read_checkpoint(str(data / ckpt.CLEANER_OFFSET)) == {("__consumer_offsets", 0): 2, ("t", 0): 5}
+        mgr.close()
+    # And again after a mount that found them in the files logfs wrote.
+    mgr = managers()
+    mgr.close()
+    assert ckpt.read_checkpoint(str(data / ckpt.RECOVERY_POINT)) == {**internal, ("kept", 0): 3, ("t", 0): 5}
+    assert ckpt.read_checkpoint(str(data / ckpt.CLEANER_OFFSET)) == {("__consumer_offsets", 0): 2, ("t", 0): 5}
+
+
+def test_a_brokers_clean_shutdown_marker_is_written_back_as_it_was(managers, tmp_path):
+    """Kafka's ``.kafka_cleanshutdown`` holds the broker's epoch (``CleanShutdownFileHandler``), which the broker
+    sends the controller when it registers again: without it the controller takes the restart for an unclean
+    shutdown (``handleBrokerUncleanShutdown``: the broker leaves its partitions' eligible leader replicas). A clean
+    unmount writes back what a clean mount found; after an unclean one there is nothing to write back."""
+    data = tmp_path / "data"
+    data.mkdir()
+    kafkas = b'{"version":0,"brokerEpoch":174}'
+    (data / ckpt.CLEAN_SHUTDOWN).write_bytes(kafkas)
+    mgr = managers()
+    assert mgr.had_clean_shutdown and not (data / ckpt.CLEAN_SHUTDOWN).exists()
+    mgr.close()
+    assert (data / ckpt.CLEAN_SHUTDOWN).read_bytes() == kafkas
+    managers().close()  # (again: still the broker's)
+    assert (data / ckpt.CLEAN_SHUTDOWN).read_bytes() == kafkas
+    managers().abandon()  # a crash: the next clean shutdown is logfs's own
+    mgr = managers()
+    assert not mgr.had_clean_shutdown
+    mgr.close()
+    assert (data / ckpt.CLEAN_SHUTDOWN).read_bytes() == b""
+
+
 def test_checkpoint_write_is_atomic(tmp_path):
     path = str(tmp_path / ckpt.RECOVERY_POINT)
     ckpt.write_checkpoint(path, {("t", 0): 5})

@@ -92,11 +92,16 @@ def test_data_dir_scan_classifies_every_entry(tmp_path):
     for d in ("t-0", "t-1", "t-01", "t-²", "lost+found", "x-0-delete", "__cluster_metadata-0",
               "t-0.0123456789abcdef0123456789abcdef-delete"):
         (tmp_path / d).mkdir()
-    for f in ("stray.txt", "u-0", names.RECOVERY_POINT, names.TOPICS_FILE + names.TMP_SUFFIX, names.LOCK_FILE):
+    for f in ("stray.txt", "u-0", names.RECOVERY_POINT, names.TOPICS_FILE + names.TMP_SUFFIX, names.LOCK_FILE,
+              "meta.properties", "bootstrap.checkpoint", "replication-offset-checkpoint"):
         (tmp_path / f).write_text("")
     os.symlink(tmp_path / "t-0", tmp_path / "v-0")
+    os.symlink(tmp_path / "stray.txt", tmp_path / "meta.properties.bak")
     scan = names.DataDirScan(str(tmp_path))
     assert [tp for tp, _ in scan.partitions] == [("t", 0), ("t", 1)]
     assert [os.path.basename(p) for p in scan.delete_dirs] == ["t-0.0123456789abcdef0123456789abcdef-delete"]
     assert scan.internal == ["__cluster_metadata-0"]
-    assert sorted(scan.ignored) == sorted(["t-01", "t-²", "lost+found", "x-0-delete", "stray.txt", "u-0", "v-0"])
+    # A broker's own files (its log directory mounts): known, left alone, not strays.
+    assert scan.kafka_files == ["bootstrap.checkpoint", "meta.properties", "replication-offset-checkpoint"]
+    assert sorted(scan.ignored) == sorted(["t-01", "t-²", "lost+found", "x-0-delete", "stray.txt", "u-0", "v-0",
+                                           "meta.properties.bak"])

@@ -136,3 +136,35 @@ def test_the_txn_index_stays_beside_its_segment_and_the_view_index_is_rebuilt_on
     finally:
         again.close()
     assert not any(n.startswith((filename_prefix(0), filename_prefix(8))) for n in os.listdir(directory))
+
+
+def test_a_transaction_marker_counts_in_time_lookups_as_in_kafka(tmp_path):
+    """A marker is a record with the coordinator's time, later than the records before it when producers stamp
+    their own (CreateTime): Kafka's ListOffsets by timestamp finds it (``FileRecords.searchForTimestamp`` walks
+    control batches too), and so do ``time.`` (the engine and the view) and the Spark source's
+    ``startingTimestamp``. Its offset has no line: ``position.`` of it is the next line's, as for any offset
+    without one."""
+    from logfs.storage.local.reader import PartitionReader
+
+    directory = str(tmp_path / "t-0")
+    segments = {0: [rec.build_batch(0, T, [b"a0"]),
+                    rec.build_batch_generic(1, T + 1, [b"t7-1"], attributes=rec.ATTR_TRANSACTIONAL,
+                                            producer=(7, 0, 0)),
+                    rec.build_batch_generic(2, T + 5000, [struct.pack(">hi", 0, 0)], [struct.pack(">hh", 0, 1)],
+                                            attributes=rec.ATTR_TRANSACTIONAL | rec.ATTR_CONTROL,
+                                            producer=(7, 0, -1)),
+                    rec.build_batch(3, T + 2, [b"p3"]),
+                    rec.build_batch(4, T + 6000, [b"p4"])]}
+    write_partition(directory, segments, {})
+    plog = load_log(directory, "t", 0, LogConfig.for_tests(index_interval_bytes=1), had_clean_shutdown=True)
+    try:
+        view = live_view(plog)
+        reader = PartitionReader(str(tmp_path), "t", 0)
+        # (timestamp -> Kafka's answer: the COMMIT marker at 2 is the first record at or after T+2 ... T+5000)
+        for ts, kafka in ((T, 0), (T + 1, 1), (T + 2, 2), (T + 5000, 2), (T + 5001, 4), (T + 6001, None)):
+            assert plog.offset_for_timestamp(ts) == kafka, ts
+            assert view.offset_for_timestamp(ts) == (5 if kafka is None else kafka), ts
+            assert reader.offset_for_timestamp(ts) == kafka, ts
+        assert view.position_of(2) == view.position_of(3) == len(b"a0\nt7-1\n")
+    finally:
+        plog.close()

@@ -112,10 +112,13 @@ def first_offset_at_or_after(batches, timestamp: int, start: int) -> int | None:
     """Kafka's ``offsetsForTimes`` over ``batches`` ((header, batch bytes) pairs in offset order): the first
     offset >= ``start`` of a record whose timestamp is >= ``timestamp``, or None. Timestamps are not assumed to
     grow: a batch is skipped only when its max timestamp is below, and a batch is searched record by record (a
-    LogAppendTime batch's records all have its max timestamp)."""
+    LogAppendTime batch's records all have its max timestamp). A transaction marker counts, as in Kafka (a
+    control batch's one record, at the coordinator's time); so do aborted records."""
     for header, data in batches:
-        if header.is_control or header.max_timestamp < timestamp or header.last_offset < start:
+        if header.max_timestamp < timestamp or header.last_offset < start:
             continue
+        if header.is_control:
+            return max(header.base_offset, start)
         append_time = header.timestamp_type == 1
         for r in rec.decode_raw(data):
             if r.offset >= start and (header.max_timestamp if append_time else r.timestamp) >= timestamp:

@@ -383,10 +383,15 @@ class LogSegment(SegmentRecovery, SegmentFile):
         return None
 
     def find_offset_by_timestamp(self, timestamp: int, starting_offset: int) -> int | None:
+        """Kafka's ``LogSegment.findOffsetByTimestamp``: the first offset >= ``starting_offset`` of a record
+        whose timestamp is >= ``timestamp``. A transaction marker counts (a control batch's one record, at the
+        coordinator's time), as in Kafka's ``FileRecords.searchForTimestamp``; so do aborted records."""
         entry = self.time_index.lookup(timestamp)
         position = self.offset_index.lookup(max(entry.offset, starting_offset)).position
         for _, header, buf, at in self.batches_from(position):
             if header.max_timestamp >= timestamp and header.last_offset >= starting_offset:
+                if header.is_control:
+                    return max(header.base_offset, starting_offset)
                 for r in rec.decode(buf, at, header.size):
                     if r.timestamp >= timestamp and r.offset >= starting_offset:
                         return r.offset
