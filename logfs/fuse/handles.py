@@ -40,7 +40,8 @@ log = logging.getLogger(__name__)
 
 class PartitionHandle:
     __slots__ = ("log", "counters", "view", "append_mode", "writable", "pending", "skipping", "dropped", "inode",
-                 "pid", "uid", "_headers", "_headers_at", "_layout_seen", "readable", "fh", "positions")
+                 "pid", "uid", "_headers", "_headers_at", "_layout_seen", "readable", "fh", "positions",
+                 "known_length")
 
     def __init__(self, log: Log, inode: int, flags: int, pid: int = 0, uid: int = 0, fh: int = 0,
                  view: SegmentView | None = None):
@@ -57,6 +58,9 @@ class PartitionHandle:
         # (fuse/inodes.py), equal to Operations._positions of the log when it was opened.
         self.positions = view_positions(self.view.start_offset, self.view.rewrite_count, self.view.fmt)
         self._layout_seen = log.layout_version  # the layout release_passed() last looked at
+        # The view's length when last measured: what an fstat answers while a read of this handle runs in a worker
+        # thread (the view is that thread's meanwhile)
+        self.known_length = self.view.length()
         self.append_mode = bool(flags & os.O_APPEND)
         self.writable = (flags & os.O_ACCMODE) in (os.O_WRONLY, os.O_RDWR)
         self.pending = b""
@@ -68,7 +72,8 @@ class PartitionHandle:
         view = self.view
         if view.segments and view.segments[-1].next_offset < self.log.log_end_offset:
             view.extend()
-        return view.length()
+        self.known_length = length = view.length()
+        return length
 
     def read(self, offset: int, size: int) -> tuple[bytes, int]:
         """(the bytes, how many records' lines end in them)."""
@@ -86,10 +91,11 @@ class PartitionHandle:
         self._layout_seen = self.log.layout_version
         self.view.release_passed(everything=not self.readable)
 
-    def write(self, offset: int, data: bytes) -> int:
+    def write(self, offset: int, data: bytes, *, reading: bool = False) -> int:
+        """``reading``: a read of this handle runs in a worker thread (its view is that thread's meanwhile)."""
         if not self.append_mode and offset != self.length() + len(self.pending) + self.dropped:
             fail(errno.EPERM)  # only appends: a write must land at the end of the file
-        if self.log.layout_version != self._layout_seen:
+        if self.log.layout_version != self._layout_seen and not reading:
             self.release_passed()  # (a writer that keeps its file open pins nothing retention removed)
         if not self.skipping:
             self._take(data)

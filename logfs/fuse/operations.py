@@ -165,18 +165,22 @@ class Operations(NamespaceOps, XattrOps, ControlEntries, pyfuse3.Operations):
         handles = self.inodes.handles(inode)
         if not handles:
             return None
-        for h in handles:  # (fstat of a ``tail -f`` or shipper: a moment to free what retention removed behind it)
+        # A handle whose read runs in a worker thread (tiered data, a decompression) is that thread's until it ends:
+        # its view is neither changed nor measured here (its size is the one last measured).
+        idle = [h for h in handles if h.fh not in self._fetching]
+        for h in idle:  # (fstat of a ``tail -f`` or shipper: a moment to free what retention removed behind it)
             if h.log.layout_version != h._layout_seen:
                 h.release_passed()
         # The largest of their views (handles opened at the same start see the same; a size never shrinks for the
         # one that reads furthest)
-        handle = max(handles, key=lambda h: h.length())
+        sizes = {h.fh: h.length() if h in idle else h.known_length for h in handles}
+        handle = max(handles, key=lambda h: sizes[h.fh])
         entry = pyfuse3.EntryAttributes()
         entry.st_ino, entry.generation, entry.entry_timeout, entry.attr_timeout = inode, 0, 0, FILE_ATTR_TIMEOUT
         entry.st_mode = stat.S_IFREG | (0o444 if self.read_only else 0o644)
         entry.st_nlink = 0
         entry.st_uid, entry.st_gid, entry.st_blksize = self._uid, self._gid, BLOCK_SIZE
-        entry.st_size = handle.length()
+        entry.st_size = sizes[handle.fh]
         entry.st_blocks = (entry.st_size + 511) // 512
         entry.st_atime_ns = entry.st_mtime_ns = entry.st_ctime_ns = handle.log.last_append_ms * 1_000_000
         return entry
@@ -416,7 +420,7 @@ class Operations(NamespaceOps, XattrOps, ControlEntries, pyfuse3.Operations):
         if handle.log.closed:
             fail(errno.ENOENT)  # the partition was deleted while open
         handle.log.log_dir.check()
-        written = handle.write(off, buf)
+        written = handle.write(off, buf, reading=fh in self._fetching)
         handle.counters.appended_bytes += written
         if handle.log.flush_due:  # flush.messages: durable before the write() returns, as Kafka's flush
             await self.run_blocking(handle.log.flush)

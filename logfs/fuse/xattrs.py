@@ -237,14 +237,19 @@ class XattrOps:
         """``text`` answered in ``handle``'s view: inline, or in a worker thread when it needs tiered data or a
         decompression, one at a time with the handle's reads (its view is not thread-safe)."""
         plog = handle.log
-        try:
+
+        def lookup() -> bytes:
             handle.length()  # (the view takes the segments rolled since: an offset appended since has a position)
+            return partition_get(plog, text, handle.view, own_view=True)
+
+        try:
             if handle.fh not in self._fetching:
                 try:
-                    return partition_get(plog, text, handle.view, own_view=True)
+                    return lookup()
                 except FetchNeededError:
                     pass
-            return await self._fetch(handle.fh, lambda: partition_get(plog, text, handle.view, own_view=True))
+            # (and while a read of the handle runs in a worker thread, after it: the view is that thread's)
+            return await self._fetch(handle.fh, lookup)
         except (OSError, StorageIOError) as exc:
             disk_failed(plog, exc, f"getxattr {text}")
 

@@ -132,10 +132,17 @@ class SegmentView:
         return n - self._prefix if i == 0 else n
 
     def _start(self, i: int) -> int:
-        while len(self._starts) <= i:
-            k = len(self._starts) - 1
-            self._starts.append(self._starts[k] + self._segment_length(k))
-        return self._starts[i]
+        starts = self._starts
+        if len(starts) <= i:
+            # Grown in a copy, published by one assignment: a handle's view read in a worker thread may be asked
+            # its length on the request thread at the same moment (both compute the same starts: the segments
+            # before the last are sealed), and a list grown by both at once would hold a start twice.
+            starts = list(starts)
+            while len(starts) <= i:
+                k = len(starts) - 1
+                starts.append(starts[k] + self._segment_length(k))
+            self._starts = starts
+        return starts[i]
 
     def length(self) -> int:
         if not self.segments:
@@ -217,18 +224,24 @@ class SegmentView:
         first = i
         parts: list = []
         got = lines = 0
-        seen = -1
+        # The segment whose size this read looked at last, that size, and whether it was active then.
+        seen_at, seen, active = -1, -1, False
         while got < size and i < len(self.segments):
             if i in self._dropped:  # (a reader gone back, now reading on into a range it had passed)
                 if got:
                     break
                 raise DataLossError(f"{self.segments[i].log_path}: removed after this reader had read past it")
             segment = self.segments[i]
+            # Active or not, looked at BEFORE its size: a segment sealed then has its final size, whereas the end of
+            # an active one is the end of a batch that an append may still grow in place (tail_batch), so that no
+            # batch need ever start there. A read in a worker thread (a tiered range, a decompression) races the
+            # request thread's appends and rolls: asking ``active`` once the bytes were read is too late.
+            seen_at, active = i, segment.active
             seen = segment.size
             if file_pos >= seen:
-                if i + 1 >= len(self.segments):
-                    break
-                i, file_pos, skip = i + 1, 0, 0
+                if (active and seen) or i + 1 >= len(self.segments):
+                    break  # the end of what an active segment had published (or of the view)
+                i, file_pos, skip = i + 1, 0, 0  # (an empty one is passed over: a follower's, retired, is active)
                 continue
             out, advanced, skip_after, ended = self._render(i, file_pos, skip, size - got)
             if not out and not advanced and skip_after == skip:
@@ -239,10 +252,10 @@ class SegmentView:
                 lines += ended
             file_pos, skip = file_pos + advanced, skip_after
         self._reached = max(self._reached, first)
-        last = self.segments[-1]
-        if i == len(self.segments) - 1 and last.active and file_pos >= seen:
-            # The end of what the active segment had published: the end of its last batch, which an append may
-            # still grow in place (the next read locates its position again).
+        if seen_at == i and active and file_pos >= seen:
+            # The end of what an active segment had published: the end of its last batch, which an append may grow
+            # in place, before or after a roll. No cursor: the next read locates its position again (by the view
+            # index and the line lengths, which such a growth never changes).
             self._cursor = None
         else:
             self._cursor = (pos + got, i, file_pos, skip)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import trio
 
+from logfs.fuse.handles import PartitionHandle
 from logfs.fuse.operations import Operations
 from logfs.remote import DirectoryStore
 from logfs.storage import BrokerConfig, LogManager
@@ -73,6 +74,86 @@ async def test_uncached_tiered_reads_run_in_a_worker_thread(tmp_path, clock):
             answered.append(("stat", trio.current_time() - start))
         assert answered[0][0] == "stat" and answered[0][1] < 0.5 and st.st_size == len(data)
         assert answered[1] == ("read", data[:100])
+        await fs.release(fh)
+    finally:
+        mark_request_thread(False)
+        fs.ops.release_all()
+        manager.close()
+
+
+async def test_a_view_reading_in_a_worker_thread_is_left_to_it(tmp_path, clock, monkeypatch):
+    """Issue 42: while a handle's read of tiered data runs in a worker thread, the requests answered meanwhile on
+    the request thread (an fstat of its inode once a DeleteRecords retired it, a getxattr answered in its view)
+    neither extend, measure nor release its view: a view is not thread-safe (it was extended under the read, and
+    segments it read were let go), and its size is the one last measured until the read is done."""
+    archive = tmp_path / "archive"
+    archive.mkdir()
+    props = {"log.segment.bytes": "4096", "remote.log.storage.system.enable": "true",
+             "logfs.remote.dir": str(archive), "log.segment.delete.delay.ms": "0"}
+    manager = LogManager(str(tmp_path / "data"), BrokerConfig.from_properties(props), clock=clock)
+    store = SlowStore(archive)
+    store.fetched_on = set()
+    manager.remote = rlm = RemoteLogManager(manager.data_dir, manager.logs, store, cache_bytes=1 << 20)
+    fs = OpsFS(Operations(manager, run_blocking=run_blocking))
+    mark_request_thread()
+    try:
+        await fs.mkdir("t")
+        await fs.setconfig("t", "remote.storage.enable", "true")
+        await fs.setconfig("t", "local.retention.bytes", "0")
+        data = b"".join(b"line %05d\n" % i for i in range(3000))
+        await fs.append("t/0", data)
+        plog = manager.get_log("t", 0)
+        plog.roll()
+        await trio.to_thread.run_sync(rlm.sync, plog, clock.time_ms())
+        assert len(plog.segments) == 1  # every line is in the bucket only, and none is cached
+        ino = await fs.inode("t/0")
+        fh = await fs.open("t/0")
+        handle = fs.ops._handles[fh]
+        more = b"".join(b"line %05d\n" % i for i in range(3000, 3400))
+        await fs.append("t/0", more)  # (rolled segments the view has not taken yet)
+        reading = threading.Event()
+        touched = []  # what the request thread did to the view while the worker read through it
+        for name in ("extend", "length", "release_passed", "read"):
+            def spy(*args, _name=name, _real=getattr(handle.view, name), **kwargs):
+                if reading.is_set() and threading.current_thread() is threading.main_thread():
+                    touched.append(_name)
+                return _real(*args, **kwargs)
+            setattr(handle.view, name, spy)
+        real_read = PartitionHandle.read
+
+        def read_in_worker(self, offset, size):
+            if self is not handle or threading.current_thread() is threading.main_thread():
+                return real_read(self, offset, size)  # (the request thread's try, before the worker's)
+            reading.set()
+            try:
+                return real_read(self, offset, size)
+            finally:
+                reading.clear()
+
+        monkeypatch.setattr(PartitionHandle, "read", read_in_worker)
+        store.delay = 1.0
+        got = {}
+        async with trio.open_nursery() as nursery:
+            async def slow_read():
+                got["read"] = await fs.read(fh, 0, 100)
+
+            async def view_xattr():  # (the name's inode is still the handle's: answered in its view)
+                got["xattr"] = await fs.getx("t/0", "log_start_offset")
+
+            nursery.start_soon(slow_read)
+            await trio.sleep(0.2)
+            assert reading.is_set()
+            nursery.start_soon(view_xattr)
+            await trio.sleep(0.1)
+            # DeleteRecords (to a segment's base: nothing to measure, nothing fetched): the name moves on
+            await fs.setxattr("t/0", "user.logfs.log_start_offset", b"%d" % plog.remote_segments[1].base_offset)
+            assert (await fs.getattr("t/0")).st_ino != ino
+            st = await fs.ops.getattr(ino, None)  # the handle's own inode: an fstat of its descriptor
+            assert st.st_size >= len(data)
+            assert reading.is_set(), "the read was over before the request thread's calls: nothing checked"
+        assert touched == []
+        assert got == {"read": data[:100], "xattr": "0"}
+        assert (await fs.ops.getattr(ino, None)).st_size == len(data + more)  # (measured again once it is done)
         await fs.release(fh)
     finally:
         mark_request_thread(False)

@@ -376,3 +376,71 @@ def test_lookups_and_reads_without_the_accelerator(make_log, monkeypatch):
     fill(log, model, rng, appends=60)
     monkeypatch.setattr(text_module, "_speedups", None)
     check_view(live_view(log), model, rng, probes=40)
+
+
+@pytest.mark.parametrize("then", ["roll", "extend"])
+def test_a_read_that_another_threads_append_overtakes_leaves_no_cursor_inside_a_grown_batch(make_log, then):
+    """Issue 42 (a tiered ``tail -f`` stopped short for good): a read that runs in a worker thread (a tiered range
+    fetched, a compressed batch) reads the active segment while the request thread goes on appending. If, after it
+    read the end of the active segment's last batch, another append grew that batch in place and the segment then
+    rolled (or the view was extended meanwhile), the cursor it left pointed inside the grown batch: every later
+    read rendered nothing there, and the reader never got another line."""
+    log = make_log(segment_bytes=1 << 20)
+    written = []
+
+    def append(n: int) -> None:
+        data = b"".join(b"line-%06d\n" % (len(written) + k) for k in range(n))
+        written.extend(data.splitlines(keepends=True))
+        log.append_lines(b"", data, len(data))
+
+    append(50)
+    view = open_view(log)
+    active = log.segments.active
+    assert active.tail is not None  # (its last batch may grow in place)
+    read_into = active.read_into
+
+    def read_then_overtaken(scratch, position, length):
+        buf = read_into(scratch, position, length)
+        del active.read_into  # (once)
+        size = active.size
+        append(1)  # the request thread, meanwhile: grows the last batch in place...
+        assert active.size > size and len(log.segments) == 1
+        log.roll()  # ... and rolls (a full segment)
+        append(2)
+        if then == "extend":
+            view.extend()  # (an fstat or a getxattr of the handle, answered on the request thread meanwhile)
+        return buf
+
+    active.read_into = read_then_overtaken
+    text = view.read(0, 1 << 20)
+    assert text == b"".join(written[:50])
+    for _ in range(4):  # a reader following the file: read to the end, then again
+        view.extend()
+        while piece := view.read(len(text), 1 << 20):
+            text += piece
+    assert text == b"".join(written), f"{len(text.splitlines())} of {len(written)} lines"
+    view.release()
+
+
+def test_an_empty_active_segment_inside_a_view_is_passed_over(make_log, tmp_path):
+    """A follower's log moves its one empty local segment to the tiered log's end, and a handle's view keeps the
+    old one (retired, never sealed: still active, and empty) between the tiered segments around it: a read that
+    reaches it goes on into the next segment, never ending early there (``cat`` would stop short)."""
+    from logfs.storage.local.lifecycle import open_segment
+
+    log = make_log(segment_bytes=1 << 20)
+    for k in range(3):
+        data = b"".join(b"seg%d-%04d\n" % (k, i) for i in range(100))
+        log.append_lines(b"", data, len(data))
+        log.roll()
+    first, second = log.segments.as_list()[:2]
+    (tmp_path / "other").mkdir()
+    empty = open_segment(str(tmp_path / "other"), second.base_offset, log.config)  # (active, as a follower's)
+    try:
+        view = SegmentView([first, empty, second], 0, LineFormat.of(log.config))
+        whole = view.read(0, 1 << 20)
+        assert whole.splitlines() == [b"seg%d-%04d" % (k, i) for k in range(2) for i in range(100)]
+        head = view.read(0, len(whole) // 2)  # a read that ends where the empty segment begins, then the next
+        assert len(head) == len(whole) // 2 and view.read(len(head), 1 << 20) == whole[len(head):]
+    finally:
+        empty.close()
