@@ -209,9 +209,17 @@ class XattrOps:
         plog.log_dir.check()
         if text.startswith(VIEW_NAMES):
             handle = self._handle_for_xattrs(inode, ctx)
-            # (A view with the positions a new open gets answers as the path does: then the live view answers,
-            # without waiting for a read of that handle's in a worker thread, which a stalled store can hold.)
-            if handle is not None and handle.positions != log_positions(plog):
+            if handle is not None:
+                if handle.fh in self._fetching:
+                    # Its view is a worker's, which a stalled store can hold for seconds: the live view answers
+                    # instead if it has the same positions (checked and asked under the log's lock, which
+                    # DeleteRecords, retention and the cleaner's swaps take to change them).
+                    try:
+                        with plog.lock:
+                            if handle.positions == log_positions(plog):
+                                return partition_get(plog, text)
+                    except FetchNeededError:
+                        pass
                 return await self._view_xattr(handle, text)
         try:
             try:
