@@ -41,7 +41,8 @@ wrote, needs the readers (three kinds), the writers, the mounts (a writer, Seawe
 together; the mount and daemon helpers it can share come from tools/benchlib.py.
 
 Writes are a mix of single small ``write()`` calls (a few lines: they grow the active segment's last batch in
-place) and larger ones, at about ``--rate-kb`` per partition per second. With TMPDIR on a tmpfs the tiering keeps
+place) and larger ones, at about ``--rate-kb`` per partition per second. ``--monitors N`` adds threads that stat
+the partitions and ask their log end offsets in a loop, so that the request thread is never idle. With TMPDIR on a tmpfs the tiering keeps
 up with more segments a second (its fsyncs cost nothing). Exit status 1 if any reader saw a wrong line, failed,
 stalled or did not reach the end.
 """
@@ -61,6 +62,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tools/benchlib.py, tools/seaweed.py
 from benchlib import daemon_pid, mounted  # noqa: E402
+
 SEGMENT = 256 * 1024
 XATTRS = ("log_start_offset", "log_end_offset", "local_log_start_offset", "remote_log_end_offset", "segment_count",
           "remote_segment_count")
@@ -357,6 +359,9 @@ def main(argv=None) -> int:
     ap.add_argument("--log-segments", type=int, default=0, help="(with --tiered) retention.bytes, in segments "
                                                                  "(12; 64 with --follower)")
     ap.add_argument("--cache-kb", type=int, default=16384, help="(with --tiered) logfs.remote.cache.bytes in KiB")
+    ap.add_argument("--monitors", type=int, default=0, help="threads that stat every partition and ask its "
+                                                            "log_end_offset in a loop (a monitoring agent: the "
+                                                            "request thread is never idle)")
     ap.add_argument("--keep", action="store_true", help="keep the work directory (daemon logs) afterwards")
     args = ap.parse_args(argv)
     if args.follower and not args.tiered:
@@ -466,6 +471,15 @@ def main(argv=None) -> int:
                                  report, session=args.session, back=args.back)
                     readers.append(r)
                     r.start()
+        def monitor() -> None:
+            while not stop.is_set():
+                for p in range(args.partitions):
+                    os.stat(os.path.join(mnt, "s", str(p)))
+                    os.getxattr(os.path.join(mnt, "s", str(p)), "user.logfs.log_end_offset")
+
+        monitors = [threading.Thread(target=monitor, daemon=True) for _ in range(args.monitors)]
+        for t in monitors:
+            t.start()
         late_due = started + args.late if args.late else None
         samples = []
         while time.monotonic() - started < args.minutes * 60:

@@ -444,3 +444,40 @@ def test_an_empty_active_segment_inside_a_view_is_passed_over(make_log, tmp_path
         assert len(head) == len(whole) // 2 and view.read(len(head), 1 << 20) == whole[len(head):]
     finally:
         empty.close()
+
+
+def test_two_threads_measuring_a_view_at_once_never_write_a_start_twice(make_log):
+    """A handle's view read in a worker thread may be measured on the request thread at the same moment (before
+    issue 42's fix, an fstat or a getxattr did so): the segment starts the two grow together are each written once
+    (a start written twice shifted every later one, and the view's length came out a segment short)."""
+    log = make_log(segment_bytes=1 << 20)
+    for k in range(5):
+        data = b"".join(b"seg%d-%04d\n" % (k, i) for i in range(10 + k))
+        log.append_lines(b"", data, len(data))
+        log.roll()
+    view = open_view(log)
+    view.extend()
+    expected = sum(10 + k for k in range(5)) * len(b"seg0-0000\n")
+    measure = view._segment_length
+    interleaved = []
+
+    def other_thread_meanwhile(i):  # the other thread runs between this one's look at the list and its append
+        if not interleaved:
+            interleaved.append(i)
+            view._start(len(view.segments) - 1)
+        return measure(i)
+
+    view._segment_length = other_thread_meanwhile
+    assert view.length() == expected and interleaved
+    del view._segment_length
+    for k in range(5, 8):  # the log goes on: the starts of the segments after them
+        data = b"".join(b"seg%d-%04d\n" % (k, i) for i in range(10 + k))
+        log.append_lines(b"", data, len(data))
+        log.roll()
+        expected += len(data)
+    view.extend()
+    assert view.length() == expected
+    assert [view._start(i) for i in range(len(view.segments))] == [
+        sum(10 + j for j in range(k)) * 10 for k in range(len(view.segments))]
+    assert view.read(0, 1 << 20).splitlines() == [b"seg%d-%04d" % (k, i) for k in range(8) for i in range(10 + k)]
+    view.release()
