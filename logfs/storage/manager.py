@@ -19,7 +19,7 @@ import logging
 import os
 import shutil
 import threading
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from . import checkpoints as ckpt
 from .clock import SYSTEM_CLOCK, Clock
@@ -41,6 +41,10 @@ from .names import (
     TOPICS_FILE, collision_key, delete_dir_name, partition_dir_name,
     validate_topic_name,
 )
+
+if TYPE_CHECKING:  # (a mount without tiering never loads it)
+    from .tiered.follower import Follower
+    from .tiered.manager import RemoteLogManager
 
 log = logging.getLogger(__name__)
 
@@ -71,8 +75,10 @@ class LogManager(TopicSettings, PartitionMoves, LogDirsLoading):
         self.topics: dict[str, dict[str, str]] = {}  # topic -> overrides
         self.attrs: dict[str, tuple[int, int, int]] = {}  # "", "topic", "topic/N" -> (mode, uid, gid)
         self._deleted_dirs: list[tuple[int, str]] = []
-        self.remote = None  # the tiered storage RemoteLogManager, when the service turns it on
-        self.follower = None  # a follower mount's Follower (logfs.service.follower): the logs come from the bucket
+        # Tiered storage's RemoteLogManager, and a follower mount's Follower (the logs come from the bucket): given
+        # by the service through attach_tiering, once, before the mount serves anything.
+        self.remote: RemoteLogManager | None = None
+        self.follower: Follower | None = None
         # Set (from any thread, without the lock) when the daemon stops: a topic creation still running then
         # gives up and undoes itself, so the shutdown waits for at most one partition.
         self.stopping = threading.Event()
@@ -105,7 +111,11 @@ class LogManager(TopicSettings, PartitionMoves, LogDirsLoading):
             raise
         self.closed = False
 
-    # -- startup -----------------------------------------------------------------------------------
+    def attach_tiering(self, remote: RemoteLogManager | None, follower: Follower | None = None) -> None:
+        """Turn tiered storage on (the service, at startup, before the mount serves anything): ``remote`` uploads,
+        deletes and reads this manager's tiered partitions; with ``follower``, a follower mount's logs come from the
+        bucket through it."""
+        self.remote, self.follower = remote, follower
 
     # -- topics (their listing: the TopicSettings mixin) -----------------------------------------------
 

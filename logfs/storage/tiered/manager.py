@@ -44,12 +44,10 @@ from dataclasses import replace
 
 from ...remote.api import RemoteCorruptError, RemoteNotFoundError, RemoteStore, RemoteStoreError
 from ...remote.manifest import (
-    SEGMENT_EXTS, FollowerIndex, ManifestStore, PartitionManifest, RemoteFile, RemoteSegment, decode, decode_index,
-    encode, encode_index, index_key, partition_prefix,
+    SEGMENT_EXTS, ManifestStore, PartitionManifest, RemoteFile, RemoteSegment, decode, encode, partition_prefix,
 )
 from ..checkpoints import atomic_write
 from ..cleaner.compression import needs_rewrite
-from ..clock import SYSTEM_CLOCK
 from ..errors import CorruptRecordError
 from ..local.log import Log
 from ..names import REMOTE_CACHE_DIR, REMOTE_DELETES_FILE
@@ -100,8 +98,6 @@ class RemoteLogManager:
             self.blocks.scan(os.path.join(plog.directory, REMOTE_CACHE_DIR, "blocks"))
         self.tiers: dict[tuple[str, int], PartitionTier] = {}
         self.lock = threading.Lock()
-        self._index_body: bytes | None = None  # the follower index last written (its generation aside)
-        self._index_generation: int | None = None
         self.stopping = stopping or threading.Event()  # set when the daemon stops: uploads end between segments
 
     # -- which partitions ----------------------------------------------------------------------------
@@ -457,37 +453,18 @@ class RemoteLogManager:
         return done
 
     # -- followers -----------------------------------------------------------------------------------
-    def publish_index(self, configs: dict[str, dict[str, str]], now_ms: int | None = None) -> bool:
-        """Write the prefix's follower index (:class:`~logfs.remote.manifest.FollowerIndex`) if what it would say
-        changed since the last write: each tiered partition's manifest generation, and its topic's settings
-        (``configs``: topic -> overrides); with each partition's ``remote_log_end_offset`` and the time of the
-        write, ``now_ms`` (the wall clock if not given): a follower's lag in offsets and seconds. After the
-        manifests it names, so a follower that reads it finds them at least that new. Returns whether it wrote."""
-        topics: dict = {}
+    def apply_manifest(self, plog: Log, m: PartitionManifest) -> None:
+        """Make ``m``, read from the store, the partition's remote state (a follower applying its writer's)."""
+        tier = self._tier(plog)
+        tier.loaded = True
+        self._publish(tier, m, fetch=True)
+
+    def shown_manifests(self) -> dict[tuple[str, int], PartitionManifest]:
+        """The manifest each partition of the mount shows (those with one)."""
         with self.lock:
             tiers = list(self.tiers.items())
-        for (topic, partition), tier in tiers:
-            if tier.manifest is None or self.logs.get((topic, partition)) is not tier.log or tier.log.closed:
-                continue
-            entry = topics.setdefault(topic, {"config": dict(configs.get(topic, {})), "partitions": {},
-                                              "end_offsets": {}})
-            entry["partitions"][partition] = tier.manifest.generation
-            entry["end_offsets"][partition] = tier.manifest.remote_log_end_offset
-        body = encode_index(FollowerIndex(0, topics))  # (what it says, its generation and time aside)
-        if body == self._index_body:
-            return False
-        if self._index_generation is None:
-            try:
-                self._index_generation = decode_index(self.store.get_bytes(index_key(self.prefix))).generation
-            except RemoteNotFoundError:
-                self._index_generation = 0
-            except RemoteCorruptError:
-                self._index_generation = 0
-        generation = self._index_generation + 1
-        published = SYSTEM_CLOCK.time_ms() if now_ms is None else now_ms
-        self.store.put_bytes(index_key(self.prefix), encode_index(FollowerIndex(generation, topics, published)))
-        self._index_generation, self._index_body = generation, body
-        return True
+        return {key: tier.manifest for key, tier in tiers if tier.manifest is not None
+                and self.logs.get(key) is tier.log and not tier.log.closed}
 
     def close(self) -> None:
         self.blocks.close()
