@@ -4,10 +4,10 @@ Owns appending batches at the end of one file (and writing the last one grown in
 :meth:`LogSegment.grow_tail`), the sparse index cadence (an entry once more than
 ``index.interval.bytes`` have been appended since the last one), translating an offset or a timestamp to a
 file position (index lookup, then a forward scan bounded by the interval), truncation, and the roll-time
-bookkeeping. It never decides *when* to roll; the log does. Loading and recovery are in
-:mod:`~logfs.storage.local.segment_recovery`; segments are opened through :mod:`~logfs.storage.local.lifecycle`.
-
-The reading of its ``.log`` by ``pread`` (the walk over its batches) is :class:`~logfs.storage.local.segment_file.SegmentFile`'s.
+bookkeeping. It never decides *when* to roll; the log does. Loading and recovery are its recovery routine's
+(:mod:`~logfs.storage.local.segment_recovery`); segments are opened through :mod:`~logfs.storage.local.lifecycle`.
+The reading of its ``.log`` by ``pread`` (the walk over its batches) is :class:`~logfs.storage.local.segment_file.SegmentFile`'s,
+and its readers see it through :class:`~logfs.storage.local.segment_file.ReadableSegment`, as a tiered segment.
 
 Thread safety: mutation requires the owning log's writer lock. ``read``/``batches_from``/``translate_offset``
 only touch bytes below the published ``size`` and may run in other threads concurrently with an append.
@@ -23,7 +23,7 @@ from ..errors import StorageIOError
 from ..format.lines import ZERO_STATS, LineStats
 from .index import OffsetIndex, TimeIndex, ViewIndex
 from .open_files import OPEN_FILES
-from .segment_file import SegmentFile
+from .segment_file import SegmentFile, find_offset_by_timestamp, translate_offset
 from .tail_batch import TailBatch
 from .segment_recovery import SegmentRecovery, batch_stats  # noqa: F401  (batch_stats: its callers import it here)
 
@@ -33,7 +33,13 @@ from ..names import (  # noqa: F401 (re-exported: the segment's own file names)
 )
 
 
-class LogSegment(SegmentRecovery, SegmentFile):
+class LogSegment(SegmentFile):
+    """One segment of a log: its ``.log`` (read as a :class:`SegmentFile`, by pread), its three indexes, and its
+    in-memory state; recovered by a :class:`SegmentRecovery` routine. Read through the :class:`ReadableSegment`
+    seam, as a tiered segment is."""
+
+    aborted = None  # AbortedRanges of Kafka's aborted transactions reaching into this segment (txn_index.py)
+    has_txn_index = False  # a .txnindex of its own beside it (a Kafka broker wrote it; the loader says so)
     # The lowest position whose bytes were rewritten other than by a tail batch's growth (an undone append, a
     # truncation) since a copy of the segment last looked (storage/moves.py, which resets it): it copies again from
     # there. Under the log's lock.
@@ -343,15 +349,20 @@ class LogSegment(SegmentRecovery, SegmentFile):
         """Roll-time bookkeeping: the time index's reserved last slot gets the max timestamp; the view index
         gets its end entry; every index is trimmed to its entries."""
         self.tail = None
+        self._end_entries()
+        for index in (self.offset_index, self.time_index, self.view_index):
+            index.trim_to_valid_size()
+        self.active = False
+
+    def _end_entries(self) -> None:
+        """A sealed segment's last index entries: the time index's reserved slot gets the max timestamp, the view
+        index its end entry."""
         if self.max_timestamp >= 0:
             self.time_index.maybe_append(self.max_timestamp, self.offset_of_max_timestamp, skip_full_check=True)
         if self.size > 0:
             last = self.view_index.last()
             if last is None or last.position < self.size:
                 self.view_index.append(self.next_offset, self.size, self.stats)
-        for index in (self.offset_index, self.time_index, self.view_index):
-            index.trim_to_valid_size()
-        self.active = False
 
     def sealed_on_disk(self) -> bool:
         """Whether the files are in the shape a roll leaves them: every index trimmed to its entries, and the
@@ -373,29 +384,28 @@ class LogSegment(SegmentRecovery, SegmentFile):
         self.active = True
 
     # -- reading ---------------------------------------------------------------------------------
-    def translate_offset(self, offset: int, start_position: int = 0) -> tuple[int, rec.BatchHeader] | None:
-        """Position and header of the first batch whose last offset >= ``offset``, scanning forward from the
-        offset index entry (a scan bounded by the index interval)."""
-        entry = self.offset_index.lookup(offset)
-        for pos, header, _, _ in self.batches_from(max(entry.position, start_position)):
-            if header.last_offset >= offset:
-                return pos, header
-        return None
+    # The bounded lookups every segment a view reads shares (index entry, then a scan of at most one interval).
+    translate_offset = translate_offset
+    find_offset_by_timestamp = find_offset_by_timestamp
 
-    def find_offset_by_timestamp(self, timestamp: int, starting_offset: int) -> int | None:
-        """Kafka's ``LogSegment.findOffsetByTimestamp``: the first offset >= ``starting_offset`` of a record
-        whose timestamp is >= ``timestamp``. A transaction marker counts (a control batch's one record, at the
-        coordinator's time), as in Kafka's ``FileRecords.searchForTimestamp``; so do aborted records."""
-        entry = self.time_index.lookup(timestamp)
-        position = self.offset_index.lookup(max(entry.offset, starting_offset)).position
-        for _, header, buf, at in self.batches_from(position):
-            if header.max_timestamp >= timestamp and header.last_offset >= starting_offset:
-                if header.is_control:
-                    return max(header.base_offset, starting_offset)
-                for r in rec.decode(buf, at, header.size):
-                    if r.timestamp >= timestamp and r.offset >= starting_offset:
-                        return r.offset
-        return None
+    def is_aborted(self, header: rec.BatchHeader) -> bool:
+        """Whether the batch holds records of an aborted transaction (a ``read_committed`` reader skips it)."""
+        return (self.aborted is not None and bool(header.attributes & rec.ATTR_TRANSACTIONAL)
+                and self.aborted.covers(header.producer_id, header.base_offset))
+
+    def visible_stats(self, buf, pos: int, header: rec.BatchHeader) -> LineStats:
+        """The LineStats of the batch's lines in the text view: none for an aborted transaction's batch."""
+        return ZERO_STATS if self.is_aborted(header) else batch_stats(buf, pos, header.size)
+
+    # -- loading ---------------------------------------------------------------------------------
+    def load_state(self) -> None:
+        """State from the indexes, after a clean shutdown (:meth:`SegmentRecovery.load_state`)."""
+        SegmentRecovery(self).load_state()
+
+    def recover(self, flushed_offset: int | None = None) -> int:
+        """Batches validated and indexes rebuilt, from ``flushed_offset`` on (:meth:`SegmentRecovery.recover`);
+        the bytes truncated."""
+        return SegmentRecovery(self).recover(flushed_offset)
 
     @property
     def largest_timestamp(self) -> int:
@@ -491,13 +501,7 @@ class LogSegment(SegmentRecovery, SegmentFile):
         if self.closed:
             return
         if self.active and not self.deleted:
-            if self.max_timestamp >= 0:
-                self.time_index.maybe_append(self.max_timestamp, self.offset_of_max_timestamp,
-                                             skip_full_check=True)
-            if self.size > 0:
-                last = self.view_index.last()
-                if last is None or last.position < self.size:
-                    self.view_index.append(self.next_offset, self.size, self.stats)
+            self._end_entries()
         for index in (self.offset_index, self.time_index, self.view_index):
             if self.deleted:
                 index.close_handler()
