@@ -3,8 +3,9 @@
 Owns offset assignment (contiguous, from the log end offset), batching of appended records (and when a small
 append grows the active segment's last batch in place instead), the roll
 decision (size, time minus jitter, full index, relative-offset overflow), the ``flush.messages`` policy (as
-:attr:`Log.flush_due`: an append never fsyncs), the log start offset and recovery point, and segment deletion
-(``.deleted`` rename; the unlink comes later: :mod:`~logfs.storage.local.removal`).
+:attr:`Log.flush_due`: an append never fsyncs), the log start offset and recovery point, and what leaves it
+(truncation, retention's deletion, the cleaner's swap), under its lock. The ``.deleted`` rename and the later
+unlink are its :class:`~logfs.storage.local.removal.RetiredSegments`' (``retired``).
 
 Thread safety: one writer at a time (``lock``) for append, roll, truncate, delete and config changes.
 ``flush`` takes the lock only to snapshot and to publish the recovery point, so an fsync never blocks an
@@ -14,7 +15,7 @@ does, so a reader may cache what it derives from the layout.
 
 The module is longer than 500 lines because one partition's offsets, append batching, roll, flush and snapshots
 share one lock and one set of invariants (the log end offset, the recovery point, the pins of the segments); what
-could leave, did (removal, tail_batch, segments, lifecycle). Kafka's UnifiedLog and LocalLog hold the same together.
+could leave, did (the retired segments, tail_batch, segments, lifecycle). Kafka's UnifiedLog and LocalLog hold the same together.
 """
 
 from __future__ import annotations
@@ -36,13 +37,13 @@ from ..format.speedups import C as _speedups
 from ..clock import SYSTEM_CLOCK, Clock
 from ..config import LogConfig
 from ..counters import PartitionCounters
-from ..errors import NoSuchTopicError, OffsetOutOfRangeError, RecordTooLargeError, StorageIOError
+from ..errors import LogfsError, NoSuchTopicError, OffsetOutOfRangeError, RecordTooLargeError, StorageIOError
 from ..failure import SPACE_ERRNOS, LogDir, guarded
 from ..format.lines import LineStats
-from .lifecycle import discard, open_segment, remove_segment_files
+from .lifecycle import discard, open_segment, remove_segment_files, replace_segments
 from .segment import LogSegment
-from .removal import SegmentRemoval
-from .segments import LogSegments, LogSnapshot, pin
+from .removal import RetiredSegments
+from .segments import LogSegments, LogSnapshot, close_if_unused, pin
 from .tail_batch import PAGE_SIZE, TAIL_BATCH_CAP  # noqa: F401 (PAGE_SIZE: re-exported for tests)
 
 # Appended lines are grouped into batches of about this many bytes: small enough that a read positioned inside
@@ -54,7 +55,7 @@ _RECORD_OVERHEAD = 12
 _BASE_OFFSET = struct.Struct(">q")
 
 
-class Log(SegmentRemoval):
+class Log:
     def __init__(
         self,
         directory: str,
@@ -86,7 +87,7 @@ class Log(SegmentRemoval):
         self.last_append_ms = max((s.largest_timestamp for s in segments), default=clock.time_ms())
         self.last_flush_ms = clock.time_ms()
         self.on_roll: Callable[[LogSegment], None] | None = None
-        self.deleted_segments: list[tuple[int, LogSegment]] = []  # (unlink due ms, segment)
+        self.retired = RetiredSegments(self.segments, clock)  # segments that left, until their purge
         self.closed = False
         self._layout_version = 0
         # Bumped whenever records already in the log change their place in its text view without the log start
@@ -420,7 +421,7 @@ class Log(SegmentRemoval):
             return
         segment = self._new_segment(end)
         self.segments.add(segment)
-        self._retire(active, delay_ms=0)
+        self.retired.retire(active, delay_ms=0)
         for snapshot in list(self.followers):
             snapshot.catch_up(self.view_segments())
 
@@ -491,6 +492,105 @@ class Log(SegmentRemoval):
             self.log_start_offset = max(self.log_start_offset, offset)
             self.recovery_point = max(self.recovery_point, self.log_start_offset)  # as Kafka, and as loaded
             self._layout_changed()
+
+    # -- segments leaving (truncation, retention, the cleaner's swap; the purge is RetiredSegments') --------
+    @guarded("truncation", space_ok=False)
+    def truncate_to(self, offset: int, *, unlink_later: bool = False) -> None:
+        """Remove every record with offset >= ``offset``. Segments wholly removed are renamed ``.deleted`` and
+        unlinked now, or with ``unlink_later`` by the next :meth:`purge_deleted` (which the service runs in a
+        worker thread)."""
+        with self.lock:
+            if offset >= self.log_end_offset:
+                return
+            if offset < self.log_start_offset:
+                raise OffsetOutOfRangeError(offset, self.log_start_offset, self.log_end_offset)
+            for segment in list(self.segments):
+                if segment.base_offset >= offset and segment is not self.segments.first:
+                    self.retired.retire(segment, delay_ms=0, unlink_later=unlink_later)
+            last = self.segments.active
+            if not last.active:
+                last.become_active(self.config.segment_index_bytes)
+            last.truncate_to(offset)
+            if last.size == 0 and last.base_offset != offset:
+                # Emptied: restart the active segment exactly at the new end (created before the old one goes).
+                segment = self._new_segment(offset)
+                self.retired.retire(last, delay_ms=0, unlink_later=unlink_later)
+                self.segments.add(segment)
+            self.recovery_point = min(self.recovery_point, self.log_end_offset)
+            self._rewritten()
+
+    @guarded("retention", space_ok=False)
+    def delete_segments(self, segments: Sequence[LogSegment], *, tiered: bool = False) -> None:
+        """Remove sealed segments from the log: renamed ``.deleted`` now, unlinked after
+        ``file.delete.delay.ms`` by :meth:`purge_deleted`. The log start offset moves past removed prefix,
+        unless they are ``tiered`` (local retention: the whole log still starts where it did)."""
+        with self.lock:
+            for segment in segments:
+                if segment is self.segments.active:
+                    raise ValueError("the active segment is never deleted")
+            try:
+                for segment in segments:
+                    self.retired.retire(segment, self.config.file_delete_delay_ms)
+            finally:
+                self._layout_changed()
+            if not tiered:
+                self.log_start_offset = max(self.log_start_offset, self.segments.first.base_offset)
+            self.recovery_point = max(self.recovery_point, self.log_start_offset)
+            self._layout_changed()
+
+    @guarded("segment swap", space_ok=False)
+    def replace_segments(self, old: Sequence[LogSegment], new: LogSegment) -> None:
+        """Swap ``new`` (a cleaned segment, ``.cleaned``) in for the sealed segments ``old`` whose offsets it
+        covers, by the crash-safe protocol of :func:`~logfs.storage.local.lifecycle.replace_segments`. If the log
+        changed meanwhile (retention or a truncation removed one of ``old``, or it closed), ``new`` is discarded
+        and LogfsError raised: the log is as it was."""
+        with self.lock:
+            if self.closed or any(s not in self.segments or s is self.segments.active for s in old):
+                discard(new)
+                raise LogfsError("log changed during cleaning; group skipped")
+
+            def retire(segment: LogSegment) -> None:
+                self.retired.retire(segment, self.config.file_delete_delay_ms)
+
+            # A failure from the commit point on (the .log renamed .swap) takes the directory offline (guarded):
+            # the segments retired so far have left the list with their files, the others are still in it and
+            # live on disk, and the next mount completes the swap from the .swap files. Before it, nothing
+            # changed on disk but .cleaned files, which the next load (or the next cleaning) removes.
+            try:
+                replace_segments(self.directory, new, old, retire)
+            finally:
+                self._rewritten()
+            self.segments.add(new)
+
+    @guarded("unlinking deleted segments", space_ok=False)
+    def purge_deleted(self, now_ms: int | None = None) -> int:
+        """Unlink ``.deleted`` files whose delay has passed; returns how many segments were purged."""
+        return self.retired.purge_due(self.clock.time_ms() if now_ms is None else now_ms, self.lock)
+
+    @property
+    def deleted_segments(self) -> list[tuple[int, LogSegment]]:
+        """The segments that left the log and wait for their purge: (unlink due ms, segment)."""
+        return self.retired.pending
+
+    def hold_pinned(self) -> None:
+        """Open the files of every segment a snapshot pins (local and tiered), before the partition's directory is
+        renamed for deletion: those snapshots go on reading them. Under the lock."""
+        with self.lock:
+            for segment in list(self.segments) + self.remote_segments:
+                if segment.refs > 0:
+                    segment.hold_files()
+
+    def close_deleted(self) -> None:
+        """Close a log whose directory is being deleted: each segment closes now, or when the last snapshot
+        pinning it is released (open handles keep reading it)."""
+        with self.lock:
+            for segment in self.segments:
+                segment.deleted = segment.purged = True
+                close_if_unused(segment)
+            for segment in self.remote_segments:
+                segment.deleted = segment.purged = True
+                close_if_unused(segment)
+            self.closed = True
 
     def close(self) -> None:
         """Flush and close every segment (the active one's indexes are trimmed). A log of an offline directory
