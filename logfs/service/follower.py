@@ -92,7 +92,8 @@ def setup(manager: LogManager, prefix: str) -> Follower:
     store, read_store, where = make_stores(broker)
     reachable = check_at_mount(read_store, where, "follower", "mounting what was seen last, following retries")
     rlm = RemoteLogManager(manager.data_dir, manager.logs, ReadOnlyStore(store), read_store=ReadOnlyStore(read_store),
-                           prefix=prefix, cache_bytes=broker.get("logfs.remote.cache.bytes"), stopping=manager.stopping)
+                           prefix=prefix, cache_bytes=broker.get("logfs.remote.cache.bytes"), stopping=manager.stopping,
+                           open_files=manager.open_files)
     follower = Follower(manager, rlm, prefix)
     manager.attach_tiering(rlm, follower)
     follower.attach_cached()

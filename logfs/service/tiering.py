@@ -77,7 +77,8 @@ def setup(manager: LogManager) -> RemoteLogManager | None:
     reachable = check_at_mount(read_store, where, "tiered storage", "mounting anyway, uploads retry")
     rlm = RemoteLogManager(manager.data_dir, manager.logs, store, read_store=read_store,
                            prefix=broker.get("logfs.remote.s3.prefix"),
-                           cache_bytes=broker.get("logfs.remote.cache.bytes"), stopping=manager.stopping)
+                           cache_bytes=broker.get("logfs.remote.cache.bytes"), stopping=manager.stopping,
+                           open_files=manager.open_files)
     rlm.attach_cached(store_reachable=reachable)
     log.info("tiered storage to %s", where)
     return rlm

@@ -80,7 +80,7 @@ class LogDirsLoader:
                 recovery_point=recovery.get((topic, partition), 0),
                 log_start_offset=starts.get((topic, partition), 0),
                 had_clean_shutdown=d.had_clean_shutdown, clock=m.clock, progress=per_segment,
-                log_dir=d.log_dir,
+                log_dir=d.log_dir, open_files=m.open_files,
             ))
             seen[0], seen[1] = seen[0] + seen[1], 0
             total_done[0] += 1

@@ -43,7 +43,7 @@ from .moves import PartitionMover
 from .partitions import ServedPartitions
 from .topics import TopicSettings
 from .local.log import Log
-from .local.open_files import raise_fd_limit
+from .local.open_files import OpenFiles, raise_fd_limit
 from .names import (
     TOPICS_FILE, collision_key, delete_dir_name, partition_dir_name,
     validate_topic_name,
@@ -64,11 +64,13 @@ class LogManager:
 
     def __init__(self, data_dir: str, broker: BrokerConfig | None = None, *, clock: Clock = SYSTEM_CLOCK,
                  progress: Callable[[int, int], None] | None = None,
-                 segment_progress: Callable[[int, int], None] | None = None):
+                 segment_progress: Callable[[int, int], None] | None = None,
+                 open_files: OpenFiles | None = None):
         """``progress(done, total)`` is called after each partition is loaded; ``segment_progress(done,
         total)`` once per segment (and once when a partition is complete), counted over all partitions. Its
         ``total`` starts as the number of ``.log`` files found and is corrected as each partition's loader
-        settles it (completing a compaction swap can remove segments)."""
+        settles it (completing a compaction swap can remove segments). ``open_files``: the budget of the segment
+        files it opens (by default one of half the descriptors, the soft limit raised to the hard one first)."""
         paths = parse_log_dirs(data_dir) if isinstance(data_dir, str) else [os.path.abspath(p) for p in data_dir]
         # The log directories (Kafka's log.dirs): each with its own lock, checkpoints and health. The first also
         # holds the mount's own state (the sink's staging and transactions, tiering's pending deletions).
@@ -93,7 +95,11 @@ class LogManager:
         # The first directory's health (each directory has its own: storage/failure.py, as Kafka's
         # LogDirFailureChannel): the manager's own files (topics, sink, tiering) fail with it.
         self.log_dir = self.dirs[0].log_dir
-        raise_fd_limit()
+        # The open-file budget of every segment file the mount opens (its logs', tiering's): half the descriptors.
+        if open_files is None:
+            open_files = OpenFiles()
+            raise_fd_limit(open_files)
+        self.open_files = open_files
         locked: list[DataDir] = []
         try:
             for d in self.dirs:
@@ -312,7 +318,8 @@ class LogManager:
             os.mkdir(path)  # not exist_ok: a stray of that name is not ours to reuse (FileExistsError -> EEXIST)
             made.append(path)
             plog = self.add_log(load_log(path, topic, partition, config or self.topic_config(topic),
-                                          had_clean_shutdown=True, clock=self.clock, log_dir=d.log_dir))
+                                          had_clean_shutdown=True, clock=self.clock, log_dir=d.log_dir,
+                                          open_files=self.open_files))
             if sync:
                 ckpt.fsync_dir(d.path)
         return plog

@@ -41,7 +41,6 @@ from . import checkpoints as ckpt
 from .clock import Clock
 from .config import BrokerConfig
 from .errors import InvalidConfigError, LogfsError, NotSupportedError, PartitionBusyError
-from .local.open_files import OPEN_FILES
 from .local.log import Log
 from .local.segment import LogSegment
 from .log_dirs import DataDir
@@ -418,7 +417,7 @@ class PartitionMover:
         """Step 4: the log's segments on the copy's files, under the log's lock."""
         old = plog.directory
         for segment in plog.segments:
-            with OPEN_FILES.lock:
+            with segment.open_files.lock:
                 _switch(segment.__dict__, "fd", segment.log_path, old, live)
                 segment.log_path = os.path.join(live, os.path.basename(segment.log_path))
                 for index in (segment.offset_index, segment.time_index, segment.view_index):

@@ -40,6 +40,7 @@ from ..counters import PartitionCounters
 from ..errors import LogfsError, NoSuchTopicError, OffsetOutOfRangeError, RecordTooLargeError, StorageIOError
 from ..failure import SPACE_ERRNOS, LogDir, guarded
 from ..format.lines import LineStats
+from .open_files import OpenFiles
 from .lifecycle import discard, open_segment, remove_segment_files, replace_segments
 from .segment import LogSegment
 from .removal import RetiredSegments
@@ -68,8 +69,12 @@ class Log:
         recovery_point: int,
         clock: Clock = SYSTEM_CLOCK,
         log_dir: LogDir | None = None,
+        open_files: OpenFiles | None = None,
     ):
         self.directory = directory
+        # The open-file budget its segments open their files within (the manager's; alone, its segments' own).
+        self.open_files = open_files if open_files is not None else (
+            segments[0].open_files if segments else OpenFiles())
         # The log directory's health (storage/failure.py): a disk error takes it offline, and every method that
         # touches the disk is refused (EIO) from then on, until the next mount recovers it.
         self.log_dir = log_dir if log_dir is not None else LogDir(os.path.dirname(os.path.abspath(directory)))
@@ -353,7 +358,7 @@ class Log:
         the log end would be loaded as the log's end); if they cannot be removed, the directory goes offline."""
         try:
             return open_segment(self.directory, base, self.config, created_ms=self.clock.time_ms(),
-                                jittered=jittered)
+                                jittered=jittered, open_files=self.open_files)
         except (OSError, StorageIOError) as exc:
             try:
                 remove_segment_files(self.directory, base)

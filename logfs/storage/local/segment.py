@@ -22,7 +22,7 @@ from ..format import records as rec
 from ..errors import StorageIOError
 from ..format.lines import ZERO_STATS, LineStats
 from .index import OffsetIndex, TimeIndex, ViewIndex
-from .open_files import OPEN_FILES
+from .open_files import OpenFiles, open_unit, release_unit
 from .segment_file import SegmentFile, find_offset_by_timestamp, translate_offset
 from .tail_batch import TailBatch
 from .segment_recovery import SegmentRecovery, batch_stats  # noqa: F401  (batch_stats: its callers import it here)
@@ -58,8 +58,11 @@ class LogSegment(SegmentFile):
         active: bool = True,
         max_view_index_size: int | None = None,
         create: bool = True,
+        open_files: OpenFiles | None = None,
     ):
         self.directory = directory
+        # The open-file budget its .log and indexes open within (its log's; alone, one of its own).
+        self.open_files = files = open_files if open_files is not None else OpenFiles()
         self.base_offset = base_offset
         self.index_interval_bytes = index_interval_bytes
         self.roll_jitter_ms = roll_jitter_ms
@@ -72,11 +75,11 @@ class LogSegment(SegmentFile):
         self.closed = False  # closed for good (its log closed, or it was purged and unpinned)
         stem = os.path.join(directory, filename_prefix(base_offset))
         self.log_path = stem + LOG_SUFFIX + suffix
-        with OPEN_FILES.lock:
+        with files.lock:
             # (create=False: a segment that must exist, opened by another process than its log's: were it renamed
             # away meanwhile, creating it again would leave an empty segment where the log has none)
             fd = os.open(self.log_path, os.O_RDWR | (os.O_CREAT if create else 0), 0o644)
-            OPEN_FILES.admit(self)
+            files.admit(self)
             self.fd = fd
         if max_view_index_size is None:
             max_view_index_size = ViewIndex.bytes_for(max_index_size)
@@ -84,17 +87,17 @@ class LogSegment(SegmentFile):
         try:  # (on EMFILE, ENOSPC...: release what was opened, never leak descriptors)
             self.size = os.fstat(fd).st_size
             self.offset_index = OffsetIndex(stem + INDEX_SUFFIX + suffix, base_offset, max_index_size, active=active,
-                                            create=create)
+                                            create=create, open_files=files)
             opened.append(self.offset_index)
             self.time_index = TimeIndex(stem + TIME_INDEX_SUFFIX + suffix, base_offset, max_index_size,
-                                        active=active, create=create)
+                                        active=active, create=create, open_files=files)
             opened.append(self.time_index)
             self.view_index = ViewIndex(stem + VIEW_INDEX_SUFFIX + suffix, base_offset, max_view_index_size,
-                                        active=active, create=create)
+                                        active=active, create=create, open_files=files)
         except BaseException:
             for index in opened:
                 index.close_handler()
-            self._forget_fd()
+            release_unit(self)
             self.fd, self.closed = -1, True
             raise
         for index in opened + [self.view_index]:
@@ -109,53 +112,27 @@ class LogSegment(SegmentFile):
         self.tail: TailBatch | None = None  # the last batch, while it may grow (set by the log, which decides)
 
     # -- the descriptor, opened on use ---------------------------------------------------------------
-    # ``fd`` is an attribute while the .log is open (-1 once closed for good). The process's open-file budget
+    # ``fd`` is an attribute while the .log is open (-1 once closed for good). The open-file budget
     # (:mod:`~logfs.storage.local.open_files`) may close it while the segment is idle; the next use of ``fd`` opens
     # the file again by its path (:meth:`__getattr__`), at no cost to a use while it is open.
+    fd_attr = "fd"
+
     def __getattr__(self, name: str):
         if name == "fd":
-            return self._reopen()
+            return open_unit(self, self.log_path)
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-
-    def _reopen(self) -> int:
-        with OPEN_FILES.lock:
-            fd = self.__dict__.get("fd")
-            if fd is not None:
-                return fd
-            try:
-                fd = os.open(self.log_path, os.O_RDWR)
-            except OSError as exc:
-                raise StorageIOError(f"cannot open {self.log_path}: {exc.strerror}", exc.errno) from exc
-            OPEN_FILES.admit(self)
-            self.fd = fd
-            return fd
 
     @property
     def segment(self) -> "LogSegment":
         """The segment a unit of the open-file budget belongs to: this one, for its .log descriptor."""
         return self
 
-    def _close_unit(self) -> bool:
-        """Close the .log descriptor (the budget's call, under its lock); the next use reopens it."""
-        fd = self.__dict__.pop("fd", -1)
-        if fd >= 0:
-            os.close(fd)
-        return True
-
-    def _forget_fd(self) -> None:
-        with OPEN_FILES.lock:
-            OPEN_FILES.forget(self)
-            fd = self.__dict__.get("fd", -1)
-            if fd >= 0:
-                os.close(fd)
-                del self.fd
-
     def release(self) -> None:
         """Close the descriptor and unmap the indexes now; they open again on their next use. For the segment's
         owner only (the loader, or a caller holding its log's lock, with no snapshot pinning it)."""
         if self.closed:
             return
-        self._forget_fd()
+        release_unit(self)
         for index in (self.offset_index, self.time_index, self.view_index):
             index.release()
 
@@ -513,7 +490,7 @@ class LogSegment(SegmentFile):
         """Close for good without trimming or writing anything (a segment only read, or going away)."""
         for index in (self.offset_index, self.time_index, self.view_index):
             index.close_handler()
-        self._forget_fd()
+        release_unit(self)
         self.fd, self.closed = -1, True
 
     def __repr__(self) -> str:

@@ -50,6 +50,7 @@ from ..checkpoints import atomic_write
 from ..cleaner.compression import needs_rewrite
 from ..errors import CorruptRecordError
 from ..local.log import Log
+from ..local.open_files import OpenFiles
 from ..names import REMOTE_CACHE_DIR, REMOTE_DELETES_FILE
 from .block_cache import BlockCache
 from .remote_segment import RemoteLogSegment, index_paths, install_index
@@ -85,8 +86,10 @@ class PartitionTier:
 
 class RemoteLogManager:
     def __init__(self, data_dir: str, logs: dict, store: RemoteStore, *, read_store: RemoteStore | None = None,
-                 prefix: str = "", cache_bytes: int = 1 << 30, stopping: threading.Event | None = None):
+                 prefix: str = "", cache_bytes: int = 1 << 30, stopping: threading.Event | None = None,
+                 open_files: OpenFiles | None = None):
         self.logs = logs  # the LogManager's dict: (topic, partition) -> Log
+        self.open_files = open_files if open_files is not None else OpenFiles()  # (the manager's: its segments')
         self.store = store
         self.read_store = read_store or store
         self.manifests = ManifestStore(store, prefix)
@@ -212,7 +215,7 @@ class RemoteLogManager:
                         raise RemoteNotFoundError(f"{path} is not cached")
                     install_index(path, data=self.store.get_bytes(meta.objects[ext].key))
             try:
-                return RemoteLogSegment(meta, index_dir, self.read_store, self.blocks)
+                return RemoteLogSegment(meta, index_dir, self.read_store, self.blocks, self.open_files)
             except RemoteCorruptError as exc:
                 if not fetch or attempt:
                     raise

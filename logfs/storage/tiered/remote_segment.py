@@ -27,6 +27,7 @@ from ..checkpoints import fsync_dir
 from ..errors import CorruptRecordError, FetchNeededError
 from ..format.lines import LineStats
 from ..local.index import OffsetIndex, TimeIndex, ViewIndex
+from ..local.open_files import OpenFiles
 from ..names import INDEX_SUFFIX, TIME_INDEX_SUFFIX, VIEW_INDEX_SUFFIX, filename_prefix
 from ..local.segment_file import SegmentFile, find_offset_by_timestamp, translate_offset
 from .block_cache import BLOCK_BYTES, READ_AHEAD_AFTER, READ_AHEAD_FIRST, READ_AHEAD_GET, READ_AHEAD_MAX, Block, BlockCache
@@ -73,8 +74,10 @@ class RemoteLogSegment(SegmentFile):
     active = False
     fd = -1  # never a local descriptor: close_if_unused leaves it alone
 
-    def __init__(self, meta: RemoteSegment, index_dir: str, store: RemoteStore, cache: BlockCache):
+    def __init__(self, meta: RemoteSegment, index_dir: str, store: RemoteStore, cache: BlockCache,
+                 open_files: OpenFiles | None = None):
         self.meta = meta
+        self.open_files = open_files if open_files is not None else OpenFiles()  # its indexes' budget
         self.base_offset = meta.base_offset
         self.next_offset = meta.next_offset
         self.size = meta.size
@@ -124,9 +127,12 @@ class RemoteLogSegment(SegmentFile):
                                          "their check; fetched again at the next tiering pass")
             size = self.meta.objects
             indexes = (
-                OffsetIndex(self._paths["index"], self.base_offset, size["index"].size, active=False),
-                TimeIndex(self._paths["timeindex"], self.base_offset, size["timeindex"].size, active=False),
-                ViewIndex(self._paths["viewindex"], self.base_offset, size["viewindex"].size, active=False))
+                OffsetIndex(self._paths["index"], self.base_offset, size["index"].size, active=False,
+                            open_files=self.open_files),
+                TimeIndex(self._paths["timeindex"], self.base_offset, size["timeindex"].size, active=False,
+                          open_files=self.open_files),
+                ViewIndex(self._paths["viewindex"], self.base_offset, size["viewindex"].size, active=False,
+                          open_files=self.open_files))
             for index in indexes:
                 index.segment = self
             try:
