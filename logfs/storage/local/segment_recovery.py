@@ -13,6 +13,7 @@ import os
 import struct
 
 from ..format import records as rec
+from ..format import twins
 from ..errors import CorruptRecordError
 from ..format.lines import ZERO_STATS, LineStats
 from ..format.speedups import C as _speedups
@@ -31,17 +32,7 @@ def batch_stats(buf, pos: int = 0, size: int | None = None) -> tuple[LineStats, 
             return LineStats(*_speedups.batch_stats(batch))
         except (ValueError, CorruptRecordError):
             pass  # malformed: the generic decoder decides (and reports)
-    records = keyed = nulls = key_bytes = value_bytes = 0
-    for r in rec.decode(buf, pos, size):
-        records += 1
-        if r.key is not None:
-            keyed += 1
-            key_bytes += len(r.key)
-        if r.value is None:
-            nulls += 1
-        else:
-            value_bytes += len(r.value)
-    return LineStats(records, keyed, nulls, key_bytes, value_bytes)
+    return LineStats(*twins.record_stats(rec.decode(buf, pos, size)))
 
 
 class SegmentRecovery:
