@@ -43,6 +43,7 @@ from ..format.lines import LineStats
 from .open_files import OpenFiles
 from .lifecycle import discard, open_segment, remove_segment_files, replace_segments
 from .segment import LogSegment
+from .segment_file import ReadableSegment
 from .removal import RetiredSegments
 from .segments import LogSegments, LogSnapshot, close_if_unused, pin
 from .tail_batch import PAGE_SIZE, TAIL_BATCH_CAP  # noqa: F401 (PAGE_SIZE: re-exported for tests)
@@ -101,7 +102,7 @@ class Log:
         self.rewrite_count = 0
         # Tiered segments (read-only, logfs.storage.tiered.manager publishes them): the view shows those below the first
         # local segment, then the local ones; the log start offset is then the whole log's.
-        self.remote_segments: list = []
+        self.remote_segments: list[ReadableSegment] = []
         # The snapshots of open file handles: each pins the segments the log rolls, until its reader reaches them
         self.followers: weakref.WeakSet = weakref.WeakSet()
         # A follower mount's log (service/follower.py): every record is tiered, and the one local segment is empty,
@@ -408,7 +409,7 @@ class Log:
             return self.recovery_point
 
     # -- tiers -------------------------------------------------------------------------------------
-    def set_remote(self, segments: list, log_start_offset: int) -> None:
+    def set_remote(self, segments: list[ReadableSegment], log_start_offset: int) -> None:
         """Publish the tiered segments (ascending) and the whole log's start offset. On a follower's log, also move
         its empty local segment to the tiered log's end, and hand the new segments to open handles, in one step."""
         with self.lock:
@@ -430,7 +431,7 @@ class Log:
         for snapshot in list(self.followers):
             snapshot.catch_up(self.view_segments())
 
-    def view_segments(self) -> list:
+    def view_segments(self) -> list[ReadableSegment]:
         """What the whole log reads from: tiered segments below the first local one, then the local ones (a
         segment both tiered and local is read locally). Caller holds the lock."""
         local = self.segments.as_list()
