@@ -57,10 +57,12 @@ log = logging.getLogger(__name__)
 
 
 class LogManager:
-    """All partitions of the log directories. Holds, each owning one idea: the topics' settings (``settings``, a
-    :class:`TopicSettings`), the moves between directories (``mover``, a :class:`PartitionMover`), the sink's commits
-    (``transactions``), and, when the service turns tiering on, ``remote`` and ``follower``; each directory's
-    health is its :class:`DataDir`'s failure channel. Loading at mount is a :class:`LogDirsLoader`'s."""
+    """All partitions of the log directories. Holds, each owning one idea: the partitions served (``served``), the
+    topics' settings (``settings``, a :class:`TopicSettings`), the moves between directories (``mover``, a
+    :class:`PartitionMover`), the directories renamed for deletion (``deleted_dirs``), the open-file budget of its
+    segments (``open_files``), the sink's commits (``transactions``), and, when the service turns tiering on,
+    ``remote`` and ``follower``; each directory's health is its :class:`DataDir`'s failure channel. Loading at
+    mount is a :class:`LogDirsLoader`'s."""
 
     def __init__(self, data_dir: str, broker: BrokerConfig | None = None, *, clock: Clock = SYSTEM_CLOCK,
                  progress: Callable[[int, int], None] | None = None,
