@@ -190,7 +190,7 @@ class Log:
                     stats = LineStats(end - start, 0, 0, 0, payload)
                 else:
                     stats = lines.line_stats(vals, ks)
-                yield (lambda base, v=vals, k=ks, h=hs: rec.build_batch(base, now, v, k, h)), stats
+                yield (lambda base, v=vals, k=ks, h=hs: rec.build_batch(base, now, v, k, headers=h)), stats
                 start = end
 
         return self._append_batches(batches, timestamp_ms)

@@ -6,8 +6,9 @@ Owns appending batches at the end of one file (and writing the last one grown in
 file position (index lookup, then a forward scan bounded by the interval), truncation, and the roll-time
 bookkeeping. It never decides *when* to roll; the log does. Loading and recovery are its recovery routine's
 (:mod:`~logfs.storage.local.segment_recovery`); segments are opened through :mod:`~logfs.storage.local.lifecycle`.
-The reading of its ``.log`` by ``pread`` (the walk over its batches) is :class:`~logfs.storage.local.segment_file.SegmentFile`'s,
-and its readers see it through :class:`~logfs.storage.local.segment_file.ReadableSegment`, as a tiered segment.
+The reading of its ``.log`` by ``pread`` (the walk over its batches) is
+:class:`~logfs.storage.local.segment_file.SegmentFile`'s, and its readers see it through
+:class:`~logfs.storage.local.segment_file.ReadableSegment`, as a tiered segment.
 
 Thread safety: mutation requires the owning log's writer lock. ``read``/``batches_from``/``translate_offset``
 only touch bytes below the published ``size`` and may run in other threads concurrently with an append.
@@ -430,8 +431,9 @@ class LogSegment(SegmentFile):
         if kept:
             # Original offsets are kept: a compacted batch has gaps between its records' offsets.
             batch = rec.build_batch(
-                header.base_offset, 0, [r.value for r in kept], [r.key for r in kept], [r.headers for r in kept],
-                [r.timestamp for r in kept], [r.offset - header.base_offset for r in kept],
+                header.base_offset, 0, [r.value for r in kept], [r.key for r in kept],
+                headers=[r.headers for r in kept], timestamps=[r.timestamp for r in kept],
+                offset_deltas=[r.offset - header.base_offset for r in kept],
             )
             stats = batch_stats(batch)
             self.append(batch, rec.parse_header(batch), stats)
