@@ -13,9 +13,11 @@ append. Reads outside the lock go through a :class:`~logfs.storage.local.segment
 and only touch published bytes. :attr:`layout_version` changes whenever the segment list or the log start offset
 does, so a reader may cache what it derives from the layout.
 
-The module is longer than 500 lines because one partition's offsets, append batching, roll, flush and snapshots
-share one lock and one set of invariants (the log end offset, the recovery point, the pins of the segments); what
-could leave, did (the retired segments, tail_batch, segments, lifecycle). Kafka's UnifiedLog and LocalLog hold the same together.
+The module is longer than 500 lines because one partition's offsets, append batching, roll, flush, snapshots and
+the segments leaving it (truncation, deletion, swaps) share one lock and one set of invariants (the log end offset,
+the log start offset, the recovery point, the pins of the segments); what keeps state of its own is a collaborator
+(the retired segments, the tail batch, the segment list) or a module of functions (lifecycle). Kafka's UnifiedLog
+and LocalLog hold the same together.
 """
 
 from __future__ import annotations
