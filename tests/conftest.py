@@ -5,8 +5,9 @@
 with their own vocabulary (tests/view's ``make_log``, tests/storage/test_loader.py's ``managers``) are thin
 wrappers over these two.
 
-Mounted tests get their mount from the harness plugin (tests/harness.py). Also ``small_tmpfs``: a real 8 MiB tmpfs, the disk that fills. ``LOGFS_TEST_OPEN_FILES=N`` runs the engine of
-this process under an open-file budget of N segment files (storage/local/open_files.py), whatever the descriptor limit.
+Mounted tests get their mount from the harness plugin (tests/harness.py). Also ``small_tmpfs``: a real 8 MiB tmpfs, the disk that fills. ``LOGFS_TEST_OPEN_FILES=N`` runs the logs and
+managers the fixtures open under an open-file budget of N segment files each (storage/local/open_files.py), whatever
+the descriptor limit.
 """
 
 from __future__ import annotations
@@ -19,22 +20,24 @@ from pathlib import Path
 import pytest
 
 from logfs.storage import BrokerConfig, LogConfig, LogManager, ManualClock, load_log
-from logfs.storage.local import open_files
+from logfs.storage.local.open_files import OpenFiles
 
 # The one harness (tests/harness.py: the mount fixture, FUSE marking, wait_for, the daemon-log check), and pytester
 # for the harness's own test.
 pytest_plugins = ["harness", "pytester"]
 
-def pytest_configure(config):
+def _test_budget() -> OpenFiles | None:
+    """The open-file budget ``LOGFS_TEST_OPEN_FILES`` asks for (None: the engine's own, from the descriptor limit)."""
     budget = os.environ.get("LOGFS_TEST_OPEN_FILES")
-    if budget:  # (every LogManager sets the budget from the descriptor limit: keep this one instead)
-        files = open_files.OPEN_FILES
-        files.budget = int(budget)
-        files.set_budget_from_limit = lambda *args, **kwargs: files.budget
+    if not budget:
+        return None
+    files = OpenFiles()
+    files.budget = int(budget)
+    return files
 
 
 # Keyword arguments of load_log(); every other keyword of open_log() is a LogConfig field.
-_LOAD_KWARGS = {"recovery_point", "log_start_offset", "had_clean_shutdown", "clock", "progress"}
+_LOAD_KWARGS = {"recovery_point", "log_start_offset", "had_clean_shutdown", "clock", "progress", "open_files"}
 
 
 def _closed_at_teardown(factory, finish):
@@ -71,6 +74,7 @@ def open_log(tmp_path, clock):
         elif kw:
             raise TypeError(f"LogConfig fields {sorted(kw)} given together with a config")
         load_kw.setdefault("clock", clock)
+        load_kw.setdefault("open_files", _test_budget())
         return load_log(str(directory or tmp_path / "t-0"), "t", 0, config, **load_kw)
 
     yield from _closed_at_teardown(open_log, lambda log: log.close_without_flush())
@@ -83,7 +87,8 @@ def open_manager(tmp_path, clock):
     test that wants a clean shutdown closes its manager itself."""
 
     def open_manager(props=None, data_dir=None, clock=clock):
-        return LogManager(str(data_dir or tmp_path / "data"), BrokerConfig.from_properties(props or {}), clock=clock)
+        return LogManager(str(data_dir or tmp_path / "data"), BrokerConfig.from_properties(props or {}), clock=clock,
+                          open_files=_test_budget())
 
     yield from _closed_at_teardown(open_manager, lambda manager: manager.abandon())
 

@@ -142,7 +142,7 @@ def run(data_dir, mountpoint, broker, fuse_opts, read_only, ready, follow: str |
 
             setup_follower(manager, follow)
         else:
-            manager.remote = setup(manager)
+            manager.attach_tiering(setup(manager))
     except (RemoteSetupError, OSError) as exc:
         manager.close()
         return fail(str(exc))

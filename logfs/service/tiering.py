@@ -27,6 +27,7 @@ from ..remote.directory import DirectoryStore
 from ..storage.errors import LogfsError
 from ..storage.failure import offline_by as _offline_by
 from ..storage.manager import LogManager
+from ..storage.tiered.follower import IndexPublisher
 from ..storage.tiered.manager import RemoteLogManager
 
 log = logging.getLogger(__name__)
@@ -76,7 +77,8 @@ def setup(manager: LogManager) -> RemoteLogManager | None:
     reachable = check_at_mount(read_store, where, "tiered storage", "mounting anyway, uploads retry")
     rlm = RemoteLogManager(manager.data_dir, manager.logs, store, read_store=read_store,
                            prefix=broker.get("logfs.remote.s3.prefix"),
-                           cache_bytes=broker.get("logfs.remote.cache.bytes"), stopping=manager.stopping)
+                           cache_bytes=broker.get("logfs.remote.cache.bytes"), stopping=manager.stopping,
+                           open_files=manager.open_files)
     rlm.attach_cached(store_reachable=reachable)
     log.info("tiered storage to %s", where)
     return rlm
@@ -124,6 +126,7 @@ class TieringTask:
     def __init__(self, manager: LogManager, rlm: RemoteLogManager):
         self.manager = manager
         self.rlm = rlm
+        self.index = IndexPublisher(rlm)  # the follower index (what followers poll)
         self.interval_s = manager.broker.get("remote.log.manager.task.interval.ms") / 1000
         self._failures: dict[tuple[str, int], int] = {}  # consecutive failed passes (the backoff)
         self.failed_passes: dict[tuple[str, int], int] = {}  # all failed passes (for the metrics)
@@ -166,8 +169,8 @@ class TieringTask:
                 await limiter.acquire_on_behalf_of(token)
                 nursery.start_soon(one, plog, token)
         await self._guarded("deleting the remote objects of deleted partitions", self.rlm.purge_deleted)
-        configs = {t: dict(self.manager.topics.get(t, {})) for t in {k[0] for k in self.rlm.tiers}}
-        await self._guarded("publishing the follower index", self.rlm.publish_index, configs)
+        configs = {t: dict(self.manager.topics.get(t, {})) for t, _ in self.rlm.shown_manifests()}
+        await self._guarded("publishing the follower index", self.index.publish, configs)
 
     async def _guarded(self, what: str, fn, *args, log_dir=None) -> bool:
         """``fn(*args)`` in a worker thread. ``log_dir``: the directory whose disk the step uses (a partition's; by

@@ -1,5 +1,7 @@
 """Loading the log directories at mount: each one's partitions, recovered from its checkpoints, and the moves a
-crash interrupted settled (a mixin of :class:`~logfs.storage.manager.LogManager`)."""
+crash interrupted settled. :class:`LogDirsLoader` runs once, from the :class:`~logfs.storage.manager.LogManager`'s
+constructor: it fills the manager's logs and sets what loading found (``had_clean_shutdown``, ``recovered``, the
+cleaner checkpoints)."""
 
 from __future__ import annotations
 
@@ -16,18 +18,22 @@ from .names import LOG_SUFFIX, DataDirScan, collision_key, parse_partition_dir, 
 log = logging.getLogger(__name__)
 
 
-class LogDirsLoading:
-    """Loading every log directory (a mixin of LogManager)."""
+class LogDirsLoader:
+    """Loads every log directory of one LogManager (the manager's own files: its settings, its checkpoints)."""
 
-    def _load(self, progress, segment_progress=None) -> None:
-        cleans = [d.take_clean_marker() for d in self.dirs]
-        self.had_clean_shutdown = all(cleans)
-        self._load_topics()
-        self.cleaner_checkpoints = {}
+    def __init__(self, manager):  # (a LogManager: not imported, it imports this module)
+        self.manager = manager
+
+    def load(self, progress, segment_progress=None) -> None:
+        m = self.manager
+        cleans = [d.take_clean_marker() for d in m.dirs]
+        m.had_clean_shutdown = all(cleans)
+        m.settings.load()
+        m.cleaner_checkpoints = {}
         states: dict[str, tuple[dict, dict]] = {}
         entries: list[tuple[tuple[str, int], str, DataDir]] = []
         futures: list[tuple[tuple[str, int], str, DataDir]] = []
-        for d in self.dirs:
+        for d in m.dirs:
             recovery, starts, cleaned = d.read_checkpoints()
             states[d.path] = (recovery, starts)
             scan = DataDirScan(d.path)
@@ -38,7 +44,7 @@ class LogDirsLoading:
                             name, d.path)
             # A broker's directory: the checkpoint entries of its internal partitions stay in the files.
             d.keep_entries((parse_partition_dir(name) for name in scan.internal), (recovery, starts, cleaned))
-            self.cleaner_checkpoints.update((k, v) for k, v in cleaned.items() if k not in d.kept[2])
+            m.cleaner_checkpoints.update((k, v) for k, v in cleaned.items() if k not in d.kept[2])
             if scan.kafka_files:
                 log.info("%s is a Kafka broker's log directory (%s left untouched)", d.path,
                          ", ".join(scan.kafka_files))
@@ -57,10 +63,10 @@ class LogDirsLoading:
         still_to_load = sum(counts)
         configs: dict = {}  # one per topic (building one parses every setting)
         for index, ((topic, partition), path, d) in enumerate(entries):
-            if topic not in self.topics:
-                self.topics[topic] = {}
+            if topic not in m.topics:
+                m.topics[topic] = {}
             if topic not in configs:
-                configs[topic] = self.topic_config(topic)
+                configs[topic] = m.topic_config(topic)
             per_segment = None
             if segment_progress is not None:
                 still_to_load -= counts[index]
@@ -69,22 +75,22 @@ class LogDirsLoading:
                     seen[1] = n
                     segment_progress(seen[0] + i, seen[0] + n + _after)
             recovery, starts = states[d.path]
-            self._add_log(load_log(
+            m.add_log(load_log(
                 path, topic, partition, configs[topic],
                 recovery_point=recovery.get((topic, partition), 0),
                 log_start_offset=starts.get((topic, partition), 0),
-                had_clean_shutdown=d.had_clean_shutdown, clock=self.clock, progress=per_segment,
-                log_dir=d.log_dir,
+                had_clean_shutdown=d.had_clean_shutdown, clock=m.clock, progress=per_segment,
+                log_dir=d.log_dir, open_files=m.open_files,
             ))
             seen[0], seen[1] = seen[0] + seen[1], 0
             total_done[0] += 1
             if progress is not None:
                 progress(total_done[0], len(entries))
-        self._collisions = {collision_key(t): t for t in self.topics}
-        for d in self.dirs:
+        m.settings.collisions = {collision_key(t): t for t in m.topics}
+        for d in m.dirs:
             d.drop_clean_marker()
-        self.recovered = bool(entries) and not self.had_clean_shutdown
-        self._save_topics()
+        m.recovered = bool(entries) and not m.had_clean_shutdown
+        m.settings.save()
 
     def _settle_moves(self, entries: list, futures: list) -> list:
         """Finish or undo the moves a crash interrupted (:mod:`~logfs.storage.moves`): a ``-future`` copy of a

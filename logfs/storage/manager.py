@@ -1,11 +1,17 @@
 """All partitions of the log directories (one DATA_DIR, or Kafka's ``log.dirs``): topics, partitions, placement,
-checkpoints, and the clean shutdown.
+checkpoints, DeleteRecords and the clean shutdown.
 
-Owns the Kafka log-directory layout (the names themselves are :mod:`.names`'s; one directory's own files:
-:mod:`.log_dirs`), topic registration (the topics' settings and modes: :mod:`.topics`), loading at mount
-(:mod:`.loading`), moves between directories (:mod:`.moves`) and asynchronous deletion of partitions
-(directories renamed for deletion, removed later by :meth:`LogManager.purge_deleted_dirs`). What a log directory
-holds besides is logged once at startup and never touched.
+:class:`LogManager` is the engine's one door (the FUSE layer, the service, tools and tests go through it), and holds
+collaborators that own one idea each, as Kafka's LogManager holds a LogCleaner and a LogDirFailureChannel: the
+partitions served (``served``: :mod:`.partitions`), the topics' settings and modes (``settings``: :mod:`.topics`),
+the moves between directories (``mover``: :mod:`.moves`), the directories renamed for deletion and removed later
+(``deleted_dirs``: :mod:`.deletions`), the sink's commits (``transactions``), one :class:`~.log_dirs.DataDir` per
+directory (its lock, checkpoints and failure channel), and, once the service turns tiering on
+(:meth:`LogManager.attach_tiering`), ``remote`` and ``follower``. Loading at mount is :mod:`.loading`'s. The names
+are :mod:`.names`'s. What a log directory holds besides is logged once at startup and never touched.
+
+The module is longer than 500 lines because it is that door: besides placement, creation and deletion, the
+checkpoints and the shutdown it owns, each public method of its collaborators that callers use is one line here.
 
 Thread safety: topic/partition creation and deletion and config changes are serialised by ``lock``; each
 log has its own writer lock.
@@ -13,13 +19,12 @@ log has its own writer lock.
 
 from __future__ import annotations
 
-import bisect
 import contextlib
 import logging
 import os
 import shutil
 import threading
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from . import checkpoints as ckpt
 from .clock import SYSTEM_CLOCK, Clock
@@ -28,31 +33,46 @@ from .errors import (
     InvalidOffsetError, InvalidPartitionError, InvalidTopicError, LogfsError, NoSuchTopicError,
     ShuttingDownError, StorageIOError, TopicExistsError, TopicNotEmptyError,
 )
+from .deletions import DeletedDirs
 from .failure import SPACE_ERRNOS, guarded
 from .log_dirs import DataDir, next_log_dir, parse_log_dirs
 from .local.loader import load_log
 from .publish.transactions import Transactions
-from .loading import LogDirsLoading
-from .moves import PartitionMoves
+from .loading import LogDirsLoader
+from .moves import PartitionMover
+from .partitions import ServedPartitions
 from .topics import TopicSettings
 from .local.log import Log
-from .local.open_files import raise_fd_limit
+from .local.open_files import OpenFiles, raise_fd_limit
 from .names import (
     TOPICS_FILE, collision_key, delete_dir_name, partition_dir_name,
     validate_topic_name,
 )
 
+if TYPE_CHECKING:  # (a mount without tiering never loads it)
+    from .tiered.follower import Follower
+    from .tiered.manager import RemoteLogManager
+
 log = logging.getLogger(__name__)
 
 
-class LogManager(TopicSettings, PartitionMoves, LogDirsLoading):
+class LogManager:
+    """All partitions of the log directories. Holds, each owning one idea: the partitions served (``served``), the
+    topics' settings (``settings``, a :class:`TopicSettings`), the moves between directories (``mover``, a
+    :class:`PartitionMover`), the directories renamed for deletion (``deleted_dirs``), the open-file budget of its
+    segments (``open_files``), the sink's commits (``transactions``), and, when the service turns tiering on,
+    ``remote`` and ``follower``; each directory's health is its :class:`DataDir`'s failure channel. Loading at
+    mount is a :class:`LogDirsLoader`'s."""
+
     def __init__(self, data_dir: str, broker: BrokerConfig | None = None, *, clock: Clock = SYSTEM_CLOCK,
                  progress: Callable[[int, int], None] | None = None,
-                 segment_progress: Callable[[int, int], None] | None = None):
+                 segment_progress: Callable[[int, int], None] | None = None,
+                 open_files: OpenFiles | None = None):
         """``progress(done, total)`` is called after each partition is loaded; ``segment_progress(done,
         total)`` once per segment (and once when a partition is complete), counted over all partitions. Its
         ``total`` starts as the number of ``.log`` files found and is corrected as each partition's loader
-        settles it (completing a compaction swap can remove segments)."""
+        settles it (completing a compaction swap can remove segments). ``open_files``: the budget of the segment
+        files it opens (by default one of half the descriptors, the soft limit raised to the hard one first)."""
         paths = parse_log_dirs(data_dir) if isinstance(data_dir, str) else [os.path.abspath(p) for p in data_dir]
         # The log directories (Kafka's log.dirs): each with its own lock, checkpoints and health. The first also
         # holds the mount's own state (the sink's staging and transactions, tiering's pending deletions).
@@ -62,27 +82,26 @@ class LogManager(TopicSettings, PartitionMoves, LogDirsLoading):
         self.broker = broker or BrokerConfig.from_properties({})
         self.clock = clock
         self.lock = threading.RLock()
-        self.logs: dict[tuple[str, int], Log] = {}
-        self._topic_logs: dict[str, dict[int, Log]] = {}  # the same logs by topic (no operation scans them all)
-        # Each topic's partition numbers, kept ascending as logs are added and dropped (a new partition is the
-        # next number: an append), so listing them or finding the next one sorts nothing. Sorting on every
-        # creation made a follower's catch-up of 20,000 partitions quadratic (docs/benchmarks.md, issue 33).
-        self._topic_parts: dict[str, list[int]] = {}
-        self.topics: dict[str, dict[str, str]] = {}  # topic -> overrides
-        self.attrs: dict[str, tuple[int, int, int]] = {}  # "", "topic", "topic/N" -> (mode, uid, gid)
-        self._deleted_dirs: list[tuple[int, str]] = []
-        self.remote = None  # the tiered storage RemoteLogManager, when the service turns it on
-        self.follower = None  # a follower mount's Follower (logfs.service.follower): the logs come from the bucket
+        self.served = ServedPartitions()
+        self.logs = self.served.logs  # (topic, partition) -> Log: the same dict, for the readers of it
+        self.settings = TopicSettings(self.dirs, self.broker, self.lock, self.served.by_topic)
+        self.deleted_dirs = DeletedDirs(self._dirs_by_path, clock)  # partitions renamed for deletion, until removed
+        # Tiered storage's RemoteLogManager, and a follower mount's Follower (the logs come from the bucket): given
+        # by the service through attach_tiering, once, before the mount serves anything.
+        self.remote: RemoteLogManager | None = None
+        self.follower: Follower | None = None
         # Set (from any thread, without the lock) when the daemon stops: a topic creation still running then
         # gives up and undoes itself, so the shutdown waits for at most one partition.
         self.stopping = threading.Event()
-        self.moving: dict[tuple[str, int], str] = {}  # partitions being moved -> their target directory
-        self.move_threads: set = set()
-        self.moves_done = self.moves_failed = 0
+        self.mover = PartitionMover(self)
         # The first directory's health (each directory has its own: storage/failure.py, as Kafka's
         # LogDirFailureChannel): the manager's own files (topics, sink, tiering) fail with it.
         self.log_dir = self.dirs[0].log_dir
-        raise_fd_limit()
+        # The open-file budget of every segment file the mount opens (its logs', tiering's): half the descriptors.
+        if open_files is None:
+            open_files = OpenFiles()
+            raise_fd_limit(open_files)
+        self.open_files = open_files
         locked: list[DataDir] = []
         try:
             for d in self.dirs:
@@ -93,7 +112,7 @@ class LogManager(TopicSettings, PartitionMoves, LogDirsLoading):
                 d.release_lock()
             raise
         try:
-            self._load(progress, segment_progress)
+            LogDirsLoader(self).load(progress, segment_progress)
             # The Spark sink's commits: the ones a crash interrupted are completed before anything is served.
             self.transactions = Transactions(self)
             self.transactions.open()
@@ -105,33 +124,126 @@ class LogManager(TopicSettings, PartitionMoves, LogDirsLoading):
             raise
         self.closed = False
 
-    # -- startup -----------------------------------------------------------------------------------
+    def attach_tiering(self, remote: RemoteLogManager | None, follower: Follower | None = None) -> None:
+        """Turn tiered storage on (the service, at startup, before the mount serves anything): ``remote`` uploads,
+        deletes and reads this manager's tiered partitions; with ``follower``, a follower mount's logs come from the
+        bucket through it."""
+        self.remote, self.follower = remote, follower
 
-    # -- topics (their listing: the TopicSettings mixin) -----------------------------------------------
+    # -- topics: their settings (TopicSettings), and their partitions -----------------------------------
+    @property
+    def topics(self) -> dict[str, dict[str, str]]:
+        """topic -> overrides (the settings')."""
+        return self.settings.topics
+
+    @property
+    def attrs(self) -> dict[str, tuple[int, int, int]]:
+        """"", "topic", "topic/N" -> (mode, uid, gid) (the settings')."""
+        return self.settings.attrs
+
+    def list_topics(self) -> list[str]:
+        return self.settings.list_topics()
+
+    def topic_config(self, topic: str) -> LogConfig:
+        return self.settings.topic_config(topic)
+
+    def topic_overrides(self, topic: str) -> dict[str, str]:
+        return self.settings.topic_overrides(topic)
+
+    def get_attrs(self, name: str) -> tuple[int, int, int] | None:
+        """(mode bits, uid, gid) set for ``name`` ("" = root, "topic", "topic/N"), or None for the default."""
+        return self.settings.get_attrs(name)
+
+    @guarded("a mode change", convert=False)
+    def set_attrs(self, name: str, mode: int, uid: int, gid: int) -> None:
+        self.settings.set_attrs(name, mode, uid, gid)
+
+    @guarded("a topic setting", convert=False)
+    def set_topic_config(self, topic: str, key: str, value: str | None) -> None:
+        """Set (or, with ``value=None``, remove) a topic override; applies to the topic's logs at once."""
+        self.settings.set_topic_config(topic, key, value)
+
+    def replace_overrides(self, topic: str, overrides: dict[str, str]) -> None:
+        """Make ``overrides`` the topic's (a follower mount takes its writer's settings as published)."""
+        self.settings.replace_overrides(topic, overrides)
+
+    def partitions(self, topic: str) -> list[int]:
+        """The topic's partition numbers, ascending (a copy: O(p) for its p partitions)."""
+        with self.lock:
+            return self.served.numbers(self._known(topic))
+
+    def partition_count(self, topic: str) -> int:
+        """How many partitions the topic has (O(1))."""
+        with self.lock:
+            return self.served.count(self._known(topic))
+
+    def next_partition(self, topic: str) -> int:
+        """One past the topic's highest partition number (0 for none): the number a new partition gets (O(1))."""
+        with self.lock:
+            return self.served.next_number(self._known(topic))
+
+    def _known(self, topic: str) -> str:
+        if topic not in self.topics:
+            raise NoSuchTopicError(f"no topic {topic!r}")
+        return topic
+
+    def topic_logs(self, topic: str) -> list[Log]:
+        """The logs of one topic's partitions (O(p); empty for an unknown topic)."""
+        return self.served.of_topic(topic)
+
+    # -- moves between the log directories (the PartitionMover's) ---------------------------------------
+    @property
+    def moving(self) -> dict[tuple[str, int], str]:
+        """The partitions being moved -> their target directory."""
+        return self.mover.moving
+
+    @property
+    def moves_done(self) -> int:
+        return self.mover.done
+
+    @property
+    def moves_failed(self) -> int:
+        return self.mover.failed
+
+    def log_dir_of(self, topic: str, partition: int) -> str:
+        """The log directory holding the partition (``user.logfs.log_dir``)."""
+        return self.dir_of(self.get_log(topic, partition)).path
+
+    def move_partition(self, topic: str, partition: int, target: str) -> bool:
+        """:meth:`PartitionMover.move_partition`: move it to ``target`` and wait."""
+        return self.mover.move_partition(topic, partition, target)
+
+    def start_move(self, topic: str, partition: int, target: str):
+        """:meth:`PartitionMover.start_move`: its thread, or None when the partition is there already."""
+        return self.mover.start_move(topic, partition, target)
+
+    def wait_for_moves(self) -> None:
+        self.mover.wait_for_moves()
+
+    # -- the log directories ----------------------------------------------------------------------------
+    def dir_by_path(self, path: str) -> DataDir | None:
+        """The log directory at ``path`` (absolute), if it is one of the mount's."""
+        return self._dirs_by_path.get(path)
+
+    def defer_removal(self, path: str, delay_ms: int) -> None:
+        """Remove ``path`` (a partition directory renamed for deletion) ``delay_ms`` from now."""
+        self.deleted_dirs.defer(path, delay_ms)
+
 
     def dir_of(self, plog: Log) -> DataDir:
         """The log directory holding ``plog``."""
         return self._dirs_by_path[os.path.dirname(plog.directory)]
 
-    def _add_log(self, plog: Log) -> Log:
+    def add_log(self, plog: Log) -> Log:
+        """Serve ``plog`` (loaded or created), counted in its directory."""
         self.dir_of(plog).partitions += 1
-        self.logs[(plog.topic, plog.partition)] = plog
-        logs = self._topic_logs.setdefault(plog.topic, {})
-        if plog.partition not in logs:
-            bisect.insort(self._topic_parts.setdefault(plog.topic, []), plog.partition)  # (the next: at the end)
-        logs[plog.partition] = plog
+        self.served.add(plog)
         return plog
 
     def _drop_log(self, topic: str, partition: int) -> Log | None:
-        plog = self.logs.pop((topic, partition), None)
+        plog = self.served.drop(topic, partition)
         if plog is not None:
             self.dir_of(plog).partitions -= 1
-        logs = self._topic_logs.get(topic)
-        if logs is not None and logs.pop(partition, None) is not None:
-            parts = self._topic_parts[topic]
-            del parts[bisect.bisect_left(parts, partition)]
-            if not logs:
-                del self._topic_logs[topic], self._topic_parts[topic]
         return plog
 
     @guarded("topic creation", convert=False)
@@ -140,7 +252,7 @@ class LogManager(TopicSettings, PartitionMoves, LogDirsLoading):
         with self.lock:
             if topic in self.topics:
                 raise TopicExistsError(f"topic {topic!r} exists")
-            other = self._collisions.get(collision_key(topic))
+            other = self.settings.collisions.get(collision_key(topic))
             if other is not None:
                 raise InvalidTopicError(f"topic {topic!r} collides with existing topic {other!r} ('.' and '_' "
                                         "are the same character in Kafka's metric names)")
@@ -154,10 +266,10 @@ class LogManager(TopicSettings, PartitionMoves, LogDirsLoading):
                         raise ShuttingDownError(f"creation of topic {topic!r} abandoned: logfs is stopping")
                     self._create_partition(topic, p, made, config, sync=False)
                 for d in {self._dirs_by_path[os.path.dirname(p)] for p in made}:
-                    with self._on(d, f"creating topic {topic!r}"):
+                    with self.on_disk_of(d, f"creating topic {topic!r}"):
                         ckpt.fsync_dir(d.path)  # once for all of them: the topic exists once this returns
                 if not count:
-                    self._save_topics()  # a topic without partitions is known only from logfs-topics.json
+                    self.settings.save()  # a topic without partitions is known only from logfs-topics.json
             except BaseException:
                 # All or nothing (EMFILE, ENOSPC...): no topic left behind with only some of its partitions. Only
                 # what was made is undone, its fds closed first (removing a directory needs fds too).
@@ -169,11 +281,11 @@ class LogManager(TopicSettings, PartitionMoves, LogDirsLoading):
                     shutil.rmtree(path, ignore_errors=True)
                 del self.topics[topic]
                 try:
-                    self._save_topics()
+                    self.settings.save()
                 except OSError:
                     pass
                 raise
-            self._collisions[collision_key(topic)] = topic
+            self.settings.collisions[collision_key(topic)] = topic
 
     @guarded("partition creation", convert=False)
     def create_partition(self, topic: str, partition: int) -> Log:
@@ -204,17 +316,18 @@ class LogManager(TopicSettings, PartitionMoves, LogDirsLoading):
         if d is None:
             self.log_dir.check()  # (every directory is offline: the first one's error)
         path = os.path.join(d.path, partition_dir_name(topic, partition))
-        with self._on(d, f"creating partition {topic}-{partition}"):
+        with self.on_disk_of(d, f"creating partition {topic}-{partition}"):
             os.mkdir(path)  # not exist_ok: a stray of that name is not ours to reuse (FileExistsError -> EEXIST)
             made.append(path)
-            plog = self._add_log(load_log(path, topic, partition, config or self.topic_config(topic),
-                                          had_clean_shutdown=True, clock=self.clock, log_dir=d.log_dir))
+            plog = self.add_log(load_log(path, topic, partition, config or self.topic_config(topic),
+                                          had_clean_shutdown=True, clock=self.clock, log_dir=d.log_dir,
+                                          open_files=self.open_files))
             if sync:
                 ckpt.fsync_dir(d.path)
         return plog
 
     @contextlib.contextmanager
-    def _on(self, d: DataDir, what: str):
+    def on_disk_of(self, d: DataDir, what: str):
         """Report an error of the disk met inside to ``d``, the directory it came from (offline, unless a full
         disk), then raise it as it was."""
         try:
@@ -240,10 +353,10 @@ class LogManager(TopicSettings, PartitionMoves, LogDirsLoading):
         not raised (stale checkpoint entries of a partition that is gone are ignored at load)."""
         with self.lock:
             victim = self.get_log(topic, partition)
-            emptied = len(self._topic_logs.get(topic, ())) == 1  # (the victim is one of them: get_log above)
+            emptied = self.served.count(topic) == 1  # (the victim is one of them: get_log above)
             if emptied:
                 try:  # the emptied topic must survive a crash after the rename as a topic
-                    self._save_topics(keep=topic)
+                    self.settings.save(keep=topic)
                 except OSError as exc:
                     if exc.errno not in SPACE_ERRNOS:
                         raise  # a failing disk: offline (guarded), and the partition is not deleted
@@ -254,21 +367,21 @@ class LogManager(TopicSettings, PartitionMoves, LogDirsLoading):
             new_path = os.path.join(d.path, delete_dir_name(topic, partition))
             if self.remote is not None and victim.config.remote_storage_enable and not victim.follower:
                 self.remote.schedule_delete(topic, partition)  # its objects go too, even after a crash
-            with victim.lock, self._on(d, f"deleting partition {topic}-{partition}"):
+            with victim.lock, self.on_disk_of(d, f"deleting partition {topic}-{partition}"):
                 victim.hold_pinned()  # open handles go on reading the files they pinned, under any name
                 os.rename(victim.directory, new_path)
                 self._drop_log(topic, partition)
                 victim.close_deleted()
-            self._deleted_dirs.append((self.clock.time_ms() + victim.config.file_delete_delay_ms, new_path))
+            self.defer_removal(new_path, victim.config.file_delete_delay_ms)
             attrs_gone = self.attrs.pop(f"{topic}/{partition}", None) is not None
-            with self._on(d, f"deleting partition {topic}-{partition}"):
+            with self.on_disk_of(d, f"deleting partition {topic}-{partition}"):
                 self._record_deletion(new_path, d, save_topics=attrs_gone or emptied)
 
     def _record_deletion(self, deleted_path: str, d: DataDir, *, save_topics: bool) -> None:
         def record() -> None:
             ckpt.fsync_dir(d.path)
             if save_topics:
-                self._save_topics()  # an emptied topic stays a topic
+                self.settings.save()  # an emptied topic stays a topic
             self.checkpoint()
 
         try:
@@ -281,8 +394,7 @@ class LogManager(TopicSettings, PartitionMoves, LogDirsLoading):
                 raise
             log.warning("recording a deletion in %s failed (%s); purging %s now to make room",
                         self.data_dir, exc.strerror or exc, os.path.basename(deleted_path))
-            self._deleted_dirs = [(t, p) for t, p in self._deleted_dirs if p != deleted_path]
-            shutil.rmtree(deleted_path, ignore_errors=True)
+            self.deleted_dirs.remove_now(deleted_path)
             try:
                 record()
             except OSError as again:
@@ -296,50 +408,13 @@ class LogManager(TopicSettings, PartitionMoves, LogDirsLoading):
         with self.lock:
             if self.partition_count(topic):
                 raise TopicNotEmptyError(f"topic {topic!r} still has partitions")
-            overrides, attrs = self.topics.pop(topic), self.attrs.pop(topic, None)
-            try:
-                self._save_topics()
-            except OSError:
-                if self._topics_file_names(topic):  # on disk it would come back: change nothing
-                    self.topics[topic] = overrides
-                    if attrs is not None:
-                        self.attrs[topic] = attrs
-                    raise
-                log.warning("%s not rewritten after deleting topic %r (it does not name it)", TOPICS_FILE, topic)
-            key = collision_key(topic)
-            if self._collisions.get(key) == topic:
-                del self._collisions[key]
-                for other in self.topics:  # (two colliding topics can both come from an existing store)
-                    if collision_key(other) == key:
-                        self._collisions[key] = other
-                        break
+            self.settings.remove(topic)
 
     @guarded("removing deleted partitions", space_ok=False, convert=False)
     def purge_deleted_dirs(self, now_ms: int | None = None) -> int:
-        """Remove the directories of deleted partitions whose ``file.delete.delay.ms`` has passed. An error of the
-        disk on the way takes that directory offline and is raised once all are tried; what is left behind is
-        removed at the next mount."""
-        now = self.clock.time_ms() if now_ms is None else now_ms
-        with self.lock:
-            due = [p for t, p in self._deleted_dirs if t <= now]
-            self._deleted_dirs = [(t, p) for t, p in self._deleted_dirs if t > now]
-        failures: list[OSError] = []
-
-        def failed(_fn, _path, exc_info) -> None:
-            if not isinstance(exc_info[1], FileNotFoundError):  # (gone already: nothing to remove)
-                failures.append(exc_info[1])
-
-        for path in due:
-            d = self._dirs_by_path.get(os.path.dirname(path))
-            if d is not None and d.offline:
-                continue  # (the next mount removes it)
-            before = len(failures)
-            shutil.rmtree(path, onerror=failed)
-            if d is not None and len(failures) > before:
-                d.log_dir.io_error(failures[before], f"removing {os.path.basename(path)} in {d.path}")
-        if failures:
-            raise failures[0]
-        return len(due)
+        """Remove the directories of deleted partitions whose ``file.delete.delay.ms`` has passed
+        (:meth:`DeletedDirs.purge_due`)."""
+        return self.deleted_dirs.purge_due(now_ms)
 
     # -- checkpoints and shutdown ------------------------------------------------------------------
     @property
@@ -400,7 +475,7 @@ class LogManager(TopicSettings, PartitionMoves, LogDirsLoading):
             if d.offline:
                 continue
             try:
-                with self._on(d, what):
+                with self.on_disk_of(d, what):
                     fn(d)
             except (OSError, StorageIOError) as exc:
                 first = first or exc
@@ -416,7 +491,7 @@ class LogManager(TopicSettings, PartitionMoves, LogDirsLoading):
             d = self.dir_of(self.logs[(topic, partition)])
             live = {k: v for k, v in self.cleaner_checkpoints.items()
                     if k in self.logs and self.dir_of(self.logs[k]) is d}
-        with self._on(d, "writing the cleaner checkpoint"):
+        with self.on_disk_of(d, "writing the cleaner checkpoint"):
             d.write_cleaner_checkpoint(live)
 
     def flush_all(self) -> None:
@@ -450,13 +525,13 @@ class LogManager(TopicSettings, PartitionMoves, LogDirsLoading):
             clean = [d for d in self.dirs if self._close_dir(d)]
             if not all(d.offline for d in self.dirs):
                 try:
-                    self._save_topics()
+                    self.settings.save()
                 except (OSError, LogfsError) as exc:
                     self.log_dir.report(exc, "clean shutdown")
             for d in self.dirs:
                 if d in clean and not d.offline:
                     try:
-                        with self._on(d, "clean shutdown"):
+                        with self.on_disk_of(d, "clean shutdown"):
                             d.mark_clean()
                     except (OSError, LogfsError) as exc:
                         log.error("clean shutdown of %s incomplete (the next start recovers): %s", d.path, exc)
@@ -469,7 +544,7 @@ class LogManager(TopicSettings, PartitionMoves, LogDirsLoading):
         logs = {k: v for k, v in self.logs.items() if self.dir_of(v) is d}
         if not d.offline:
             try:
-                with self._on(d, "clean shutdown"):
+                with self.on_disk_of(d, "clean shutdown"):
                     for partition_log in logs.values():
                         partition_log.close()
                     d.write_checkpoints(logs)

@@ -15,7 +15,7 @@ The protocol, crash-safe at every step:
   3. The source directory is renamed ``<topic>-<n>.<id>-delete`` and the source log directory fsynced: the commit
      point. Before it the partition lives in the source (a crash leaves a ``-future`` copy, which the next mount
      removes); after it, in the target (a crash leaves the ``-future`` copy alone, which the next mount renames
-     live: :meth:`~logfs.storage.manager.LogManager._settle_moves`).
+     live: :meth:`~logfs.storage.loading.LogDirsLoader._settle_moves`).
   4. The copy is renamed ``<topic>-<n>`` and the target directory fsynced. The log's segments then use the new
      files: each open descriptor is replaced by one of the copy with ``dup2`` (the same number, so a reader in the
      middle of a ``pread`` reads the same bytes from either), the paths change, and the log's directory and
@@ -35,10 +35,13 @@ import os
 import shutil
 import threading
 import time
+from typing import ContextManager, Protocol
 
 from . import checkpoints as ckpt
+from .clock import Clock
+from .config import BrokerConfig
 from .errors import InvalidConfigError, LogfsError, NotSupportedError, PartitionBusyError
-from .local.open_files import OPEN_FILES
+from .local.log import Log
 from .local.segment import LogSegment
 from .log_dirs import DataDir
 from .names import REMOTE_CACHE_DIR, delete_dir_name, future_dir_name, parse_segment_file, partition_dir_name
@@ -198,12 +201,34 @@ def _files(segment: LogSegment) -> list[str]:
     return [segment.log_path, segment.offset_index.path, segment.time_index.path, segment.view_index.path]
 
 
-class PartitionMoves:
-    """Moves between the log directories (a mixin of LogManager)."""
+class MovedLogs(Protocol):
+    """What a move needs of the LogManager: its directories and logs, its lock and stop flag, its settings."""
 
-    def log_dir_of(self, topic: str, partition: int) -> str:
-        """The log directory holding the partition (``user.logfs.log_dir``)."""
-        return self.dir_of(self.get_log(topic, partition)).path
+    dirs: list[DataDir]
+    logs: dict
+    lock: threading.RLock
+    stopping: threading.Event
+    broker: BrokerConfig
+    clock: Clock
+    remote: object  # tiered storage's RemoteLogManager, or None (a tiered partition is not moved)
+
+    def get_log(self, topic: str, partition: int) -> Log: ...
+    def dir_of(self, plog: Log) -> DataDir: ...
+    def dir_by_path(self, path: str) -> DataDir | None: ...
+    def on_disk_of(self, d: DataDir, what: str) -> ContextManager[None]: ...
+    def defer_removal(self, path: str, delay_ms: int) -> None: ...
+    def checkpoint(self) -> None: ...
+
+
+class PartitionMover:
+    """The moves between the log directories of one LogManager (its ``mover``): those under way (``moving``: each
+    partition's target directory), their threads, and how many ended each way."""
+
+    def __init__(self, manager: MovedLogs):
+        self.manager = manager
+        self.moving: dict[tuple[str, int], str] = {}  # partitions being moved -> their target directory
+        self.threads: set[_MoveThread] = set()
+        self.done = self.failed = 0
 
     def move_partition(self, topic: str, partition: int, target: str) -> bool:
         """Move the partition to the log directory ``target`` and wait for the move to end; raises what it failed
@@ -224,26 +249,27 @@ class PartitionMoves:
 
         The move runs in the background, as Kafka's reassignment does: a FUSE ``setxattr`` holds the file's inode
         lock until it returns, and the kernel would hold every ``write()`` to the partition that long."""
-        plog = self.get_log(topic, partition)
-        target_dir = self._dirs_by_path.get(os.path.abspath(target.rstrip("/") or "/"))
+        m = self.manager
+        plog = m.get_log(topic, partition)
+        target_dir = m.dir_by_path(os.path.abspath(target.rstrip("/") or "/"))
         if target_dir is None:
             raise InvalidConfigError(f"{target!r} is not a log directory of this mount (they are "
-                                     f"{', '.join(d.path for d in self.dirs)})")
-        source_dir = self.dir_of(plog)
+                                     f"{', '.join(d.path for d in m.dirs)})")
+        source_dir = m.dir_of(plog)
         if target_dir is source_dir:
             return None
-        if self.remote is not None and plog.config.remote_storage_enable:
+        if m.remote is not None and plog.config.remote_storage_enable:
             raise NotSupportedError(f"{plog.name} is tiered: moving a tiered partition between log directories is "
                                     "not supported (its remote cache and tiering state live in its directory)")
         source_dir.log_dir.check()
         target_dir.log_dir.check()
         key = (topic, partition)
-        with self.lock:
+        with m.lock:
             if key in self.moving:
                 raise PartitionBusyError(f"{plog.name} is already being moved to {self.moving[key]}")
             self.moving[key] = target_dir.path
             thread = _MoveThread(self, key, plog, source_dir, target_dir)
-            self.move_threads.add(thread)
+            self.threads.add(thread)
         log.info("moving %s from %s to %s", plog.name, source_dir.path, target_dir.path)
         thread.start()
         return thread
@@ -251,21 +277,23 @@ class PartitionMoves:
     def wait_for_moves(self) -> None:
         """Stop the moves under way (``stopping`` is set) and wait for them: each ends at its next step, its copy
         removed (or, past its commit point, done)."""
-        self.stopping.set()
-        for thread in list(self.move_threads):
+        m = self.manager
+        m.stopping.set()
+        for thread in list(self.threads):
             thread.join()
 
     def _move(self, plog, source_dir: DataDir, target_dir: DataDir) -> None:
+        m = self.manager
         try:
             future = os.path.join(target_dir.path, future_dir_name(plog.topic, plog.partition))
         except ValueError as exc:
             raise InvalidConfigError(str(exc)) from None
         copies: dict[int, _SegmentCopy] = {}
-        throttle = _Throttle(self.broker.get("replica.alter.log.dirs.io.max.bytes.per.second"),
-                             self.broker.get("logfs.move.disk.share"))
+        throttle = _Throttle(m.broker.get("replica.alter.log.dirs.io.max.bytes.per.second"),
+                             m.broker.get("logfs.move.disk.share"))
         committed = relocated = False
         try:
-            with self._on(target_dir, f"moving {plog.name}"):
+            with m.on_disk_of(target_dir, f"moving {plog.name}"):
                 os.mkdir(future)
             self._copy_until_close(plog, future, copies, target_dir, throttle)
             with plog.lock:
@@ -274,7 +302,7 @@ class PartitionMoves:
                 self._final_copy(plog, future, copies, target_dir, throttle)
                 # The commit point: the source renamed for deletion, in its own log directory.
                 gone = os.path.join(source_dir.path, delete_dir_name(plog.topic, plog.partition))
-                with self._on(source_dir, f"moving {plog.name}"):
+                with m.on_disk_of(source_dir, f"moving {plog.name}"):
                     plog.hold_pinned()  # (segments that left the log but are still read: their files stay open)
                     os.rename(plog.directory, gone)
                     committed = True
@@ -301,7 +329,7 @@ class PartitionMoves:
             for copy in copies.values():
                 copy.close()
             if relocated:
-                with self.lock:
+                with m.lock:
                     source_dir.partitions -= 1
                     target_dir.partitions += 1
             if not committed:
@@ -312,12 +340,12 @@ class PartitionMoves:
             raise
         for copy in copies.values():
             copy.close()
-        with self.lock:
+        with m.lock:
             source_dir.partitions -= 1
             target_dir.partitions += 1
-            self._deleted_dirs.append((self.clock.time_ms() + plog.config.file_delete_delay_ms, gone))
+            m.defer_removal(gone, plog.config.file_delete_delay_ms)
         try:
-            self.checkpoint()  # the source's checkpoints without it
+            m.checkpoint()  # the source's checkpoints without it
         except (OSError, LogfsError) as exc:
             log.warning("checkpoints not rewritten after moving %s: %s (they are at the next checkpoint)",
                         plog.name, exc)
@@ -325,8 +353,9 @@ class PartitionMoves:
 
     def _copy_until_close(self, plog, future: str, copies: dict, target_dir: DataDir, throttle: _Throttle) -> None:
         """Step 1: copy outside the log's lock until what is left is small."""
+        m = self.manager
         for _ in range(CATCH_UP_ROUNDS):
-            if self.stopping.is_set():
+            if m.stopping.is_set():
                 raise LogfsError(f"moving {plog.name} abandoned: logfs is stopping")
             with plog.snapshot() as snap:
                 left = 0
@@ -335,10 +364,10 @@ class PartitionMoves:
                     if copy is not None and copy.sealed:
                         continue
                     try:
-                        with self._on(target_dir, f"moving {plog.name}"):
+                        with m.on_disk_of(target_dir, f"moving {plog.name}"):
                             if copy is None:
                                 copy = copies[segment.base_offset] = _SegmentCopy(
-                                    future, segment, plog.lock, self.stopping, throttle)
+                                    future, segment, plog.lock, m.stopping, throttle)
                             left += copy.copy(segment, final=False)
                             copy.sync()  # (outside the lock: the final step then syncs only what changed since)
                     except _Source as exc:
@@ -352,17 +381,18 @@ class PartitionMoves:
 
     def _final_copy(self, plog, future: str, copies: dict, target_dir: DataDir, throttle: _Throttle) -> None:
         """Step 2, under the log's lock."""
+        m = self.manager
         live = {s.base_offset for s in plog.segments}
         for base in [b for b in copies if b not in live]:  # removed by retention meanwhile
             copy = copies.pop(base)
             for path in copy.paths.values():
                 os.unlink(path)
             copy.close()
-        with self._on(target_dir, f"moving {plog.name}"):
+        with m.on_disk_of(target_dir, f"moving {plog.name}"):
             for segment in plog.segments:
                 copy = copies.get(segment.base_offset)
                 if copy is None:
-                    copy = copies[segment.base_offset] = _SegmentCopy(future, segment, plog.lock, self.stopping,
+                    copy = copies[segment.base_offset] = _SegmentCopy(future, segment, plog.lock, m.stopping,
                                                                       throttle)
                 if not copy.sealed:
                     copy.copy(segment, final=True)
@@ -379,7 +409,7 @@ class PartitionMoves:
                     os.close(fd)
             ckpt.fsync_dir(future)
             plog.recovery_point = plog.log_end_offset  # (every byte of the copy is synced)
-            logs = {k: v for k, v in self.logs.items() if self.dir_of(v) is target_dir}
+            logs = {k: v for k, v in m.logs.items() if m.dir_of(v) is target_dir}
             logs[(plog.topic, plog.partition)] = plog
             target_dir.write_checkpoints(logs)
 
@@ -387,7 +417,7 @@ class PartitionMoves:
         """Step 4: the log's segments on the copy's files, under the log's lock."""
         old = plog.directory
         for segment in plog.segments:
-            with OPEN_FILES.lock:
+            with segment.open_files.lock:
                 _switch(segment.__dict__, "fd", segment.log_path, old, live)
                 segment.log_path = os.path.join(live, os.path.basename(segment.log_path))
                 for index in (segment.offset_index, segment.time_index, segment.view_index):
@@ -408,14 +438,14 @@ class _MoveThread(threading.Thread):
     """One move in the background; ``failure`` is what it failed with (logged; an error of a disk was reported to
     its directory)."""
 
-    def __init__(self, manager, key, plog, source_dir: DataDir, target_dir: DataDir):
+    def __init__(self, mover: PartitionMover, key, plog, source_dir: DataDir, target_dir: DataDir):
         super().__init__(name=f"move {plog.name}", daemon=True)
-        self.manager, self.key, self.plog = manager, key, plog
+        self.mover, self.key, self.plog = mover, key, plog
         self.source_dir, self.target_dir = source_dir, target_dir
         self.failure: BaseException | None = None
 
     def run(self) -> None:
-        manager, plog = self.manager, self.plog
+        mover, plog = self.mover, self.plog
         try:
             # A background copy: the lowest CPU priority (Linux's nice is per thread), so that on a busy machine the
             # copy's own CPU (copy_file_range runs in this thread, in the kernel) waits for the appends and reads.
@@ -424,19 +454,19 @@ class _MoveThread(threading.Thread):
             pass
         try:
             with plog.rewrite_lock:  # the cleaner and compression keep off it meanwhile
-                manager._move(plog, self.source_dir, self.target_dir)
-            manager.moves_done += 1
+                mover._move(plog, self.source_dir, self.target_dir)
+            mover.done += 1
         except BaseException as exc:  # noqa: BLE001 (logged, and kept for move_partition)
             self.failure = exc
-            if manager.stopping.is_set() and not isinstance(exc, OSError):
+            if mover.manager.stopping.is_set() and not isinstance(exc, OSError):
                 log.info("moving %s to %s stopped with logfs: %s", plog.name, self.target_dir.path, exc)
             else:
-                manager.moves_failed += 1
+                mover.failed += 1
                 log.error("moving %s to %s failed: %s", plog.name, self.target_dir.path, exc)
         finally:
-            with manager.lock:
-                manager.moving.pop(self.key, None)
-                manager.move_threads.discard(self)
+            with mover.manager.lock:
+                mover.moving.pop(self.key, None)
+                mover.threads.discard(self)
 
 
 def _switch(attrs: dict, name: str, path: str, old_dir: str, new_dir: str) -> None:

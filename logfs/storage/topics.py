@@ -1,9 +1,10 @@
 """The mount's topics: their settings (overrides of the broker's defaults) and the modes set through the mount,
 persisted in the topics file (``DATA_DIR/logfs-topics.json``, which Kafka ignores; a copy in each log directory),
-and the listing of topics and of each topic's partitions.
+and the listing of topics.
 
-A mixin of :class:`~logfs.storage.manager.LogManager` (it uses its lock, data directory, broker config and logs).
-The file lists only the topics the partition directories do not already describe (those with overrides, and
+:class:`TopicSettings` is held by the :class:`~logfs.storage.manager.LogManager` (its ``settings``), with the
+manager's lock and its logs by topic (a setting applies to them; the file names only what they do not). The file
+lists only the topics the partition directories do not already describe (those with overrides, and
 those with no partition left), so a plain ``mkdir`` costs no rewrite of it. A setting changed applies to the
 topic's logs at once.
 """
@@ -14,50 +15,31 @@ import json
 import logging
 
 from . import checkpoints as ckpt
-from .config import TOPIC_SETTINGS, LogConfig, check_tiering_change, validate_topic_setting
+from .config import TOPIC_SETTINGS, BrokerConfig, LogConfig, check_tiering_change, validate_topic_setting
 from .errors import InvalidConfigError, NoSuchTopicError
-from .failure import guarded
-from .names import TOPICS_FILE, is_internal_topic, is_legal_topic
+from .local.log import Log
+from .names import TOPICS_FILE, collision_key, is_internal_topic, is_legal_topic
 
 log = logging.getLogger(__name__)
 
 
 class TopicSettings:
-    """The topics' overrides and modes, and the listing of topics and partitions (a mixin of LogManager)."""
+    """The topics' overrides (``topics``: topic -> overrides) and modes (``attrs``: "", "topic", "topic/N" -> (mode,
+    uid, gid)), persisted in every log directory's topics file, and the topic names that collide in Kafka's metric
+    names (``collisions``)."""
 
-    # -- listing (the manager's _topic_logs and _topic_parts) ------------------------------------------
+    def __init__(self, dirs: list, broker: BrokerConfig, lock, topic_logs: dict[str, dict[int, Log]]):
+        self.dirs, self.broker, self.lock = dirs, broker, lock  # (the lock: the manager's)
+        self.topic_logs = topic_logs  # the manager's logs by topic: a setting applies to them at once
+        self.topics: dict[str, dict[str, str]] = {}
+        self.attrs: dict[str, tuple[int, int, int]] = {}
+        self.collisions: dict[str, str] = {}  # collision_key -> topic
 
     def list_topics(self) -> list[str]:
         with self.lock:
             return sorted(self.topics)
 
-    def partitions(self, topic: str) -> list[int]:
-        """The topic's partition numbers, ascending (a copy: O(p) for its p partitions)."""
-        with self.lock:
-            if topic not in self.topics:
-                raise NoSuchTopicError(f"no topic {topic!r}")
-            return list(self._topic_parts.get(topic, ()))
-
-    def partition_count(self, topic: str) -> int:
-        """How many partitions the topic has (O(1))."""
-        with self.lock:
-            if topic not in self.topics:
-                raise NoSuchTopicError(f"no topic {topic!r}")
-            return len(self._topic_parts.get(topic, ()))
-
-    def next_partition(self, topic: str) -> int:
-        """One past the topic's highest partition number (0 for none): the number a new partition gets (O(1))."""
-        with self.lock:
-            if topic not in self.topics:
-                raise NoSuchTopicError(f"no topic {topic!r}")
-            parts = self._topic_parts.get(topic)
-            return parts[-1] + 1 if parts else 0
-
-    def topic_logs(self, topic: str) -> list:
-        """The logs (``Log``) of one topic's partitions (O(p); empty for an unknown topic)."""
-        return list(self._topic_logs.get(topic, {}).values())
-
-    def _load_topics(self) -> None:
+    def load(self) -> None:
         """The topics file of every log directory, merged: the first directory's entries win (each directory has
         a copy, so that any one of them describes the topics)."""
         self.topics, self.attrs = {}, {}
@@ -73,11 +55,13 @@ class TopicSettings:
                     log.warning("dropping invalid override %s=%r of topic %s", key, overrides[key], topic)
                     del overrides[key]
 
-    def _save_topics(self, keep: str | None = None) -> None:
+    def save(self, keep: str | None = None) -> None:
+        """Write the topics file of every online directory (``keep``: a topic written even if its partitions
+        describe it, one about to lose its last partition)."""
         # Only topics the partition directories do not already describe: those with overrides, and those
         # with no partition left. A plain new topic then costs no rewrite of this file, so mkdir stays O(1)
         # however many topics exist (it was O(topics): 46 ms per mkdir at 3,000 topics).
-        with_partitions = {t for t, logs in self._topic_logs.items() if logs}
+        with_partitions = {t for t, logs in self.topic_logs.items() if logs}
         data = {"version": 1, "topics": {t: {"config": c} for t, c in sorted(self.topics.items())
                                          if c or t not in with_partitions or t == keep},
                 "attrs": {k: list(v) for k, v in sorted(self.attrs.items())}}
@@ -100,7 +84,29 @@ class TopicSettings:
     def topic_config(self, topic: str) -> LogConfig:
         return LogConfig.build(self.broker.topic_defaults, self.topics.get(topic, {}))
 
-    def _topics_file_names(self, topic: str) -> bool:
+    def remove(self, topic: str) -> None:
+        """Forget a deleted topic's overrides and mode, on disk too (unless the file names it and cannot be
+        rewritten: then nothing changes, and the error is raised). Under the lock."""
+        overrides, attrs = self.topics.pop(topic), self.attrs.pop(topic, None)
+        try:
+            self.save()
+        except OSError:
+            if self._file_names(topic):  # on disk it would come back: change nothing
+                self.topics[topic] = overrides
+                if attrs is not None:
+                    self.attrs[topic] = attrs
+                raise
+            log.warning("%s not rewritten after deleting topic %r (it does not name it)", TOPICS_FILE, topic)
+        key = collision_key(topic)
+        if self.collisions.get(key) == topic:
+            del self.collisions[key]
+            for other in self.topics:  # (two colliding topics can both come from an existing store)
+                if collision_key(other) == key:
+                    self.collisions[key] = other
+                    break
+
+    def _file_names(self, topic: str) -> bool:
+        """Whether the first directory's topics file names ``topic``."""
         try:
             with open(self.dirs[0].file(TOPICS_FILE), encoding="utf-8") as f:
                 return topic in json.load(f).get("topics", {})
@@ -111,11 +117,10 @@ class TopicSettings:
         """(mode bits, uid, gid) set for ``name`` ("" = root, "topic", "topic/N"), or None for the default."""
         return self.attrs.get(name)
 
-    @guarded("a mode change", convert=False)
     def set_attrs(self, name: str, mode: int, uid: int, gid: int) -> None:
         with self.lock:
             self.attrs[name] = (mode, uid, gid)
-            self._save_topics()
+            self.save()
 
     def replace_overrides(self, topic: str, overrides: dict[str, str]) -> None:
         """Make ``overrides`` the topic's (a follower mount takes its writer's settings as published): invalid
@@ -137,7 +142,6 @@ class TopicSettings:
                 raise NoSuchTopicError(f"no topic {topic!r}")
             return dict(self.topics[topic])
 
-    @guarded("a topic setting", convert=False)
     def set_topic_config(self, topic: str, key: str, value: str | None) -> None:
         """Set (or, with ``value=None``, remove) a topic override; applies to the topic's logs at once."""
         with self.lock:
@@ -158,8 +162,8 @@ class TopicSettings:
     def _apply_overrides(self, topic: str, overrides: dict[str, str], config: LogConfig) -> None:
         """Make ``overrides`` the topic's, persisted, and ``config`` its logs' at once. Under the lock."""
         self.topics[topic] = overrides
-        self._save_topics()
-        for partition_log in self.topic_logs(topic):
+        self.save()
+        for partition_log in list(self.topic_logs.get(topic, {}).values()):
             with partition_log.lock:
                 partition_log.config = config
 

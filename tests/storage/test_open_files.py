@@ -13,22 +13,32 @@ from logfs.storage import LogConfig
 from logfs.storage.format import records as rec
 from logfs.storage.local.index import OffsetIndex, ViewIndex
 from logfs.storage.local.lifecycle import open_segment
-from logfs.storage.local.open_files import MIN_BUDGET, OPEN_FILES, OpenFiles
+from logfs.storage.local.open_files import MIN_BUDGET, OpenFiles
 from logfs.storage.local.retention import delete_old_segments
 from logfs.storage.local.segment import batch_stats
 from logfs.view.text import open_view
 
 
 @pytest.fixture
-def budget():
-    """``budget(n)`` sets the process's budget to n units for this test (below MIN_BUDGET too)."""
-    saved = OPEN_FILES.budget
+def files():
+    """The open-file budget every log of the test opens its files within, as a mount's logs share their manager's."""
+    return OpenFiles()
+
+
+@pytest.fixture
+def open_log(open_log, files):
+    """conftest's ``open_log``, each log within ``files``."""
+    return lambda *args, **kw: open_log(*args, open_files=files, **kw)
+
+
+@pytest.fixture
+def budget(files):
+    """``budget(n)`` sets the budget of the test's logs to n units (below MIN_BUDGET too)."""
 
     def set_budget(n: int) -> None:
-        OPEN_FILES.budget = n
+        files.budget = n
 
-    yield set_budget
-    OPEN_FILES.budget = saved
+    return set_budget
 
 
 def config(**kw):
@@ -74,7 +84,7 @@ def many_logs(open_log, tmp_path, clock, count: int, lines: int = 120) -> list:
     return logs
 
 
-def test_descriptors_and_maps_stay_within_the_budget(open_log, tmp_path, clock, budget):
+def test_descriptors_and_maps_stay_within_the_budget(open_log, tmp_path, clock, budget, files):
     budget(16)
     before = process_fds()
     logs = many_logs(open_log, tmp_path, clock, 40)
@@ -86,9 +96,9 @@ def test_descriptors_and_maps_stay_within_the_budget(open_log, tmp_path, clock, 
             assert view.read(view.length() // 2, 30)
         finally:
             view.release()
-        assert len(OPEN_FILES) <= 16
+        assert len(files) <= 16
         assert process_fds() - before <= 16 + 2  # (+ a short-lived descriptor of an index being reserved)
-    assert OPEN_FILES.evictions > 0
+    assert files.evictions > 0
     assert sum(len(units(log)) for log in logs) <= 16
 
 

@@ -19,7 +19,7 @@ def make_segment(tmp_path, base=0, interval=10, max_index=1000 * 8, created_ms=0
 
 
 def put(segment, offset, values, ts=T0, keys=None, headers=None, timestamps=None):
-    batch = rec.build_batch(offset, ts, values, keys, headers, timestamps)
+    batch = rec.build_batch(offset, ts, values, keys, headers=headers, timestamps=timestamps)
     header = rec.parse_header(batch)
     segment.append(batch, header, batch_stats(batch))
     return header

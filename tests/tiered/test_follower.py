@@ -292,8 +292,8 @@ def test_manifests_of_many_changed_partitions_are_read_at_once_and_applied_in_or
     import threading
     import types
 
-    from logfs.service import follower as follower_mod
-    from logfs.service.follower import Follower
+    from logfs.storage.tiered import follower as follower_mod
+    from logfs.storage.tiered.follower import Follower
 
     keys = [("t", p) for p in range(follower_mod.MANIFEST_CHUNK * 2 + 17)]
     active, most, read, lock = [0], [0], [], threading.Lock()

@@ -36,7 +36,7 @@ def make(tmp_path, archive, clock, store=None, cache_bytes=64 << 10, **extra):
     manager = LogManager(str(tmp_path / "data"), BrokerConfig.from_properties(props), clock=clock)
     store = store if store is not None else DirectoryStore(archive)
     rlm = RemoteLogManager(manager.data_dir, manager.logs, store, cache_bytes=cache_bytes)
-    manager.remote = rlm
+    manager.attach_tiering(rlm)
     return manager, rlm
 
 

@@ -36,7 +36,8 @@ async def test_uncached_tiered_reads_run_in_a_worker_thread(tmp_path, clock):
              "logfs.remote.dir": str(archive), "log.segment.delete.delay.ms": "0"}
     manager = LogManager(str(tmp_path / "data"), BrokerConfig.from_properties(props), clock=clock)
     store = SlowStore(archive)
-    manager.remote = rlm = RemoteLogManager(manager.data_dir, manager.logs, store, cache_bytes=1 << 20)
+    rlm = RemoteLogManager(manager.data_dir, manager.logs, store, cache_bytes=1 << 20)
+    manager.attach_tiering(rlm)
     fs = OpsFS(Operations(manager, run_blocking=run_blocking))
     mark_request_thread()
     try:
@@ -93,7 +94,8 @@ async def test_a_view_reading_in_a_worker_thread_is_left_to_it(tmp_path, clock, 
     manager = LogManager(str(tmp_path / "data"), BrokerConfig.from_properties(props), clock=clock)
     store = SlowStore(archive)
     store.fetched_on = set()
-    manager.remote = rlm = RemoteLogManager(manager.data_dir, manager.logs, store, cache_bytes=1 << 20)
+    rlm = RemoteLogManager(manager.data_dir, manager.logs, store, cache_bytes=1 << 20)
+    manager.attach_tiering(rlm)
     fs = OpsFS(Operations(manager, run_blocking=run_blocking))
     mark_request_thread()
     try:

@@ -38,7 +38,7 @@ def open_manager(data_dir, archive, clock, *, attach=True, reachable=False):
     props = dict(PROPS, **{"logfs.remote.dir": str(archive)})
     manager = LogManager(str(data_dir), BrokerConfig.from_properties(props), clock=clock)
     rlm = RemoteLogManager(manager.data_dir, manager.logs, DirectoryStore(archive), cache_bytes=1 << 20)
-    manager.remote = rlm
+    manager.attach_tiering(rlm)
     if attach:
         rlm.attach_cached(store_reachable=True) if reachable else rlm.attach_cached()
     return manager, rlm

@@ -86,7 +86,7 @@ def tiered(tmp_path, clock):
         manager = LogManager(str(tmp_path / "data"), BrokerConfig.from_properties(props), clock=clock)
         store = CountingStore(archive)
         rlm = RemoteLogManager(manager.data_dir, manager.logs, store, cache_bytes=cache_bytes)
-        manager.remote = rlm
+        manager.attach_tiering(rlm)
         return manager, rlm, store
 
     manager, rlm, _ = open_manager()

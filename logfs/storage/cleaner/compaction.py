@@ -219,7 +219,8 @@ def clean(plog: Log, target: CleanableLog, offset_map: OffsetMap, now_ms: int) -
 
 def _clean_group(directory: str, config, group: list[LogSegment], offset_map: OffsetMap, end: int, now_ms: int):
     base = group[0].base_offset
-    cleaned = open_segment(directory, base, config, created_ms=now_ms, suffix=CLEANED_SUFFIX)
+    cleaned = open_segment(directory, base, config, created_ms=now_ms, suffix=CLEANED_SUFFIX,
+                           open_files=group[0].open_files)  # (the log's budget: it joins the log)
     for index in (cleaned.offset_index, cleaned.time_index, cleaned.view_index):
         index.reset()  # a stray .cleaned file from an abandoned pass
     if cleaned.size:

@@ -110,7 +110,8 @@ def write_compressed(directory: str, config, segment: LogSegment, now_ms: int) -
     state. Runs in the cleaner process (or a worker thread)."""
     codec, level = codec_of(config)
     limit = max(1, min(TARGET_BATCH_BYTES, config.max_message_bytes))
-    cleaned = open_segment(directory, segment.base_offset, config, created_ms=now_ms, suffix=CLEANED_SUFFIX)
+    cleaned = open_segment(directory, segment.base_offset, config, created_ms=now_ms, suffix=CLEANED_SUFFIX,
+                           open_files=segment.open_files)  # (the log's budget: it joins the log)
     for index in (cleaned.offset_index, cleaned.time_index, cleaned.view_index):
         index.reset()  # a stray .cleaned file from an abandoned pass
     if cleaned.size:

@@ -108,7 +108,7 @@ def _swap_in(plog: Log, sealed: list, reply: dict) -> CleanResult:
     by_base = {s.base_offset: s for s in sealed}
     for group in reply["groups"]:
         cleaned = open_segment(plog.directory, group["base"], plog.config, suffix=CLEANED_SUFFIX, active=False,
-                               create=False)
+                               create=False, open_files=plog.open_files)
         cleaned.load_state()
         old = [by_base[b] for b in group["old"]]
         try:

@@ -148,27 +148,22 @@ def validate(buf, pos: int = 0) -> BatchHeader:
     return header
 
 
-def build_batch(
-    base_offset: int,
-    timestamp_ms: int,
-    values: Sequence[bytes | None],
-    keys: Sequence[bytes | None] | None = None,
-    headers: Sequence[Headers] | None = None,
-    timestamps: Sequence[int] | None = None,
-    offset_deltas: Sequence[int] | None = None,
-) -> bytes:
-    """Encode records with offsets ``base_offset + i`` (or ``base_offset + offset_deltas[i]``, increasing, for
-    a batch with gaps such as a compacted one) into one uncompressed v2 batch (CreateTime)."""
+def build_batch(base_offset: int, timestamp_ms: int, values: Sequence[bytes | None],
+                keys: Sequence[bytes | None] | None = None, **fields) -> bytes:
+    """Encode records with offsets ``base_offset + i`` into one uncompressed v2 batch (CreateTime): by the C encoder
+    when it serves (values and keys alone), else by :func:`build_batch_generic`, which ``fields`` go to
+    (``headers``, per-record ``timestamps``, ``offset_deltas``, increasing, for a batch with gaps such as a
+    compacted one, ...)."""
     if not values:
         raise ValueError("a batch needs at least one record")
-    if _speedups is not None and headers is None and timestamps is None and offset_deltas is None:
+    if _speedups is not None and all(v is None for v in fields.values()):
         n = len(values)
         after_crc = _AFTER_CRC.pack(0, n - 1, timestamp_ms, timestamp_ms, -1, -1, -1, n) + _speedups.encode_records(
             values if isinstance(values, list) else list(values),
             None if keys is None else (keys if isinstance(keys, list) else list(keys)),
         )
         return _PREFIX.pack(base_offset, len(after_crc) + 9, 0, MAGIC, _crc32c.crc32c(after_crc)) + after_crc
-    return build_batch_generic(base_offset, timestamp_ms, values, keys, headers, timestamps, offset_deltas)
+    return build_batch_generic(base_offset, timestamp_ms, values, keys, **fields)
 
 
 def finish_batch(batch: bytearray, base_offset: int, count: int, timestamp_ms: int) -> bytearray:

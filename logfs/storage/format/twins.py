@@ -87,8 +87,13 @@ def batch_stats(batch) -> tuple[int, int, int, int, int]:
     """(records, keyed, nulls, key bytes, value bytes) of one uncompressed batch (a control batch counts nothing)."""
     if _plain_attributes(batch) & rec.ATTR_CONTROL:
         return (0, 0, 0, 0, 0)
+    return record_stats(_decode(batch))
+
+
+def record_stats(decoded) -> tuple[int, int, int, int, int]:
+    """(records, keyed, nulls, key bytes, value bytes) of decoded records (``records.Record``)."""
     records = keyed = nulls = key_bytes = value_bytes = 0
-    for r in _decode(batch):
+    for r in decoded:
         records += 1
         if r.key is not None:
             keyed += 1

@@ -30,7 +30,7 @@ from typing import NamedTuple
 
 from ..errors import CorruptRecordError, StorageIOError
 from ..format.lines import LineStats
-from .open_files import OPEN_FILES
+from .open_files import OpenFiles, open_unit, release_unit
 
 from ..format import twins
 from ..format.speedups import C as _speedups  # index_ok: every entry in one pass; index_floor: search by pread
@@ -57,10 +57,12 @@ class _FileIndex:
 
     ENTRY: struct.Struct
     KIND: int  # the layout's number for _speedups (index_ok, index_floor)
+    fd_attr = "_fd"  # the descriptor's attribute while open (open_files.open_unit)
 
     def __init__(self, path: str, base_offset: int, max_index_size: int, *, active: bool = True,
-                 create: bool = True):
+                 create: bool = True, open_files: OpenFiles | None = None):
         self.path = path
+        self.open_files = open_files if open_files is not None else OpenFiles()  # the budget it opens within
         self.base_offset = base_offset
         self.entry_size = self.ENTRY.size
         self.max_index_size = max(self.entry_size, max_index_size - max_index_size % self.entry_size)
@@ -94,34 +96,13 @@ class _FileIndex:
 
     def _open_fd(self) -> int:
         """The file's descriptor, registered with the budget."""
-        with OPEN_FILES.lock:
-            fd = self.__dict__.get("_fd")
-            if fd is not None:
-                return fd
-            if not self.open:
-                raise StorageIOError(f"index {self.path} is closed", errno.EBADF)
-            try:
-                fd = os.open(self.path, os.O_RDWR)
-            except OSError as exc:
-                raise StorageIOError(f"cannot open index {self.path}: {exc.strerror}", exc.errno) from exc
-            OPEN_FILES.admit(self)
-            self._fd = fd
-            return fd
-
-    def _close_unit(self) -> bool:
-        """Close the descriptor (the open-file budget's call, under its lock)."""
-        fd = self.__dict__.pop("_fd", None)
-        if fd is not None:
-            os.close(fd)
-        return True
+        if not self.open:
+            raise StorageIOError(f"index {self.path} is closed", errno.EBADF)
+        return open_unit(self, self.path, "index ")
 
     def release(self) -> None:
         """Close the descriptor now (it opens again on the next use) and leave the budget."""
-        with OPEN_FILES.lock:
-            fd = self.__dict__.pop("_fd", None)
-            if fd is not None:
-                os.close(fd)
-            OPEN_FILES.forget(self)
+        release_unit(self)
 
     def hold(self) -> None:
         """Open the descriptor before the file is renamed away or unlinked while a snapshot still reads it."""

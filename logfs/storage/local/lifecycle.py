@@ -28,21 +28,25 @@ from typing import Callable, Sequence
 
 from ..checkpoints import fsync_dir
 from .index import ViewIndex
+from .open_files import OpenFiles
 from ..names import ALL_SUFFIXES, filename_prefix
 from .segment import SWAP_SUFFIX, LogSegment
 
 
 def open_segment(directory: str, base_offset: int, config, *, created_ms: int = 0, suffix: str = "",
-                 active: bool = True, jittered: bool = False, create: bool = True) -> LogSegment:
+                 active: bool = True, jittered: bool = False, create: bool = True,
+                 open_files: OpenFiles | None = None) -> LogSegment:
     """The segment at ``base_offset`` of ``directory`` (its files created if missing, unless ``create`` is false:
     then FileNotFoundError), with ``config``'s index sizes; ``jittered`` draws its roll jitter from
-    ``segment.jitter.ms`` (a freshly rolled segment)."""
+    ``segment.jitter.ms`` (a freshly rolled segment). Its files open within ``open_files`` (its log's budget; a
+    segment alone gets one of its own)."""
     jitter = random_jitter(config.segment_jitter_ms, config.segment_ms) if jittered else 0
     view_index_size = ViewIndex.bytes_for(config.segment_index_bytes, config.segment_bytes,
                                           config.index_interval_bytes)
     return LogSegment(directory, base_offset, index_interval_bytes=config.index_interval_bytes,
                       max_index_size=config.segment_index_bytes, roll_jitter_ms=jitter, created_ms=created_ms,
-                      suffix=suffix, active=active, max_view_index_size=view_index_size, create=create)
+                      suffix=suffix, active=active, max_view_index_size=view_index_size, create=create,
+                      open_files=open_files)
 
 
 def random_jitter(segment_jitter_ms: int, segment_ms: int) -> int:

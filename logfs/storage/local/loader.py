@@ -26,6 +26,7 @@ from ..clock import SYSTEM_CLOCK, Clock
 from ..config import LogConfig
 from ..errors import CorruptRecordError, StorageIOError
 from ..failure import LogDir
+from .open_files import OpenFiles
 from .lifecycle import discard, open_segment, replace_segments
 from .log import Log
 from ..names import (
@@ -62,7 +63,11 @@ def load_log(
     clock: Clock = SYSTEM_CLOCK,
     progress: Callable[[int, int], None] | None = None,
     log_dir: LogDir | None = None,
+    open_files: OpenFiles | None = None,
 ) -> Log:
+    """Open one partition's log from ``directory`` (made if missing), recovered in Kafka's LogLoader order. Its
+    segments open their files within ``open_files`` (the manager's budget; a log alone gets one of its own)."""
+    files = open_files if open_files is not None else OpenFiles()
     os.makedirs(directory, exist_ok=True)
     names = os.listdir(directory)
 
@@ -108,7 +113,7 @@ def load_log(
             continue
         active = i == len(bases) - 1
         try:
-            segment, truncated = _load_segment(directory, base, config, clock, present, active,
+            segment, truncated = _load_segment(directory, base, config, clock, files, present, active,
                                                recover_from, recovery_point, aborted=aborted.get(base))
         except (OSError, StorageIOError) as exc:
             # Indexes are derived data: one the disk cannot read, write or fsync (a write-back that failed before
@@ -117,7 +122,7 @@ def load_log(
             for suffix in INDEX_SUFFIXES:
                 _remove(os.path.join(directory, filename_prefix(base) + suffix))
             present = set(os.listdir(directory))
-            segment, truncated = _load_segment(directory, base, config, clock, present, active,
+            segment, truncated = _load_segment(directory, base, config, clock, files, present, active,
                                                recover_from, recovery_point, rebuild=True,
                                                aborted=aborted.get(base))
         if truncated:
@@ -146,7 +151,8 @@ def load_log(
         progress(len(bases), len(bases))
 
     if not segments:
-        segments.append(open_segment(directory, log_start_offset, config, created_ms=clock.time_ms()))
+        segments.append(open_segment(directory, log_start_offset, config, created_ms=clock.time_ms(),
+                                     open_files=files))
     log_end = segments[-1].next_offset
     if log_start_offset > log_end:
         # No log starts past its end: the checkpoint is damaged (a stale one is only ever behind). Trusting it
@@ -160,8 +166,8 @@ def load_log(
     elif recover_from is not None:
         recovery_point = log_end  # everything from the recovery point was validated and fsynced above
     recovery_point = min(max(recovery_point, start), log_end)
-    plog = Log(directory, topic, partition, config, segments,
-               log_start_offset=start, recovery_point=recovery_point, clock=clock, log_dir=log_dir)
+    plog = Log(directory, topic, partition, config, segments, log_start_offset=start, recovery_point=recovery_point,
+               clock=clock, log_dir=log_dir, open_files=files)
     # st_mtime's source: the newest record's timestamp, also when a roll left the active segment empty; a log
     # without records gives the time its segment file was written (created). A restart changes neither.
     newest = max(s.max_timestamp for s in segments)
@@ -169,8 +175,8 @@ def load_log(
     return plog
 
 
-def _load_segment(directory: str, base: int, config: LogConfig, clock: Clock, present: set, active: bool,
-                  recover_from: int | None, recovery_point: int, *, rebuild: bool = False,
+def _load_segment(directory: str, base: int, config: LogConfig, clock: Clock, files: OpenFiles, present: set,
+                  active: bool, recover_from: int | None, recovery_point: int, *, rebuild: bool = False,
                   aborted: AbortedRanges | None = None) -> tuple[LogSegment, bool]:
     """Open the segment at ``base``, recovering it when it holds unflushed data (``recover_from``), when its
     indexes are missing or inconsistent, or with ``rebuild`` (its indexes were removed). ``aborted``: the aborted
@@ -179,7 +185,7 @@ def _load_segment(directory: str, base: int, config: LogConfig, clock: Clock, pr
     prefix = filename_prefix(base)
     indexes_present = all(prefix + s in present for s in (INDEX_SUFFIX, TIME_INDEX_SUFFIX, VIEW_INDEX_SUFFIX))
     index_trouble = rebuild or not indexes_present
-    segment = open_segment(directory, base, config, created_ms=clock.time_ms(), active=active)
+    segment = open_segment(directory, base, config, created_ms=clock.time_ms(), active=active, open_files=files)
     segment.aborted = aborted
     segment.has_txn_index = prefix + TXN_INDEX_SUFFIX in present
     try:

@@ -3,8 +3,9 @@
 Owns offset assignment (contiguous, from the log end offset), batching of appended records (and when a small
 append grows the active segment's last batch in place instead), the roll
 decision (size, time minus jitter, full index, relative-offset overflow), the ``flush.messages`` policy (as
-:attr:`Log.flush_due`: an append never fsyncs), the log start offset and recovery point, and segment deletion
-(``.deleted`` rename; the unlink comes later: :mod:`~logfs.storage.local.removal`).
+:attr:`Log.flush_due`: an append never fsyncs), the log start offset and recovery point, and what leaves it
+(truncation, retention's deletion, the cleaner's swap), under its lock. The ``.deleted`` rename and the later
+unlink are its :class:`~logfs.storage.local.removal.RetiredSegments`' (``retired``).
 
 Thread safety: one writer at a time (``lock``) for append, roll, truncate, delete and config changes.
 ``flush`` takes the lock only to snapshot and to publish the recovery point, so an fsync never blocks an
@@ -12,9 +13,11 @@ append. Reads outside the lock go through a :class:`~logfs.storage.local.segment
 and only touch published bytes. :attr:`layout_version` changes whenever the segment list or the log start offset
 does, so a reader may cache what it derives from the layout.
 
-The module is longer than 500 lines because one partition's offsets, append batching, roll, flush and snapshots
-share one lock and one set of invariants (the log end offset, the recovery point, the pins of the segments); what
-could leave, did (removal, tail_batch, segments, lifecycle). Kafka's UnifiedLog and LocalLog hold the same together.
+The module is longer than 500 lines because one partition's offsets, append batching, roll, flush, snapshots and
+the segments leaving it (truncation, deletion, swaps) share one lock and one set of invariants (the log end offset,
+the log start offset, the recovery point, the pins of the segments); what keeps state of its own is a collaborator
+(the retired segments, the tail batch, the segment list) or a module of functions (lifecycle). Kafka's UnifiedLog
+and LocalLog hold the same together.
 """
 
 from __future__ import annotations
@@ -36,13 +39,15 @@ from ..format.speedups import C as _speedups
 from ..clock import SYSTEM_CLOCK, Clock
 from ..config import LogConfig
 from ..counters import PartitionCounters
-from ..errors import NoSuchTopicError, OffsetOutOfRangeError, RecordTooLargeError, StorageIOError
+from ..errors import LogfsError, NoSuchTopicError, OffsetOutOfRangeError, RecordTooLargeError, StorageIOError
 from ..failure import SPACE_ERRNOS, LogDir, guarded
 from ..format.lines import LineStats
-from .lifecycle import discard, open_segment, remove_segment_files
+from .open_files import OpenFiles
+from .lifecycle import discard, open_segment, remove_segment_files, replace_segments
 from .segment import LogSegment
-from .removal import SegmentRemoval
-from .segments import LogSegments, LogSnapshot, pin
+from .segment_file import ReadableSegment
+from .removal import RetiredSegments
+from .segments import LogSegments, LogSnapshot, close_if_unused, pin
 from .tail_batch import PAGE_SIZE, TAIL_BATCH_CAP  # noqa: F401 (PAGE_SIZE: re-exported for tests)
 
 # Appended lines are grouped into batches of about this many bytes: small enough that a read positioned inside
@@ -54,7 +59,7 @@ _RECORD_OVERHEAD = 12
 _BASE_OFFSET = struct.Struct(">q")
 
 
-class Log(SegmentRemoval):
+class Log:
     def __init__(
         self,
         directory: str,
@@ -67,8 +72,12 @@ class Log(SegmentRemoval):
         recovery_point: int,
         clock: Clock = SYSTEM_CLOCK,
         log_dir: LogDir | None = None,
+        open_files: OpenFiles | None = None,
     ):
         self.directory = directory
+        # The open-file budget its segments open their files within (the manager's; alone, its segments' own).
+        self.open_files = open_files if open_files is not None else (
+            segments[0].open_files if segments else OpenFiles())
         # The log directory's health (storage/failure.py): a disk error takes it offline, and every method that
         # touches the disk is refused (EIO) from then on, until the next mount recovers it.
         self.log_dir = log_dir if log_dir is not None else LogDir(os.path.dirname(os.path.abspath(directory)))
@@ -86,7 +95,7 @@ class Log(SegmentRemoval):
         self.last_append_ms = max((s.largest_timestamp for s in segments), default=clock.time_ms())
         self.last_flush_ms = clock.time_ms()
         self.on_roll: Callable[[LogSegment], None] | None = None
-        self.deleted_segments: list[tuple[int, LogSegment]] = []  # (unlink due ms, segment)
+        self.retired = RetiredSegments(self.segments, clock)  # segments that left, until their purge
         self.closed = False
         self._layout_version = 0
         # Bumped whenever records already in the log change their place in its text view without the log start
@@ -95,7 +104,7 @@ class Log(SegmentRemoval):
         self.rewrite_count = 0
         # Tiered segments (read-only, logfs.storage.tiered.manager publishes them): the view shows those below the first
         # local segment, then the local ones; the log start offset is then the whole log's.
-        self.remote_segments: list = []
+        self.remote_segments: list[ReadableSegment] = []
         # The snapshots of open file handles: each pins the segments the log rolls, until its reader reaches them
         self.followers: weakref.WeakSet = weakref.WeakSet()
         # A follower mount's log (service/follower.py): every record is tiered, and the one local segment is empty,
@@ -183,7 +192,7 @@ class Log(SegmentRemoval):
                     stats = LineStats(end - start, 0, 0, 0, payload)
                 else:
                     stats = lines.line_stats(vals, ks)
-                yield (lambda base, v=vals, k=ks, h=hs: rec.build_batch(base, now, v, k, h)), stats
+                yield (lambda base, v=vals, k=ks, h=hs: rec.build_batch(base, now, v, k, headers=h)), stats
                 start = end
 
         return self._append_batches(batches, timestamp_ms)
@@ -352,7 +361,7 @@ class Log(SegmentRemoval):
         the log end would be loaded as the log's end); if they cannot be removed, the directory goes offline."""
         try:
             return open_segment(self.directory, base, self.config, created_ms=self.clock.time_ms(),
-                                jittered=jittered)
+                                jittered=jittered, open_files=self.open_files)
         except (OSError, StorageIOError) as exc:
             try:
                 remove_segment_files(self.directory, base)
@@ -402,7 +411,7 @@ class Log(SegmentRemoval):
             return self.recovery_point
 
     # -- tiers -------------------------------------------------------------------------------------
-    def set_remote(self, segments: list, log_start_offset: int) -> None:
+    def set_remote(self, segments: list[ReadableSegment], log_start_offset: int) -> None:
         """Publish the tiered segments (ascending) and the whole log's start offset. On a follower's log, also move
         its empty local segment to the tiered log's end, and hand the new segments to open handles, in one step."""
         with self.lock:
@@ -420,11 +429,11 @@ class Log(SegmentRemoval):
             return
         segment = self._new_segment(end)
         self.segments.add(segment)
-        self._retire(active, delay_ms=0)
+        self.retired.retire(active, delay_ms=0)
         for snapshot in list(self.followers):
             snapshot.catch_up(self.view_segments())
 
-    def view_segments(self) -> list:
+    def view_segments(self) -> list[ReadableSegment]:
         """What the whole log reads from: tiered segments below the first local one, then the local ones (a
         segment both tiered and local is read locally). Caller holds the lock."""
         local = self.segments.as_list()
@@ -491,6 +500,105 @@ class Log(SegmentRemoval):
             self.log_start_offset = max(self.log_start_offset, offset)
             self.recovery_point = max(self.recovery_point, self.log_start_offset)  # as Kafka, and as loaded
             self._layout_changed()
+
+    # -- segments leaving (truncation, retention, the cleaner's swap; the purge is RetiredSegments') --------
+    @guarded("truncation", space_ok=False)
+    def truncate_to(self, offset: int, *, unlink_later: bool = False) -> None:
+        """Remove every record with offset >= ``offset``. Segments wholly removed are renamed ``.deleted`` and
+        unlinked now, or with ``unlink_later`` by the next :meth:`purge_deleted` (which the service runs in a
+        worker thread)."""
+        with self.lock:
+            if offset >= self.log_end_offset:
+                return
+            if offset < self.log_start_offset:
+                raise OffsetOutOfRangeError(offset, self.log_start_offset, self.log_end_offset)
+            for segment in list(self.segments):
+                if segment.base_offset >= offset and segment is not self.segments.first:
+                    self.retired.retire(segment, delay_ms=0, unlink_later=unlink_later)
+            last = self.segments.active
+            if not last.active:
+                last.become_active(self.config.segment_index_bytes)
+            last.truncate_to(offset)
+            if last.size == 0 and last.base_offset != offset:
+                # Emptied: restart the active segment exactly at the new end (created before the old one goes).
+                segment = self._new_segment(offset)
+                self.retired.retire(last, delay_ms=0, unlink_later=unlink_later)
+                self.segments.add(segment)
+            self.recovery_point = min(self.recovery_point, self.log_end_offset)
+            self._rewritten()
+
+    @guarded("retention", space_ok=False)
+    def delete_segments(self, segments: Sequence[LogSegment], *, tiered: bool = False) -> None:
+        """Remove sealed segments from the log: renamed ``.deleted`` now, unlinked after
+        ``file.delete.delay.ms`` by :meth:`purge_deleted`. The log start offset moves past removed prefix,
+        unless they are ``tiered`` (local retention: the whole log still starts where it did)."""
+        with self.lock:
+            for segment in segments:
+                if segment is self.segments.active:
+                    raise ValueError("the active segment is never deleted")
+            try:
+                for segment in segments:
+                    self.retired.retire(segment, self.config.file_delete_delay_ms)
+            finally:
+                self._layout_changed()
+            if not tiered:
+                self.log_start_offset = max(self.log_start_offset, self.segments.first.base_offset)
+            self.recovery_point = max(self.recovery_point, self.log_start_offset)
+            self._layout_changed()
+
+    @guarded("segment swap", space_ok=False)
+    def replace_segments(self, old: Sequence[LogSegment], new: LogSegment) -> None:
+        """Swap ``new`` (a cleaned segment, ``.cleaned``) in for the sealed segments ``old`` whose offsets it
+        covers, by the crash-safe protocol of :func:`~logfs.storage.local.lifecycle.replace_segments`. If the log
+        changed meanwhile (retention or a truncation removed one of ``old``, or it closed), ``new`` is discarded
+        and LogfsError raised: the log is as it was."""
+        with self.lock:
+            if self.closed or any(s not in self.segments or s is self.segments.active for s in old):
+                discard(new)
+                raise LogfsError("log changed during cleaning; group skipped")
+
+            def retire(segment: LogSegment) -> None:
+                self.retired.retire(segment, self.config.file_delete_delay_ms)
+
+            # A failure from the commit point on (the .log renamed .swap) takes the directory offline (guarded):
+            # the segments retired so far have left the list with their files, the others are still in it and
+            # live on disk, and the next mount completes the swap from the .swap files. Before it, nothing
+            # changed on disk but .cleaned files, which the next load (or the next cleaning) removes.
+            try:
+                replace_segments(self.directory, new, old, retire)
+            finally:
+                self._rewritten()
+            self.segments.add(new)
+
+    @guarded("unlinking deleted segments", space_ok=False)
+    def purge_deleted(self, now_ms: int | None = None) -> int:
+        """Unlink ``.deleted`` files whose delay has passed; returns how many segments were purged."""
+        return self.retired.purge_due(self.clock.time_ms() if now_ms is None else now_ms, self.lock)
+
+    @property
+    def deleted_segments(self) -> list[tuple[int, LogSegment]]:
+        """The segments that left the log and wait for their purge: (unlink due ms, segment)."""
+        return self.retired.pending
+
+    def hold_pinned(self) -> None:
+        """Open the files of every segment a snapshot pins (local and tiered), before the partition's directory is
+        renamed for deletion: those snapshots go on reading them. Under the lock."""
+        with self.lock:
+            for segment in list(self.segments) + self.remote_segments:
+                if segment.refs > 0:
+                    segment.hold_files()
+
+    def close_deleted(self) -> None:
+        """Close a log whose directory is being deleted: each segment closes now, or when the last snapshot
+        pinning it is released (open handles keep reading it)."""
+        with self.lock:
+            for segment in self.segments:
+                segment.deleted = segment.purged = True
+                close_if_unused(segment)
+            for segment in self.remote_segments:
+                segment.deleted = segment.purged = True
+                close_if_unused(segment)
+            self.closed = True
 
     def close(self) -> None:
         """Flush and close every segment (the active one's indexes are trimmed). A log of an offline directory

@@ -1,8 +1,11 @@
-"""The segment files a process holds open, bounded across all its partitions: one LRU (CLOCK) of descriptors.
+"""The segment files a mount holds open, bounded across all its partitions: one LRU (CLOCK) of descriptors; and
+the open-on-use protocol its units follow (:func:`open_unit`, :func:`release_unit`), written once.
 
 A *unit* is one open resource of a segment: its ``.log`` descriptor (the :class:`~logfs.storage.local.segment.LogSegment`
 itself) or the descriptor of one of its indexes (an :class:`~logfs.storage.local.index._FileIndex`, read and written with
-pread/pwrite: no memory map). Units open on first use, as Kafka's ``LazyIndex`` maps an index on first use
+pread/pwrite: no memory map). Each unit keeps its descriptor as an attribute (its ``fd_attr``) while open, so a use
+while open costs an attribute read and nothing more; reading it while closed opens the file again by path
+(the unit's ``__getattr__`` calls :func:`open_unit`). Units open on first use, as Kafka's ``LazyIndex`` maps an index on first use
 (KAFKA-7283), and register here. Once more than :attr:`OpenFiles.budget`
 are open, opening one closes another, least recently used first; a closed unit opens again, by path, the next
 time it is used. So descriptors and maps grow with the partitions in use, not with the segments on disk. Kafka
@@ -26,15 +29,22 @@ segment: every access happens either under the owning log's lock or through a
 - and its log's lock can be taken without waiting (a writer holds it while it appends).
 
 The sweep takes the log's lock without blocking while holding this module's lock, and a thread holding a log's
-lock may wait for this module's lock, never the other way round: no deadlock. A thread that holds a log's lock
+lock may wait for the budget's lock, never the other way round: no deadlock. A thread that holds a log's lock
 may close a unit of that same log (the lock is reentrant): code never keeps a segment's descriptor or map in a
 local variable across a call that may open another unit; it reads ``segment.fd`` / ``index._fd`` at each use.
+
+The budget is an object, not the process's: the :class:`~logfs.storage.manager.LogManager` owns one
+(``open_files``) and hands it to its logs, their segments and indexes, and tiering's segments. A segment or log
+made alone (a tool, a test, the cleaner's child process) gets a budget of its own.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 from collections import OrderedDict
+
+from ..errors import StorageIOError
 
 # Never fewer than this many units open, whatever the limit (a reopen per use would make every append slow).
 MIN_BUDGET = 64
@@ -44,7 +54,7 @@ _SWEEP = 1024
 
 
 class OpenFiles:
-    """Open units of this process, with the budget. ``lock`` guards the set and every open and close of a unit.
+    """Open units of one mount, with the budget. ``lock`` guards the set and every open and close of a unit.
 
     Complexity: opening a unit is O(1) amortised (a sweep skips units used since it last passed them, each
     at most once per pass, and at most ``_SWEEP`` pinned ones)."""
@@ -102,8 +112,7 @@ class OpenFiles:
         try:
             if segment.refs > 0 or segment.deleted:  # (pins and deletions happen under that lock)
                 return False
-            if not unit._close_unit():
-                return False
+            close_unit(unit)
             del self._units[unit]
             self.evictions += 1
             return True
@@ -119,16 +128,44 @@ def _max_map_count() -> int:
         return 65530  # the kernel's default
 
 
-# The process's units: one mount is one process, and RLIMIT_NOFILE is the process's.
-OPEN_FILES = OpenFiles()
+def open_unit(unit, path: str, what: str = "") -> int:
+    """The open-on-use protocol: the descriptor of ``unit`` (a segment's ``.log``, an index) opened again by ``path``
+    and admitted to its budget (``unit.open_files``), unless another thread did so meanwhile. Called by the unit's
+    ``__getattr__`` when its ``fd_attr`` is missing."""
+    files = unit.open_files
+    with files.lock:
+        fd = unit.__dict__.get(unit.fd_attr)
+        if fd is not None:
+            return fd
+        try:
+            fd = os.open(path, os.O_RDWR)
+        except OSError as exc:
+            raise StorageIOError(f"cannot open {what}{path}: {exc.strerror}", exc.errno) from exc
+        files.admit(unit)
+        unit.__dict__[unit.fd_attr] = fd
+        return fd
 
 
-def raise_fd_limit() -> int:
+def close_unit(unit) -> None:
+    """Close the unit's descriptor if open (the budget's call, under its lock); the next use opens it again."""
+    fd = unit.__dict__.pop(unit.fd_attr, -1)
+    if fd >= 0:
+        os.close(fd)
+
+
+def release_unit(unit) -> None:
+    """Close the unit's descriptor now, and take it out of its budget (its owner's call)."""
+    with unit.open_files.lock:
+        unit.open_files.forget(unit)
+        close_unit(unit)
+
+
+def raise_fd_limit(files: OpenFiles) -> int:
     """Raise this process's soft RLIMIT_NOFILE to its hard limit (as the JVM does for Kafka), and give half of it
-    (at most half of ``vm.max_map_count``) to segment files (:mod:`~logfs.storage.local.open_files`: they are opened on
-    use and the idle ones closed past that budget). Returns the soft limit now in force."""
+    (at most half of ``vm.max_map_count``) to the segment files of ``files`` (opened on use, the idle ones closed
+    past that budget). Returns the soft limit now in force."""
     soft = _raise_soft_limit()
-    OPEN_FILES.set_budget_from_limit(soft)
+    files.set_budget_from_limit(soft)
     return soft
 
 

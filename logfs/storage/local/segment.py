@@ -4,10 +4,11 @@ Owns appending batches at the end of one file (and writing the last one grown in
 :meth:`LogSegment.grow_tail`), the sparse index cadence (an entry once more than
 ``index.interval.bytes`` have been appended since the last one), translating an offset or a timestamp to a
 file position (index lookup, then a forward scan bounded by the interval), truncation, and the roll-time
-bookkeeping. It never decides *when* to roll; the log does. Loading and recovery are in
-:mod:`~logfs.storage.local.segment_recovery`; segments are opened through :mod:`~logfs.storage.local.lifecycle`.
-
-The reading of its ``.log`` by ``pread`` (the walk over its batches) is :class:`~logfs.storage.local.segment_file.SegmentFile`'s.
+bookkeeping. It never decides *when* to roll; the log does. Loading and recovery are its recovery routine's
+(:mod:`~logfs.storage.local.segment_recovery`); segments are opened through :mod:`~logfs.storage.local.lifecycle`.
+The reading of its ``.log`` by ``pread`` (the walk over its batches) is
+:class:`~logfs.storage.local.segment_file.SegmentFile`'s, and its readers see it through
+:class:`~logfs.storage.local.segment_file.ReadableSegment`, as a tiered segment.
 
 Thread safety: mutation requires the owning log's writer lock. ``read``/``batches_from``/``translate_offset``
 only touch bytes below the published ``size`` and may run in other threads concurrently with an append.
@@ -22,8 +23,8 @@ from ..format import records as rec
 from ..errors import StorageIOError
 from ..format.lines import ZERO_STATS, LineStats
 from .index import OffsetIndex, TimeIndex, ViewIndex
-from .open_files import OPEN_FILES
-from .segment_file import SegmentFile
+from .open_files import OpenFiles, open_unit, release_unit
+from .segment_file import SegmentFile, find_offset_by_timestamp, translate_offset
 from .tail_batch import TailBatch
 from .segment_recovery import SegmentRecovery, batch_stats  # noqa: F401  (batch_stats: its callers import it here)
 
@@ -33,7 +34,13 @@ from ..names import (  # noqa: F401 (re-exported: the segment's own file names)
 )
 
 
-class LogSegment(SegmentRecovery, SegmentFile):
+class LogSegment(SegmentFile):
+    """One segment of a log: its ``.log`` (read as a :class:`SegmentFile`, by pread), its three indexes, and its
+    in-memory state; recovered by a :class:`SegmentRecovery` routine. Read through the :class:`ReadableSegment`
+    seam, as a tiered segment is."""
+
+    aborted = None  # AbortedRanges of Kafka's aborted transactions reaching into this segment (txn_index.py)
+    has_txn_index = False  # a .txnindex of its own beside it (a Kafka broker wrote it; the loader says so)
     # The lowest position whose bytes were rewritten other than by a tail batch's growth (an undone append, a
     # truncation) since a copy of the segment last looked (storage/moves.py, which resets it): it copies again from
     # there. Under the log's lock.
@@ -52,8 +59,11 @@ class LogSegment(SegmentRecovery, SegmentFile):
         active: bool = True,
         max_view_index_size: int | None = None,
         create: bool = True,
+        open_files: OpenFiles | None = None,
     ):
         self.directory = directory
+        # The open-file budget its .log and indexes open within (its log's; alone, one of its own).
+        self.open_files = files = open_files if open_files is not None else OpenFiles()
         self.base_offset = base_offset
         self.index_interval_bytes = index_interval_bytes
         self.roll_jitter_ms = roll_jitter_ms
@@ -66,11 +76,11 @@ class LogSegment(SegmentRecovery, SegmentFile):
         self.closed = False  # closed for good (its log closed, or it was purged and unpinned)
         stem = os.path.join(directory, filename_prefix(base_offset))
         self.log_path = stem + LOG_SUFFIX + suffix
-        with OPEN_FILES.lock:
+        with files.lock:
             # (create=False: a segment that must exist, opened by another process than its log's: were it renamed
             # away meanwhile, creating it again would leave an empty segment where the log has none)
             fd = os.open(self.log_path, os.O_RDWR | (os.O_CREAT if create else 0), 0o644)
-            OPEN_FILES.admit(self)
+            files.admit(self)
             self.fd = fd
         if max_view_index_size is None:
             max_view_index_size = ViewIndex.bytes_for(max_index_size)
@@ -78,17 +88,17 @@ class LogSegment(SegmentRecovery, SegmentFile):
         try:  # (on EMFILE, ENOSPC...: release what was opened, never leak descriptors)
             self.size = os.fstat(fd).st_size
             self.offset_index = OffsetIndex(stem + INDEX_SUFFIX + suffix, base_offset, max_index_size, active=active,
-                                            create=create)
+                                            create=create, open_files=files)
             opened.append(self.offset_index)
             self.time_index = TimeIndex(stem + TIME_INDEX_SUFFIX + suffix, base_offset, max_index_size,
-                                        active=active, create=create)
+                                        active=active, create=create, open_files=files)
             opened.append(self.time_index)
             self.view_index = ViewIndex(stem + VIEW_INDEX_SUFFIX + suffix, base_offset, max_view_index_size,
-                                        active=active, create=create)
+                                        active=active, create=create, open_files=files)
         except BaseException:
             for index in opened:
                 index.close_handler()
-            self._forget_fd()
+            release_unit(self)
             self.fd, self.closed = -1, True
             raise
         for index in opened + [self.view_index]:
@@ -103,53 +113,27 @@ class LogSegment(SegmentRecovery, SegmentFile):
         self.tail: TailBatch | None = None  # the last batch, while it may grow (set by the log, which decides)
 
     # -- the descriptor, opened on use ---------------------------------------------------------------
-    # ``fd`` is an attribute while the .log is open (-1 once closed for good). The process's open-file budget
+    # ``fd`` is an attribute while the .log is open (-1 once closed for good). The open-file budget
     # (:mod:`~logfs.storage.local.open_files`) may close it while the segment is idle; the next use of ``fd`` opens
     # the file again by its path (:meth:`__getattr__`), at no cost to a use while it is open.
+    fd_attr = "fd"
+
     def __getattr__(self, name: str):
         if name == "fd":
-            return self._reopen()
+            return open_unit(self, self.log_path)
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-
-    def _reopen(self) -> int:
-        with OPEN_FILES.lock:
-            fd = self.__dict__.get("fd")
-            if fd is not None:
-                return fd
-            try:
-                fd = os.open(self.log_path, os.O_RDWR)
-            except OSError as exc:
-                raise StorageIOError(f"cannot open {self.log_path}: {exc.strerror}", exc.errno) from exc
-            OPEN_FILES.admit(self)
-            self.fd = fd
-            return fd
 
     @property
     def segment(self) -> "LogSegment":
         """The segment a unit of the open-file budget belongs to: this one, for its .log descriptor."""
         return self
 
-    def _close_unit(self) -> bool:
-        """Close the .log descriptor (the budget's call, under its lock); the next use reopens it."""
-        fd = self.__dict__.pop("fd", -1)
-        if fd >= 0:
-            os.close(fd)
-        return True
-
-    def _forget_fd(self) -> None:
-        with OPEN_FILES.lock:
-            OPEN_FILES.forget(self)
-            fd = self.__dict__.get("fd", -1)
-            if fd >= 0:
-                os.close(fd)
-                del self.fd
-
     def release(self) -> None:
         """Close the descriptor and unmap the indexes now; they open again on their next use. For the segment's
         owner only (the loader, or a caller holding its log's lock, with no snapshot pinning it)."""
         if self.closed:
             return
-        self._forget_fd()
+        release_unit(self)
         for index in (self.offset_index, self.time_index, self.view_index):
             index.release()
 
@@ -343,15 +327,20 @@ class LogSegment(SegmentRecovery, SegmentFile):
         """Roll-time bookkeeping: the time index's reserved last slot gets the max timestamp; the view index
         gets its end entry; every index is trimmed to its entries."""
         self.tail = None
+        self._end_entries()
+        for index in (self.offset_index, self.time_index, self.view_index):
+            index.trim_to_valid_size()
+        self.active = False
+
+    def _end_entries(self) -> None:
+        """A sealed segment's last index entries: the time index's reserved slot gets the max timestamp, the view
+        index its end entry."""
         if self.max_timestamp >= 0:
             self.time_index.maybe_append(self.max_timestamp, self.offset_of_max_timestamp, skip_full_check=True)
         if self.size > 0:
             last = self.view_index.last()
             if last is None or last.position < self.size:
                 self.view_index.append(self.next_offset, self.size, self.stats)
-        for index in (self.offset_index, self.time_index, self.view_index):
-            index.trim_to_valid_size()
-        self.active = False
 
     def sealed_on_disk(self) -> bool:
         """Whether the files are in the shape a roll leaves them: every index trimmed to its entries, and the
@@ -373,29 +362,28 @@ class LogSegment(SegmentRecovery, SegmentFile):
         self.active = True
 
     # -- reading ---------------------------------------------------------------------------------
-    def translate_offset(self, offset: int, start_position: int = 0) -> tuple[int, rec.BatchHeader] | None:
-        """Position and header of the first batch whose last offset >= ``offset``, scanning forward from the
-        offset index entry (a scan bounded by the index interval)."""
-        entry = self.offset_index.lookup(offset)
-        for pos, header, _, _ in self.batches_from(max(entry.position, start_position)):
-            if header.last_offset >= offset:
-                return pos, header
-        return None
+    # The bounded lookups every segment a view reads shares (index entry, then a scan of at most one interval).
+    translate_offset = translate_offset
+    find_offset_by_timestamp = find_offset_by_timestamp
 
-    def find_offset_by_timestamp(self, timestamp: int, starting_offset: int) -> int | None:
-        """Kafka's ``LogSegment.findOffsetByTimestamp``: the first offset >= ``starting_offset`` of a record
-        whose timestamp is >= ``timestamp``. A transaction marker counts (a control batch's one record, at the
-        coordinator's time), as in Kafka's ``FileRecords.searchForTimestamp``; so do aborted records."""
-        entry = self.time_index.lookup(timestamp)
-        position = self.offset_index.lookup(max(entry.offset, starting_offset)).position
-        for _, header, buf, at in self.batches_from(position):
-            if header.max_timestamp >= timestamp and header.last_offset >= starting_offset:
-                if header.is_control:
-                    return max(header.base_offset, starting_offset)
-                for r in rec.decode(buf, at, header.size):
-                    if r.timestamp >= timestamp and r.offset >= starting_offset:
-                        return r.offset
-        return None
+    def is_aborted(self, header: rec.BatchHeader) -> bool:
+        """Whether the batch holds records of an aborted transaction (a ``read_committed`` reader skips it)."""
+        return (self.aborted is not None and bool(header.attributes & rec.ATTR_TRANSACTIONAL)
+                and self.aborted.covers(header.producer_id, header.base_offset))
+
+    def visible_stats(self, buf, pos: int, header: rec.BatchHeader) -> LineStats:
+        """The LineStats of the batch's lines in the text view: none for an aborted transaction's batch."""
+        return ZERO_STATS if self.is_aborted(header) else batch_stats(buf, pos, header.size)
+
+    # -- loading ---------------------------------------------------------------------------------
+    def load_state(self) -> None:
+        """State from the indexes, after a clean shutdown (:meth:`SegmentRecovery.load_state`)."""
+        SegmentRecovery(self).load_state()
+
+    def recover(self, flushed_offset: int | None = None) -> int:
+        """Batches validated and indexes rebuilt, from ``flushed_offset`` on (:meth:`SegmentRecovery.recover`);
+        the bytes truncated."""
+        return SegmentRecovery(self).recover(flushed_offset)
 
     @property
     def largest_timestamp(self) -> int:
@@ -443,8 +431,9 @@ class LogSegment(SegmentRecovery, SegmentFile):
         if kept:
             # Original offsets are kept: a compacted batch has gaps between its records' offsets.
             batch = rec.build_batch(
-                header.base_offset, 0, [r.value for r in kept], [r.key for r in kept], [r.headers for r in kept],
-                [r.timestamp for r in kept], [r.offset - header.base_offset for r in kept],
+                header.base_offset, 0, [r.value for r in kept], [r.key for r in kept],
+                headers=[r.headers for r in kept], timestamps=[r.timestamp for r in kept],
+                offset_deltas=[r.offset - header.base_offset for r in kept],
             )
             stats = batch_stats(batch)
             self.append(batch, rec.parse_header(batch), stats)
@@ -491,13 +480,7 @@ class LogSegment(SegmentRecovery, SegmentFile):
         if self.closed:
             return
         if self.active and not self.deleted:
-            if self.max_timestamp >= 0:
-                self.time_index.maybe_append(self.max_timestamp, self.offset_of_max_timestamp,
-                                             skip_full_check=True)
-            if self.size > 0:
-                last = self.view_index.last()
-                if last is None or last.position < self.size:
-                    self.view_index.append(self.next_offset, self.size, self.stats)
+            self._end_entries()
         for index in (self.offset_index, self.time_index, self.view_index):
             if self.deleted:
                 index.close_handler()
@@ -509,7 +492,7 @@ class LogSegment(SegmentRecovery, SegmentFile):
         """Close for good without trimming or writing anything (a segment only read, or going away)."""
         for index in (self.offset_index, self.time_index, self.view_index):
             index.close_handler()
-        self._forget_fd()
+        release_unit(self)
         self.fd, self.closed = -1, True
 
     def __repr__(self) -> str:

@@ -16,6 +16,7 @@ import threading
 from typing import Iterator, Protocol, Sequence
 
 from .segment import LogSegment
+from .segment_file import ReadableSegment
 
 
 class PinnedLog(Protocol):
@@ -99,7 +100,8 @@ class LogSnapshot:
 
     __slots__ = ("log", "segments", "log_start_offset", "rewrite_count", "rolled", "write_only", "__weakref__")
 
-    def __init__(self, log: PinnedLog, segments: list[LogSegment], log_start_offset: int, rewrite_count: int = 0):
+    def __init__(self, log: PinnedLog, segments: list[ReadableSegment], log_start_offset: int,
+                 rewrite_count: int = 0):
         self.log = log
         self.segments = segments  # already pinned, under the log lock, by whoever made this
         self.log_start_offset = log_start_offset
@@ -131,7 +133,7 @@ class LogSnapshot:
                     self.rolled.remove(pinned)
                 unpin(pinned)
 
-    def catch_up(self, segments: list) -> None:
+    def catch_up(self, segments: list[ReadableSegment]) -> None:
         """Pin, for :meth:`extend`, the segments of ``segments`` (the log's view now) that start at or after the end
         of this snapshot's last one: a follower mount's log grows by tiered segments, not by rolls. Under the log
         lock."""

@@ -12,7 +12,8 @@ Once a commit or an abort *closes* its prefix, no new file may be created under 
 late would otherwise leave one behind): :class:`~.errors.StagingClosedError`. Closed prefixes are remembered in
 memory (the most recent 10,000); after a restart the age limit covers a late one.
 
-Plain files, no structure: the daemon only creates, writes, reads, lists and removes them. No locking of its own;
+Plain files, no structure: the daemon only creates, writes, reads, lists and removes them; a commit maps the ones
+it names read-only (:class:`StagedFiles`). No locking of its own;
 :mod:`.transactions` serialises what must not interleave (a commit and a cleanup).
 """
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import mmap
 import os
 import re
 import time
@@ -136,3 +138,50 @@ class StagingArea:
                 return True
             at = name.find(".", at + 1)
         return False
+
+
+class StagedFiles:
+    """The staged files one commit reads: each opened once and mapped read-only (the batches' records go from the
+    page cache straight into the segment; only their 61-byte headers are copied, to be restamped)."""
+
+    def __init__(self, staging: StagingArea):
+        self.staging = staging
+        self.files: dict[str, tuple[int, mmap.mmap | None, memoryview | None]] = {}
+        self.views: list[memoryview] = []
+
+    def view(self, name: str, position: int, length: int) -> memoryview:
+        if name not in self.files:
+            fd = self.staging.open(name, writable=False)
+            try:
+                size = os.fstat(fd).st_size
+                mapped = mmap.mmap(fd, size, access=mmap.ACCESS_READ) if size else None
+            except BaseException:
+                os.close(fd)
+                raise
+            self.files[name] = (fd, mapped, memoryview(mapped) if mapped is not None else None)
+        _, mapped, whole = self.files[name]
+        size = len(mapped) if mapped is not None else 0
+        if position + length > size:
+            raise InvalidRequestError(f"staged file {name!r} has {size} bytes, a span ends at {position + length}")
+        view = whole[position : position + length]
+        self.views.append(view)
+        return view
+
+    def sync(self) -> None:
+        for fd, _, _ in self.files.values():
+            os.fdatasync(fd)
+
+    def close(self) -> None:
+        for view in self.views:
+            view.release()
+        self.views.clear()
+        for fd, mapped, whole in self.files.values():
+            if whole is not None:
+                whole.release()
+            if mapped is not None:
+                try:
+                    mapped.close()
+                except BufferError:
+                    pass  # a view of it still referenced (by an exception's frames): unmapped once it goes
+            os.close(fd)
+        self.files.clear()

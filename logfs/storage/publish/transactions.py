@@ -51,6 +51,7 @@ import os
 import struct
 import threading
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import crc32c as _crc32c
 
@@ -61,9 +62,12 @@ from ..errors import (
     CommitIncompleteError, CorruptRecordError, InvalidRecordError, InvalidRequestError, LogfsError, NoSuchTopicError,
     RecordTooLargeError,
 )
+from ..clock import Clock
+from ..config import BrokerConfig
+from ..local.log import Log
 from ..names import TRANSACTIONS_FILE
 from ..local.segment_recovery import batch_stats
-from .staging import StagingArea, check_name
+from .staging import StagedFiles, StagingArea, check_name
 from .transaction_log import TransactionLog
 
 log = logging.getLogger(__name__)
@@ -142,58 +146,21 @@ def parse_parts(raw) -> list[Part]:
     return parts
 
 
-class _Staged:
-    """The staged files one commit reads: each opened once and mapped read-only (the batches' records go from the
-    page cache straight into the segment; only their 61-byte headers are copied, to be restamped)."""
-
-    def __init__(self, staging: StagingArea):
-        self.staging = staging
-        self.files: dict[str, tuple[int, mmap.mmap | None, memoryview | None]] = {}
-        self.views: list[memoryview] = []
-
-    def view(self, name: str, position: int, length: int) -> memoryview:
-        if name not in self.files:
-            fd = self.staging.open(name, writable=False)
-            try:
-                size = os.fstat(fd).st_size
-                mapped = mmap.mmap(fd, size, access=mmap.ACCESS_READ) if size else None
-            except BaseException:
-                os.close(fd)
-                raise
-            self.files[name] = (fd, mapped, memoryview(mapped) if mapped is not None else None)
-        _, mapped, whole = self.files[name]
-        size = len(mapped) if mapped is not None else 0
-        _require(position + length <= size, f"staged file {name!r} has {size} bytes, a span ends at "
-                 f"{position + length}")
-        view = whole[position : position + length]
-        self.views.append(view)
-        return view
-
-    def sync(self) -> None:
-        for fd, _, _ in self.files.values():
-            os.fdatasync(fd)
-
-    def close(self) -> None:
-        for view in self.views:
-            view.release()
-        self.views.clear()
-        for fd, mapped, whole in self.files.values():
-            if whole is not None:
-                whole.release()
-            if mapped is not None:
-                try:
-                    mapped.close()
-                except BufferError:
-                    pass  # a view of it still referenced (by an exception's frames): unmapped once it goes
-            os.close(fd)
-        self.files.clear()
-
-
 # -- the coordinator ------------------------------------------------------------------------------------------
+class CommittedLogs(Protocol):
+    """What the sink's commits need of the LogManager: its clock, first directory and settings, and its logs."""
+
+    clock: Clock
+    data_dir: str
+    broker: BrokerConfig
+    logs: dict[tuple[str, int], Log]
+    topics: dict[str, dict[str, str]]
+
+
 class Transactions:
     """The sink's commits for one data directory (the LogManager's ``transactions``)."""
 
-    def __init__(self, manager):
+    def __init__(self, manager: CommittedLogs):
         self.manager = manager
         self.clock = manager.clock
         self.staging = StagingArea(manager.data_dir)
@@ -333,7 +300,7 @@ class Transactions:
                     self.log.maybe_compact(self.clock.time_ms(), self.expiration_ms)
 
     def _commit(self, app: str, version: int, parts: list[Part]) -> list:
-        staged = _Staged(self.staging)
+        staged = StagedFiles(self.staging)
         try:
             logs = [self._prepare(part, staged) for part in parts]  # 1. every check; nothing changed yet
             staged.sync()
@@ -356,7 +323,7 @@ class Transactions:
         """Complete a commit past its commit point (after a crash, or a disk error in step 3): each partition
         that does not hold all of its records gets them. Returns the offsets of each partition's records."""
         pid = record["pid"]
-        staged = _Staged(self.staging)
+        staged = StagedFiles(self.staging)
         offsets = []
         try:
             for entry in record["parts"]:
@@ -390,7 +357,7 @@ class Transactions:
             staged.close()
 
     # -- the steps -----------------------------------------------------------------------------------
-    def _prepare(self, part: Part, staged: _Staged, check_limits: bool = True):
+    def _prepare(self, part: Part, staged: StagedFiles, check_limits: bool = True):
         """Check one partition's spans and map their batches (step 1); returns its Log."""
         plog = self.manager.logs.get((part.topic, part.partition))
         if plog is None:

@@ -44,14 +44,13 @@ from dataclasses import replace
 
 from ...remote.api import RemoteCorruptError, RemoteNotFoundError, RemoteStore, RemoteStoreError
 from ...remote.manifest import (
-    SEGMENT_EXTS, FollowerIndex, ManifestStore, PartitionManifest, RemoteFile, RemoteSegment, decode, decode_index,
-    encode, encode_index, index_key, partition_prefix,
+    SEGMENT_EXTS, ManifestStore, PartitionManifest, RemoteFile, RemoteSegment, decode, encode, partition_prefix,
 )
 from ..checkpoints import atomic_write
 from ..cleaner.compression import needs_rewrite
-from ..clock import SYSTEM_CLOCK
 from ..errors import CorruptRecordError
 from ..local.log import Log
+from ..local.open_files import OpenFiles
 from ..names import REMOTE_CACHE_DIR, REMOTE_DELETES_FILE
 from .block_cache import BlockCache
 from .remote_segment import RemoteLogSegment, index_paths, install_index
@@ -87,8 +86,10 @@ class PartitionTier:
 
 class RemoteLogManager:
     def __init__(self, data_dir: str, logs: dict, store: RemoteStore, *, read_store: RemoteStore | None = None,
-                 prefix: str = "", cache_bytes: int = 1 << 30, stopping: threading.Event | None = None):
+                 prefix: str = "", cache_bytes: int = 1 << 30, stopping: threading.Event | None = None,
+                 open_files: OpenFiles | None = None):
         self.logs = logs  # the LogManager's dict: (topic, partition) -> Log
+        self.open_files = open_files if open_files is not None else OpenFiles()  # (the manager's: its segments')
         self.store = store
         self.read_store = read_store or store
         self.manifests = ManifestStore(store, prefix)
@@ -100,8 +101,6 @@ class RemoteLogManager:
             self.blocks.scan(os.path.join(plog.directory, REMOTE_CACHE_DIR, "blocks"))
         self.tiers: dict[tuple[str, int], PartitionTier] = {}
         self.lock = threading.Lock()
-        self._index_body: bytes | None = None  # the follower index last written (its generation aside)
-        self._index_generation: int | None = None
         self.stopping = stopping or threading.Event()  # set when the daemon stops: uploads end between segments
 
     # -- which partitions ----------------------------------------------------------------------------
@@ -216,7 +215,7 @@ class RemoteLogManager:
                         raise RemoteNotFoundError(f"{path} is not cached")
                     install_index(path, data=self.store.get_bytes(meta.objects[ext].key))
             try:
-                return RemoteLogSegment(meta, index_dir, self.read_store, self.blocks)
+                return RemoteLogSegment(meta, index_dir, self.read_store, self.blocks, self.open_files)
             except RemoteCorruptError as exc:
                 if not fetch or attempt:
                     raise
@@ -457,37 +456,18 @@ class RemoteLogManager:
         return done
 
     # -- followers -----------------------------------------------------------------------------------
-    def publish_index(self, configs: dict[str, dict[str, str]], now_ms: int | None = None) -> bool:
-        """Write the prefix's follower index (:class:`~logfs.remote.manifest.FollowerIndex`) if what it would say
-        changed since the last write: each tiered partition's manifest generation, and its topic's settings
-        (``configs``: topic -> overrides); with each partition's ``remote_log_end_offset`` and the time of the
-        write, ``now_ms`` (the wall clock if not given): a follower's lag in offsets and seconds. After the
-        manifests it names, so a follower that reads it finds them at least that new. Returns whether it wrote."""
-        topics: dict = {}
+    def apply_manifest(self, plog: Log, m: PartitionManifest) -> None:
+        """Make ``m``, read from the store, the partition's remote state (a follower applying its writer's)."""
+        tier = self._tier(plog)
+        tier.loaded = True
+        self._publish(tier, m, fetch=True)
+
+    def shown_manifests(self) -> dict[tuple[str, int], PartitionManifest]:
+        """The manifest each partition of the mount shows (those with one)."""
         with self.lock:
             tiers = list(self.tiers.items())
-        for (topic, partition), tier in tiers:
-            if tier.manifest is None or self.logs.get((topic, partition)) is not tier.log or tier.log.closed:
-                continue
-            entry = topics.setdefault(topic, {"config": dict(configs.get(topic, {})), "partitions": {},
-                                              "end_offsets": {}})
-            entry["partitions"][partition] = tier.manifest.generation
-            entry["end_offsets"][partition] = tier.manifest.remote_log_end_offset
-        body = encode_index(FollowerIndex(0, topics))  # (what it says, its generation and time aside)
-        if body == self._index_body:
-            return False
-        if self._index_generation is None:
-            try:
-                self._index_generation = decode_index(self.store.get_bytes(index_key(self.prefix))).generation
-            except RemoteNotFoundError:
-                self._index_generation = 0
-            except RemoteCorruptError:
-                self._index_generation = 0
-        generation = self._index_generation + 1
-        published = SYSTEM_CLOCK.time_ms() if now_ms is None else now_ms
-        self.store.put_bytes(index_key(self.prefix), encode_index(FollowerIndex(generation, topics, published)))
-        self._index_generation, self._index_body = generation, body
-        return True
+        return {key: tier.manifest for key, tier in tiers if tier.manifest is not None
+                and self.logs.get(key) is tier.log and not tier.log.closed}
 
     def close(self) -> None:
         self.blocks.close()

@@ -1,8 +1,9 @@
 """A tiered segment, read like a local one.
 
-:class:`RemoteLogSegment` has the reading side of :class:`~logfs.storage.local.segment.LogSegment` (``size``, ``stats``,
-the three indexes, ``read``/``read_into``/``batches_from``, ``translate_offset``, ``find_offset_by_timestamp``),
-so the view layer and the log read a tiered range exactly as a local one. Its ``.index``, ``.timeindex`` and
+:class:`RemoteLogSegment` is the second implementation of the segment a view reads
+(:class:`~logfs.storage.local.segment_file.ReadableSegment`: ``size``, ``stats``, the three indexes,
+``read``/``read_into``/``batches_from``, ``translate_offset``, ``find_offset_by_timestamp``), so the view layer
+and the log read a tiered range exactly as a local one. Its ``.index``, ``.timeindex`` and
 ``.viewindex`` are small: they are kept whole on local disk (copied at upload, fetched once otherwise) and read
 like a local segment's. Its ``.log`` is read through the :class:`~logfs.storage.tiered.block_cache.BlockCache`.
 
@@ -26,9 +27,9 @@ from ..checkpoints import fsync_dir
 from ..errors import CorruptRecordError, FetchNeededError
 from ..format.lines import LineStats
 from ..local.index import OffsetIndex, TimeIndex, ViewIndex
+from ..local.open_files import OpenFiles
 from ..names import INDEX_SUFFIX, TIME_INDEX_SUFFIX, VIEW_INDEX_SUFFIX, filename_prefix
-from ..local.segment import LogSegment
-from ..local.segment_file import SegmentFile
+from ..local.segment_file import SegmentFile, find_offset_by_timestamp, translate_offset
 from .block_cache import BLOCK_BYTES, READ_AHEAD_AFTER, READ_AHEAD_FIRST, READ_AHEAD_GET, READ_AHEAD_MAX, Block, BlockCache
 
 _thread = threading.local()  # each thread's last block read (a reader of small requests inside one block)
@@ -67,13 +68,16 @@ def install_index(path: str, source: str | None = None, data: bytes | None = Non
 
 
 class RemoteLogSegment(SegmentFile):
-    """One tiered segment (read-only). Its indexes must already be in ``index_dir`` (:func:`index_paths`)."""
+    """One tiered segment (read-only): a :class:`~logfs.storage.local.segment_file.ReadableSegment` whose ``.log`` is
+    read through the block cache. Its indexes must already be in ``index_dir`` (:func:`index_paths`)."""
 
     active = False
     fd = -1  # never a local descriptor: close_if_unused leaves it alone
 
-    def __init__(self, meta: RemoteSegment, index_dir: str, store: RemoteStore, cache: BlockCache):
+    def __init__(self, meta: RemoteSegment, index_dir: str, store: RemoteStore, cache: BlockCache,
+                 open_files: OpenFiles | None = None):
         self.meta = meta
+        self.open_files = open_files if open_files is not None else OpenFiles()  # its indexes' budget
         self.base_offset = meta.base_offset
         self.next_offset = meta.next_offset
         self.size = meta.size
@@ -123,9 +127,12 @@ class RemoteLogSegment(SegmentFile):
                                          "their check; fetched again at the next tiering pass")
             size = self.meta.objects
             indexes = (
-                OffsetIndex(self._paths["index"], self.base_offset, size["index"].size, active=False),
-                TimeIndex(self._paths["timeindex"], self.base_offset, size["timeindex"].size, active=False),
-                ViewIndex(self._paths["viewindex"], self.base_offset, size["viewindex"].size, active=False))
+                OffsetIndex(self._paths["index"], self.base_offset, size["index"].size, active=False,
+                            open_files=self.open_files),
+                TimeIndex(self._paths["timeindex"], self.base_offset, size["timeindex"].size, active=False,
+                          open_files=self.open_files),
+                ViewIndex(self._paths["viewindex"], self.base_offset, size["viewindex"].size, active=False,
+                          open_files=self.open_files))
             for index in indexes:
                 index.segment = self
             try:
@@ -284,12 +291,14 @@ class RemoteLogSegment(SegmentFile):
             return memoryview(b"")
         return self._blocks(position, end, scratch)
 
-    # The same bounded lookups as a local segment's: index entry, then a scan of at most one interval.
-    translate_offset = LogSegment.translate_offset
-    find_offset_by_timestamp = LogSegment.find_offset_by_timestamp
+    # The bounded lookups every segment a view reads shares: index entry, then a scan of at most one interval.
+    translate_offset = translate_offset
+    find_offset_by_timestamp = find_offset_by_timestamp
     # Kafka's aborted transactions: none (a segment is tiered with none known; tiering does not carry a .txnindex)
     aborted = None
-    is_aborted = LogSegment.is_aborted
+
+    def is_aborted(self, header) -> bool:
+        return False
 
     def hold_files(self) -> None:
         """Open the indexes before their files are unlinked while a snapshot pins this segment (as
