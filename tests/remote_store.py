@@ -1,4 +1,4 @@
-"""The SeaweedFS server of tools/seaweed.py (one copy of the code, shared with tools/bench.py), and the pytest
+"""The SeaweedFS server of logfs/testing/seaweed.py (one copy of the code, shared with tools/bench.py), and the pytest
 fixtures over it.
 
 The fixtures (``seaweed``, ``seaweed_outage``, ``aws_env``, ``creds``, ``stall_proxy``) are shared the way
@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 import harness  # noqa: F401  (puts tools/ on sys.path)
-from seaweed import SeaweedS3, StallProxy, free_ports, weed_binary  # noqa: F401
+from logfs.testing.seaweed import SeaweedS3, StallProxy, free_ports, weed_binary  # noqa: F401
 
 # ---- pytest fixtures (imported by name into a conftest to use them) ------------------------------------------
 

@@ -20,7 +20,7 @@ import os
 import shutil
 import time
 
-from benchlib import local_spark, pyspark_or_skip
+from logfs.testing.benchlib import local_spark, pyspark_or_skip
 
 
 def _build(bench, data: str, size: int, segment: int) -> tuple[int, int, str]:
@@ -124,7 +124,7 @@ def spark_time(bench) -> None:
     if not pyspark_or_skip(bench, "spark_time"):
         return
     from pyspark.sql import functions as F
-    from seaweed import SeaweedS3
+    from logfs.testing.seaweed import SeaweedS3
 
     from logfs.remote.s3 import S3Store
     from logfs.spark import bucket as bucket_mod

@@ -4,7 +4,7 @@ Candidates: boto3 with its defaults and as logfs's S3Store configures it, minio,
 
 Run once by hand (a measurement, not a test): ``pip install minio obstore`` (candidates only, not project
 dependencies), then ``python tools/s3_client_compare.py``. It starts its own
-SeaweedFS (tools/seaweed.py), then for each client: import time in a fresh interpreter, then
+SeaweedFS (logfs/testing/seaweed.py), then for each client: import time in a fresh interpreter, then
 latency and CPU (process time, this process only: the server runs in another process) per 4 KiB ranged GET,
 per 1 MiB and 8 MiB PUT and GET, each the median of several rounds.
 """
@@ -20,8 +20,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-from seaweed import SeaweedS3  # noqa: E402  (tools/, beside this script)
+from logfs.testing.seaweed import SeaweedS3
 
 IMPORTS = {
     "boto3": "import boto3, botocore.config; boto3.client('s3', region_name='us-east-1')",

@@ -30,7 +30,7 @@ import time
 import pytest
 
 from rel_helpers import (
-    daemon_env, mounted_at, parse_line, parse_partition_dir_records, read_checkpoint_file,
+    alive, daemon_env, mounted_at, parse_line, parse_partition_dir_records, read_checkpoint_file,
     record_stats, scale, start_writer, stop_writers, wait_for,
 )
 
@@ -84,14 +84,6 @@ def _children(pid: int) -> list[int]:
         if int(fields[1]) == pid and fields[0] not in (b"Z", b"X"):
             out.append(int(name))
     return out
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
-    except OSError:
-        return False
 
 
 def _wait_for_trigger(fs, suffixes, deadline: float) -> bool:
@@ -368,7 +360,7 @@ def test_kill9_at_random_moments(mount_logfs, tmp_path, profile, scenario):
             # A cleaner child process of the killed daemon must not outlive it (it could otherwise write .cleaned
             # files under the next daemon).
             stats["children_at_kill"] += len(children)
-            wait_for(lambda: not any(_alive(c) for c in children), 2,
+            wait_for(lambda: not any(alive(c) for c in children), 2,
                      what=f"the killed daemon's children {children} to die with it")
             if rng.random() < 0.3:
                 _kill_during_startup(fs, options, rng)
@@ -421,9 +413,9 @@ def test_cleaner_child_dies_with_the_daemon(mount_logfs):
     pid = fs.pid()
     children = wait_for(lambda: _children(pid), 30, interval=0.002, what="a cleaning pass to start")
     time.sleep(0.3)  # well inside the pass
-    assert all(_alive(c) for c in children), "the pass ended too soon to test anything"
+    assert all(alive(c) for c in children), "the pass ended too soon to test anything"
     fs.kill9()
-    wait_for(lambda: not any(_alive(c) for c in children), 0.5, what=f"cleaner child {children} to die with the daemon")
+    wait_for(lambda: not any(alive(c) for c in children), 0.5, what=f"cleaner child {children} to die with the daemon")
     part = os.path.join(fs.data, "t-0")
     cleaned = sorted(n for n in os.listdir(part) if ".cleaned" in n)
     time.sleep(1.0)
