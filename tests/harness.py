@@ -17,6 +17,7 @@ import contextlib
 import errno
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -273,6 +274,13 @@ def expect_errno(code: int, fn, *args, **kwargs):
         f"expected {errno.errorcode[code]}, got {errno.errorcode.get(info.value.errno, info.value.errno)}: "
         f"{info.value}")
     return info.value
+
+
+def mkdir_refused(path: str, code: int, message: bytes) -> None:
+    """mkdir(2) of ``path`` fails with ``code``, and so does mkdir(1), saying ``message``."""
+    expect_errno(code, os.mkdir, path)
+    r = sh(f"mkdir {shlex.quote(str(path))}", check=False)
+    assert r.returncode != 0 and message in r.stderr, r.stderr
 
 
 def sh(script: str, *, check: bool = True, env: dict | None = None, timeout: float = 60,

@@ -1,6 +1,6 @@
 """Helpers of the kernel-free level (tests/ops): path-level calls on an ``Operations`` instance, errno checks.
 
-The ``ops_fs`` fixture (conftest.py) builds the Operations; :class:`OpsFS` wraps the handlers in path-level helpers (``await fs.append("t/0", b"a\\n")``), and
+The ``ops_fs`` fixture (conftest.py) builds the Operations; :class:`OpsFS` wraps the handlers in path-level helpers (``await ops.append("t/0", b"a\\n")``; the ``ops`` fixture is one), and
 ``fuse_errno(code)`` asserts that a block raises ``pyfuse3.FUSEError`` with that errno. Each test runs in
 milliseconds; the mounted suites keep only what needs a kernel.
 """
@@ -39,6 +39,13 @@ def fuse_errno(code: int):
     with pytest.raises(pyfuse3.FUSEError) as info:
         yield info
     assert info.value.errno == code, f"expected {os.strerror(code)}, got {os.strerror(info.value.errno)}"
+
+
+async def each_fails(code: int, *calls) -> None:
+    """Await each of ``calls`` (coroutines of handler calls): every one must raise ``pyfuse3.FUSEError(code)``."""
+    for call in calls:
+        with fuse_errno(code):
+            await call
 
 
 async def run_blocking(fn, *args):

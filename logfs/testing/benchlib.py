@@ -17,7 +17,7 @@ import sys
 import time
 
 from logfs.testing.mounts import (CODE_ROOT, alive, code_env, daemon_pid, daemon_pids, logfs_command,  # noqa: F401
-                                  mounted_at, mountpoints_under, unmount_fuse, wait_for)
+                                  mounted_at, mountpoints_under, processes, unmount_fuse, wait_for)
 
 PY = sys.executable
 ROOT = CODE_ROOT  # the checkout a run measures: its daemons and helpers get it on PYTHONPATH (env())
@@ -242,21 +242,15 @@ def local_spark(app: str, shuffle_partitions: int, **conf):
 def _processes_naming(root: str) -> list[int]:
     """This user's processes (other than this one) whose command line names a path at or below ``root``: the
     logfs daemons (detached, so not our children), nullfs, SeaweedFS, Spark JVMs a run started there."""
-    me, uid, out = os.getpid(), os.getuid(), []
+    uid, out = os.getuid(), []
     needle = os.path.abspath(root).encode()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == me:
-            continue
-        try:
-            if os.stat(f"/proc/{entry}").st_uid != uid:
+    for pid, args in processes():
+        if any(arg == needle or arg.startswith(needle + b"/") or (b"=" + needle) in arg for arg in args):
+            try:
+                if os.stat(f"/proc/{pid}").st_uid == uid:
+                    out.append(pid)
+            except OSError:
                 continue
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                cmdline = f.read()
-        except OSError:
-            continue
-        if any(arg == needle or arg.startswith(needle + b"/") or (b"=" + needle) in arg
-               for arg in cmdline.split(b"\0")):
-            out.append(int(entry))
     return out
 
 

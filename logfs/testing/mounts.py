@@ -95,6 +95,36 @@ def alive(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
+def processes():
+    """(pid, command-line arguments as bytes) of every process but this one whose command line can be read."""
+    me = os.getpid()
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == me:
+            continue
+        try:
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                args = f.read().split(b"\0")
+        except OSError:
+            continue
+        yield int(name), args
+
+
+def children(pid: int) -> list[int]:
+    """The live (not zombie) children of ``pid``."""
+    out = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid and fields[0] not in (b"Z", b"X"):
+            out.append(int(name))
+    return out
+
+
 def daemon_pids(data_dir: str | os.PathLike, mountpoint: str | os.PathLike | None = None) -> list[int]:
     """PIDs of live processes whose command line names ``data_dir`` as one argument and mentions logfs
     (the daemon, however it was started: python -m logfs.cli, the logfs script, mount.fuse3). A source that is not
@@ -103,20 +133,13 @@ def daemon_pids(data_dir: str | os.PathLike, mountpoint: str | os.PathLike | Non
     target = os.fsencode(source if "://" in source else os.path.abspath(source))
     mnt = os.fsencode(os.path.abspath(mountpoint)) if mountpoint is not None else None
     pids = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{name}/cmdline", "rb") as f:
-                args = f.read().split(b"\0")
-        except OSError:
-            continue
+    for pid, args in processes():
         if b"logfs" not in b" ".join(args):
             continue
         if mnt is not None and mnt not in args:
             continue
-        if any(a == target or a.endswith(b"#" + target) for a in args) and alive(int(name)):
-            pids.append(int(name))
+        if any(a == target or a.endswith(b"#" + target) for a in args) and alive(pid):
+            pids.append(pid)
     return sorted(pids)
 
 

@@ -14,7 +14,7 @@ import sys
 import pytest
 
 from harness import daemon_env, wait_for
-from logfs.testing.mounts import mountpoints_under
+from logfs.testing.mounts import mountpoints_under, processes
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BENCH = os.path.join(ROOT, "tools", "bench.py")
@@ -23,18 +23,9 @@ pytestmark = pytest.mark.skipif(not os.path.exists("/dev/fuse"), reason="needs /
 
 
 def processes_naming(root: str) -> list[str]:
-    out = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if root in cmdline:
-            out.append(f"{entry}: {cmdline}")
-    return out
+    """``PID: command line`` of the processes whose command line mentions ``root``."""
+    lines = (f"{pid}: {b' '.join(args).decode(errors='replace')}" for pid, args in processes())
+    return [line for line in lines if root in line.split(": ", 1)[1]]
 
 
 def interrupt_bench(only: str, ready, sig: int) -> tuple[str, subprocess.CompletedProcess]:

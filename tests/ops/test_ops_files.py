@@ -53,24 +53,18 @@ async def test_partial_line_is_held_until_newline_or_close(ops):
     assert await ops.cat("t/0") == b"a\npartial\nrest\n"
 
 
-async def test_write_at_end_without_o_append_is_an_append(ops):
-    await ops.mkdir("t")
-    await ops.append("t/0", b"abc\n")
-    fh = await ops.open("t/0", os.O_WRONLY)
-    assert await ops.write(fh, b"def\n", offset=4) == 4
-    await ops.release(fh)
-    assert await ops.cat("t/0") == b"abc\ndef\n"
-
-
-async def test_write_anywhere_but_the_end_is_eperm(ops):
+async def test_a_positioned_write_appends_at_the_end_and_is_eperm_anywhere_else(ops):
+    """Without O_APPEND: a write at the end is an append; at any other offset, EPERM and nothing written."""
     await ops.mkdir("t")
     await ops.append("t/0", b"abc\n")
     fh = await ops.open("t/0", os.O_WRONLY)
     for offset in (0, 2, 3, 5, 100):
         with fuse_errno(errno.EPERM):
             await ops.write(fh, b"x\n", offset=offset)
-    await ops.release(fh)
     assert await ops.cat("t/0") == b"abc\n"
+    assert await ops.write(fh, b"def\n", offset=4) == 4
+    await ops.release(fh)
+    assert await ops.cat("t/0") == b"abc\ndef\n"
 
 
 async def test_truncate_and_o_trunc_are_eperm(ops):

@@ -8,7 +8,7 @@ import stat
 
 import pytest
 
-from ops_helpers import APPEND, fuse_errno
+from ops_helpers import APPEND, each_fails, fuse_errno
 
 
 async def test_mkdir_creates_topic_with_num_partitions(ops_fs):
@@ -41,19 +41,6 @@ async def test_mkdir_undecodable_name_is_einval(ops):
         await ops.ops.mkdir(1, b"\xff\xfe", 0o755, None)
 
 
-async def test_mkdir_existing_is_eexist(ops):
-    await ops.mkdir("t")
-    with fuse_errno(errno.EEXIST):
-        await ops.mkdir("t")
-
-
-async def test_mkdir_inside_topic_is_einval_and_under_partition_enoent(ops):
-    await ops.mkdir("t")
-    with fuse_errno(errno.EINVAL):
-        await ops.mkdir("t/sub")
-    assert await ops.listdir("t") == ["0"]
-
-
 async def test_create_next_partition_adds_it(ops):
     await ops.mkdir("t")
     fh = await ops.create("t/1")
@@ -64,27 +51,24 @@ async def test_create_next_partition_adds_it(ops):
     assert await ops.getx("t", "partitions") == "2"
 
 
-@pytest.mark.parametrize("name", ["x", "01", "-1", "1.0", "+1", "²", "0x1", " 1"])
-async def test_create_other_name_in_topic_is_einval(ops, name):
+@pytest.mark.parametrize("call,path,code", [
+    ("mkdir", "t", errno.EEXIST),
+    ("mkdir", "t/sub", errno.EINVAL),  # no directory inside a topic
+    ("create", "file", errno.EPERM),  # no file in the root
+    *[("create", f"t/{name}", errno.EINVAL) for name in ["x", "01", "-1", "1.0", "+1", "²", "0x1", " 1"]],
+], ids=lambda v: repr(v) if isinstance(v, str) else None)
+async def test_refused_names_change_nothing(ops, call, path, code):
+    """A name the namespace refuses: its errno, and the tree as it was (one topic ``t``, partition 0)."""
     await ops.mkdir("t")
-    with fuse_errno(errno.EINVAL):
-        await ops.create(f"t/{name}")
-    assert await ops.listdir("t") == ["0"]
-
-
-async def test_create_file_in_root_is_eperm(ops):
-    with fuse_errno(errno.EPERM):
-        await ops.create("file")
+    with fuse_errno(code):
+        await getattr(ops, call)(path)
+    assert await ops.listdir() == ["t"] and await ops.listdir("t") == ["0"]
 
 
 async def test_create_under_a_partition_is_enotdir(ops):
     await ops.mkdir("t")
-    with fuse_errno(errno.ENOTDIR):
-        await ops.create("t/0/x")
-    with fuse_errno(errno.ENOTDIR):
-        await ops.lookup("t/0/x")
-    with fuse_errno(errno.ENOTDIR):
-        await ops.ops.opendir(await ops.inode("t/0"), None)
+    await each_fails(errno.ENOTDIR, ops.create("t/0/x"), ops.lookup("t/0/x"),
+                     ops.ops.opendir(await ops.inode("t/0"), None))
 
 
 async def test_lookup_missing_is_enoent(ops):
@@ -147,18 +131,10 @@ async def test_rm_partition_rmdir_topic(ops_fs):
 async def test_unlink_and_rmdir_errors(ops):
     await ops.mkdir("t")
     root = await ops.inode("")
-    with fuse_errno(errno.ENOENT):
-        await ops.unlink("t/7")
-    with fuse_errno(errno.ENOENT):
-        await ops.unlink("t/x")
-    with fuse_errno(errno.ENOENT):
-        await ops.rmdir("nosuch")
-    with fuse_errno(errno.EISDIR):
-        await ops.ops.unlink(root, b"t", None)  # unlink of a topic directory
-    with fuse_errno(errno.ENOENT):
-        await ops.ops.unlink(root, b"nosuch", None)
-    with fuse_errno(errno.ENOTDIR):
-        await ops.ops.rmdir(await ops.inode("t"), b"0", None)
+    await each_fails(errno.ENOENT, ops.unlink("t/7"), ops.unlink("t/x"), ops.rmdir("nosuch"),
+                     ops.ops.unlink(root, b"nosuch", None))
+    await each_fails(errno.EISDIR, ops.ops.unlink(root, b"t", None))  # unlink of a topic directory
+    await each_fails(errno.ENOTDIR, ops.ops.rmdir(await ops.inode("t"), b"0", None))
 
 
 async def test_read_only_refuses_every_change(ops_fs, open_manager):

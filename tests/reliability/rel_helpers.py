@@ -61,6 +61,11 @@ def record_stats(name: str, **values) -> None:
             entry[key] = value
 
 
+def counts(text: str, **needles: str) -> dict[str, int]:
+    """How often each of ``needles`` occurs in ``text`` (a daemon's log: what it says it did), by name."""
+    return {name: text.count(needle) for name, needle in needles.items()}
+
+
 def dump_stats(path: str) -> None:
     with open(path, "w", encoding="utf-8") as f:
         json.dump({"profile": "long" if LONG else "short", "tests": STATS}, f, indent=1, sort_keys=True)

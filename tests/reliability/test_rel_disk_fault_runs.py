@@ -55,7 +55,7 @@ from typing import Callable
 import pytest
 
 from rel_helpers import (
-    MountError, expect_errno, make_line, mounted_at, parse_line, parse_partition_dir_records, read_checkpoint_file,
+    MountError, counts, expect_errno, make_line, mounted_at, parse_line, parse_partition_dir_records, read_checkpoint_file,
     record_stats, scale, start_writer, stop_writers, wait_for,
 )
 
@@ -403,10 +403,8 @@ def test_random_disk_faults(faultfs, mount_logfs, tmp_path, profile):
         assert not _problems(faultfs.output()), _tail(faultfs.output())
     finally:
         err = fs.stderr()
-        stats["cleaning_passes"] = err.count(" cleaned keyed-0")
-        stats["compressions"] = err.count(" of zstd-0:")
-        stats["retention_deletions"] = err.count("retention deleted")
-        stats["offline_logged"] = err.count("is offline:")
+        stats.update(counts(err, cleaning_passes=" cleaned keyed-0", compressions=" of zstd-0:",
+                            retention_deletions="retention deleted", offline_logged="is offline:"))
         stats.update({f"windows_{k}": v for k, v in kinds.items()})
         record_stats("disk_fault_runs[random]", **stats)
     assert stats["faults_injected"] > 0, "no fault was injected: the run tests nothing"
