@@ -10,8 +10,6 @@ import os
 import subprocess
 import sys
 
-import pytest
-
 from harness import expect_errno, sh
 from log_helpers import log_file_records
 
