@@ -2,7 +2,7 @@
 tests/conftest.py; every suite imports its helpers by name: ``from harness import ...``).
 
 A mounted test mounts a real logfs in its own tmp directory the way a user would (``python -m logfs.cli DATA MNT
-[-o ...]``) through the ``mount_logfs`` fixture (or ``fs``, one default mount), drives it with real syscalls and
+[-o ...]``) through the ``mount_logfs`` fixture (or ``mount``, one default mount), drives it with real syscalls and
 shell tools, and always unmounts in teardown (``fusermount3 -u``, falling back to ``fusermount3 -uz``, then
 waiting for the daemon to exit). The plugin marks every test that mounts (``mount``; skipped where FUSE is
 unusable), and fails a test whose daemon logged an ERROR, a CRITICAL or a traceback that the test did not declare
@@ -17,28 +17,21 @@ import contextlib
 import errno
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
 import sys
-import time
+import tempfile
 from pathlib import Path
 
 import pytest
 
-import logfs
 
-# tools/ holds scripts, not a package: the suites that drive them (SeaweedFS, the Spark cluster, the demo) import
-# their modules by name, from this one entry on sys.path.
-TOOLS = str(Path(__file__).resolve().parent.parent / "tools")
-if TOOLS not in sys.path:
-    sys.path.append(TOOLS)
-
-from benchlib import alive as _alive, daemon_pids  # noqa: E402  (one finder of a daemon, for tests and benches)
+from logfs.testing.mounts import (CODE_ROOT, alive, code_env as daemon_env, daemon_pids,  # noqa: F401
+                                  logfs_command, mount_fstype, mounted_at, unmount_fuse, wait_for)
 
 VENV_BIN = os.path.dirname(sys.executable)
-# The daemon must run the same logfs the tests import (a shared venv's editable install may point elsewhere).
-CODE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(logfs.__file__)))
 LOGFS_SCRIPT = os.path.join(VENV_BIN, "logfs")
 MOUNT_TIMEOUT = 30.0
 EXIT_TIMEOUT = 20.0
@@ -52,46 +45,8 @@ def fuse_unusable_reason() -> str | None:
     return None
 
 
-def mounted_at(path: str | os.PathLike) -> bool:
-    """Whether something is mounted exactly at ``path`` (from /proc/self/mountinfo, never a stat that
-    could hang on a dead FUSE connection)."""
-    target = os.path.abspath(path)
-    with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
-        for line in f:
-            field = line.split()[4]
-            field = field.replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n").replace("\\134", "\\")
-            if field == target:
-                return True
-    return False
-
-
-def mount_fstype(path: str | os.PathLike) -> str | None:
-    target = os.path.abspath(path)
-    with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
-        for line in f:
-            parts = line.split()
-            if parts[4] == target:
-                sep = parts.index("-")
-                return parts[sep + 1]
-    return None
-
-
-def daemon_env(**extra: str) -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = CODE_ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    env.update(extra)
-    return env
-
-
-def wait_for(predicate, timeout: float, interval: float = 0.02, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)
+class MountError(Exception):
+    """A mount that did not come up: the command failed, or the foreground daemon exited or never answered."""
 
 
 class LogfsMount:
@@ -114,12 +69,7 @@ class LogfsMount:
 
     # -- lifecycle ---------------------------------------------------------------------------------
     def command(self, *options: str, foreground: bool = False) -> list[str]:
-        cmd = self.wrapper + [sys.executable, "-m", "logfs.cli", self.source or str(self.data), str(self.mnt)]
-        if foreground:
-            cmd.append("-f")
-        if options:
-            cmd += ["-o", ",".join(options)]
-        return cmd
+        return self.wrapper + logfs_command(self.source or self.data, self.mnt, options, foreground)
 
     def mount(self, *options: str, foreground: bool = False) -> None:
         """Mount with ``-o options``: in daemon mode (the command returns once the mount is usable) or in
@@ -134,15 +84,19 @@ class LogfsMount:
 
             def ready():
                 if self.proc.poll() is not None:
-                    raise AssertionError(f"daemon exited with {self.proc.returncode}: {self.stderr()}")
+                    raise MountError(f"daemon exited with {self.proc.returncode}: {self.stderr()}")
                 return mounted_at(self.mnt) and os.stat(self.mnt).st_ino == 1
 
-            wait_for(ready, MOUNT_TIMEOUT, what="the foreground mount")
+            try:
+                wait_for(ready, MOUNT_TIMEOUT, what="the foreground mount")
+            except TimeoutError as exc:
+                raise MountError(f"{exc}: {self.stderr()}") from None
             return
         self.proc = None
         result = subprocess.run(self.command(*options), stdin=subprocess.DEVNULL, capture_output=True,
                                 timeout=MOUNT_TIMEOUT, env=daemon_env())
-        assert result.returncode == 0, f"mount failed ({result.returncode}): {result.stderr.decode()}"
+        if result.returncode != 0:
+            raise MountError(f"mount failed ({result.returncode}): {result.stderr.decode()}")
         # The daemon-mode contract: once the command returned, the mount is usable.
         assert mounted_at(self.mnt)
         assert os.stat(self.mnt).st_ino == 1
@@ -169,18 +123,14 @@ class LogfsMount:
                 self.proc.wait(timeout)
             except subprocess.TimeoutExpired:
                 pass
-        wait_for(lambda: not any(_alive(p) for p in pids), timeout, what=f"daemon {pids} to exit")
+        wait_for(lambda: not any(alive(p) for p in pids), timeout, what=f"daemon {pids} to exit")
 
     def unmount(self, lazy_fallback: bool = True) -> None:
         """``fusermount3 -u`` (``-uz`` if busy or dead), then wait until the daemon has exited."""
         pids = self.pids()
         if self.proc is not None and self.proc.poll() is None:
             pids = sorted(set(pids) | {self.proc.pid})
-        if mounted_at(self.mnt):
-            r = subprocess.run(["fusermount3", "-u", str(self.mnt)], capture_output=True, timeout=30)
-            if r.returncode != 0:
-                assert lazy_fallback, f"fusermount3 -u failed: {r.stderr.decode()}"
-                subprocess.run(["fusermount3", "-uz", str(self.mnt)], capture_output=True, timeout=30)
+        assert unmount_fuse(self.mnt, lazy_fallback) or lazy_fallback, f"fusermount3 -u {self.mnt} failed"
         self.wait_exit(pids)
         assert not mounted_at(self.mnt)
 
@@ -200,13 +150,10 @@ class LogfsMount:
         pids = self.pids()
         if self.proc is not None and self.proc.poll() is None:
             pids.append(self.proc.pid)
-        if mounted_at(self.mnt):
-            r = subprocess.run(["fusermount3", "-u", str(self.mnt)], capture_output=True, timeout=30)
-            if r.returncode != 0:
-                subprocess.run(["fusermount3", "-uz", str(self.mnt)], capture_output=True, timeout=30)
+        unmount_fuse(self.mnt)
         try:
             self.wait_exit(pids, timeout=EXIT_TIMEOUT)
-        except AssertionError:
+        except TimeoutError:
             for p in pids:
                 try:
                     os.kill(p, signal.SIGKILL)
@@ -301,10 +248,7 @@ class FollowerMount(LogfsMount):
         self.cache = root / "cache"
 
     def command(self, *options: str, foreground: bool = False) -> list[str]:
-        cmd = [sys.executable, "-m", "logfs.cli", self.source, str(self.mnt)]
-        if foreground:
-            cmd.append("-f")
-        return cmd + ["-o", ",".join((f"logfs.remote.cache.dir={self.cache}",) + options)]
+        return logfs_command(self.source, self.mnt, (f"logfs.remote.cache.dir={self.cache}",) + options, foreground)
 
     def pids(self) -> list[int]:
         return daemon_pids(self.source, self.mnt)
@@ -330,6 +274,13 @@ def expect_errno(code: int, fn, *args, **kwargs):
         f"expected {errno.errorcode[code]}, got {errno.errorcode.get(info.value.errno, info.value.errno)}: "
         f"{info.value}")
     return info.value
+
+
+def mkdir_refused(path: str, code: int, message: bytes) -> None:
+    """mkdir(2) of ``path`` fails with ``code``, and so does mkdir(1), saying ``message``."""
+    expect_errno(code, os.mkdir, path)
+    r = sh(f"mkdir {shlex.quote(str(path))}", check=False)
+    assert r.returncode != 0 and message in r.stderr, r.stderr
 
 
 def sh(script: str, *, check: bool = True, env: dict | None = None, timeout: float = 60,
@@ -385,6 +336,17 @@ def mount_logfs(tmp_path, request):
 
 
 @pytest.fixture
-def fs(mount_logfs) -> LogfsMount:
+def public_root():
+    """A directory every user can traverse (pytest's tmp_path is root's alone), for mounts with ``allow_other``:
+    ``mount_logfs(..., root=public_root)``. Request it before ``mount_logfs``, so that the mounts in it are taken
+    down before it is removed."""
+    root = Path(tempfile.mkdtemp(prefix="logfs-public-", dir="/tmp"))
+    os.chmod(root, 0o755)
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def mount(mount_logfs) -> LogfsMount:
     """A default mount (num.partitions=1) with no topics yet."""
     return mount_logfs()

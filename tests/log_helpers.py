@@ -33,3 +33,14 @@ def log_file_records(partition_dir) -> list:
             assert isinstance(batch, DefaultRecordBatch) and batch.validate_crc()
             out.extend(batch)
     return out
+
+
+def reopen_clean(machine, reopen) -> None:
+    """A model-based test's clean restart: ``machine.manager`` closed cleanly, ``reopen()`` (which sets
+    ``machine.manager`` and ``machine.log`` again), then what a clean shutdown keeps: its marker, and a recovery
+    point at the log end; from then on the checkpointed start is the model's start."""
+    machine.manager.close()
+    reopen()
+    assert machine.manager.had_clean_shutdown
+    assert machine.log.recovery_point == machine.model.end
+    machine.model.checkpointed_start = machine.model.start

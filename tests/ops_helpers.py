@@ -1,6 +1,6 @@
 """Helpers of the kernel-free level (tests/ops): path-level calls on an ``Operations`` instance, errno checks.
 
-The ``ops_fs`` fixture (conftest.py) builds the Operations; :class:`OpsFS` wraps the handlers in path-level helpers (``await fs.append("t/0", b"a\\n")``), and
+The ``ops_fs`` fixture (conftest.py) builds the Operations; :class:`OpsFS` wraps the handlers in path-level helpers (``await ops.append("t/0", b"a\\n")``; the ``ops`` fixture is one), and
 ``fuse_errno(code)`` asserts that a block raises ``pyfuse3.FUSEError`` with that errno. Each test runs in
 milliseconds; the mounted suites keep only what needs a kernel.
 """
@@ -39,6 +39,13 @@ def fuse_errno(code: int):
     with pytest.raises(pyfuse3.FUSEError) as info:
         yield info
     assert info.value.errno == code, f"expected {os.strerror(code)}, got {os.strerror(info.value.errno)}"
+
+
+async def each_fails(code: int, *calls) -> None:
+    """Await each of ``calls`` (coroutines of handler calls): every one must raise ``pyfuse3.FUSEError(code)``."""
+    for call in calls:
+        with fuse_errno(code):
+            await call
 
 
 async def run_blocking(fn, *args):
@@ -97,6 +104,13 @@ class OpsFS:
         parent, name = await self._parent(path)
         return await self.ops.mkdir(parent, name, mode, None)
 
+    async def topic(self, name: str = "t", **config) -> int:
+        """``mkdir`` a topic, then set its ``config`` (topic settings by Kafka's names); its inode."""
+        inode = (await self.mkdir(name)).st_ino
+        for key, value in config.items():
+            await self.setconfig(name, key, str(value))
+        return inode
+
     async def rmdir(self, path: str) -> None:
         parent, name = await self._parent(path)
         await self.ops.rmdir(parent, name, None)
@@ -117,6 +131,12 @@ class OpsFS:
 
     async def write(self, fh: int, data: bytes, offset: int = 0) -> int:
         return await self.ops.write(fh, offset, data)
+
+    async def write_errno(self, fh: int, data: bytes, offset: int = 0) -> int:
+        """The errno of a ``write`` that must fail."""
+        with pytest.raises(pyfuse3.FUSEError) as info:
+            await self.ops.write(fh, offset, data)
+        return info.value.errno
 
     async def read(self, fh: int, offset: int = 0, size: int = 1 << 30) -> bytes:
         return await self.ops.read(fh, offset, size)
@@ -148,6 +168,17 @@ class OpsFS:
             return await self.read_all(fh)
         finally:
             await self.release(fh)
+
+    # -- the engine underneath ----------------------------------------------------------------------------
+    def log(self, topic: str = "t", partition: int = 0):
+        return self.manager.get_log(topic, partition)
+
+    def records(self, topic: str = "t", partition: int = 0) -> list[tuple[bytes | None, bytes | None]]:
+        """(key, value) of every record of the partition, read from the engine."""
+        return [(r.key, r.value) for r in self.log(topic, partition).read(0, 1 << 30)]
+
+    def values(self, topic: str = "t", partition: int = 0) -> list[bytes | None]:
+        return [v for _, v in self.records(topic, partition)]
 
     # -- extended attributes -----------------------------------------------------------------------------
     async def getxattr(self, path: str, name: str) -> bytes:

@@ -1,4 +1,4 @@
-"""The SeaweedFS server of tools/seaweed.py (one copy of the code, shared with tools/bench.py), and the pytest
+"""The SeaweedFS server of logfs/testing/seaweed.py (one copy of the code, shared with tools/bench.py), and the pytest
 fixtures over it.
 
 The fixtures (``seaweed``, ``seaweed_outage``, ``aws_env``, ``creds``, ``stall_proxy``) are shared the way
@@ -10,8 +10,17 @@ from __future__ import annotations
 
 import pytest
 
-import harness  # noqa: F401  (puts tools/ on sys.path)
-from seaweed import SeaweedS3, StallProxy, free_ports, weed_binary  # noqa: F401
+from logfs.testing.seaweed import SeaweedS3, StallProxy, free_ports, weed_binary  # noqa: F401
+
+
+def s3_tiering(store, prefix: str, *, segment_bytes: int, interval_ms: int, endpoint: str | None = None,
+               bucket: str | None = None) -> tuple[str, ...]:
+    """The -o options of a mount tiering to ``store`` (a SeaweedS3) under ``prefix``: segments of
+    ``segment_bytes``, the upload task every ``interval_ms``, a tiered segment's local copy deleted at once."""
+    return ("remote.log.storage.system.enable=true", f"logfs.remote.s3.bucket={bucket or store.bucket}",
+            f"logfs.remote.s3.endpoint={endpoint or store.endpoint}", f"logfs.remote.s3.prefix={prefix}",
+            f"log.segment.bytes={segment_bytes}", f"remote.log.manager.task.interval.ms={interval_ms}",
+            "log.segment.delete.delay.ms=0")
 
 # ---- pytest fixtures (imported by name into a conftest to use them) ------------------------------------------
 

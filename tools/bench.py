@@ -2,7 +2,7 @@
 """logfs benchmarks, side by side with the two references that bound it, in the same run:
 
 - ext4: the same operations on plain files in a directory on the same disk;
-- nullfs (tools/nullfs.py): a do-nothing pyfuse3 filesystem, the ceiling for any Python FUSE filesystem here.
+- nullfs (logfs/testing/nullfs.py): a do-nothing pyfuse3 filesystem, the ceiling for any Python FUSE filesystem here.
 
 Ratios within one run matter, not absolute figures (shared 2-core machines).
 
@@ -48,8 +48,9 @@ import tempfile
 import time
 
 from bench_markdown import markdown
-from benchlib import (NullFS, append_file, daemon_pid, drop_caches, getx, kill9, leave_nothing, line_writers,
-                      machine, make_lines, mount_logfs, mounted, read_file, rss_kb, timed_shell, unmount, write_report)
+from logfs.testing.benchlib import (NullFS, append_file, daemon_pid, drop_caches, getx, kill9, leave_nothing,
+                                   line_writers, machine, make_lines, mount_logfs, mounted_at, read_file, rss_kb,
+                                   timed_shell, unmount, write_report)
 
 
 # -- scenarios ----------------------------------------------------------------------------------------------
@@ -131,7 +132,7 @@ class Bench:
                     keep(f"read_warm_{system}", read_file(path, size))
             finally:
                 null.close()
-                if mounted(mnt):
+                if mounted_at(mnt):
                     unmount(mnt, data)
                 shutil.rmtree(os.path.join(self.work, f"bulk{round_}"), ignore_errors=True)
 

@@ -17,7 +17,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from benchlib import getx, mount_logfs, timed_shell, unmount, wait
+from logfs.testing.benchlib import getx, mount_logfs, timed_shell, unmount, wait_for
 
 PARTITIONS = 2
 
@@ -33,8 +33,8 @@ def spark_cluster(bench) -> None:
         # the test suite's quick run; tests/spark/test_spark_cluster.py runs the source on the suite's cluster.
         bench.record("spark_cluster", skipped="not with --quick unless LOGFS_BENCH_QUICK_CLUSTER=1 (six JVMs)")
         return
-    from seaweed import SeaweedS3
-    from spark_standalone import ClusterDriver, SparkCluster
+    from logfs.testing.seaweed import SeaweedS3
+    from logfs.testing.spark_standalone import ClusterDriver, SparkCluster
 
     size = (16 << 20) if bench.quick else (1 << 30)
     work = Path(bench.work) / "spark-cluster"
@@ -60,7 +60,7 @@ def spark_cluster(bench) -> None:
             return all(int(getx(f"{mnt}/t/{p}", "remote_segment_count"))
                        >= int(getx(f"{mnt}/t/{p}", "segment_count")) - 1 for p in range(PARTITIONS))
 
-        wait(tiered, 900, "every rolled segment tiered")
+        wait_for(tiered, 900, "every rolled segment tiered")
         ends = {str(p): int(getx(f"{mnt}/t/{p}", "remote_log_end_offset")) for p in range(PARTITIONS)}
         tiered_bytes = sum(int(getx(f"{mnt}/t/{p}", f"position.{ends[str(p)]}")) for p in range(PARTITIONS))
         unmount(mnt, data)

@@ -25,7 +25,7 @@ Each data set goes into two DATA_DIRs, each with its own daemon (``log.segment.b
   checked against the text;
 - **Spark**: ``spark.read.format("logfs").load(DATA_DIR)`` count, ``local[2]``, in a driver process of its own:
   cold (page cache dropped) once, then warm, best of ``rounds``; and from the bucket: both DATA_DIRs mounted
-  again with tiering to a SeaweedFS started here (tools/seaweed.py; without it this part reports what is
+  again with tiering to a SeaweedFS started here (logfs/testing/seaweed.py; without it this part reports what is
   missing), every sealed segment uploaded, then ``load("s3://BUCKET/PREFIX")`` counts, best of ``rounds``;
 - **compressing at append instead** (engine, no mount): ``Log.append_lines`` of 1 MiB writes (~64 KiB batches), and
   the cost per MiB of ``records.compress_batch`` (zstd 3) on each of those batches, as it would be on the request
@@ -47,7 +47,7 @@ import time
 from bench_compression_disk import (CODECS, SYSTEMS, TOPIC, ZSTD, ChildWatch, Pair, base_of, compressed_count,
                                     sealed_log_bytes, segment_files, setx, wait_compressed)
 from bench_compression_spark import spark
-from benchlib import append_file, daemon_pid, drop_caches, getx, make_lines, read_file
+from logfs.testing.benchlib import append_file, daemon_pid, drop_caches, getx, make_lines, read_file
 
 DEFAULT_CORPUS = "/tmp/codecs-corpus/real.log"
 

@@ -10,7 +10,7 @@ import shutil
 import subprocess
 import threading
 
-from benchlib import mount_logfs, mounted, unmount, wait
+from logfs.testing.benchlib import mount_logfs, mounted_at, unmount, wait_for
 
 ZSTD = 4
 CODECS = {"gzip": 1, "snappy": 2, "lz4": 3, "zstd": 4}
@@ -49,7 +49,7 @@ def wait_compressed(data: str, timeout: float = 1800) -> None:
         done, sealed = compressed_count(data)
         return sealed > 0 and done == sealed
 
-    wait(all_done, timeout, f"the background rewrite of {data}")
+    wait_for(all_done, timeout, f"the background rewrite of {data}")
 
 
 def base_of(path: str) -> int:
@@ -133,5 +133,5 @@ class Pair:
 
     def close(self) -> None:
         for s in SYSTEMS:
-            if mounted(self.mnt[s]):
+            if mounted_at(self.mnt[s]):
                 self.unmount(s)

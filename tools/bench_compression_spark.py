@@ -1,5 +1,5 @@
 """The Spark part of the compression scenario (tools/bench_compression.py): each data set's counts from its two
-DATA_DIRs and, with tools/seaweed.py, from a bucket they are tiered to, in a driver process of its own
+DATA_DIRs and, with logfs/testing/seaweed.py, from a bucket they are tiered to, in a driver process of its own
 (``python tools/bench_compression_spark.py --spark-driver JSON``)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import sys
 import time
 
 from bench_compression_disk import SYSTEMS, TOPIC, Pair, segment_files, setx
-from benchlib import PY, ROOT, drop_caches, getx, local_spark, wait
+from logfs.testing.benchlib import PY, ROOT, drop_caches, getx, local_spark, wait_for
 
 
 # -- the driver --------------------------------------------------------------------------------------------------------
@@ -93,7 +93,7 @@ def tier(bench, pairs: dict[str, Pair], sw) -> dict:
                 setx(os.path.join(pair.mnt[s], TOPIC), "remote.storage.enable", "true")
                 part = pair.part(s)
                 sealed = len(segment_files(pair.data[s])) - 1
-                wait(lambda: int(getx(part, "remote_segment_count")) >= sealed, 1800, f"the upload of {name}-{s}")
+                wait_for(lambda: int(getx(part, "remote_segment_count")) >= sealed, 1800, f"the upload of {name}-{s}")
                 figures[f"{name}-{s}"] = {"bytes": int(getx(part, "remote_size_bytes")),
                                           "end": int(getx(part, "remote_log_end_offset"))}
             finally:
@@ -102,7 +102,7 @@ def tier(bench, pairs: dict[str, Pair], sw) -> dict:
 
 
 def spark(bench, pairs: dict[str, Pair]) -> None:
-    """The Spark counts, from each DATA_DIR and (with tools/seaweed.py) from the bucket, in one driver process."""
+    """The Spark counts, from each DATA_DIR and (with logfs/testing/seaweed.py) from the bucket, in one driver process."""
     reason = spark_available()
     if reason:
         for name in pairs:
@@ -110,7 +110,7 @@ def spark(bench, pairs: dict[str, Pair]) -> None:
             bench.record(f"compression_bucket_{name}", skipped=reason)
         return
     try:
-        from seaweed import SeaweedS3  # tools/seaweed.py
+        from logfs.testing.seaweed import SeaweedS3  # logfs/testing/seaweed.py
     except ImportError:
         SeaweedS3 = None
     options = {"subscribe": TOPIC, "minPartitions": "4"}
@@ -121,7 +121,7 @@ def spark(bench, pairs: dict[str, Pair]) -> None:
         if SeaweedS3 is None:
             for name in pairs:
                 bench.record(f"compression_bucket_{name}",
-                             skipped="no tools/seaweed.py (the SeaweedFS starter; tools never import tests/)")
+                             skipped="no logfs/testing/seaweed.py (the SeaweedFS starter; tools never import tests/)")
         else:
             sw = SeaweedS3(os.path.join(bench.work, "compression-seaweed"))
             sw.start()
@@ -160,5 +160,4 @@ def spark(bench, pairs: dict[str, Pair]) -> None:
 
 
 if __name__ == "__main__" and len(sys.argv) == 3 and sys.argv[1] == "--spark-driver":
-    sys.path.insert(0, ROOT)
     print(json.dumps(spark_driver(json.loads(sys.argv[2]))))

@@ -1,5 +1,5 @@
 """Follower mounts, measured (issue 33's acceptance): a writer tiering to a SeaweedFS on 127.0.0.1 (started here,
-tools/seaweed.py), and follower mounts of its bucket prefix with caches of their own.
+logfs/testing/seaweed.py), and follower mounts of its bucket prefix with caches of their own.
 
     python tools/bench_follower.py [--only lag,reads,idle] [--segments 100] [--partitions 1000]
                                    [--interval-ms 1000] [--read-mib 512] [--runs 3]
@@ -23,7 +23,7 @@ tools/seaweed.py), and follower mounts of its bucket prefix with caches of their
   and the tiered read GETs), its RSS and descriptors. Both daemons write their metrics file every second.
 
 Each figure is measured ``--runs`` times (reads) or once per run of the script (lag, idle); the spread is printed.
-Prints one line per figure and a markdown table. Imports tools/benchlib.py and tools/seaweed.py (and logfs).
+Prints one line per figure and a markdown table. Imports logfs/testing/benchlib.py and logfs/testing/seaweed.py (and logfs).
 """
 
 from __future__ import annotations
@@ -39,11 +39,9 @@ import tempfile
 import threading
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-from benchlib import (drop_caches, daemon_pid, daemon_pids, leave_nothing, make_lines, append_file, mount_logfs,  # noqa: E402
-                      rss_kb, table, unmount)
-from seaweed import SeaweedS3  # noqa: E402
+from logfs.testing.benchlib import (append_file, daemon_pid, daemon_pids, drop_caches, leave_nothing, make_lines,
+                                   mount_logfs, rss_kb, table, unmount)
+from logfs.testing.seaweed import SeaweedS3
 
 MiB = 1 << 20
 PREFIX = "bench"
@@ -108,7 +106,7 @@ class Bench:
         if not self.args.rate_mbps and not self.args.latency_ms:
             return self.sw.endpoint
         if self.proxy is None:
-            from seaweed import RateProxy
+            from logfs.testing.seaweed import RateProxy
 
             self.proxy = RateProxy(int(self.sw.endpoint.rsplit(":", 1)[1]), self.args.rate_mbps * 1e6,
                                    self.args.latency_ms / 1000)

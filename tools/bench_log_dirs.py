@@ -30,12 +30,11 @@ import tempfile
 import threading
 import time
 
-from benchlib import (
-    PY, ROOT, append_file, env, fmt, machine, make_lines, met, mount_logfs, mounted, table, unmount, wait,
+from logfs.testing.benchlib import (
+    PY, append_file, env, fmt, machine, make_lines, met, mount_logfs, mounted_at, table, unmount, wait_for,
     write_report,
 )
 
-FAULTFS = os.path.join(ROOT, "tests", "reliability", "faultfs.py")
 
 LINE = b'{"id":000000000,"user":"u00000","event":"click","payload":"pppppppppppppppppppppppppppppp"}\n'
 
@@ -91,7 +90,7 @@ def move_round(work: str, size_mb: int, pacing: str, options: list[str]) -> dict
         writer.start()
         start = time.perf_counter()
         os.setxattr(part, "user.logfs.log_dir", d2.encode())  # starts it (it runs in the background)
-        wait(lambda: not _moving(part), 3600, "the move")
+        wait_for(lambda: not _moving(part), 3600, "the move")
         took = time.perf_counter() - start
         stop.set()
         writer.join()
@@ -116,12 +115,12 @@ def _throughput(mnt: str, topics: list[str], src: str, size: int) -> float:
 
 
 def _faultfs(source: str, mnt: str, control: str) -> None:
-    """The test suite's fault-injecting passthrough (tests/reliability/faultfs.py) run as a program (it is not
-    imported): ``source`` seen at ``mnt``, driven through the unix socket ``control``."""
+    """The rig's fault-injecting passthrough (logfs.testing.faultfs) as a daemon of its own: ``source`` seen at
+    ``mnt``, driven through the unix socket ``control``."""
     os.makedirs(source, exist_ok=True)
     os.makedirs(mnt, exist_ok=True)
-    subprocess.run([PY, FAULTFS, source, mnt + "/", "--control", control], check=True, env=env())
-    wait(lambda: mounted(mnt) and os.path.exists(control), 15, "faultfs")
+    subprocess.run([PY, "-m", "logfs.testing.faultfs", source, mnt + "/", "--control", control], check=True, env=env())
+    wait_for(lambda: mounted_at(mnt) and os.path.exists(control), 15, "faultfs")
 
 
 def _fail_everything(control: str) -> None:
@@ -163,7 +162,7 @@ def faulted_round(work: str) -> dict:
                     os.fsync(f.fileno())
             except OSError:
                 pass
-            wait(lambda: _offline(os.path.join(mnt, second[1], "0")), 10, "the second directory to go offline")
+            wait_for(lambda: _offline(os.path.join(mnt, second[1], "0")), 10, "the second directory to go offline")
             faulted = _throughput(mnt, first, src, size)
         finally:
             unmount(mnt, source)

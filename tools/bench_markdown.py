@@ -4,7 +4,7 @@ scenario's (tools/bench_compression.py), and one figure/value table per other sc
 
 from __future__ import annotations
 
-from benchlib import fmt, met, table
+from logfs.testing.benchlib import fmt, met, table
 
 
 def markdown(report: dict) -> str:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import re
 
-from benchlib import line_writers, mount_logfs, unmount
+from logfs.testing.benchlib import line_writers, mount_logfs, unmount
 
 LINE = 100
 

@@ -33,11 +33,7 @@ import sys
 import tempfile
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-if HERE not in sys.path:
-    sys.path.insert(0, HERE)
-
-from benchlib import PY, daemon_pid, env, machine, mounted, wait, write_report  # noqa: E402
+from logfs.testing.benchlib import PY, daemon_pid, env, machine, mounted_at, wait_for, write_report
 
 PARTITIONS_PER_TOPIC = 5
 # A clean unmount flushes every partition (an fsync each, as Kafka's shutdown): minutes for 20,000 on a slow disk.
@@ -54,7 +50,7 @@ def mount(data: str, mnt: str, nofile: int | None) -> float:
     subprocess.run([PY, "-m", "logfs.cli", data, mnt, "-o", f"num.partitions={PARTITIONS_PER_TOPIC}"],
                    check=True, env=env(), preexec_fn=limit if nofile else None)
     took = time.perf_counter() - start
-    if not mounted(mnt):
+    if not mounted_at(mnt):
         raise RuntimeError(f"{mnt} is not mounted")
     return took
 
@@ -64,7 +60,7 @@ def unmount(mnt: str, data: str) -> None:
     pid = daemon_pid(data)
     subprocess.run(["fusermount3", "-u", mnt], check=True)
     if pid:
-        wait(lambda: not os.path.exists(f"/proc/{pid}"), EXIT_TIMEOUT, "the daemon to exit")
+        wait_for(lambda: not os.path.exists(f"/proc/{pid}"), EXIT_TIMEOUT, "the daemon to exit")
 
 
 def process_figures(pid: int) -> dict:
@@ -204,10 +200,10 @@ def run_count(workdir: str, count: int, nofile: int | None, say) -> dict:
         unmount(mnt, data)
     finally:
         pid = daemon_pid(data)
-        if mounted(mnt):
+        if mounted_at(mnt):
             subprocess.run(["fusermount3", "-uz", mnt], check=False)
         if pid:
-            wait(lambda: not os.path.exists(f"/proc/{pid}"), EXIT_TIMEOUT, "the daemon to exit")
+            wait_for(lambda: not os.path.exists(f"/proc/{pid}"), EXIT_TIMEOUT, "the daemon to exit")
         shutil.rmtree(base, ignore_errors=True)
     return out
 

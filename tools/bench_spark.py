@@ -8,7 +8,7 @@ import os
 import shutil
 import time
 
-from benchlib import getx, local_spark, mount_logfs, pyspark_or_skip, timed_shell, unmount
+from logfs.testing.benchlib import getx, local_spark, mount_logfs, pyspark_or_skip, timed_shell, unmount
 
 
 def spark(bench):

@@ -20,7 +20,7 @@ import os
 import shutil
 import time
 
-from benchlib import local_spark, pyspark_or_skip
+from logfs.testing.benchlib import local_spark, pyspark_or_skip
 
 
 def _build(bench, data: str, size: int, segment: int) -> tuple[int, int, str]:
@@ -124,10 +124,11 @@ def spark_time(bench) -> None:
     if not pyspark_or_skip(bench, "spark_time"):
         return
     from pyspark.sql import functions as F
-    from seaweed import SeaweedS3
+    from logfs.testing.seaweed import SeaweedS3
 
     from logfs.remote.s3 import S3Store
     from logfs.spark import bucket as bucket_mod
+    from logfs.testing.stores import CountingStore
     from logfs.spark import datasource as ds
     from logfs.spark import register
     from logfs.spark.options import SourceOptions, plan_batch
@@ -207,23 +208,7 @@ def spark_time(bench) -> None:
             row[f"{where}_last1pct_speedup_pushdown"] = t_full / t_tail
 
         # Bytes of .log fetched from the bucket: the source's planner and read path, in this process.
-        class Counting:
-            def __init__(self, inner):
-                self.inner, self.log_bytes = inner, 0
-
-            def __getattr__(self, name):
-                return getattr(self.inner, name)
-
-            def get_range(self, key, start, length, **kw):
-                got = self.inner.get_range(key, start, length, **kw)
-                if key.endswith(".log"):
-                    self.log_bytes += len(got)
-                return got
-
-            def close(self):
-                pass
-
-        counting = Counting(store)
+        counting = CountingStore(store)
         original = bucket_mod.open_store
         bucket_mod.open_store = lambda *a, **k: counting
         try:

@@ -1,5 +1,5 @@
 """The tiered storage scenario of tools/bench.py (``--only tiered``), against a SeaweedFS on 127.0.0.1 that it starts
-itself (tools/seaweed.py). Two topics in one mount: ``r`` (the reads: ~256 MB of the bench's lines, 16 MiB
+itself (logfs/testing/seaweed.py). Two topics in one mount: ``r`` (the reads: ~256 MB of the bench's lines, 16 MiB
 segments; 24 MB in 4 MiB segments with ``--quick``) and ``t`` (the append latencies: 1 MiB segments, so uploads
 run all the time).
 
@@ -43,8 +43,8 @@ import threading
 import time
 from contextlib import contextmanager
 
-from benchlib import PY, ROOT, daemon_pid, drop_caches, env, getx, mounted, timed_shell, unmount, wait
-from seaweed import SeaweedS3, StallProxy, TcpProxy
+from logfs.testing.benchlib import PY, ROOT, daemon_pid, drop_caches, env, getx, mounted_at, timed_shell, unmount, wait_for
+from logfs.testing.seaweed import SeaweedS3, StallProxy, TcpProxy
 
 BASE_COMMIT = "f4dc25f"  # the parent of 323f1d8 "Read-ahead for tiered reads (issue 23)"
 RANDOM_READS = 100
@@ -166,7 +166,7 @@ def mount_tree(data: str, mnt: str, opts: list[str], extra_env: dict, tree: str 
     os.makedirs(mnt, exist_ok=True)
     subprocess.run([PY, "-m", "logfs.cli", data, mnt, "-o", ",".join(opts)], check=True, cwd=tree,
                    env={**env(), "PYTHONPATH": tree, **extra_env}, stderr=subprocess.DEVNULL)
-    assert mounted(mnt)
+    assert mounted_at(mnt)
     with open(f"/proc/{daemon_pid(data)}/maps") as f:
         maps = f.read()
     assert os.path.join(os.path.realpath(tree), "logfs", "_speedups") in maps, f"the daemon is not {tree}'s"
@@ -264,13 +264,13 @@ def tiered(bench) -> None:
 
         timed_shell(f"head -c {size} {bench.lines} | head -n -1 >> {r}")
         timed_shell(f"head -c {size // 8} {bench.lines} | head -n -1 >> {t}")
-        wait(caught_up(r, 1), 900, "the upload of r")
-        wait(caught_up(t, 3), 600, "the upload of t's first batch")
+        wait_for(caught_up(r, 1), 900, "the upload of r")
+        wait_for(caught_up(t, 3), 600, "the upload of t's first batch")
         row = {"mb": size >> 20, "segment_mb": segment >> 20, "rounds": rounds,
                "p99_ms_idle": _p99_ms(bench.append_latencies(t, 2000))}
         timed_shell(f"head -c {size // 4} {bench.lines} | head -n -1 >> {t}")
         row["p99_ms_store_up_uploading"] = _p99_ms(bench.append_latencies(t, 2000))
-        wait(caught_up(t, 3), 600, "the upload of t's second batch")
+        wait_for(caught_up(t, 3), 600, "the upload of t's second batch")
         sw.stop()
         timed_shell(f"head -c {4 << 20} {bench.lines} | head -n -1 >> {t}")
         row["p99_ms_store_down"] = _p99_ms(bench.append_latencies(t, 2000))
@@ -279,7 +279,7 @@ def tiered(bench) -> None:
         timed_shell(f"head -c {4 << 20} {bench.lines} | head -n -1 >> {t}")
         row["p99_ms_store_slow"] = _p99_ms(bench.append_latencies(t, 2000))
         stall.stalled = False
-        wait(caught_up(t, 3), 600, "the uploads after the outage")
+        wait_for(caught_up(t, 3), 600, "the uploads after the outage")
         for k in ("store_up_uploading", "store_down", "store_slow"):
             row[f"ratio_{k}"] = row[f"p99_ms_{k}"] / row["p99_ms_idle"]
         row["target_ratio_max"] = 2.0
@@ -299,8 +299,6 @@ def tiered(bench) -> None:
 
         # -- sequential reads, straight to the store --------------------------------------------------------
         direct = opts(sw.endpoint, interval=600_000)
-        if ROOT not in sys.path:
-            sys.path.insert(0, ROOT)
         from logfs.remote.s3 import S3Store
 
         with aws_env(sw):
@@ -318,7 +316,7 @@ def tiered(bench) -> None:
                                "iflag=count_bytes,skip_bytes status=none")
 
         def cold_mount(tree: str = ROOT, cache: int = 2 * size, endpoint: str = sw.endpoint) -> None:
-            if mounted(mnt):
+            if mounted_at(mnt):
                 unmount(mnt, data)
             clear_blocks(data)
             drop_caches()
@@ -412,7 +410,7 @@ def tiered(bench) -> None:
         print(f"tiered: load average at the end {_load()}", flush=True)
         bench.record("tiered", **row)
     finally:
-        if mounted(mnt):
+        if mounted_at(mnt):
             unmount(mnt, data)
         for proxy in (stall, counting):
             if proxy is not None:

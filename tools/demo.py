@@ -31,6 +31,12 @@ import tempfile
 import textwrap
 import time
 
+try:
+    from logfs.testing.mounts import alive, mounted_at, unmount_fuse
+    from logfs.testing.spark_standalone import spark_missing_reason
+except ImportError as exc:  # outside the set-up: one clear line, as for anything else missing
+    sys.exit(f"demo: logfs cannot be imported ({exc}): pip install -e . in this checkout (bash tools/dev.sh does)")
+
 CHECKOUT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 BIN = os.path.dirname(os.path.abspath(sys.executable))
 EXIT_TIMEOUT = 30.0
@@ -53,17 +59,6 @@ class Layout:
 
     def rel(self, *parts: str) -> str:
         return os.path.join(self.name, *parts)
-
-
-def mounted_at(path: str) -> bool:
-    """From /proc/self/mountinfo: never a stat, which could hang or fail on a dead FUSE connection."""
-    target = os.path.abspath(path)
-    with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
-        for line in f:
-            field = line.split()[4].replace("\\040", " ").replace("\\011", "\t").replace("\\134", "\\")
-            if field == target:
-                return True
-    return False
 
 
 def lock_holders(data_dir: str) -> list[int]:
@@ -92,14 +87,10 @@ def take_down(lay: Layout) -> bool:
     was a mount."""
     was_mounted = mounted_at(lay.mnt)
     pids = lock_holders(lay.data) if os.path.isdir(lay.data) else []
-    if was_mounted:
-        r = subprocess.run(["fusermount3", "-u", lay.mnt], capture_output=True, text=True)
-        if r.returncode != 0:  # busy (a shell cd'd into it) or a dead daemon
-            subprocess.run(["fusermount3", "-uz", lay.mnt], capture_output=True)
+    unmount_fuse(lay.mnt)  # lazily if busy (a shell cd'd into it) or its daemon dead
     deadline = time.monotonic() + EXIT_TIMEOUT
     while pids and time.monotonic() < deadline:
-        pids = [p for p in pids if os.path.exists(f"/proc/{p}")
-                and open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[0] not in "ZX"]
+        pids = [p for p in pids if alive(p)]
         time.sleep(0.05)
     if pids:
         raise DemoError(f"the logfs daemon (pid {pids[0]}) did not exit within {EXIT_TIMEOUT:.0f} s of the unmount")
@@ -159,32 +150,6 @@ def missing_tools() -> list[str]:
     if shutil.which("logfs", path=BIN + os.pathsep + os.environ.get("PATH", "")) is None:
         missing.append("the `logfs` command is not installed (pip install -e . in this checkout)")
     return missing
-
-
-def spark_missing_reason() -> str | None:
-    """Why the Spark steps cannot run here, or None."""
-    try:
-        import importlib.util
-
-        for module, extra in (("pyspark", "spark"), ("pyarrow", "spark")):
-            if importlib.util.find_spec(module) is None:
-                return f"{module} is not installed (pip install -e '.[{extra}]')"
-    except (ImportError, ValueError) as exc:
-        return f"PySpark cannot be imported: {exc}"
-    java_home = os.environ.get("JAVA_HOME")
-    if java_home:
-        java = os.path.join(java_home, "bin", "java")
-        if not os.access(java, os.X_OK):
-            return f"JAVA_HOME={java_home} has no bin/java (unset it, or point it at a Java 17+ installation)"
-    else:
-        java = shutil.which("java")
-        if java is None:
-            return "no Java runtime: Spark needs Java 17+ (apt-get install openjdk-17-jdk-headless; tools/dev.sh does)"
-    try:
-        subprocess.run([java, "-version"], capture_output=True, timeout=60, check=True)
-    except (OSError, subprocess.SubprocessError) as exc:
-        return f"`{java} -version` failed: {exc}"
-    return None
 
 
 # -- the tour -------------------------------------------------------------------------------------------------

@@ -6,12 +6,9 @@
         [--deep-iteration] [--print-data-log] [--verify-index-only] [--index-sanity-check]
 """
 
-import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from logfs.tools.dump import main  # noqa: E402
+from logfs.tools.dump import main
 
 if __name__ == "__main__":
     sys.exit(main())

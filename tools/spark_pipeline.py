@@ -196,27 +196,37 @@ def read_topic_lines(mnt: str, topic: str) -> list[tuple[int, str]]:
     return out
 
 
+class CheckFailed(Exception):
+    """What the pipeline wrote is not what it should have."""
+
+
+def _expect(ok, message: str) -> None:
+    if not ok:
+        raise CheckFailed(message)
+
+
 def check(mnt: str, events: list[dict], *, events_topic: str = EVENTS_TOPIC,
           totals_topic: str = TOTALS_TOPIC, exactly_once: bool = True) -> dict[str, dict]:
     """Compare the totals read back through the mount with totals computed from ``events``; raises
-    AssertionError on any difference. With ``exactly_once`` (the sink), each user's totals must be there once;
+    CheckFailed on any difference. With ``exactly_once`` (the sink), each user's totals must be there once;
     else the last line per user counts. Returns the totals read."""
     appended = [json.loads(line) for _, line in read_topic_lines(mnt, events_topic)]
-    assert sorted(map(json.dumps, appended)) == sorted(map(json.dumps, events)), \
-        "the events topic does not hold exactly the events appended"
+    _expect(sorted(map(json.dumps, appended)) == sorted(map(json.dumps, events)),
+            "the events topic does not hold exactly the events appended")
     got: dict[str, dict] = {}
     partitions = int(os.getxattr(os.path.join(mnt, totals_topic), "user.logfs.partitions"))
     for p, line in read_topic_lines(mnt, totals_topic):
         key, sep, body = line.partition(KEY_SEPARATOR)
-        assert sep, f"a totals line without its key: {line!r}"
+        _expect(sep, f"a totals line without its key: {line!r}")
         record = json.loads(body)
-        assert record["user"] == key, f"key {key!r} does not match {record}"
-        assert p == partition_of(key, partitions), f"{key} landed in partition {p}"
-        assert not (exactly_once and key in got), f"the totals of {key} are there twice"
+        _expect(record["user"] == key, f"key {key!r} does not match {record}")
+        _expect(p == partition_of(key, partitions), f"{key} landed in partition {p}")
+        _expect(not (exactly_once and key in got), f"the totals of {key} are there twice")
         got[key] = record  # (at-least-once: the last line per key wins)
     want = expected_totals(events)
-    assert got == want, f"totals differ: {len(got)} users read, {len(want)} expected; " + \
-        f"first difference: {next(((k, got.get(k), want.get(k)) for k in sorted(set(got) | set(want)) if got.get(k) != want.get(k)), None)}"
+    if got != want:
+        first = next((k, got.get(k), want.get(k)) for k in sorted(set(got) | set(want)) if got.get(k) != want.get(k))
+        raise CheckFailed(f"totals differ: {len(got)} users read, {len(want)} expected; first difference: {first}")
     return got
 
 
@@ -291,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"check passed: {len(totals)} users, {sum(t['events'] for t in totals.values())} events, "
               f"{sum(t['amount'] for t in totals.values())} bought, in {time.monotonic() - started:.1f}s")
         return 0
-    except AssertionError as exc:
+    except CheckFailed as exc:
         print(f"check FAILED: {exc}", file=sys.stderr)
         return 1
     finally:

@@ -19,21 +19,30 @@ def _unescape(field: str) -> str:
     return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
 
 
-def fuse_mount_type(path: str, mountinfo: str = MOUNTINFO) -> str | None:
-    """The filesystem type (``fuse.logfs``, ``fuse.sshfs``, ``fuse``...) of the topmost FUSE mount on exactly
-    ``path``, or None when ``path`` is not a FUSE mount point (or mountinfo cannot be read)."""
-    found = None
+def mount_table(mountinfo: str = MOUNTINFO) -> list[tuple[str, str]]:
+    """Every mount as (mount point, filesystem type), in mountinfo's order (a later mount on the same point stacks
+    over an earlier one); empty when mountinfo cannot be read. Never a stat, which could hang on a dead FUSE
+    connection."""
+    table = []
     try:
         with open(mountinfo, encoding="utf-8", errors="surrogateescape") as f:
             for line in f:
                 head, sep, tail = line.partition(" - ")
                 fields = head.split()
-                if not sep or len(fields) < 5 or _unescape(fields[4]) != path:
-                    continue
-                fstype = tail.split(" ", 1)[0]
-                found = fstype if fstype == "fuse" or fstype.startswith(("fuse.", "fuseblk")) else None
+                if sep and len(fields) >= 5:
+                    table.append((_unescape(fields[4]), tail.split(" ", 1)[0]))
     except OSError:
-        return None
+        return []
+    return table
+
+
+def fuse_mount_type(path: str, mountinfo: str = MOUNTINFO) -> str | None:
+    """The filesystem type (``fuse.logfs``, ``fuse.sshfs``, ``fuse``...) of the topmost FUSE mount on exactly
+    ``path``, or None when ``path`` is not a FUSE mount point (or mountinfo cannot be read)."""
+    found = None
+    for point, fstype in mount_table(mountinfo):
+        if point == path:
+            found = fstype if fstype == "fuse" or fstype.startswith(("fuse.", "fuseblk")) else None
     return found
 
 

@@ -18,6 +18,7 @@ first (PR_SET_PDEATHSIG): start them from a thread that outlives them (the main 
 from __future__ import annotations
 
 import base64
+import contextlib
 import ctypes
 import json
 import os
@@ -385,6 +386,20 @@ class KafkaBroker:
         return self.client.create_topics(self.bootstrap, [{"name": name, "partitions": partitions,
                                                            "replication_factor": 1,
                                                            "configs": dict(configs or {})}])[name]
+
+
+@contextlib.contextmanager
+def running_broker(directory, client: KafkaClient):
+    """A started :class:`KafkaBroker` on ``directory`` (given its ``client``), stopped on exit: cleanly, else killed."""
+    broker = KafkaBroker(directory, client=client)
+    broker.start()
+    try:
+        yield broker
+    finally:
+        try:
+            broker.stop()
+        finally:
+            broker.kill()  # (nothing when the stop worked)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,7 +13,8 @@ import sys
 
 import pytest
 
-from harness import wait_for
+from harness import daemon_env, wait_for
+from logfs.testing.mounts import mountpoints_under, processes
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BENCH = os.path.join(ROOT, "tools", "bench.py")
@@ -21,31 +22,17 @@ BENCH = os.path.join(ROOT, "tools", "bench.py")
 pytestmark = pytest.mark.skipif(not os.path.exists("/dev/fuse"), reason="needs /dev/fuse")
 
 
-def mounts_under(root: str) -> list[str]:
-    with open("/proc/self/mountinfo") as f:
-        return [line.split()[4] for line in f if line.split()[4].startswith(root + "/")]
-
-
 def processes_naming(root: str) -> list[str]:
-    out = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if root in cmdline:
-            out.append(f"{entry}: {cmdline}")
-    return out
+    """``PID: command line`` of the processes whose command line mentions ``root``."""
+    lines = (f"{pid}: {b' '.join(args).decode(errors='replace')}" for pid, args in processes())
+    return [line for line in lines if root in line.split(": ", 1)[1]]
 
 
 def interrupt_bench(only: str, ready, sig: int) -> tuple[str, subprocess.CompletedProcess]:
     """Start ``bench.py --quick --only ONLY`` (its own /var/tmp workdir), wait until ``ready(workdir)``, send
     ``sig``; returns the workdir and the finished process."""
     proc = subprocess.Popen([sys.executable, BENCH, "--quick", "--only", only], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, env=daemon_env())
     try:
         first = proc.stdout.readline()
         assert first.startswith("workdir /var/tmp/logfs-bench-"), first + proc.stderr.read()
@@ -64,7 +51,7 @@ def interrupt_bench(only: str, ready, sig: int) -> tuple[str, subprocess.Complet
 
 def assert_nothing_left(workdir: str, result: subprocess.CompletedProcess) -> None:
     assert result.returncode != 0, "an interrupted run must not report success"
-    assert not mounts_under(workdir), mounts_under(workdir)
+    assert not mountpoints_under(workdir), mountpoints_under(workdir)
     assert not processes_naming(workdir), processes_naming(workdir)
     assert not os.path.exists(workdir), os.listdir(workdir)
 
@@ -72,7 +59,7 @@ def assert_nothing_left(workdir: str, result: subprocess.CompletedProcess) -> No
 def test_sigterm_during_small_writes_leaves_nothing(tmp_path):
     def writing(workdir: str) -> bool:
         # logfs and nullfs both mounted, and writer processes appending (some lines in some partition)
-        mounts = mounts_under(workdir)
+        mounts = mountpoints_under(workdir)
         if not (any(m.endswith("/mnt") for m in mounts) and any(m.endswith("/nullmnt") for m in mounts)):
             return False
         mnt = next(m for m in mounts if m.endswith("/mnt"))
@@ -89,7 +76,7 @@ def test_sigterm_during_small_writes_leaves_nothing(tmp_path):
 def test_ctrl_c_during_tiered_leaves_nothing(tmp_path):
     def store_and_mount_up(workdir: str) -> bool:
         return (any("weed" in p and " s3 " in p for p in processes_naming(workdir))
-                and any(m.endswith("/tiered/mnt") for m in mounts_under(workdir)))
+                and any(m.endswith("/tiered/mnt") for m in mountpoints_under(workdir)))
 
     workdir, result = interrupt_bench("tiered", store_and_mount_up, signal.SIGINT)
     assert "KeyboardInterrupt" in result.stderr

@@ -11,6 +11,8 @@ import sys
 
 import pytest
 
+from harness import daemon_env
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 RANGES = {
@@ -105,7 +107,7 @@ RANGES = {
         "s_count_plain": (0.01, 900), "s_count_zstd": (0.01, 900), "spark_bucket_ratio": (0.001, 1000),
         "target_spark_bucket": (1, 1), "best_of": (1, 1)} for data in ("lines", "real")},
 }
-# Reported as skipped (with the reason) where what they need is missing: pyspark, tools/seaweed.py, the corpus.
+# Reported as skipped (with the reason) where what they need is missing: pyspark, logfs/testing/seaweed.py, the corpus.
 MAY_SKIP = {"spark", "spark_cluster", *(name for name in RANGES if name.startswith("compression_"))}
 
 SCENARIOS = {"bulk_append", "bulk_append_fsync", "sequential_read", "sequential_read_warm", "small_writes",
@@ -147,7 +149,7 @@ def run_quick(tmp_path):
     out, md = tmp_path / "bench.json", tmp_path / "bench.md"
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "bench.py"), "--quick", "--json", str(out),
                            "--markdown", str(md), "--workdir", str(tmp_path / "work")],
-                          capture_output=True, text=True, timeout=900)
+                          capture_output=True, text=True, timeout=900, env=daemon_env())
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stdout, json.loads(out.read_text()), md.read_text()
 

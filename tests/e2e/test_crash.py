@@ -100,21 +100,21 @@ def test_kill9_during_appends_keeps_every_synced_line(mount_logfs, tmp_path):
     assert fs.read("t/0") == data + b"after-recovery\n"
 
 
-def test_kill9_daemon_mode_then_lazy_unmount_and_remount(fs):
-    os.mkdir(fs.path("t"))
-    fd = os.open(fs.path("t", 0), os.O_WRONLY | os.O_APPEND)
+def test_kill9_daemon_mode_then_lazy_unmount_and_remount(mount):
+    os.mkdir(mount.path("t"))
+    fd = os.open(mount.path("t", 0), os.O_WRONLY | os.O_APPEND)
     try:
         os.write(fd, b"synced 1\nsynced 2\n")
         os.fsync(fd)
         os.write(fd, b"held partial")  # never committed: the daemon dies holding it
-        fs.kill9()
+        mount.kill9()
     finally:
         try:
             os.close(fd)
         except OSError:
             pass
-    assert not fs.pids()
-    fs.mount()
-    data = fs.read("t/0")
+    assert not mount.pids()
+    mount.mount()
+    data = mount.read("t/0")
     assert data == b"synced 1\nsynced 2\n"
-    assert fs.getx("t/0", "recovery_point") == "2"
+    assert mount.getx("t/0", "recovery_point") == "2"

@@ -16,8 +16,9 @@ import pytest
 
 from harness import daemon_env, daemon_pids, mounted_at
 
+from logfs.testing.spark_standalone import spark_missing_reason
+
 DEMO = Path(__file__).resolve().parents[2] / "tools" / "demo.py"
-from demo import spark_missing_reason  # (tools/ is on sys.path: tests/harness.py)
 
 
 def run_demo(*args: str, env: dict | None = None, timeout: float = 240) -> subprocess.CompletedProcess:

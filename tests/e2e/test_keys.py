@@ -26,24 +26,24 @@ def read_records(data_dir, topic: str, partition: int = 0):
         manager.close()
 
 
-def test_key_separator_and_null_marker(fs):
-    os.mkdir(fs.path("kv"))
-    os.mkdir(fs.path("plain"))
-    t = shlex.quote(fs.path("kv"))
+def test_key_separator_and_null_marker(mount):
+    os.mkdir(mount.path("kv"))
+    os.mkdir(mount.path("plain"))
+    t = shlex.quote(mount.path("kv"))
     sh(f"setfattr -n user.logfs.config.logfs.key.separator -v = {t}")
     sh(f"setfattr -n user.logfs.config.logfs.null.marker -v __NULL__ {t}")
     text = b"k1=v1\nno separator here\nk2=v=2\n=empty key\nk3=__NULL__\nk4=\n__NULL__\n"
     before_ms = int(time.time() * 1000)
-    fs.append("kv/0", text)
+    mount.append("kv/0", text)
     after_ms = int(time.time() * 1000) + 1
-    fs.append("plain/0", b"a=b\n__NULL__\n")
-    assert fs.read("kv/0") == text
-    assert os.stat(fs.path("kv", 0)).st_size == len(text)
-    assert fs.getx("kv/0", "log_end_offset") == "7"
-    assert fs.read("plain/0") == b"a=b\n__NULL__\n"
-    fs.unmount()
+    mount.append("plain/0", b"a=b\n__NULL__\n")
+    assert mount.read("kv/0") == text
+    assert os.stat(mount.path("kv", 0)).st_size == len(text)
+    assert mount.getx("kv/0", "log_end_offset") == "7"
+    assert mount.read("plain/0") == b"a=b\n__NULL__\n"
+    mount.unmount()
 
-    records = read_records(fs.data, "kv")
+    records = read_records(mount.data, "kv")
     assert [(r.key, r.value) for r in records] == [
         (b"k1", b"v1"),
         (None, b"no separator here"),
@@ -56,17 +56,17 @@ def test_key_separator_and_null_marker(fs):
     assert [r.offset for r in records] == list(range(7))
     for r in records:  # the record timestamp is the append time
         assert before_ms <= r.timestamp <= after_ms, (r.timestamp, before_ms, after_ms)
-    plain = read_records(fs.data, "plain")
+    plain = read_records(mount.data, "plain")
     assert [(r.key, r.value) for r in plain] == [(None, b"a=b"), (None, b"__NULL__")]
 
     # Remounted, the keyed view is unchanged; removing the separator shows values only.
-    fs.mount()
-    assert fs.read("kv/0") == text
+    mount.mount()
+    assert mount.read("kv/0") == text
     sh(f"setfattr -x user.logfs.config.logfs.key.separator {t}")
     expected = b"v1\nno separator here\nv=2\nempty key\n__NULL__\n\n__NULL__\n"
-    assert fs.read("kv/0") == expected
-    assert os.stat(fs.path("kv", 0)).st_size == len(expected)
+    assert mount.read("kv/0") == expected
+    assert os.stat(mount.path("kv", 0)).st_size == len(expected)
     sh(f"setfattr -n user.logfs.config.logfs.key.separator -v '::' {t}")
-    assert fs.read("kv/0") == b"k1::v1\nno separator here\nk2::v=2\n::empty key\nk3::__NULL__\nk4::\n__NULL__\n"
-    assert fs.getx("kv", "config.logfs.key.separator") == "::"
-    assert int(fs.getx("kv/0", "position.2")) == len(b"k1::v1\nno separator here\n")
+    assert mount.read("kv/0") == b"k1::v1\nno separator here\nk2::v=2\n::empty key\nk3::__NULL__\nk4::\n__NULL__\n"
+    assert mount.getx("kv", "config.logfs.key.separator") == "::"
+    assert int(mount.getx("kv/0", "position.2")) == len(b"k1::v1\nno separator here\n")

@@ -33,16 +33,16 @@ def fill(fs: LogfsMount) -> dict[str, bytes]:
     return content
 
 
-def test_daemon_mode_returns_once_usable(fs):
+def test_daemon_mode_returns_once_usable(mount):
     # The fixture's mount already asserted exit 0 and a usable mount right after the command returned.
-    assert mount_fstype(fs.mnt) == "fuse.logfs"
-    assert os.path.exists(os.path.join(fs.data, ".lock"))
-    assert not os.path.exists(os.path.join(fs.data, CLEAN)), "the clean-shutdown marker is removed while mounted"
-    assert len(fs.pids()) == 1
-    assert os.path.isdir(fs.data)  # created when missing
-    os.mkdir(fs.path("t"))
-    assert os.listdir(fs.mnt) == ["t"]
-    assert b"fuse.logfs" in sh(f"df -T {shlex.quote(str(fs.mnt))}").stdout
+    assert mount_fstype(mount.mnt) == "fuse.logfs"
+    assert os.path.exists(os.path.join(mount.data, ".lock"))
+    assert not os.path.exists(os.path.join(mount.data, CLEAN)), "the clean-shutdown marker is removed while mounted"
+    assert len(mount.pids()) == 1
+    assert os.path.isdir(mount.data)  # created when missing
+    os.mkdir(mount.path("t"))
+    assert os.listdir(mount.mnt) == ["t"]
+    assert b"fuse.logfs" in sh(f"df -T {shlex.quote(str(mount.mnt))}").stdout
 
 
 def test_data_offsets_and_configs_survive_remount(mount_logfs):
@@ -78,23 +78,23 @@ def test_data_offsets_and_configs_survive_remount(mount_logfs):
     assert fs.read("a/0") == content["a/0"] + b"after remount\n"
 
 
-def test_partial_line_closed_just_before_unmount_is_kept(fs):
-    os.mkdir(fs.path("t"))
+def test_partial_line_closed_just_before_unmount_is_kept(mount):
+    os.mkdir(mount.path("t"))
     for i in range(20):
-        fd = os.open(fs.path("t", 0), os.O_WRONLY | os.O_APPEND)
+        fd = os.open(mount.path("t", 0), os.O_WRONLY | os.O_APPEND)
         os.write(fd, b"line-%d" % i)
         os.close(fd)
-    fs.unmount(lazy_fallback=False)
-    fs.mount()
-    assert fs.read("t/0") == b"".join(b"line-%d\n" % i for i in range(20))
+    mount.unmount(lazy_fallback=False)
+    mount.mount()
+    assert mount.read("t/0") == b"".join(b"line-%d\n" % i for i in range(20))
 
 
-def test_mtime_is_the_last_append_time(fs):
-    os.mkdir(fs.path("t"))
+def test_mtime_is_the_last_append_time(mount):
+    os.mkdir(mount.path("t"))
     before = time.time_ns() // 1_000_000 * 1_000_000
-    fs.append("t/0", b"".join(b"m %d\n" % i for i in range(5000)))
+    mount.append("t/0", b"".join(b"m %d\n" % i for i in range(5000)))
     after = time.time_ns()
-    mtime = os.stat(fs.path("t", 0)).st_mtime_ns
+    mtime = os.stat(mount.path("t", 0)).st_mtime_ns
     assert before <= mtime <= after + 1_000_000
 
 
@@ -131,47 +131,47 @@ def test_signal_foreground_clean_shutdown(mount_logfs, sig):
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
-def test_signal_daemon_mode_clean_shutdown(fs, sig):
-    os.mkdir(fs.path("t"))
-    fs.append("t/0", "kept\n")
-    pid = fs.pid()
+def test_signal_daemon_mode_clean_shutdown(mount, sig):
+    os.mkdir(mount.path("t"))
+    mount.append("t/0", "kept\n")
+    pid = mount.pid()
     os.kill(pid, sig)
-    fs.wait_exit([pid])
-    assert not mounted_at(fs.mnt)
-    assert os.path.exists(os.path.join(fs.data, CLEAN))
-    fs.mount()
-    assert fs.read("t/0") == b"kept\n"
+    mount.wait_exit([pid])
+    assert not mounted_at(mount.mnt)
+    assert os.path.exists(os.path.join(mount.data, CLEAN))
+    mount.mount()
+    assert mount.read("t/0") == b"kept\n"
 
 
-def test_umount_is_clean_shutdown(fs):
-    os.mkdir(fs.path("t"))
-    fs.append("t/0", "x\n")
-    pid = fs.pid()
-    sh(f"umount {shlex.quote(str(fs.mnt))}")
-    fs.wait_exit([pid])
-    assert os.path.exists(os.path.join(fs.data, CLEAN))
-    assert not mounted_at(fs.mnt)
+def test_umount_is_clean_shutdown(mount):
+    os.mkdir(mount.path("t"))
+    mount.append("t/0", "x\n")
+    pid = mount.pid()
+    sh(f"umount {shlex.quote(str(mount.mnt))}")
+    mount.wait_exit([pid])
+    assert os.path.exists(os.path.join(mount.data, CLEAN))
+    assert not mounted_at(mount.mnt)
 
 
-def test_second_daemon_on_same_data_dir_fails(fs, tmp_path):
+def test_second_daemon_on_same_data_dir_fails(mount, tmp_path):
     other = tmp_path / "other-mnt"
     other.mkdir()
-    r = subprocess.run([sys.executable, "-m", "logfs.cli", str(fs.data), str(other)], capture_output=True,
+    r = subprocess.run([sys.executable, "-m", "logfs.cli", str(mount.data), str(other)], capture_output=True,
                        timeout=30, env=daemon_env())
     assert r.returncode != 0
     err = r.stderr.decode()
     assert "logfs: error:" in err and ("in use" in err or "lock" in err), err
     assert "Traceback" not in err
     assert not mounted_at(other)
-    assert len(fs.pids()) == 1
+    assert len(mount.pids()) == 1
     # In the foreground too.
-    r = subprocess.run([sys.executable, "-m", "logfs.cli", str(fs.data), str(other), "-f"], capture_output=True,
+    r = subprocess.run([sys.executable, "-m", "logfs.cli", str(mount.data), str(other), "-f"], capture_output=True,
                        timeout=30, env=daemon_env())
     assert r.returncode != 0 and ("in use" in r.stderr.decode() or "lock" in r.stderr.decode())
     assert not mounted_at(other)
     # The first mount is unharmed.
-    os.mkdir(fs.path("still-works"))
-    assert os.listdir(fs.mnt) == ["still-works"]
+    os.mkdir(mount.path("still-works"))
+    assert os.listdir(mount.mnt) == ["still-works"]
 
 
 @pytest.mark.parametrize("opts,needle", [

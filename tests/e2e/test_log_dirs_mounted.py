@@ -94,9 +94,9 @@ def test_placement_over_three_directories_and_remounts(mount_logfs):
     assert "user.logfs.log_dir" not in os.listxattr(fs.path("t", 0))  # read by name (listxattr: CONTRACT section 4)
 
 
-def test_one_directory_is_the_one_directory_case(fs):
-    os.mkdir(fs.path("t"))
-    assert _log_dir(fs, "t", 0) == str(fs.data)
+def test_one_directory_is_the_one_directory_case(mount):
+    os.mkdir(mount.path("t"))
+    assert _log_dir(mount, "t", 0) == str(mount.data)
 
 
 def test_log_dir_refusals(mount_logfs, tmp_path):

@@ -40,17 +40,17 @@ def test_mtime_after_kill9_is_the_newest_record(mount_logfs):
     assert os.stat(fs.path("t")).st_mtime_ns == appended
 
 
-def test_touch_with_a_date_is_eperm_and_plain_touch_works(fs):
-    os.mkdir(fs.path("t"))
-    fs.append("t/0", b"a\n")
-    before = os.stat(fs.path("t", 0)).st_mtime_ns
-    for path in (fs.path("t", 0), fs.path("t")):
+def test_touch_with_a_date_is_eperm_and_plain_touch_works(mount):
+    os.mkdir(mount.path("t"))
+    mount.append("t/0", b"a\n")
+    before = os.stat(mount.path("t", 0)).st_mtime_ns
+    for path in (mount.path("t", 0), mount.path("t")):
         r = sh(f"touch -d 2000-01-01 {shlex.quote(path)}", check=False)
         assert r.returncode != 0 and b"Operation not permitted" in r.stderr, r.stderr
         expect_errno(errno.EPERM, os.utime, path, (946684800, 946684800))
         sh(f"touch {shlex.quote(path)}")
         os.utime(path)
-    assert os.stat(fs.path("t", 0)).st_mtime_ns == before
+    assert os.stat(mount.path("t", 0)).st_mtime_ns == before
 
 
 def test_topic_mtime_is_its_newest_append(mount_logfs):
@@ -63,11 +63,11 @@ def test_topic_mtime_is_its_newest_append(mount_logfs):
     wait_for(lambda: os.stat(fs.path("t")).st_mtime_ns == newest, timeout=3, what="the topic's mtime")
 
 
-def test_shared_mmap_is_enodev(fs):
+def test_shared_mmap_is_enodev(mount):
     """Partitions are direct_io (every read reaches logfs): the kernel refuses shared mappings (README)."""
-    os.mkdir(fs.path("t"))
-    fs.append("t/0", b"a\n" * 100)
-    with open(fs.path("t", 0), "rb") as f:
+    os.mkdir(mount.path("t"))
+    mount.append("t/0", b"a\n" * 100)
+    with open(mount.path("t", 0), "rb") as f:
         with pytest.raises(OSError) as info:
             mmap.mmap(f.fileno(), 0, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
         assert info.value.errno == errno.ENODEV

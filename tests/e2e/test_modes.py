@@ -5,42 +5,31 @@ import shlex
 import shutil
 import stat
 import subprocess
-import tempfile
-from pathlib import Path
 
 import pytest
 
 from harness import sh
 
 
-def test_chmod_chown_persist_across_remount(fs):
-    os.mkdir(fs.path("t"))
-    fs.append("t/0", b"x\n")
-    os.chmod(fs.path("t", 0), 0o600)
-    os.chmod(fs.path("t"), 0o700)
-    os.chown(fs.path("t", 0), 65534, 65534)
-    st = os.stat(fs.path("t", 0))
+def test_chmod_chown_persist_across_remount(mount):
+    os.mkdir(mount.path("t"))
+    mount.append("t/0", b"x\n")
+    os.chmod(mount.path("t", 0), 0o600)
+    os.chmod(mount.path("t"), 0o700)
+    os.chown(mount.path("t", 0), 65534, 65534)
+    st = os.stat(mount.path("t", 0))
     assert stat.S_IMODE(st.st_mode) == 0o600 and (st.st_uid, st.st_gid) == (65534, 65534)
     assert stat.S_ISREG(st.st_mode)
-    fs.remount()
-    st = os.stat(fs.path("t", 0))
+    mount.remount()
+    st = os.stat(mount.path("t", 0))
     assert stat.S_IMODE(st.st_mode) == 0o600 and (st.st_uid, st.st_gid) == (65534, 65534)
-    assert stat.S_IMODE(os.stat(fs.path("t")).st_mode) == 0o700
-    assert stat.S_ISDIR(os.stat(fs.path("t")).st_mode)
-    assert fs.read("t/0") == b"x\n"
+    assert stat.S_IMODE(os.stat(mount.path("t")).st_mode) == 0o700
+    assert stat.S_ISDIR(os.stat(mount.path("t")).st_mode)
+    assert mount.read("t/0") == b"x\n"
     # A partition deleted and created again starts with the default mode.
-    os.unlink(fs.path("t", 0))
-    open(fs.path("t", 0), "a").close()
-    assert stat.S_IMODE(os.stat(fs.path("t", 0)).st_mode) == 0o644
-
-
-@pytest.fixture
-def public_root():
-    """A directory every user can traverse (tmp_path's parents are 0700), removed afterwards."""
-    root = Path(tempfile.mkdtemp(prefix="logfs-modes-"))
-    os.chmod(root, 0o755)
-    yield root
-    shutil.rmtree(root, ignore_errors=True)
+    os.unlink(mount.path("t", 0))
+    open(mount.path("t", 0), "a").close()
+    assert stat.S_IMODE(os.stat(mount.path("t", 0)).st_mode) == 0o644
 
 
 def as_nobody(script: str) -> subprocess.CompletedProcess:
@@ -49,7 +38,7 @@ def as_nobody(script: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None, reason="needs root and setpriv")
-def test_allow_other_always_enforces_modes(mount_logfs, public_root):
+def test_allow_other_always_enforces_modes(public_root, mount_logfs):
     """-o allow_other alone (as in the README's systemd example) must not let every user past the modes: logfs
     adds default_permissions. nobody may not read, append to, create or remove; root still may."""
     fs = mount_logfs("allow_other", root=public_root)

@@ -8,7 +8,7 @@ import shlex
 
 import pytest
 
-from harness import expect_errno, sh, wait_for
+from harness import expect_errno, mkdir_refused, sh, wait_for
 
 
 def test_mkdir_creates_topic_with_num_partitions(mount_logfs):
@@ -29,97 +29,95 @@ def test_mkdir_creates_topic_with_num_partitions(mount_logfs):
     assert {d for d in os.listdir(fs.data) if d.startswith("orders-")} == {"orders-0", "orders-1", "orders-2"}
 
 
-def test_mkdir_default_one_partition_and_valid_names(fs):
+def test_mkdir_default_one_partition_and_valid_names(mount):
     names = ["a", "A-b_c.d", "x" * 249, "0", "..."]
     for name in names:
-        os.mkdir(fs.path(name))
-    assert sorted(os.listdir(fs.mnt)) == sorted(names)
+        os.mkdir(mount.path(name))
+    assert sorted(os.listdir(mount.mnt)) == sorted(names)
     for name in names:
-        assert os.listdir(fs.path(name)) == ["0"]
+        assert os.listdir(mount.path(name)) == ["0"]
 
 
 @pytest.mark.parametrize("name", ["x" * 250, "a b", "tópic", "ümlaut", "a\\b", "a:b", "a*", "é"])
-def test_mkdir_invalid_topic_name_is_einval(fs, name):
-    expect_errno(errno.EINVAL, os.mkdir, fs.path(name))
-    assert os.listdir(fs.mnt) == []
+def test_mkdir_invalid_topic_name_is_einval(mount, name):
+    expect_errno(errno.EINVAL, os.mkdir, mount.path(name))
+    assert os.listdir(mount.mnt) == []
 
 
 @pytest.mark.parametrize("name", ["..", "."])
-def test_mkdir_dot_names_refused(fs, name):
+def test_mkdir_dot_names_refused(mount, name):
     # `mkdir MNT/..` and `mkdir MNT/.` never reach a FUSE filesystem: the kernel's VFS answers EEXIST for them
     # itself (the names always exist). The contract's EINVAL is unreachable for these two; what matters is
     # that they are refused and create nothing.
     with pytest.raises(OSError) as info:
-        os.mkdir(fs.path(name))
+        os.mkdir(mount.path(name))
     assert info.value.errno in (errno.EINVAL, errno.EEXIST)
-    assert os.listdir(fs.mnt) == []
+    assert os.listdir(mount.mnt) == []
 
 
-def test_mkdir_existing_is_eexist(fs):
-    os.mkdir(fs.path("t"))
-    expect_errno(errno.EEXIST, os.mkdir, fs.path("t"))
-    r = sh(f"mkdir {shlex.quote(fs.path('t'))}", check=False)
-    assert r.returncode != 0 and b"exists" in r.stderr
-    assert os.listdir(fs.mnt) == ["t"]
+def test_mkdir_existing_is_eexist(mount):
+    os.mkdir(mount.path("t"))
+    mkdir_refused(mount.path("t"), errno.EEXIST, b"exists")
+    assert os.listdir(mount.mnt) == ["t"]
 
 
-def test_create_next_partition_adds_it(fs):
-    os.mkdir(fs.path("t"))
-    sh(f"touch {shlex.quote(fs.path('t', 1))}")
-    assert sorted(os.listdir(fs.path("t"))) == ["0", "1"]
-    sh(f"echo hello >> {shlex.quote(fs.path('t', 2))}")
-    assert sorted(os.listdir(fs.path("t"))) == ["0", "1", "2"]
-    assert fs.read("t/2") == b"hello\n"
-    assert fs.getx("t", "partitions") == "3"
-    with open(fs.path("t", 3), "a") as f:
+def test_create_next_partition_adds_it(mount):
+    os.mkdir(mount.path("t"))
+    sh(f"touch {shlex.quote(mount.path('t', 1))}")
+    assert sorted(os.listdir(mount.path("t"))) == ["0", "1"]
+    sh(f"echo hello >> {shlex.quote(mount.path('t', 2))}")
+    assert sorted(os.listdir(mount.path("t"))) == ["0", "1", "2"]
+    assert mount.read("t/2") == b"hello\n"
+    assert mount.getx("t", "partitions") == "3"
+    with open(mount.path("t", 3), "a") as f:
         f.write("via python\n")
-    assert fs.read("t/3") == b"via python\n"
-    assert os.path.isdir(os.path.join(fs.data, "t-3"))
+    assert mount.read("t/3") == b"via python\n"
+    assert os.path.isdir(os.path.join(mount.data, "t-3"))
 
 
 @pytest.mark.parametrize("name", ["5", "foo", "01", "-1", "1.log", "00"])
-def test_create_other_name_in_topic_is_einval(fs, name):
-    os.mkdir(fs.path("t"))
-    expect_errno(errno.EINVAL, os.open, fs.path("t", name), os.O_WRONLY | os.O_CREAT, 0o644)
-    r = sh(f"touch {shlex.quote(fs.path('t', name))}", check=False)
+def test_create_other_name_in_topic_is_einval(mount, name):
+    os.mkdir(mount.path("t"))
+    expect_errno(errno.EINVAL, os.open, mount.path("t", name), os.O_WRONLY | os.O_CREAT, 0o644)
+    r = sh(f"touch {shlex.quote(mount.path('t', name))}", check=False)
     assert r.returncode != 0 and b"Invalid argument" in r.stderr
-    assert os.listdir(fs.path("t")) == ["0"]
+    assert os.listdir(mount.path("t")) == ["0"]
 
 
-def test_create_file_in_root_refused(fs):
+def test_create_file_in_root_refused(mount):
     with pytest.raises(OSError):
-        os.open(fs.path("file"), os.O_WRONLY | os.O_CREAT, 0o644)
-    assert os.listdir(fs.mnt) == []
+        os.open(mount.path("file"), os.O_WRONLY | os.O_CREAT, 0o644)
+    assert os.listdir(mount.mnt) == []
 
 
-def test_mkdir_inside_topic_refused(fs):
-    os.mkdir(fs.path("t"))
+def test_mkdir_inside_topic_refused(mount):
+    os.mkdir(mount.path("t"))
     with pytest.raises(OSError):
-        os.mkdir(fs.path("t", "sub"))
-    assert os.listdir(fs.path("t")) == ["0"]
+        os.mkdir(mount.path("t", "sub"))
+    assert os.listdir(mount.path("t")) == ["0"]
 
 
-def test_rename_link_symlink_mknod_are_eperm(fs):
-    os.mkdir(fs.path("t"))
-    os.mkdir(fs.path("u"))
-    fs.append("t/0", "a\n")
-    expect_errno(errno.EPERM, os.rename, fs.path("t", 0), fs.path("t", 1))
-    expect_errno(errno.EPERM, os.rename, fs.path("t", 0), fs.path("u", 0))  # onto an existing file
-    expect_errno(errno.EPERM, os.rename, fs.path("t"), fs.path("v"))
-    expect_errno(errno.EPERM, os.link, fs.path("t", 0), fs.path("t", 1))
-    expect_errno(errno.EPERM, os.symlink, "0", fs.path("t", 1))
-    expect_errno(errno.EPERM, os.symlink, "t", fs.path("link"))
-    expect_errno(errno.EPERM, os.mkfifo, fs.path("t", 1))
-    expect_errno(errno.EPERM, os.mknod, fs.path("t", 1), 0o644 | 0o100000)
-    for cmd in (f"mv {fs.path('t', 0)} {fs.path('t', 1)}", f"mv {fs.path('t')} {fs.path('w')}",
-                f"ln {fs.path('t', 0)} {fs.path('t', 1)}", f"ln -s 0 {fs.path('t', 1)}",
-                f"mkfifo {fs.path('t', 1)}"):
+def test_rename_link_symlink_mknod_are_eperm(mount):
+    os.mkdir(mount.path("t"))
+    os.mkdir(mount.path("u"))
+    mount.append("t/0", "a\n")
+    expect_errno(errno.EPERM, os.rename, mount.path("t", 0), mount.path("t", 1))
+    expect_errno(errno.EPERM, os.rename, mount.path("t", 0), mount.path("u", 0))  # onto an existing file
+    expect_errno(errno.EPERM, os.rename, mount.path("t"), mount.path("v"))
+    expect_errno(errno.EPERM, os.link, mount.path("t", 0), mount.path("t", 1))
+    expect_errno(errno.EPERM, os.symlink, "0", mount.path("t", 1))
+    expect_errno(errno.EPERM, os.symlink, "t", mount.path("link"))
+    expect_errno(errno.EPERM, os.mkfifo, mount.path("t", 1))
+    expect_errno(errno.EPERM, os.mknod, mount.path("t", 1), 0o644 | 0o100000)
+    for cmd in (f"mv {mount.path('t', 0)} {mount.path('t', 1)}", f"mv {mount.path('t')} {mount.path('w')}",
+                f"ln {mount.path('t', 0)} {mount.path('t', 1)}", f"ln -s 0 {mount.path('t', 1)}",
+                f"mkfifo {mount.path('t', 1)}"):
         r = sh(cmd, check=False)
         assert r.returncode != 0, cmd
         assert b"Operation not permitted" in r.stderr, (cmd, r.stderr)
-    assert sorted(os.listdir(fs.mnt)) == ["t", "u"]
-    assert os.listdir(fs.path("t")) == ["0"]
-    assert fs.read("t/0") == b"a\n"
+    assert sorted(os.listdir(mount.mnt)) == ["t", "u"]
+    assert os.listdir(mount.path("t")) == ["0"]
+    assert mount.read("t/0") == b"a\n"
 
 
 def test_rm_partition_rmdir_topic_and_rm_r(mount_logfs):
@@ -154,34 +152,34 @@ def test_rm_partition_rmdir_topic_and_rm_r(mount_logfs):
     assert not any(d.startswith("t-") and not d.endswith("-delete") for d in os.listdir(fs.data))
 
 
-def test_unlink_missing_partition_is_enoent(fs):
-    os.mkdir(fs.path("t"))
-    expect_errno(errno.ENOENT, os.unlink, fs.path("t", 7))
-    expect_errno(errno.ENOENT, os.rmdir, fs.path("nosuch"))
+def test_unlink_missing_partition_is_enoent(mount):
+    os.mkdir(mount.path("t"))
+    expect_errno(errno.ENOENT, os.unlink, mount.path("t", 7))
+    expect_errno(errno.ENOENT, os.rmdir, mount.path("nosuch"))
 
 
-def test_many_topics_and_partitions_list_completely(fs):
+def test_many_topics_and_partitions_list_completely(mount):
     # Enough entries that readdir needs several kernel buffers (resumed by cookie).
     names = [f"topic-{i:04d}-" + "n" * 40 for i in range(300)]
     for name in names:
-        os.mkdir(fs.path(name))
-    listed = os.listdir(fs.mnt)
+        os.mkdir(mount.path(name))
+    listed = os.listdir(mount.mnt)
     assert sorted(listed) == sorted(names) and len(listed) == len(set(listed))
-    assert sh(f"ls {shlex.quote(str(fs.mnt))} | wc -l").stdout.strip() == b"300"
+    assert sh(f"ls {shlex.quote(str(mount.mnt))} | wc -l").stdout.strip() == b"300"
     for p in range(1, 200):
-        os.close(os.open(fs.path(names[0], p), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644))
-    parts = os.listdir(fs.path(names[0]))
+        os.close(os.open(mount.path(names[0], p), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644))
+    parts = os.listdir(mount.path(names[0]))
     assert sorted(parts, key=int) == [str(p) for p in range(200)]
-    assert fs.getx(names[0], "partitions") == "200"
+    assert mount.getx(names[0], "partitions") == "200"
 
 
-def test_touch_existing_partition_is_harmless(fs):
-    os.mkdir(fs.path("t"))
-    fs.append("t/0", "x\n")
-    sh(f"touch {shlex.quote(fs.path('t', 0))}")
-    os.utime(fs.path("t", 0))
-    assert fs.read("t/0") == b"x\n"
-    assert os.listdir(fs.path("t")) == ["0"]
+def test_touch_existing_partition_is_harmless(mount):
+    os.mkdir(mount.path("t"))
+    mount.append("t/0", "x\n")
+    sh(f"touch {shlex.quote(mount.path('t', 0))}")
+    os.utime(mount.path("t", 0))
+    assert mount.read("t/0") == b"x\n"
+    assert os.listdir(mount.path("t")) == ["0"]
 
 
 def test_partition_deletion_is_asynchronous_and_survives_kill9(mount_logfs):

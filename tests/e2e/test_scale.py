@@ -1,32 +1,22 @@
-"""Reads at any position resolve through the indexes: after a million lines, a read (and the xattrs locating
-it) in the middle costs about what it costs at the start, not a scan of the segment."""
+"""Reads at any position resolve through the indexes: after a million lines, a read (and the xattrs locating it)
+in the middle and at the end returns exactly the lines there. What such a read costs against one at the start is a
+benchmark, not a test: ``python tools/bench.py --only read_at_offset`` (a big log against a small one)."""
 
 from __future__ import annotations
 
 import os
-import time
 
 N = 1_000_000
 CHUNK = 100_000
-REPS = 7
 
 
 def line(i: int) -> bytes:
     return b"%07d\n" % i
 
 
-def best_of(fn, reps: int = REPS) -> float:
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return min(times)
-
-
-def test_million_lines_middle_read_costs_like_start(fs):
-    os.mkdir(fs.path("big"))
-    path = fs.path("big", 0)
+def test_million_lines_read_anywhere_through_the_indexes(mount):
+    os.mkdir(mount.path("big"))
+    path = mount.path("big", 0)
     fd = os.open(path, os.O_WRONLY | os.O_APPEND)
     try:
         for start in range(0, N, CHUNK):
@@ -35,7 +25,7 @@ def test_million_lines_middle_read_costs_like_start(fs):
     finally:
         os.close(fd)
     assert os.stat(path).st_size == N * 8
-    assert fs.getx("big/0", "log_end_offset") == str(N)
+    assert mount.getx("big/0", "log_end_offset") == str(N)
 
     middle = 543_210
     pos = int(os.getxattr(path, "user.logfs.position.%d" % middle))
@@ -56,19 +46,5 @@ def test_million_lines_middle_read_costs_like_start(fs):
     last = (N - 1) * 8
     assert read_at(last) == line(N - 1)
 
-    read_at(0), read_at(pos)  # warm both paths
-    t_start = best_of(lambda: read_at(0))
-    t_middle = best_of(lambda: read_at(pos))
-    t_end = best_of(lambda: read_at(last))
-    assert t_middle <= 20 * t_start, f"middle read {t_middle * 1e3:.2f} ms vs start {t_start * 1e3:.2f} ms"
-    assert t_end <= 20 * t_start, f"end read {t_end * 1e3:.2f} ms vs start {t_start * 1e3:.2f} ms"
-
-    x_start = best_of(lambda: os.getxattr(path, "user.logfs.position.1"))
-    x_middle = best_of(lambda: os.getxattr(path, "user.logfs.position.%d" % middle))
-    o_middle = best_of(lambda: os.getxattr(path, "user.logfs.offset.%d" % pos))
-    assert x_middle <= 20 * x_start, f"position xattr {x_middle * 1e3:.2f} ms vs {x_start * 1e3:.2f} ms"
-    assert o_middle <= 20 * x_start, f"offset xattr {o_middle * 1e3:.2f} ms vs {x_start * 1e3:.2f} ms"
-
-    # stat stays cheap too (no counting of the view), and is exact.
-    s = best_of(lambda: os.stat(path))
-    assert s <= 20 * t_start, f"stat {s * 1e3:.2f} ms vs read {t_start * 1e3:.2f} ms"
+    # stat is exact without counting the view.
+    assert os.stat(path).st_size == N * 8

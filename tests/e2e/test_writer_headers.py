@@ -7,13 +7,8 @@ from __future__ import annotations
 import errno
 import glob
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
-from pathlib import Path
-
-import pytest
 
 from harness import expect_errno, sh
 from log_helpers import log_file_records
@@ -32,16 +27,6 @@ def kafka_records(data_dir, topic="t", partition=0) -> list[tuple]:
     """(offset, value, headers) of every record of the partition's .log files, parsed by kafka-python."""
     records = log_file_records(os.path.join(data_dir, f"{topic}-{partition}"))
     return [(r.offset, r.value, tuple(r.headers)) for r in records]
-
-
-@pytest.fixture
-def public_root():
-    """A directory every user can traverse (pytest's tmp_path is root's alone), removed after the mounts in it
-    (request it before mount_logfs)."""
-    root = Path(tempfile.mkdtemp(prefix="logfs-writer-headers-", dir="/tmp"))
-    os.chmod(root, 0o755)
-    yield root
-    shutil.rmtree(root, ignore_errors=True)
 
 
 def test_writer_identity_reaches_kafka_python_and_the_text_view_is_unchanged(public_root, mount_logfs):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from logfs.testing.kafka import KafkaBroker, KafkaClient
+from logfs.testing.kafka import KafkaClient, running_broker
 from logfs.testing.kafka_dump import DumpLogSegments
 
 
@@ -29,10 +29,5 @@ def kafka_dump(kafka_client):
 @pytest.fixture(scope="session")
 def kafka_broker(tmp_path_factory, kafka_client):
     """One KRaft node (broker and controller) for the session. Tests create their own topics on it."""
-    broker = KafkaBroker(tmp_path_factory.mktemp("kafka-broker"), client=kafka_client)
-    broker.start()
-    yield broker
-    try:
-        broker.stop()
-    finally:
-        broker.kill()  # (nothing when the stop worked)
+    with running_broker(tmp_path_factory.mktemp("kafka-broker"), kafka_client) as broker:
+        yield broker

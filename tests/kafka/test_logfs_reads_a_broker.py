@@ -33,7 +33,7 @@ from pathlib import Path
 
 import pytest
 
-from logfs.testing.kafka import KafkaBroker
+from logfs.testing.kafka import running_broker
 
 from harness import mounted_at, wait_for
 
@@ -120,21 +120,21 @@ def script(t0: int) -> Script:
     s.rec("tx", "bd-compact", 0, value("bd-compact", 0, "committed", 0), b"c2")
     s.txn("tx", "commit")
     # Two transactions open at once, taking turns with each other and with the idempotent producer.
+    def on_both(producer: str, what: str, i: int, key: bytes) -> None:  # one record in each bd-txn partition
+        for p in (0, 1):
+            s.rec(producer, "bd-txn", p, value("bd-txn", p, what, i), key)
+
     s.txn("tx2", "begin")
-    for p in (0, 1):
-        s.rec("tx2", "bd-txn", p, value("bd-txn", p, "ABORTED second", 0), b"u")
+    on_both("tx2", "ABORTED second", 0, b"u")
     s.txn("tx", "begin")
-    for p in (0, 1):
-        s.rec("tx", "bd-txn", p, value("bd-txn", p, "committed second", 0), b"v")
+    on_both("tx", "committed second", 0, b"v")
     for p in (0, 1):
         s.rec("tx2", "bd-txn", p, value("bd-txn", p, "ABORTED second", 1), b"u")
         s.rec("plain", "bd-txn", p, value("bd-txn", p, "plain between", 0), b"w")
     s.txn("tx", "commit")
-    for p in (0, 1):
-        s.rec("tx2", "bd-txn", p, value("bd-txn", p, "ABORTED second", 2), b"u")
+    on_both("tx2", "ABORTED second", 2, b"u")
     s.txn("tx2", "abort")
-    for p in (0, 1):
-        s.rec("plain", "bd-txn", p, value("bd-txn", p, "plain after", 0), b"z")
+    on_both("plain", "plain after", 0, b"z")
     # LogAppendTime: the broker's time replaces the producer's.
     for i in range(40):
         for p in (0, 1):
@@ -271,13 +271,8 @@ def module_broker(tmp_path_factory, kafka_client):
     """A broker of this module's own, on a fresh log directory (the session's, once restarted by the hand-over
     test, left a transactional produce here without a reply for 120 s in a whole tests/kafka run; alone it never
     did: not understood yet). Stopped at the module's end."""
-    broker = KafkaBroker(tmp_path_factory.mktemp("kafka-broker-bd"), client=kafka_client)
-    broker.start()
-    yield broker
-    try:
-        broker.stop()
-    finally:
-        broker.kill()
+    with running_broker(tmp_path_factory.mktemp("kafka-broker-bd"), kafka_client) as broker:
+        yield broker
 
 
 @pytest.fixture(scope="module")

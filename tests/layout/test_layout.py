@@ -26,7 +26,7 @@ RANKS = [
     ("logfs.fuse", 9),
     ("logfs.service", 10),
     ("logfs.cli", 11),
-    ("logfs.testing", 12),  # rigs for the tests (a real Kafka): may import all of logfs, imported by none of it
+    ("logfs.testing", 12),  # the rig of the tests and benches: may import all of logfs, imported by none of it
     ("logfs", 0),
 ]
 
@@ -137,6 +137,21 @@ def test_tools_never_import_the_tests():
             names = ([a.name for a in node.names] if isinstance(node, ast.Import)
                      else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
             assert not [n for n in names if n.split(".")[0] in ("tests", "conftest")], (module, names)
+
+
+def test_tests_and_tools_never_edit_sys_path():
+    """Tests and tools import the rig as ``logfs.testing.<module>``; a process that must run another checkout's code
+    gets PYTHONPATH in its environment."""
+    edits = []
+    for top in ("tests", "tools"):
+        for module, path in _modules(top, None).items():
+            for node in ast.walk(ast.parse(open(path).read())):
+                target = node.func.value if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                    else node.targets[0].value if isinstance(node, ast.Assign) and isinstance(
+                        node.targets[0], ast.Subscript) else None
+                if ast.unparse(target or ast.Constant(None)) == "sys.path":
+                    edits.append(f"{top}/{module}:{node.lineno}")
+    assert not edits, edits
 
 
 def test_one_module_imports_the_c_accelerator():

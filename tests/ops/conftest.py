@@ -37,6 +37,6 @@ def ops_fs(open_manager):
 
 
 @pytest.fixture
-def fs(ops_fs) -> OpsFS:
+def ops(ops_fs) -> OpsFS:
     """Operations over a fresh store (num.partitions=1) with no topics yet."""
     return ops_fs()

@@ -8,7 +8,7 @@ import stat
 
 import pytest
 
-from ops_helpers import APPEND, fuse_errno
+from ops_helpers import APPEND, each_fails, fuse_errno
 
 
 async def test_mkdir_creates_topic_with_num_partitions(ops_fs):
@@ -24,108 +24,92 @@ async def test_mkdir_creates_topic_with_num_partitions(ops_fs):
 
 
 @pytest.mark.parametrize("name", ["a" * 249, "A.b_c-9", "..."])
-async def test_legal_topic_names(fs, name):
-    await fs.mkdir(name)
-    assert name in await fs.listdir()
+async def test_legal_topic_names(ops, name):
+    await ops.mkdir(name)
+    assert name in await ops.listdir()
 
 
 @pytest.mark.parametrize("name", ["a" * 250, "a b", "a\\b", "é", "a:b", "", ".", "..", "t\n"])
-async def test_mkdir_invalid_topic_name_is_einval(fs, name):
+async def test_mkdir_invalid_topic_name_is_einval(ops, name):
     with fuse_errno(errno.EINVAL):
-        await fs.ops.mkdir(1, name.encode(), 0o755, None)
-    assert await fs.listdir() == []
+        await ops.ops.mkdir(1, name.encode(), 0o755, None)
+    assert await ops.listdir() == []
 
 
-async def test_mkdir_undecodable_name_is_einval(fs):
+async def test_mkdir_undecodable_name_is_einval(ops):
     with fuse_errno(errno.EINVAL):
-        await fs.ops.mkdir(1, b"\xff\xfe", 0o755, None)
+        await ops.ops.mkdir(1, b"\xff\xfe", 0o755, None)
 
 
-async def test_mkdir_existing_is_eexist(fs):
-    await fs.mkdir("t")
-    with fuse_errno(errno.EEXIST):
-        await fs.mkdir("t")
+async def test_create_next_partition_adds_it(ops):
+    await ops.mkdir("t")
+    fh = await ops.create("t/1")
+    assert await ops.write(fh, b"hello\n") == 6
+    await ops.release(fh)
+    assert await ops.listdir("t") == ["0", "1"]
+    assert await ops.cat("t/1") == b"hello\n"
+    assert await ops.getx("t", "partitions") == "2"
 
 
-async def test_mkdir_inside_topic_is_einval_and_under_partition_enoent(fs):
-    await fs.mkdir("t")
-    with fuse_errno(errno.EINVAL):
-        await fs.mkdir("t/sub")
-    assert await fs.listdir("t") == ["0"]
+@pytest.mark.parametrize("call,path,code", [
+    ("mkdir", "t", errno.EEXIST),
+    ("mkdir", "t/sub", errno.EINVAL),  # no directory inside a topic
+    ("create", "file", errno.EPERM),  # no file in the root
+    *[("create", f"t/{name}", errno.EINVAL) for name in ["x", "01", "-1", "1.0", "+1", "²", "0x1", " 1"]],
+], ids=lambda v: repr(v) if isinstance(v, str) else None)
+async def test_refused_names_change_nothing(ops, call, path, code):
+    """A name the namespace refuses: its errno, and the tree as it was (one topic ``t``, partition 0)."""
+    await ops.mkdir("t")
+    with fuse_errno(code):
+        await getattr(ops, call)(path)
+    assert await ops.listdir() == ["t"] and await ops.listdir("t") == ["0"]
 
 
-async def test_create_next_partition_adds_it(fs):
-    await fs.mkdir("t")
-    fh = await fs.create("t/1")
-    assert await fs.write(fh, b"hello\n") == 6
-    await fs.release(fh)
-    assert await fs.listdir("t") == ["0", "1"]
-    assert await fs.cat("t/1") == b"hello\n"
-    assert await fs.getx("t", "partitions") == "2"
+async def test_create_under_a_partition_is_enotdir(ops):
+    await ops.mkdir("t")
+    await each_fails(errno.ENOTDIR, ops.create("t/0/x"), ops.lookup("t/0/x"),
+                     ops.ops.opendir(await ops.inode("t/0"), None))
 
 
-@pytest.mark.parametrize("name", ["x", "01", "-1", "1.0", "+1", "²", "0x1", " 1"])
-async def test_create_other_name_in_topic_is_einval(fs, name):
-    await fs.mkdir("t")
-    with fuse_errno(errno.EINVAL):
-        await fs.create(f"t/{name}")
-    assert await fs.listdir("t") == ["0"]
-
-
-async def test_create_file_in_root_is_eperm(fs):
-    with fuse_errno(errno.EPERM):
-        await fs.create("file")
-
-
-async def test_create_under_a_partition_is_enotdir(fs):
-    await fs.mkdir("t")
-    with fuse_errno(errno.ENOTDIR):
-        await fs.create("t/0/x")
-    with fuse_errno(errno.ENOTDIR):
-        await fs.lookup("t/0/x")
-    with fuse_errno(errno.ENOTDIR):
-        await fs.ops.opendir(await fs.inode("t/0"), None)
-
-
-async def test_lookup_missing_is_enoent(fs):
-    await fs.mkdir("t")
+async def test_lookup_missing_is_enoent(ops):
+    await ops.mkdir("t")
     for path in ("nosuch", "t/1", "t/x", "t/01"):
         with fuse_errno(errno.ENOENT):
-            await fs.lookup(path)
+            await ops.lookup(path)
 
 
-async def test_unknown_inode_is_enoent(fs):
+async def test_unknown_inode_is_enoent(ops):
     with fuse_errno(errno.ENOENT):
-        await fs.ops.getattr(10_000, None)
+        await ops.ops.getattr(10_000, None)
 
 
-async def test_open_topic_directory_as_file_is_eisdir(fs):
-    await fs.mkdir("t")
+async def test_open_topic_directory_as_file_is_eisdir(ops):
+    await ops.mkdir("t")
     with fuse_errno(errno.EISDIR):
-        await fs.open("t", os.O_RDONLY)
+        await ops.open("t", os.O_RDONLY)
 
 
-async def test_rename_link_symlink_mknod_are_eperm(fs):
-    await fs.mkdir("t")
-    await fs.mkdir("u")
-    t, root, p0 = await fs.inode("t"), await fs.inode(""), await fs.inode("t/0")
+async def test_rename_link_symlink_mknod_are_eperm(ops):
+    await ops.mkdir("t")
+    await ops.mkdir("u")
+    t, root, p0 = await ops.inode("t"), await ops.inode(""), await ops.inode("t/0")
     with fuse_errno(errno.EPERM):
-        await fs.ops.rename(t, b"0", t, b"1", 0, None)
+        await ops.ops.rename(t, b"0", t, b"1", 0, None)
     with fuse_errno(errno.EPERM):
-        await fs.ops.rename(t, b"0", await fs.inode("u"), b"0", 0, None)
+        await ops.ops.rename(t, b"0", await ops.inode("u"), b"0", 0, None)
     with fuse_errno(errno.EPERM):
-        await fs.ops.rename(root, b"t", root, b"v", 0, None)
+        await ops.ops.rename(root, b"t", root, b"v", 0, None)
     with fuse_errno(errno.EPERM):
-        await fs.ops.link(p0, t, b"1", None)
+        await ops.ops.link(p0, t, b"1", None)
     with fuse_errno(errno.EPERM):
-        await fs.ops.symlink(t, b"1", b"0", None)
+        await ops.ops.symlink(t, b"1", b"0", None)
     with fuse_errno(errno.EPERM):
-        await fs.ops.symlink(root, b"link", b"t", None)
+        await ops.ops.symlink(root, b"link", b"t", None)
     with fuse_errno(errno.EPERM):
-        await fs.ops.mknod(t, b"1", stat.S_IFIFO | 0o644, 0, None)
+        await ops.ops.mknod(t, b"1", stat.S_IFIFO | 0o644, 0, None)
     with fuse_errno(errno.EPERM):
-        await fs.ops.mknod(t, b"1", stat.S_IFREG | 0o644, 0, None)
-    assert await fs.listdir("t") == ["0"] and sorted(await fs.listdir()) == ["t", "u"]
+        await ops.ops.mknod(t, b"1", stat.S_IFREG | 0o644, 0, None)
+    assert await ops.listdir("t") == ["0"] and sorted(await ops.listdir()) == ["t", "u"]
 
 
 async def test_rm_partition_rmdir_topic(ops_fs):
@@ -144,21 +128,13 @@ async def test_rm_partition_rmdir_topic(ops_fs):
         await fs.lookup("t")
 
 
-async def test_unlink_and_rmdir_errors(fs):
-    await fs.mkdir("t")
-    root = await fs.inode("")
-    with fuse_errno(errno.ENOENT):
-        await fs.unlink("t/7")
-    with fuse_errno(errno.ENOENT):
-        await fs.unlink("t/x")
-    with fuse_errno(errno.ENOENT):
-        await fs.rmdir("nosuch")
-    with fuse_errno(errno.EISDIR):
-        await fs.ops.unlink(root, b"t", None)  # unlink of a topic directory
-    with fuse_errno(errno.ENOENT):
-        await fs.ops.unlink(root, b"nosuch", None)
-    with fuse_errno(errno.ENOTDIR):
-        await fs.ops.rmdir(await fs.inode("t"), b"0", None)
+async def test_unlink_and_rmdir_errors(ops):
+    await ops.mkdir("t")
+    root = await ops.inode("")
+    await each_fails(errno.ENOENT, ops.unlink("t/7"), ops.unlink("t/x"), ops.rmdir("nosuch"),
+                     ops.ops.unlink(root, b"nosuch", None))
+    await each_fails(errno.EISDIR, ops.ops.unlink(root, b"t", None))  # unlink of a topic directory
+    await each_fails(errno.ENOTDIR, ops.ops.rmdir(await ops.inode("t"), b"0", None))
 
 
 async def test_read_only_refuses_every_change(ops_fs, open_manager):

@@ -94,14 +94,20 @@ async def test_descriptor_time_lookup_in_its_view(ops_fs, clock):
     await fs.release(fh)
 
 
+async def keyed_topic(fs, key: bytes, keys: int, count: int, chunk: int) -> list[bytes]:
+    """Topic ``t`` keyed by ``=``: ``count`` lines ``<key><i % keys>=value-<i>``, appended ``chunk`` at a time."""
+    await fs.mkdir("t")
+    await fs.setconfig("t", "logfs.key.separator", "=")
+    written = [b"%s%d=value-%04d\n" % (key, i % keys, i) for i in range(count)]
+    for i in range(0, count, chunk):
+        await fs.append("t/0", b"".join(written[i:i + chunk]))
+    return written
+
+
 async def test_descriptor_answers_in_its_view_after_compaction(ops_fs, clock):
     fs = ops_fs(num_partitions=1, log_segment_bytes=600, log_cleanup_policy="compact",
                 log_segment_delete_delay_ms=0, log_cleaner_delete_retention_ms=0)
-    await fs.mkdir("t")
-    await fs.setconfig("t", "logfs.key.separator", "=")
-    written = [b"k%d=value-%04d\n" % (i % 5, i) for i in range(300)]
-    for i in range(0, 300, 10):
-        await fs.append("t/0", b"".join(written[i:i + 10]))
+    written = await keyed_topic(fs, b"k", keys=5, count=300, chunk=10)
     fh = await fs.open("t/0")
     plog = fs.manager.logs[("t", 0)]
     result = clean(plog, cleanable_range(plog, None, clock.time_ms()), OffsetMap(10_000), clock.time_ms())
@@ -122,11 +128,7 @@ async def test_descriptor_answers_in_its_view_after_compaction(ops_fs, clock):
 
 async def test_descriptor_keeps_its_line_format(ops_fs):
     fs = ops_fs(num_partitions=1, log_segment_bytes=1024, log_index_interval_bytes=256)
-    await fs.mkdir("t")
-    await fs.setconfig("t", "logfs.key.separator", "=")
-    written = [b"key%d=value-%04d\n" % (i % 7, i) for i in range(300)]
-    for i in range(0, 300, 15):
-        await fs.append("t/0", b"".join(written[i:i + 15]))
+    written = await keyed_topic(fs, b"key", keys=7, count=300, chunk=15)
     fh = await fs.open("t/0")
     await fs.setconfig("t", "logfs.key.separator", "::")  # every line one byte longer from now on
     assert (await fs.cat("t/0")).startswith(b"key0::value-0000\nkey1::")

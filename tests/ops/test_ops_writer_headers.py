@@ -23,63 +23,63 @@ def records(fs, topic="t", partition=0):
     return fs.manager.logs[(topic, partition)].read(0, max_bytes=1 << 30)
 
 
-async def test_headers_on_every_record_and_not_in_the_view(fs):
-    await fs.mkdir("t")
-    assert await fs.getx("t", "config.logfs.writer.headers") == "false"
-    await fs.append("t/0", b"before\n")
-    await fs.setconfig("t", "logfs.writer.headers", "true")
-    assert await fs.getx("t", "config.logfs.writer.headers") == "true"
-    fh = await fs.open("t/0", APPEND)
-    await fs.write(fh, b"one\ntwo\nthr")
-    await fs.write(fh, b"ee\n")
-    await fs.write(fh, b"held")  # a partial line: appended at release, with the headers too
-    await fs.release(fh)
-    await fs.setconfig("t", "logfs.writer.headers", "false")
-    await fs.append("t/0", b"after\n")
-    got = records(fs)
+async def test_headers_on_every_record_and_not_in_the_view(ops):
+    await ops.mkdir("t")
+    assert await ops.getx("t", "config.logfs.writer.headers") == "false"
+    await ops.append("t/0", b"before\n")
+    await ops.setconfig("t", "logfs.writer.headers", "true")
+    assert await ops.getx("t", "config.logfs.writer.headers") == "true"
+    fh = await ops.open("t/0", APPEND)
+    await ops.write(fh, b"one\ntwo\nthr")
+    await ops.write(fh, b"ee\n")
+    await ops.write(fh, b"held")  # a partial line: appended at release, with the headers too
+    await ops.release(fh)
+    await ops.setconfig("t", "logfs.writer.headers", "false")
+    await ops.append("t/0", b"after\n")
+    got = records(ops)
     assert [r.value for r in got] == [b"before", b"one", b"two", b"three", b"held", b"after"]
     assert [list(r.headers) for r in got] == [[]] + [own_headers()] * 4 + [[]]
-    assert await fs.cat("t/0") == b"before\none\ntwo\nthree\nheld\nafter\n"
-    assert (await fs.getattr("t/0")).st_size == len(b"before\none\ntwo\nthree\nheld\nafter\n")
+    assert await ops.cat("t/0") == b"before\none\ntwo\nthree\nheld\nafter\n"
+    assert (await ops.getattr("t/0")).st_size == len(b"before\none\ntwo\nthree\nheld\nafter\n")
 
 
-async def test_headers_with_a_key_separator(fs):
-    await fs.mkdir("t")
-    await fs.setconfig("t", "logfs.key.separator", "=")
-    await fs.setconfig("t", "logfs.writer.headers", "true")
-    await fs.append("t/0", b"k=v\nnokey\n")
-    got = records(fs)
+async def test_headers_with_a_key_separator(ops):
+    await ops.mkdir("t")
+    await ops.setconfig("t", "logfs.key.separator", "=")
+    await ops.setconfig("t", "logfs.writer.headers", "true")
+    await ops.append("t/0", b"k=v\nnokey\n")
+    got = records(ops)
     assert [(r.key, r.value) for r in got] == [(b"k", b"v"), (None, b"nokey")]
     assert all([k for k, _ in r.headers] == HEADER_KEYS for r in got)
-    assert await fs.cat("t/0") == b"k=v\nnokey\n"
+    assert await ops.cat("t/0") == b"k=v\nnokey\n"
 
 
-async def test_small_appends_with_headers_never_grow_a_headerless_batch(fs):
+async def test_small_appends_with_headers_never_grow_a_headerless_batch(ops):
     """The tail batch in-place growth is for records without headers: with the setting on, each append is a
     batch of its own records, all carrying headers; turned off again, growth resumes."""
-    await fs.mkdir("t")
+    await ops.mkdir("t")
     for i in range(3):
-        await fs.append("t/0", b"plain %d\n" % i)
-    await fs.setconfig("t", "logfs.writer.headers", "true")
+        await ops.append("t/0", b"plain %d\n" % i)
+    await ops.setconfig("t", "logfs.writer.headers", "true")
     for i in range(3):
-        await fs.append("t/0", b"tagged %d\n" % i)
-    await fs.setconfig("t", "logfs.writer.headers", "false")
+        await ops.append("t/0", b"tagged %d\n" % i)
+    await ops.setconfig("t", "logfs.writer.headers", "false")
     for i in range(3):
-        await fs.append("t/0", b"plain again %d\n" % i)
-    got = records(fs)
+        await ops.append("t/0", b"plain again %d\n" % i)
+    got = records(ops)
     assert [bool(r.headers) for r in got] == [False] * 3 + [True] * 3 + [False] * 3
-    assert await fs.cat("t/0") == b"".join([b"plain %d\n" % i for i in range(3)]
+    assert await ops.cat("t/0") == b"".join([b"plain %d\n" % i for i in range(3)]
                                            + [b"tagged %d\n" % i for i in range(3)]
                                            + [b"plain again %d\n" % i for i in range(3)])
 
 
-async def test_invalid_values_are_refused(fs):
-    await fs.mkdir("t")
+async def test_invalid_values_are_refused(ops):
+    await ops.mkdir("t")
     for bad in ("yes", "1", ""):
         with fuse_errno(errno.EINVAL):
-            await fs.setconfig("t", "logfs.writer.headers", bad)
-    await fs.setconfig("t", "logfs.writer.headers", " TRUE ")
-    assert await fs.getx("t", "config.logfs.writer.headers") == "true"
+            await ops.setconfig("t", "logfs.writer.headers", bad)
+    await ops.setconfig("t", "logfs.writer.headers", " TRUE ")
+    assert await ops.getx("t", "config.logfs.writer.headers") == "true"
 
 
 def test_broker_default(open_manager):

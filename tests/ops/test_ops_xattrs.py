@@ -14,11 +14,11 @@ FIXED = ["log_start_offset", "log_end_offset", "recovery_point", "segment_count"
 
 
 @pytest.fixture
-async def loaded(fs):
-    await fs.mkdir("t")
+async def loaded(ops):
+    await ops.mkdir("t")
     lines = [f"record-{i:03d}".encode() for i in range(300)]
-    await fs.append("t/0", b"".join(line + b"\n" for line in lines))
-    return fs, lines
+    await ops.append("t/0", b"".join(line + b"\n" for line in lines))
+    return ops, lines
 
 
 async def test_partition_fixed_attributes(loaded):
@@ -55,11 +55,11 @@ async def test_bad_or_unknown_partition_attribute_is_enodata(loaded, name):
 
 @pytest.mark.parametrize("name", ["user.other", "user.logfs.nope", "user.logfs.config.nope",
                                   "user.logfs.config.", "security.capability", "trusted.x"])
-async def test_unknown_attribute_names_are_enodata(fs, name):
-    await fs.mkdir("t")
+async def test_unknown_attribute_names_are_enodata(ops, name):
+    await ops.mkdir("t")
     for path in ("", "t", "t/0"):
         with fuse_errno(errno.ENODATA):
-            await fs.getxattr(path, name)
+            await ops.getxattr(path, name)
 
 
 async def test_topic_partitions_and_config_defaults(ops_fs):
@@ -75,15 +75,15 @@ async def test_topic_partitions_and_config_defaults(ops_fs):
     assert await fs.getx("t", "config.logfs.key.separator") == ""
 
 
-async def test_topic_listxattr_lists_every_readable_name(fs):
-    await fs.mkdir("t")
-    names = await fs.listxattr("t")
+async def test_topic_listxattr_lists_every_readable_name(ops):
+    await ops.mkdir("t")
+    names = await ops.listxattr("t")
     assert set(names) == {"user.logfs.partitions"} | {f"user.logfs.config.{k}" for k in TOPIC_SETTINGS}
     for name in names:
-        await fs.getxattr("t", name)
+        await ops.getxattr("t", name)
     # The root has one: the sink's protocol version (how the Spark sink recognises a logfs mount).
-    assert await fs.listxattr("") == ["user.logfs.sink.protocol"]
-    assert await fs.getxattr("", "user.logfs.sink.protocol") == b"1"
+    assert await ops.listxattr("") == ["user.logfs.sink.protocol"]
+    assert await ops.getxattr("", "user.logfs.sink.protocol") == b"1"
 
 
 async def test_config_set_applies_at_once_survives_restart_and_reverts(ops_fs, open_manager):
@@ -125,38 +125,38 @@ async def test_config_set_applies_at_once_survives_restart_and_reverts(ops_fs, o
     ("config.compression.gzip.level", "0"),
     ("config.compression.gzip.level", "10"),
 ])
-async def test_topic_config_invalid_value_or_unknown_key_is_einval(fs, name, value):
-    await fs.mkdir("t")
-    before = {n: await fs.getxattr("t", n) for n in await fs.listxattr("t")}
+async def test_topic_config_invalid_value_or_unknown_key_is_einval(ops, name, value):
+    await ops.mkdir("t")
+    before = {n: await ops.getxattr("t", n) for n in await ops.listxattr("t")}
     with fuse_errno(errno.EINVAL):
-        await fs.setxattr("t", "user.logfs." + name, value)
-    assert {n: await fs.getxattr("t", n) for n in await fs.listxattr("t")} == before
+        await ops.setxattr("t", "user.logfs." + name, value)
+    assert {n: await ops.getxattr("t", n) for n in await ops.listxattr("t")} == before
 
 
-async def test_fixed_attributes_are_read_only(fs):
-    await fs.mkdir("t")
+async def test_fixed_attributes_are_read_only(ops):
+    await ops.mkdir("t")
     for name in ("log_end_offset", "size_bytes", "position.0", "time.0"):
         with fuse_errno(errno.EPERM):
-            await fs.setxattr("t/0", "user.logfs." + name, "5")
+            await ops.setxattr("t/0", "user.logfs." + name, "5")
     with fuse_errno(errno.EINVAL):  # writable (DeleteRecords), but past the log end offset
-        await fs.setxattr("t/0", "user.logfs.log_start_offset", "5")
+        await ops.setxattr("t/0", "user.logfs.log_start_offset", "5")
     with fuse_errno(errno.EPERM):
-        await fs.setxattr("t", "user.logfs.partitions", "7")
+        await ops.setxattr("t", "user.logfs.partitions", "7")
     for path in ("t/0", "t"):
         with fuse_errno(errno.EINVAL):
-            await fs.setxattr(path, "user.logfs.no_such_key", "1")
+            await ops.setxattr(path, "user.logfs.no_such_key", "1")
         with fuse_errno(errno.ENOTSUP):
-            await fs.setxattr(path, "user.somethingelse", "1")
+            await ops.setxattr(path, "user.somethingelse", "1")
     with fuse_errno(errno.ENOTSUP):
-        await fs.setxattr("", "user.logfs.x", "1")
+        await ops.setxattr("", "user.logfs.x", "1")
     with fuse_errno(errno.EPERM):
-        await fs.removexattr("t/0", "user.logfs.log_end_offset")
+        await ops.removexattr("t/0", "user.logfs.log_end_offset")
     with fuse_errno(errno.ENODATA):
-        await fs.removexattr("t/0", "user.other")
+        await ops.removexattr("t/0", "user.other")
     with fuse_errno(errno.ENODATA):
-        await fs.removexattr("t", "user.other")
-    assert await fs.getx("t/0", "log_end_offset") == "0"
-    assert await fs.getx("t", "partitions") == "1"
+        await ops.removexattr("t", "user.other")
+    assert await ops.getx("t/0", "log_end_offset") == "0"
+    assert await ops.getx("t", "partitions") == "1"
 
 
 async def test_config_values_parse_as_kafka_and_read_back_effective(ops_fs, open_manager):

@@ -10,9 +10,6 @@ profile each test is marked ``long``. With ``LOGFS_RELIABILITY_STATS=FILE`` the 
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
-from pathlib import Path
 
 import pytest
 
@@ -63,29 +60,13 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
 
 
 @pytest.fixture
-def mount_logfs(public_root, mount_logfs):
-    """The harness's mount factory, with ``public_root`` made first, so that every mount in it is unmounted before
-    the directory is removed."""
-    return mount_logfs
-
-
-@pytest.fixture
-def public_root():
-    """A directory every user can traverse (tmp_path's parents are 0700), removed afterwards."""
-    root = Path(tempfile.mkdtemp(prefix="logfs-rel-"))
-    os.chmod(root, 0o755)
-    yield root
-    shutil.rmtree(root, ignore_errors=True)
-
-
-@pytest.fixture
 def faultfs(tmp_path):
-    """A started FaultFS (tests/reliability/faultfs.py, issue 30): ``tmp_path/"lower"`` seen at
+    """A started FaultFS (logfs/testing/faultfs.py, issue 30): ``tmp_path/"lower"`` seen at
     ``faultfs.mountpoint`` (``tmp_path/"data"``), the DATA_DIR to give a logfs daemon; faults through
     ``faultfs.fail(...)``. Unmounted and its daemon reaped at teardown, even on failure. Tests using it are marked
     ``mount``. ``mount_logfs(..., name=".")`` mounts logfs on it (that LogfsMount's data is tmp_path/"data");
     request ``faultfs`` before ``mount_logfs`` so that the logfs mount on top is torn down first."""
-    from faultfs_client import FaultFS
+    from logfs.testing.faultfs_client import FaultFS
 
     fs = FaultFS(tmp_path / "lower", tmp_path / "data")
     fs.start()

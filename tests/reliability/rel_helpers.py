@@ -1,6 +1,6 @@
 """Shared helpers of the reliability suite (issue 8).
 
-The mount helpers come from ``tests/e2e/harness.py`` (imported, not copied). This module adds: the SHORT/LONG
+The mount helpers come from ``tests/harness.py`` (imported, not copied). This module adds: the SHORT/LONG
 profile switch, a whole-store hash (to prove an operation changed nothing on disk), uniquely identifiable,
 self-checking lines, writer processes that record what the filesystem acknowledged, an independent parse of the
 on-disk ``.log`` files (kafka-python), and the run statistics that ``docs/reliability.md`` summarises.
@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness import (  # noqa: E402,F401  (re-exported for the tests)
-    LogfsMount, daemon_env, daemon_pids, expect_errno, fuse_unusable_reason, mounted_at, sh, wait_for,
+    LogfsMount, MountError, alive, daemon_env, daemon_pids, expect_errno, fuse_unusable_reason, mounted_at, sh,
+    wait_for,
 )
 
 def mount_over_two_dirs(faultfs, mount_logfs, *options: str):
@@ -58,6 +59,11 @@ def record_stats(name: str, **values) -> None:
             entry[key] += value
         else:
             entry[key] = value
+
+
+def counts(text: str, **needles: str) -> dict[str, int]:
+    """How often each of ``needles`` occurs in ``text`` (a daemon's log: what it says it did), by name."""
+    return {name: text.count(needle) for name, needle in needles.items()}
 
 
 def dump_stats(path: str) -> None:

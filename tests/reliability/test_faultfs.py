@@ -1,4 +1,4 @@
-"""The fault-injection harness itself (tests/reliability/faultfs.py, issue 30), through real syscalls on its mount.
+"""The fault-injection harness itself (logfs/testing/faultfs.py, issue 30), through real syscalls on its mount.
 
 - It is a faithful passthrough: files, offsets, renames (over a file, of a directory, NOREPLACE/EXCHANGE),
   truncate/chmod/utime, fsync, mmap both ways, posix_fallocate, flock, an open file renamed or unlinked.
@@ -22,7 +22,7 @@ import time
 
 import pytest
 
-from faultfs_client import FaultFS, FaultFSError
+from logfs.testing.faultfs_client import FaultFS, FaultFSError
 
 pytestmark = pytest.mark.mount
 

@@ -273,11 +273,12 @@ def test_max_message_bytes_boundaries(mount_logfs, profile):
     record_stats("max_message_bytes", **stats)
 
 
-def test_many_topics_mkdir_and_listing_stay_fast(mount_logfs, profile):
-    """mkdir stays O(1) as topics accumulate (it used to rewrite logfs-topics.json with json's pure-Python
-    encoder: 46 ms per mkdir at 3,000 topics), listings stay quick and complete, and an idle partition holds one
+def test_many_topics_list_completely_and_an_idle_partition_holds_one_descriptor(mount_logfs, profile):
+    """Listings of thousands of topics are complete, before and after a remount, and an idle partition holds one
     descriptor (its active segment used to hold seven: 10,000 topics needed 70,000 descriptors, and the usual
-    soft limit of 1024 stopped mkdir at topic 144)."""
+    soft limit of 1024 stopped mkdir at topic 144). The times (mkdir as topics accumulate, listing, remount) are
+    recorded in the run's statistics, not asserted: their figures are the benchmark's
+    (``python tools/bench.py --only many_partitions``, tools/bench_scale.py)."""
     count = scale(2000, 10000)
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if hard != resource.RLIM_INFINITY and hard < count + 512:
@@ -305,9 +306,6 @@ def test_many_topics_mkdir_and_listing_stay_fast(mount_logfs, profile):
     fds = len(os.listdir(f"/proc/{fs.pid()}/fd"))
     assert fds <= count + 200, f"{fds} descriptors for {count} idle partitions"
     fs.append(f"{names[-1]}/0", b"last\n")
-    # mkdir must not slow down as topics accumulate (beyond noise), listing must stay quick.
-    assert last <= 3 * first + 0.003, f"mkdir median {first * 1e3:.2f} ms -> {last * 1e3:.2f} ms"
-    assert list_s < max(2.0, count / 2000), f"listing {count} topics took {list_s:.2f} s"
     t = time.perf_counter()
     fs.remount(*QUIET, foreground=True)
     remount_s = time.perf_counter() - t
@@ -366,7 +364,7 @@ def as_nobody(ops):
 
 @pytest.mark.skipif(os.geteuid() != 0 or not os.path.exists("/usr/bin/python3"),
                     reason="needs root and /usr/bin/python3")
-def test_permissions_for_a_non_root_user(mount_logfs, public_root, profile):
+def test_permissions_for_a_non_root_user(public_root, mount_logfs, profile):
     fs = mount_logfs("allow_other", "default_permissions", "num.partitions=2", *QUIET, root=public_root)
     os.mkdir(fs.path("t"))
     fs.append("t/0", b"root wrote this\n")

@@ -1,5 +1,5 @@
 """A disk that fails (issue 30, CONTRACT section 12): random fault runs, and a crash-point suite for every multi-file
-protocol, with a real logfs daemon over faultfs (tests/reliability/faultfs.py).
+protocol, with a real logfs daemon over faultfs (logfs/testing/faultfs.py).
 
 **Random run** (:func:`test_random_disk_faults`). Four topics: ``multi`` (two writers on one partition), ``keyed``
 (compacted, keyed lines), ``ret`` (``retention.bytes``), ``zstd`` (``compression.type=zstd``: sealed segments are
@@ -55,8 +55,8 @@ from typing import Callable
 import pytest
 
 from rel_helpers import (
-    expect_errno, make_line, mounted_at, parse_line, parse_partition_dir_records, read_checkpoint_file, record_stats,
-    scale, start_writer, stop_writers, wait_for,
+    MountError, counts, expect_errno, make_line, mounted_at, parse_line, parse_partition_dir_records, read_checkpoint_file,
+    record_stats, scale, start_writer, stop_writers, wait_for,
 )
 
 # Logged as ERRORs by design: a directory taken offline (storage/failure.py, the manager at shutdown), a request
@@ -83,7 +83,7 @@ def _mount_first_start(fs, options, what: str) -> None:
     mark = len(fs.stderr())
     try:
         fs.mount(*options, foreground=True)
-    except AssertionError as exc:
+    except MountError as exc:
         raise AssertionError(f"{what}: the remount did not come up on its first start "
                              f"({str(exc).splitlines()[0][:200]}); daemon stderr of this start:\n"
                              f"{_tail(fs.stderr()[mark:])}") from None
@@ -403,10 +403,8 @@ def test_random_disk_faults(faultfs, mount_logfs, tmp_path, profile):
         assert not _problems(faultfs.output()), _tail(faultfs.output())
     finally:
         err = fs.stderr()
-        stats["cleaning_passes"] = err.count(" cleaned keyed-0")
-        stats["compressions"] = err.count(" of zstd-0:")
-        stats["retention_deletions"] = err.count("retention deleted")
-        stats["offline_logged"] = err.count("is offline:")
+        stats.update(counts(err, cleaning_passes=" cleaned keyed-0", compressions=" of zstd-0:",
+                            retention_deletions="retention deleted", offline_logged="is offline:"))
         stats.update({f"windows_{k}": v for k, v in kinds.items()})
         record_stats("disk_fault_runs[random]", **stats)
     assert stats["faults_injected"] > 0, "no fault was injected: the run tests nothing"
@@ -888,14 +886,14 @@ def _back_to_mounted(ctx: Ctx) -> None:
     if fs.proc is not None and fs.proc.poll() is None:
         try:
             fs.unmount()
-        except AssertionError:
+        except TimeoutError:
             fs.proc.kill()
             fs.proc.wait(30)
     if mounted_at(fs.mnt):
         subprocess.run(["fusermount3", "-uz", str(fs.mnt)], capture_output=True, timeout=30)
     try:
         fs.mount(*CRASH_OPTIONS, foreground=True)
-    except AssertionError:
+    except MountError:
         fs.mount(*CRASH_OPTIONS, foreground=True)
 
 

@@ -1,6 +1,6 @@
 """A disk that returns errors (issue 30, CONTRACT section 12): one regression test per defect found on 931e199.
 
-DATA_DIR is a real FUSE layer that fails chosen operations (tests/reliability/faultfs.py); a real logfs daemon is
+DATA_DIR is a real FUSE layer that fails chosen operations (logfs/testing/faultfs.py); a real logfs daemon is
 mounted over it and driven with syscalls. What the contract promises:
 
 - an I/O error takes the data directory offline: its partitions answer EIO until the next mount, the daemon lives,

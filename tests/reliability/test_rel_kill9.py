@@ -29,8 +29,9 @@ import time
 
 import pytest
 
+from logfs.testing.mounts import children as children_of
 from rel_helpers import (
-    daemon_env, mounted_at, parse_line, parse_partition_dir_records, read_checkpoint_file,
+    alive, counts, daemon_env, mounted_at, parse_line, parse_partition_dir_records, read_checkpoint_file,
     record_stats, scale, start_writer, stop_writers, wait_for,
 )
 
@@ -69,29 +70,6 @@ class PartitionState:
         self.known: dict[tuple[str, int], int] = {}  # (writer, seq) -> offset, of lines seen present
         self.last_content = b""
         self.last_lso = 0
-
-
-def _children(pid: int) -> list[int]:
-    out = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as f:
-                fields = f.read().rsplit(b")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == pid and fields[0] not in (b"Z", b"X"):
-            out.append(int(name))
-    return out
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
-    except OSError:
-        return False
 
 
 def _wait_for_trigger(fs, suffixes, deadline: float) -> bool:
@@ -358,7 +336,7 @@ def test_kill9_at_random_moments(mount_logfs, tmp_path, profile, scenario):
             else:
                 time.sleep(run_for)
             pid = fs.pid()
-            children = _children(pid)
+            children = children_of(pid)
             fs.kill9()
             stats["kills"] += 1
             stats["kills_on_event"] += int(triggered)
@@ -368,7 +346,7 @@ def test_kill9_at_random_moments(mount_logfs, tmp_path, profile, scenario):
             # A cleaner child process of the killed daemon must not outlive it (it could otherwise write .cleaned
             # files under the next daemon).
             stats["children_at_kill"] += len(children)
-            wait_for(lambda: not any(_alive(c) for c in children), 2,
+            wait_for(lambda: not any(alive(c) for c in children), 2,
                      what=f"the killed daemon's children {children} to die with it")
             if rng.random() < 0.3:
                 _kill_during_startup(fs, options, rng)
@@ -392,10 +370,8 @@ def test_kill9_at_random_moments(mount_logfs, tmp_path, profile, scenario):
                 mounted_now = True  # the next cycle crashes a freshly recovered daemon
     finally:
         err = fs.stderr()
-        stats["cleaning_passes"] = err.count(" cleaned t-")
-        stats["retention_deletions"] = err.count("retention deleted")
-        stats["compressions"] = err.count("compressed ")
-        stats["recoveries_logged"] = err.count("was not shut down cleanly")
+        stats.update(counts(err, cleaning_passes=" cleaned t-", retention_deletions="retention deleted",
+                            compressions="compressed ", recoveries_logged="was not shut down cleanly"))
         record_stats(f"kill9[{scenario}]", **stats)
     assert "Traceback" not in err, err[-3000:]
     if scenario.startswith("compaction"):
@@ -419,11 +395,11 @@ def test_cleaner_child_dies_with_the_daemon(mount_logfs):
                                   for j in range(start, start + 50_000)))
     fs.remount(*opts, foreground=True)
     pid = fs.pid()
-    children = wait_for(lambda: _children(pid), 30, interval=0.002, what="a cleaning pass to start")
+    children = wait_for(lambda: children_of(pid), 30, interval=0.002, what="a cleaning pass to start")
     time.sleep(0.3)  # well inside the pass
-    assert all(_alive(c) for c in children), "the pass ended too soon to test anything"
+    assert all(alive(c) for c in children), "the pass ended too soon to test anything"
     fs.kill9()
-    wait_for(lambda: not any(_alive(c) for c in children), 0.5, what=f"cleaner child {children} to die with the daemon")
+    wait_for(lambda: not any(alive(c) for c in children), 0.5, what=f"cleaner child {children} to die with the daemon")
     part = os.path.join(fs.data, "t-0")
     cleaned = sorted(n for n in os.listdir(part) if ".cleaned" in n)
     time.sleep(1.0)

@@ -59,7 +59,7 @@ from pathlib import Path
 
 import pytest
 
-from rel_helpers import LINE_CODE, LINE_RE, LogfsMount, WriterRun, fuse_unusable_reason, mounted_at
+from rel_helpers import LINE_CODE, LINE_RE, LogfsMount, MountError, WriterRun, fuse_unusable_reason, mounted_at
 
 from remote_store import aws_env, seaweed  # noqa: E402,F401  (fixtures)
 
@@ -284,8 +284,13 @@ class Bucket:
         return self.cache[(key, etag)]
 
 
+class Unparsable(ValueError):
+    """A ``.log`` that is not whole v2 batches with good CRCs."""
+
+
 def kafka_records(data: bytes, where: str) -> list[tuple[int, bytes]]:
-    """(offset, value) of every record of a ``.log``, parsed by kafka-python: CRCs checked, no trailing bytes."""
+    """(offset, value) of every record of a ``.log``, parsed by kafka-python: CRCs checked, no trailing bytes;
+    Unparsable if not."""
     from kafka.record.default_records import DefaultRecordBatch
     from kafka.record.memory_records import MemoryRecords
 
@@ -294,11 +299,14 @@ def kafka_records(data: bytes, where: str) -> list[tuple[int, bytes]]:
     consumed = 0
     while mr.has_next():
         batch = mr.next_batch()
-        assert isinstance(batch, DefaultRecordBatch) and batch.magic == 2, f"{where}: not a v2 batch"
-        assert batch.validate_crc(), f"{where}: CRC mismatch in the batch at offset {batch.base_offset}"
+        if not (isinstance(batch, DefaultRecordBatch) and batch.magic == 2):
+            raise Unparsable(f"{where}: not a v2 batch")
+        if not batch.validate_crc():
+            raise Unparsable(f"{where}: CRC mismatch in the batch at offset {batch.base_offset}")
         consumed += batch.size_in_bytes
         out.extend((r.offset, r.value) for r in batch)
-    assert consumed == len(data), f"{where}: {len(data) - consumed} trailing bytes"
+    if consumed != len(data):
+        raise Unparsable(f"{where}: {len(data) - consumed} trailing bytes")
     return out
 
 
@@ -402,7 +410,7 @@ def kafka_check(fs: LogfsMount, bucket: Bucket | None, lines: list[bytes]) -> tu
         except FileNotFoundError:
             time.sleep(0.2)  # local retention deleted a segment meanwhile: read again
             continue
-        except AssertionError as exc:
+        except Unparsable as exc:
             return [f"kafka: {exc}"], "kafka-python could not parse"
         offsets = [o for o, _, _ in records]
         for i in range(1, len(records)):
@@ -552,7 +560,7 @@ def test_power_cuts(request, tmp_path, tiered):
             mount_started = time.monotonic()
             try:
                 fs.mount(*options, foreground=True)
-            except AssertionError as exc:
+            except MountError as exc:
                 fails.append(f"remount failed: {exc}")
                 say(f"round {rnd}: remount failed, rounds stop: {exc}")
                 break

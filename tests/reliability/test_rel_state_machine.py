@@ -30,6 +30,7 @@ from logfs.storage.cleaner.compaction import OffsetMap, cleanable_range, clean
 from logfs.storage.local.retention import delete_old_segments
 from logfs.storage.local.segment import LogSegment
 from logfs.view.text import LineFormat, live_view
+from log_helpers import reopen_clean
 
 import rel_helpers
 from log_helpers import read_all
@@ -384,11 +385,7 @@ class LogMachine(RuleBasedStateMachine):
 
     @rule()
     def reopen_clean(self):
-        self.manager.close()
-        self._open()
-        assert self.manager.had_clean_shutdown
-        assert self.log.recovery_point == self.model.end
-        self.model.checkpointed_start = self.model.start
+        reopen_clean(self, self._open)
         count("clean_reopens")
 
     @rule(image=st.booleans(), garbage=st.binary(max_size=80))

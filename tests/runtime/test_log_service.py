@@ -27,6 +27,12 @@ def setup(open_manager, clock):
     return setup
 
 
+def append_records(log, count: int) -> None:
+    """``count`` records ``record-NNN``, one append each."""
+    for i in range(count):
+        log.append([b"record-%03d" % i])
+
+
 async def advance(service, clock, seconds, step_ms=250):
     """Move time forward in ticks, running housekeeping at each, as the service loop does."""
     for _ in range(int(seconds * 1000 // step_ms)):
@@ -49,8 +55,7 @@ async def test_idle_active_segment_rolls_on_segment_ms_and_is_flushed(setup):
 async def test_retention_ms_deletes_and_checkpoints_then_purges(setup):
     m, log, clock, service = setup(log_segment_bytes=300, log_retention_ms=10_000,
                                    log_segment_delete_delay_ms=5_000)
-    for i in range(40):
-        log.append([b"record-%03d" % i])
+    append_records(log, 40)
     assert len(log.segments) > 3
     await advance(service, clock, 5)
     assert log.log_start_offset == 0
@@ -76,8 +81,7 @@ async def test_flush_ms_advances_the_recovery_point(setup):
 
 async def test_topic_override_applies_to_the_next_run(setup):
     m, log, clock, service = setup(log_segment_bytes=300)
-    for i in range(40):
-        log.append([b"record-%03d" % i])
+    append_records(log, 40)
     await advance(service, clock, 3)
     assert log.log_start_offset == 0  # default retention: a week
     m.set_topic_config("t", "retention.bytes", "600")
@@ -125,8 +129,7 @@ async def test_initial_task_delay_postpones_the_first_retention_pass(setup):
     log.retention.check.interval.ms. logfs's default is 0: the first pass runs at start."""
     m, log, clock, service = setup(log_segment_bytes=300, log_retention_ms=1, log_initial_task_delay_ms=20_000,
                                    log_retention_check_interval_ms=60_000)
-    for i in range(40):
-        log.append([b"record-%03d" % i])
+    append_records(log, 40)
     await advance(service, clock, 19)
     assert log.log_start_offset == 0
     await advance(service, clock, 2)
@@ -137,8 +140,7 @@ async def test_initial_task_delay_postpones_the_first_retention_pass(setup):
 async def test_first_retention_pass_runs_at_start_by_default(setup):
     m, log, clock, service = setup(log_segment_bytes=300, log_retention_ms=1,
                                    log_retention_check_interval_ms=60_000)
-    for i in range(40):
-        log.append([b"record-%03d" % i])
+    append_records(log, 40)
     clock.advance(10)
     await service.housekeeping()
     assert log.log_start_offset > 0  # at once, not a check interval later

@@ -21,7 +21,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness import _alive, daemon_env, mounted_at, wait_for  # noqa: E402
+from harness import alive, daemon_env, mounted_at, wait_for
+from logfs.testing.unit_sandbox import unit_settings
 
 REPO = Path(__file__).resolve().parent.parent.parent
 SYSTEMD_DIR = REPO / "systemd"
@@ -34,28 +35,6 @@ __all__ = ["REPO", "SYSTEMD_DIR", "SERVICE_UNIT", "mounted_at", "daemon_env", "w
 
 
 # -- unit files ------------------------------------------------------------------------------------------
-def unit_settings(path: Path) -> dict[str, list[tuple[str, str]]]:
-    """{section: [(key, value), ...]} of a unit file (comments dropped, continuation lines joined)."""
-    sections: dict[str, list[tuple[str, str]]] = {}
-    current = None
-    pending = ""
-    for raw in path.read_text().splitlines():
-        line = pending + raw.strip() if pending else raw.strip()
-        pending = ""
-        if not line or line[0] in "#;":
-            continue
-        if line.endswith("\\"):
-            pending = line[:-1] + " "
-            continue
-        if line.startswith("[") and line.endswith("]"):
-            current = line[1:-1]
-            sections.setdefault(current, [])
-            continue
-        key, _, value = line.partition("=")
-        sections.setdefault(current, []).append((key.strip(), value.strip()))
-    return sections
-
-
 def setting(path: Path, section: str, key: str) -> list[str]:
     return [v for k, v in unit_settings(path).get(section, []) if k == key]
 
@@ -317,4 +296,4 @@ class ServiceDaemon:
             if r.returncode != 0:
                 subprocess.run(["fusermount3", "-uz", str(self.mnt)], capture_output=True, timeout=30)
         if self.proc is not None:
-            wait_for(lambda: not _alive(self.proc.pid) or self.proc.poll() is not None, 20, what="daemon exit")
+            wait_for(lambda: not alive(self.proc.pid) or self.proc.poll() is not None, 20, what="daemon exit")

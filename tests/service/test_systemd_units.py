@@ -1,7 +1,7 @@
 """The unit files in systemd/: `systemd-analyze verify` passes on each, the service unit has the settings the
 README promises (and none that would hide the mount from the host), ExecStart expands as documented,
 ExecStopPost detaches a dead logfs mount but nothing else, and a tiering daemon run under the unit's own
-sandbox (unit_sandbox.py: capabilities, NoNewPrivileges, the system call filter and address families) reaches
+sandbox (logfs.testing.unit_sandbox: capabilities, NoNewPrivileges, the system call filter and address families) reaches
 its S3 store."""
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 
 from service_helpers import (
-    SERVICE_UNIT, SYSTEMD_DIR, exec_command, mounted_at, setting, systemd_escape_path, unit_settings, wait_for,
+    SERVICE_UNIT, SYSTEMD_DIR, daemon_env, exec_command, mounted_at, setting, systemd_escape_path, unit_settings,
+    wait_for,
 )
 
 UNITS = sorted(p for p in SYSTEMD_DIR.iterdir() if p.suffix in (".service", ".mount", ".socket", ".target"))
@@ -180,11 +181,10 @@ def test_exec_stop_post_leaves_other_filesystems_alone(tmp_path):
 
 
 # ---- the unit's sandbox, applied without systemd -------------------------------------------------------------
-SANDBOX = Path(__file__).with_name("unit_sandbox.py")
 needs_sandbox = pytest.mark.skipif(
     platform.machine() != "x86_64" or shutil.which("systemd-analyze") is None
     or not os.path.exists("/usr/include/x86_64-linux-gnu/asm/unistd_64.h"),
-    reason="unit_sandbox.py needs x86-64, systemd-analyze and the kernel headers' system call numbers")
+    reason="logfs.testing.unit_sandbox needs x86-64, systemd-analyze and the kernel headers' system call numbers")
 
 PROBE = r"""
 import ctypes, errno, json, socket
@@ -215,11 +215,12 @@ def _unit_with(tmp_path: Path, key: str, value: str) -> Path:
 
 
 def _sandboxed(unit: Path) -> list[str]:
-    return [sys.executable, str(SANDBOX), str(unit), "--"]
+    return [sys.executable, "-m", "logfs.testing.unit_sandbox", str(unit), "--"]
 
 
 def _probe(unit: Path) -> dict:
-    r = subprocess.run(_sandboxed(unit) + [sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=60)
+    r = subprocess.run(_sandboxed(unit) + [sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=60,
+                       env=daemon_env())
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout)
 

@@ -1,5 +1,5 @@
 """Fixtures for the Spark suite: ONE local SparkSession for the whole test session, logfs mounts, and a real
-standalone cluster (Master and two Workers on 127.0.0.1) with its own driver process (tools/spark_standalone.py).
+standalone cluster (Master and two Workers on 127.0.0.1) with its own driver process (logfs.testing.spark_standalone).
 
 The session is ``local[2]`` with the UI off, 2 shuffle partitions and UTC as its time zone; its Python workers
 run this interpreter (PYSPARK_PYTHON), so they import the logfs and pyarrow under test. Java comes from the
@@ -9,16 +9,14 @@ machine (tools/dev.sh installs openjdk-17-jdk-headless); without it the Spark te
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from remote_store import aws_env, creds, seaweed  # noqa: E402,F401  (fixtures)
-
-from spark_standalone import ClusterDriver, SparkCluster, spark_class_unusable_reason  # noqa: E402
+from logfs.testing.spark_standalone import (ClusterDriver, SparkCluster, spark_class_unusable_reason,
+                                            spark_missing_reason)
+from remote_store import aws_env, creds, seaweed  # noqa: F401  (fixtures)
 
 
 def pytest_configure(config):
@@ -32,23 +30,9 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.spark)
 
 
-def java_unusable_reason() -> str | None:
-    java = shutil.which("java") or (os.path.join(os.environ["JAVA_HOME"], "bin", "java")
-                                    if os.environ.get("JAVA_HOME") else None)
-    if java is None or not os.path.exists(java):
-        return "no Java runtime (java on PATH or JAVA_HOME)"
-    try:
-        subprocess.run([java, "-version"], capture_output=True, timeout=30, check=True)
-    except (OSError, subprocess.SubprocessError) as exc:
-        return f"java -version failed: {exc}"
-    return None
-
-
 @pytest.fixture(scope="session")
 def spark():
-    pytest.importorskip("pyspark")
-    pytest.importorskip("pyarrow")
-    reason = java_unusable_reason()
+    reason = spark_missing_reason()
     if reason:
         pytest.skip(reason)
     os.environ["PYSPARK_PYTHON"] = sys.executable
@@ -76,10 +60,9 @@ def spark():
 
 @pytest.fixture(scope="session")
 def spark_cluster(tmp_path_factory):
-    """A standalone Master and two 1-core Workers on 127.0.0.1 (tools/spark_standalone.py), started once per
+    """A standalone Master and two 1-core Workers on 127.0.0.1 (logfs.testing.spark_standalone), started once per
     test session (only if a test asks for it) and stopped at its end, no JVM left behind."""
-    pytest.importorskip("pyspark")
-    reason = java_unusable_reason() or spark_class_unusable_reason()
+    reason = spark_missing_reason() or spark_class_unusable_reason()
     if reason:
         pytest.skip(reason)
     cluster = SparkCluster(tmp_path_factory.mktemp("spark-cluster"))
@@ -92,7 +75,7 @@ def spark_cluster(tmp_path_factory):
 @pytest.fixture(scope="session")
 def cluster_driver(spark_cluster, request):
     """The driver for ``spark_cluster``: a separate Python process with ONE SparkSession on the cluster for the
-    whole test session, running the jobs of tools/cluster_driver.py (``cluster_driver.run("read", ...)``).
+    whole test session, running the jobs of logfs.testing.cluster_driver (``cluster_driver.run("read", ...)``).
 
     Why a process, and one per session: a Python process holds one active SparkContext, and the suite's
     ``spark`` (local[2]) must stay usable before and after cluster tests, in any order and under ``-k``; running

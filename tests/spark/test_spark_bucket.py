@@ -16,7 +16,7 @@ import uuid
 import pytest
 
 pytest.importorskip("pyspark")
-from spark_standalone import ClusterJobError  # noqa: E402
+from logfs.testing.spark_standalone import ClusterJobError  # noqa: E402
 
 from logfs.remote.s3 import S3Store  # noqa: E402
 from logfs.spark.bucket import BucketPartitionReader, TieredPartitionReader  # noqa: E402

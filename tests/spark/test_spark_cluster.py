@@ -11,7 +11,7 @@ import os
 import pytest
 
 pytest.importorskip("pyspark")
-from spark_standalone import ClusterJobError  # noqa: E402
+from logfs.testing.spark_standalone import ClusterJobError  # noqa: E402
 from test_spark_datasource import kafka_python_records  # noqa: E402
 
 from logfs.storage import ManualClock  # noqa: E402

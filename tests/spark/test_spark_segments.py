@@ -49,6 +49,16 @@ def fill(log, clock, count, *, start=0, keyed=False, headers=False, per_append=7
         i += n
 
 
+def filled_topic(manager, count):
+    """A new manager (the ``manager`` fixture's defaults) with topic ``t``, ``count`` records in partition 0 (fill):
+    (manager, log)."""
+    m = manager()
+    m.create_topic("t")
+    log = m.get_log("t", 0)
+    fill(log, m.clock, count)
+    return m, log
+
+
 def tree_snapshot(root):
     """Every file under ``root`` with its size, mtime and content hash."""
     out = {}
@@ -118,10 +128,7 @@ def test_offsets_of_the_active_segment_with_a_preallocated_index(manager):
 
 
 def test_a_missing_or_bogus_index_means_a_scan_from_the_segment_start(manager):
-    m = manager()
-    m.create_topic("t")
-    log = m.get_log("t", 0)
-    fill(log, m.clock, 300)
+    m, log = filled_topic(manager, 300)
     want = as_tuples(engine_records(log))
     m.close()
     d = os.path.join(m.data_dir, "t-0")
@@ -136,10 +143,7 @@ def test_a_missing_or_bogus_index_means_a_scan_from_the_segment_start(manager):
 
 
 def test_skips_deleted_cleaned_swap_files_and_deleted_partitions(manager):
-    m = manager()
-    m.create_topic("t")
-    log = m.get_log("t", 0)
-    fill(log, m.clock, 200)
+    m, log = filled_topic(manager, 200)
     want = as_tuples(engine_records(log))
     end = log.log_end_offset
     d = log.directory
@@ -162,9 +166,7 @@ def test_skips_deleted_cleaned_swap_files_and_deleted_partitions(manager):
 
 
 def test_listing_waits_for_an_in_flight_swap(manager):
-    m = manager()
-    m.create_topic("t")
-    fill(m.get_log("t", 0), m.clock, 50)
+    m, _ = filled_topic(manager, 50)
     d = m.get_log("t", 0).directory
     swap = os.path.join(d, f"{0:020d}.log.swap")
     open(swap, "wb").close()
@@ -178,10 +180,7 @@ def test_listing_waits_for_an_in_flight_swap(manager):
 
 
 def test_log_start_offset_from_the_checkpoint(manager):
-    m = manager()
-    m.create_topic("t")
-    log = m.get_log("t", 0)
-    fill(log, m.clock, 100)
+    m, log = filled_topic(manager, 100)
     log.increment_log_start_offset(42)
     m.checkpoint()
     reader = PartitionReader(m.data_dir, TopicPartition("t", 0))
@@ -193,10 +192,7 @@ def test_log_start_offset_from_the_checkpoint(manager):
 # -- retention while reading -----------------------------------------------------------------------------
 
 def _retained(manager, count=800):
-    m = manager()
-    m.create_topic("t")
-    log = m.get_log("t", 0)
-    fill(log, m.clock, count)
+    m, log = filled_topic(manager, count)
     segments = log.segments.as_list()
     assert len(segments) >= 8
     return m, log, segments

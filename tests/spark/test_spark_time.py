@@ -29,6 +29,7 @@ from logfs.spark.pushdown import Narrowing, narrow_union, remember  # noqa: E402
 from logfs.spark.segments import PartitionReader, TopicPartition  # noqa: E402
 from logfs.storage import ManualClock  # noqa: E402
 from logfs.storage.local.reader import SegmentReader  # noqa: E402
+from logfs.testing.stores import CountingStore  # noqa: E402
 from log_helpers import log_file_records  # noqa: E402
 
 T0 = 1_700_000_000_000
@@ -110,25 +111,6 @@ def test_offset_for_timestamp_locally_equals_kafka_semantics(timed):
 
 
 # -- a bucket made of the engine's segments ------------------------------------------------------------------
-class CountingStore:
-    """A real S3Store (SeaweedFS) whose ranged GETs of .log objects are counted (bytes, calls)."""
-
-    def __init__(self, store):
-        self.store = store
-        self.log_bytes = 0
-        self.log_gets = 0
-
-    def __getattr__(self, name):
-        return getattr(self.store, name)
-
-    def get_range(self, key, start, length, **kw):
-        data = self.store.get_range(key, start, length, **kw)
-        if key.endswith(".log"):
-            self.log_bytes += len(data)
-            self.log_gets += 1
-        return data
-
-
 def upload(store, prefix: str, data_dir: str, p: int, count: int | None = None, *,
            min_timestamps: bool = True) -> int:
     """Put the first ``count`` sealed segments of partition ``p`` (all sealed ones by default) and a manifest
@@ -207,7 +189,6 @@ def test_bucket_fetches_only_the_byte_ranges_of_a_narrow_window(timed, bucket, m
     rows are the ground truth's; the .log bytes fetched are a small fraction of the partition's."""
     counting = CountingStore(bucket["store"])
     monkeypatch.setattr(bucket_mod, "open_store", lambda *a, **k: counting)
-    monkeypatch.setattr(CountingStore, "close", lambda self: None, raising=False)
     recs = [r for r in truth(timed.data_dir, 0) if r[0] < bucket["ends"][0]]
     total = sum(os.path.getsize(p) for p in glob.glob(os.path.join(timed.data_dir, f"{TOPIC}-0", "*.log")))
     lo_ts, hi_ts = T0 + 40_000, T0 + 43_000
@@ -323,7 +304,6 @@ def test_a_mid_window_from_the_bucket_fetches_only_its_segments(timed, bucket, m
     .log bytes fetched are about the window's segments, not the rest of the log."""
     counting = CountingStore(bucket["store"])
     monkeypatch.setattr(bucket_mod, "open_store", lambda *a, **k: counting)
-    monkeypatch.setattr(CountingStore, "close", lambda self: None, raising=False)
     end = bucket["ends"][0]
     segments = [(b, r) for b, r in segments_of(timed.data_dir, 0) if b < end]
     recs = [r for _, rs in segments for r in rs]
@@ -373,7 +353,6 @@ def test_a_manifest_without_smallest_timestamps_is_read_whole(timed, bucket, mon
     recs = [r for r in truth(timed.data_dir, 0) if r[0] < end]
     counting = CountingStore(store)
     monkeypatch.setattr(bucket_mod, "open_store", lambda *a, **k: counting)
-    monkeypatch.setattr(CountingStore, "close", lambda self: None, raising=False)
     opts = SourceOptions.parse({"path": f"s3://{bucket['creds'].bucket}/{old}", "s3.endpoint": bucket["creds"].endpoint,
                                 "assign": '{"ev":[0]}'})
     got = [(o, t) for _, o, t in _read_rows(opts, [Narrowing(max_timestamp=T0 + 10_000)])]

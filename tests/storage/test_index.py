@@ -58,19 +58,6 @@ def test_offset_index_lookup_before_first_entry_returns_base(tmp_path):
     idx.close()
 
 
-def test_offset_index_append_on_full_raises(tmp_path):
-    idx = offset_index(tmp_path, max_entries=5)
-    assert idx.max_entries == 5
-    for i in range(5):
-        assert not idx.is_full
-        idx.append(BASE + 1 + i, 10 * (i + 1))
-    assert idx.is_full
-    with pytest.raises(CorruptRecordError):
-        idx.append(BASE + 100, 1000)
-    assert idx.entries == 5
-    idx.close()
-
-
 @pytest.mark.parametrize("offset,position", [(BASE + 10, 200), (BASE + 9, 300), (BASE + 11, 199)])
 def test_offset_index_rejects_non_increasing_appends(tmp_path, offset, position):
     idx = offset_index(tmp_path)
@@ -282,21 +269,32 @@ def test_time_index_ignores_non_increasing_timestamps_and_rejects_lower_offsets(
     idx.close()
 
 
-def test_time_index_reserves_last_slot(tmp_path):
-    idx = time_index(tmp_path, max_entries=5)
+@pytest.mark.parametrize("kind", ["offset", "time"])
+def test_a_full_index_refuses_appends(tmp_path, kind):
+    """An index of 5 entries is full at 5; a time index at 4, its last slot kept for the roll-time entry, which
+    ``skip_full_check`` writes there."""
+    idx = (offset_index if kind == "offset" else time_index)(tmp_path, max_entries=5)
+    usable = 5 if kind == "offset" else 4
+
+    def add(i: int) -> None:
+        if kind == "offset":
+            idx.append(BASE + 1 + i, 10 * (i + 1))
+        else:
+            idx.maybe_append(100 + i, BASE + i)
+
     assert idx.max_entries == 5
-    for i in range(4):
+    for i in range(usable):
         assert not idx.is_full
-        idx.maybe_append(100 + i, BASE + i)
-    assert idx.entries == 4
-    assert idx.is_full  # at max_entries - 1
+        add(i)
+    assert idx.is_full
     with pytest.raises(CorruptRecordError):
-        idx.maybe_append(200, BASE + 10)
-    assert idx.entries == 4
-    idx.maybe_append(200, BASE + 10, skip_full_check=True)  # the roll-time entry fills the reserved slot
-    assert idx.entries == 5
-    assert idx.last_entry() == (200, BASE + 10)
-    assert idx.lookup(1000) == (200, BASE + 10)
+        add(100)
+    assert idx.entries == usable
+    if kind == "time":
+        idx.maybe_append(200, BASE + 10, skip_full_check=True)
+        assert idx.entries == 5
+        assert idx.last_entry() == (200, BASE + 10)
+        assert idx.lookup(1000) == (200, BASE + 10)
     idx.close()
 
 

@@ -15,6 +15,7 @@ import pytest
 
 from logfs.storage import BrokerConfig, LogManager, ManualClock, OffsetOutOfRangeError
 from logfs.view.text import live_view
+from log_helpers import reopen_clean
 
 STEPS = 300
 
@@ -177,11 +178,7 @@ class Walk:
         self.manager.set_topic_config("t", "segment.index.bytes", self.rng.choice(["96", "240", "100000"]))
 
     def reopen_clean(self):
-        self.manager.close()
-        self.open()
-        assert self.manager.had_clean_shutdown
-        assert self.log.recovery_point == self.model.end
-        self.model.checkpointed_start = self.model.start
+        reopen_clean(self, self.open)
 
     def _after_crash(self, first_base):
         # A crash forgets log start offset increments made after the last checkpoint; the first segment's

@@ -18,16 +18,15 @@ import uuid
 import pytest
 
 from harness import LOGFS_SCRIPT, FollowerMount, daemon_env, expect_errno, sh, wait_for
+from remote_store import s3_tiering
 
 SEGMENT = 64 * 1024
 FOLLOW_MS = 200
 
 
 def writer_opts(seaweed, prefix):
-    return ("remote.log.storage.system.enable=true", f"logfs.remote.s3.bucket={seaweed.bucket}",
-            f"logfs.remote.s3.endpoint={seaweed.endpoint}", f"logfs.remote.s3.prefix={prefix}",
-            f"log.segment.bytes={SEGMENT}", "remote.log.manager.task.interval.ms=100",
-            "log.segment.delete.delay.ms=0", "log.retention.check.interval.ms=100")
+    return s3_tiering(seaweed, prefix, segment_bytes=SEGMENT, interval_ms=100) + (
+        "log.retention.check.interval.ms=100",)
 
 
 @pytest.fixture

@@ -23,6 +23,8 @@ from logfs.storage.tiered.block_cache import BLOCK_BYTES
 from logfs.storage.tiered.manager import RemoteLogManager
 from logfs.view.text import live_view, open_view
 
+from remote_store import s3_tiering
+
 SEGMENT = 8 << 20
 # The engine tests' read-ahead at a quarter of the daemon's (16 MiB GETs, 32 MiB window), so that its GETs are
 # smaller than these 8 MiB segments (what they check does not depend on the scale).
@@ -359,10 +361,8 @@ MOUNT_SEGMENT = 4 << 20
 
 
 def _mount_opts(seaweed, prefix):
-    return ("remote.log.storage.system.enable=true", f"logfs.remote.s3.bucket={seaweed.bucket}",
-            f"logfs.remote.s3.endpoint={seaweed.endpoint}", f"logfs.remote.s3.prefix={prefix}",
-            f"log.segment.bytes={MOUNT_SEGMENT}", "remote.log.manager.task.interval.ms=200",
-            "log.segment.delete.delay.ms=0", f"logfs.remote.cache.bytes={64 << 20}")
+    return s3_tiering(seaweed, prefix, segment_bytes=MOUNT_SEGMENT, interval_ms=200) + (
+        f"logfs.remote.cache.bytes={64 << 20}",)
 
 
 def _tiered_mount(mount_logfs, seaweed, prefix):

@@ -27,6 +27,7 @@ import time
 import uuid
 
 from harness import wait_for
+from remote_store import s3_tiering
 
 SEGMENT = 4096
 DURATION = 20.0  # seconds of writing
@@ -36,10 +37,7 @@ MONITORS = 2
 
 
 def opts(seaweed, prefix):
-    return ("remote.log.storage.system.enable=true", f"logfs.remote.s3.bucket={seaweed.bucket}",
-            f"logfs.remote.s3.endpoint={seaweed.endpoint}", f"logfs.remote.s3.prefix={prefix}",
-            f"log.segment.bytes={SEGMENT}", "remote.log.manager.task.interval.ms=50",
-            "log.segment.delete.delay.ms=0", "logfs.remote.cache.bytes=1")
+    return s3_tiering(seaweed, prefix, segment_bytes=SEGMENT, interval_ms=50) + ("logfs.remote.cache.bytes=1",)
 
 
 def line(p: int, n: int) -> bytes:

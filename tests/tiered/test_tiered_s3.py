@@ -11,15 +11,14 @@ import time
 import uuid
 
 from harness import daemon_env, expect_errno, sh, wait_for
+from remote_store import s3_tiering
 
 SEGMENT = 1 << 20
 
 
 def opts(seaweed, prefix, *extra, endpoint=None, bucket=None):
-    return ("remote.log.storage.system.enable=true", f"logfs.remote.s3.bucket={bucket or seaweed.bucket}",
-            f"logfs.remote.s3.endpoint={endpoint or seaweed.endpoint}", f"logfs.remote.s3.prefix={prefix}",
-            f"log.segment.bytes={SEGMENT}", "remote.log.manager.task.interval.ms=200",
-            "log.segment.delete.delay.ms=0", "logfs.remote.cache.bytes=4194304") + extra
+    return s3_tiering(seaweed, prefix, segment_bytes=SEGMENT, interval_ms=200, endpoint=endpoint, bucket=bucket) + (
+        "logfs.remote.cache.bytes=4194304",) + extra
 
 
 def records(start: int, n: int) -> bytes:

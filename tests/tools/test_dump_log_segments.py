@@ -17,6 +17,7 @@ import pytest
 from kafka.record.default_records import DefaultRecordBatch as KafkaBatch
 from kafka.record.default_records import DefaultRecordBatchBuilder as KafkaBuilder
 
+from harness import daemon_env
 from logfs.storage import LogConfig, ManualClock, load_log
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,7 +33,7 @@ FIELD = re.compile(r"(\w+): (\S+)")
 
 def dump(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, cwd=ROOT,
-                          timeout=60)
+                          timeout=60, env=daemon_env())
 
 
 def batch_lines(out: str) -> list[dict[str, str]]:

@@ -1,4 +1,4 @@
-"""Driving faultfs (tests/reliability/faultfs.py) from a test: start, inject, inspect, stop.
+"""Driving faultfs (logfs.testing.faultfs, a process of its own) from a test: start, inject, inspect, stop.
 
     with FaultFS(tmp_path / "lower", tmp_path / "data") as fs:   # SOURCE, MOUNTPOINT (both made if missing)
         rule = fs.fail("write", r"\\.log$", errno="EIO", nth=3)  # the 3rd write to a .log from now fails
@@ -6,7 +6,7 @@
         assert [f["op"] for f in fs.injected()] == ["write"]
         fs.clear(rule)
 
-Imports nothing of logfs nor of the test suite (so tools could use it too).
+Imports nothing of the test suite (so tools use it too: tools/bench_log_dirs.py).
 """
 
 from __future__ import annotations
@@ -23,22 +23,12 @@ import threading
 import time
 from pathlib import Path
 
-FAULTFS = Path(__file__).resolve().parent / "faultfs.py"
+from logfs.testing.mounts import code_env, mounted_at
+
 
 
 class FaultFSError(RuntimeError):
     pass
-
-
-def mounted(path) -> bool:
-    """Whether ``path`` is a mount point (/proc/self/mountinfo; faultfs.py uses this too)."""
-    target = os.path.abspath(path)
-    with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
-        for line in f:
-            field = line.split()[4].replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n")
-            if field.replace("\\134", "\\") == target:
-                return True
-    return False
 
 
 class FaultFS:
@@ -75,16 +65,16 @@ class FaultFS:
             self.proc = subprocess.Popen(
                 # The mountpoint with a trailing "/": the e2e helpers find a logfs daemon by an argument equal to
                 # its DATA_DIR (daemon_pids), and this daemon must not look like one.
-                [self.python, str(FAULTFS), str(self.source), str(self.mountpoint) + "/", "--control", self.control,
+                [self.python, "-m", "logfs.testing.faultfs", str(self.source), str(self.mountpoint) + "/", "--control", self.control,
                  "-f", *self.extra_args],
-                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=code_env())
         deadline = time.monotonic() + timeout
         while True:
             if self.proc.poll() is not None:
                 output = self.output()
                 self._cleanup()
                 raise FaultFSError(f"faultfs exited with {self.proc.returncode}: {output}")
-            if os.path.exists(self.control) and mounted(self.mountpoint):
+            if os.path.exists(self.control) and mounted_at(self.mountpoint):
                 try:
                     self.ping()
                     return self
@@ -102,7 +92,7 @@ class FaultFS:
         self._disconnect()
         deadline = time.monotonic() + timeout
         lazy = False
-        while mounted(self.mountpoint) and self.proc.poll() is None:
+        while mounted_at(self.mountpoint) and self.proc.poll() is None:
             done = subprocess.run(["fusermount3", "-u"] + (["-z"] if lazy else []) + [str(self.mountpoint)],
                                   capture_output=True)
             if done.returncode == 0:
@@ -118,7 +108,7 @@ class FaultFS:
             except ProcessLookupError:
                 pass
             self.proc.wait()
-        if mounted(self.mountpoint):  # the daemon died with its mount: a dead connection, remove it
+        if mounted_at(self.mountpoint):  # the daemon died with its mount: a dead connection, remove it
             subprocess.run(["fusermount3", "-u", "-z", str(self.mountpoint)], capture_output=True)
         status = self.proc.returncode
         self._cleanup()
@@ -215,7 +205,8 @@ class FaultFS:
 
     def power_cut(self) -> dict:
         """Every file under a gate (``fsyncgate(path)``, added before the writes) loses what was written to it since
-        its last successful fsync, as in a power cut; kill the writers first. {"files": N, "writes": M}."""
+        its last successful fsync, as in a power cut; kill the writers first. {"files": N, "writes": M, "paths": [the
+        files cut back, relative to the source]}."""
         return self.request(cmd="powercut")
 
     def clear(self, rule_id: int | None = None) -> list[int]:

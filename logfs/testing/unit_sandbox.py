@@ -1,6 +1,6 @@
 """Run a command under the process restrictions of a systemd unit that the kernel can apply without systemd.
 
-    python unit_sandbox.py UNIT_FILE -- COMMAND [ARGS...]
+    python -m logfs.testing.unit_sandbox UNIT_FILE -- COMMAND [ARGS...]
 
 systemd applies most of a unit's hardening in the child it forks, just before execve(); nothing of it needs
 systemd to be PID 1 except what lives in cgroups (DevicePolicy/DeviceAllow) and namespaces. This helper does the
@@ -32,10 +32,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-# A script run in a process of its own: its neighbours (service_helpers, and tests/harness.py, which that imports)
-# are on no path of its own.
-sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parent.parent)]
-from service_helpers import unit_settings  # noqa: E402
 
 UNISTD_64 = "/usr/include/x86_64-linux-gnu/asm/unistd_64.h"
 
@@ -65,6 +61,29 @@ CAPABILITIES = [
     "CAP_AUDIT_CONTROL", "CAP_SETFCAP", "CAP_MAC_OVERRIDE", "CAP_MAC_ADMIN", "CAP_SYSLOG", "CAP_WAKE_ALARM",
     "CAP_BLOCK_SUSPEND", "CAP_AUDIT_READ", "CAP_PERFMON", "CAP_BPF", "CAP_CHECKPOINT_RESTORE",
 ]
+
+
+def unit_settings(path: Path) -> dict[str, list[tuple[str, str]]]:
+    """{section: [(key, value), ...]} of a unit file (comments dropped, continuation lines joined)."""
+    sections: dict[str, list[tuple[str, str]]] = {}
+    current = None
+    pending = ""
+    for raw in path.read_text().splitlines():
+        line = pending + raw.strip() if pending else raw.strip()
+        pending = ""
+        if not line or line[0] in "#;":
+            continue
+        if line.endswith("\\"):
+            pending = line[:-1] + " "
+            continue
+        if line.startswith("[") and line.endswith("]"):
+            current = line[1:-1]
+            sections.setdefault(current, [])
+            continue
+        key, _, value = line.partition("=")
+        sections.setdefault(current, []).append((key.strip(), value.strip()))
+    return sections
+
 
 
 def syscall_numbers() -> dict[str, int]:

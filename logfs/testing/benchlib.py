@@ -10,127 +10,61 @@ import json
 import multiprocessing
 import os
 import platform
-import re
 import shutil
 import signal
 import subprocess
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
+from logfs.testing.mounts import (CODE_ROOT, alive, code_env, daemon_pid, daemon_pids, logfs_command,  # noqa: F401
+                                  mounted_at, mountpoints_under, processes, unmount_fuse, wait_for)
+
 PY = sys.executable
+ROOT = CODE_ROOT  # the checkout a run measures: its daemons and helpers get it on PYTHONPATH (env())
 
 
 # -- mounts -----------------------------------------------------------------------------------------------
-def mounted(path: str) -> bool:
-    target = os.path.abspath(path)
-    with open("/proc/self/mountinfo") as f:
-        return any(line.split()[4] == target for line in f)
-
-
-def wait(predicate, timeout=60.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.01)
-    raise RuntimeError(f"timed out waiting for {what}")
-
-
-def alive(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie does not: it has closed its files)."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
-            state = f.read().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError, IndexError):
-        return False
-    return state not in ("Z", "X")
-
-
-def daemon_pids(data_dir: str | os.PathLike, mountpoint: str | os.PathLike | None = None) -> list[int]:
-    """PIDs of live processes whose command line names ``data_dir`` as one argument and mentions logfs
-    (the daemon, however it was started: python -m logfs.cli, the logfs script, mount.fuse3). A source that is not
-    a path (``s3://...``) is matched as given; ``mountpoint``, if given, must be named too."""
-    source = os.fspath(data_dir)
-    target = os.fsencode(source if "://" in source else os.path.abspath(source))
-    mnt = os.fsencode(os.path.abspath(mountpoint)) if mountpoint is not None else None
-    pids = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{name}/cmdline", "rb") as f:
-                args = f.read().split(b"\0")
-        except OSError:
-            continue
-        if b"logfs" not in b" ".join(args):
-            continue
-        if mnt is not None and mnt not in args:
-            continue
-        if any(a == target or a.endswith(b"#" + target) for a in args) and alive(int(name)):
-            pids.append(int(name))
-    return sorted(pids)
-
-
-def daemon_pid(data: str) -> int | None:
-    """The daemon serving ``data`` (a data directory, ``DIR1,DIR2`` or ``s3://...``), or None."""
-    pids = daemon_pids(data)
-    return pids[0] if pids else None
-
-
 def env():
-    return {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    return code_env()
 
 
 def mount_logfs(data: str, mnt: str, *opts: str, extra_env: dict | None = None) -> float:
     """Mount (daemon mode: returns once usable); returns the seconds the mount command took."""
     os.makedirs(mnt, exist_ok=True)
-    cmd = [PY, "-m", "logfs.cli", data, mnt]
-    if opts:
-        cmd += ["-o", ",".join(opts)]
     start = time.perf_counter()
-    subprocess.run(cmd, check=True, env={**env(), **(extra_env or {})}, stderr=subprocess.DEVNULL)
+    subprocess.run(logfs_command(data, mnt, opts, python=PY), check=True, env={**env(), **(extra_env or {})},
+                   stderr=subprocess.DEVNULL)
     took = time.perf_counter() - start
-    assert mounted(mnt)
+    if not mounted_at(mnt):
+        raise RuntimeError(f"logfs is not mounted at {mnt} after its command returned")
     return took
 
 
 def unmount(mnt: str, data: str | None = None) -> None:
     pid = daemon_pid(data) if data else None
-    subprocess.run(["fusermount3", "-u", mnt], check=False, stderr=subprocess.DEVNULL)
-    if mounted(mnt):
-        subprocess.run(["fusermount3", "-uz", mnt], check=False)
+    unmount_fuse(mnt)
     if pid:
-        wait(lambda: exited(pid), 120, "the daemon to exit")
-
-
-def exited(pid: int) -> bool:
-    """Gone, or a zombie: it has closed its files and released DATA_DIR's lock. (The daemon's parent is init,
-    which may take a second and more to reap it on some machines.)"""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except OSError:
-        return True
+        wait_for(lambda: not alive(pid), 120, "the daemon to exit")
 
 
 def kill9(mnt: str, data: str) -> None:
     pid = daemon_pid(data)
     os.kill(pid, 9)
-    wait(lambda: exited(pid))
+    wait_for(lambda: not alive(pid))
     subprocess.run(["fusermount3", "-uz", mnt], check=False)
 
 
 class NullFS:
+    """nullfs (logfs.testing.nullfs) mounted at ``mnt`` in a process of its own, its one file ``size`` bytes."""
+
     def __init__(self, mnt: str, size: int):
         self.mnt = mnt
         os.makedirs(mnt, exist_ok=True)
-        self.proc = subprocess.Popen([PY, os.path.join(HERE, "nullfs.py"), mnt, "--size", str(size)])
-        wait(lambda: mounted(mnt), 30, "nullfs")
+        self.proc = subprocess.Popen([PY, "-m", "logfs.testing.nullfs", mnt, "--size", str(size)], env=env())
+        wait_for(lambda: mounted_at(mnt), 30, "nullfs")
 
     def close(self):
-        subprocess.run(["fusermount3", "-u", self.mnt], check=False)
+        unmount_fuse(self.mnt, lazy_fallback=False)
         self.proc.wait(30)
 
 
@@ -287,7 +221,7 @@ def pyspark_or_skip(bench, name: str) -> bool:
     except ImportError:
         bench.record(name, skipped="pyspark not installed")
         return False
-    sys.path.insert(0, ROOT)  # this checkout's logfs, before any installed one
+    os.environ["PYTHONPATH"] = env()["PYTHONPATH"]  # its Python workers import this checkout's logfs
     return True
 
 
@@ -305,37 +239,18 @@ def local_spark(app: str, shuffle_partitions: int, **conf):
     return spark
 
 
-def _mountpoints_under(root: str) -> list[str]:
-    """Mountpoints at or below ``root`` (from /proc/self/mountinfo, octal escapes undone), deepest first."""
-    root = os.path.abspath(root)
-    found = []
-    with open("/proc/self/mountinfo") as f:
-        for line in f:
-            point = line.split()[4]
-            point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), point)
-            if point == root or point.startswith(root + "/"):
-                found.append(point)
-    return sorted(found, key=len, reverse=True)
-
-
 def _processes_naming(root: str) -> list[int]:
     """This user's processes (other than this one) whose command line names a path at or below ``root``: the
     logfs daemons (detached, so not our children), nullfs, SeaweedFS, Spark JVMs a run started there."""
-    me, uid, out = os.getpid(), os.getuid(), []
+    uid, out = os.getuid(), []
     needle = os.path.abspath(root).encode()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == me:
-            continue
-        try:
-            if os.stat(f"/proc/{entry}").st_uid != uid:
+    for pid, args in processes():
+        if any(arg == needle or arg.startswith(needle + b"/") or (b"=" + needle) in arg for arg in args):
+            try:
+                if os.stat(f"/proc/{pid}").st_uid == uid:
+                    out.append(pid)
+            except OSError:
                 continue
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                cmdline = f.read()
-        except OSError:
-            continue
-        if any(arg == needle or arg.startswith(needle + b"/") or (b"=" + needle) in arg
-               for arg in cmdline.split(b"\0")):
-            out.append(int(entry))
     return out
 
 
@@ -349,10 +264,8 @@ def leave_nothing(workdir: str, remove: bool) -> None:
     for child in multiprocessing.active_children():
         child.terminate()
         child.join(5)
-    for point in _mountpoints_under(workdir):
-        subprocess.run(["fusermount3", "-u", point], check=False, stderr=subprocess.DEVNULL)
-        if mounted(point):
-            subprocess.run(["fusermount3", "-uz", point], check=False, stderr=subprocess.DEVNULL)
+    for point in mountpoints_under(workdir):
+        unmount_fuse(point)
     for sig, grace in ((signal.SIGTERM, 60.0), (signal.SIGKILL, 10.0)):
         pids = _processes_naming(workdir)
         if sig == signal.SIGKILL and pids:

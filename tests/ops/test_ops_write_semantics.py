@@ -11,75 +11,17 @@ import os
 import subprocess
 import threading
 
-import pyfuse3
 import pytest
 
-from logfs.fuse.operations import Operations
-from logfs.storage import BrokerConfig, LogManager
-
-ROOT = pyfuse3.ROOT_INODE
-APPEND = os.O_WRONLY | os.O_APPEND
-
-
-class Fs:
-    """An Operations over a LogManager in a tmp directory, driven as the kernel would."""
-
-    def __init__(self, data_dir, **broker):
-        props = {k.replace("_", "."): str(v) for k, v in broker.items()}
-        self.manager = LogManager(str(data_dir), BrokerConfig.from_properties(props))
-        self.ops = Operations(self.manager)
-
-    async def topic(self, name: str = "t", **config) -> int:
-        await self.ops.mkdir(ROOT, name.encode(), 0o755, None)
-        ino = (await self.ops.lookup(ROOT, name.encode(), None)).st_ino
-        for key, value in config.items():
-            await self.ops.setxattr(ino, f"user.logfs.config.{key}".encode(), str(value).encode(), None)
-        return ino
-
-    async def open(self, topic: str = "t", partition: int = 0, flags: int = APPEND) -> int:
-        tino = (await self.ops.lookup(ROOT, topic.encode(), None)).st_ino
-        ino = (await self.ops.lookup(tino, str(partition).encode(), None)).st_ino
-        return (await self.ops.open(ino, flags, None)).fh
-
-    async def write(self, fh: int, data: bytes, off: int = 0) -> int:
-        return await self.ops.write(fh, off, data)
-
-    async def write_errno(self, fh: int, data: bytes, off: int = 0) -> int:
-        with pytest.raises(pyfuse3.FUSEError) as info:
-            await self.ops.write(fh, off, data)
-        return info.value.errno
-
-    def log(self, topic: str = "t", partition: int = 0):
-        return self.manager.get_log(topic, partition)
-
-    def records(self, topic: str = "t", partition: int = 0) -> list[tuple[bytes | None, bytes | None]]:
-        return [(r.key, r.value) for r in self.log(topic, partition).read(0, 1 << 30)]
-
-    def values(self, topic: str = "t", partition: int = 0) -> list[bytes | None]:
-        return [v for _, v in self.records(topic, partition)]
-
-
-@pytest.fixture
-def fs(tmp_path):
-    made = []
-
-    def make(data_dir=None, **broker) -> Fs:
-        f = Fs(data_dir or tmp_path / f"data{len(made)}", **broker)
-        made.append(f)
-        return f
-
-    yield make
-    for f in made:
-        f.ops.release_all()
-        f.manager.close()
+from ops_helpers import APPEND
 
 
 # -- a line over max.message.bytes is refused whole ---------------------------------------------------------
-async def test_the_issues_sequence_appends_no_byte_of_the_refused_line(fs):
+async def test_the_issues_sequence_appends_no_byte_of_the_refused_line(ops_fs):
     """Issue 13.1: max.message.bytes=100; `before\\n`, 60 bytes (taken), 60 more (EFBIG), `\\n`, `after\\n`."""
-    f = fs()
+    f = ops_fs()
     await f.topic(**{"max.message.bytes": 100})
-    fh = await f.open()
+    fh = await f.open("t/0", APPEND)
     assert await f.write(fh, b"before\n") == 7
     assert await f.write(fh, b"a" * 60) == 60
     assert await f.write_errno(fh, b"b" * 60) == errno.EFBIG
@@ -89,10 +31,10 @@ async def test_the_issues_sequence_appends_no_byte_of_the_refused_line(fs):
     assert f.values() == [b"before", b"after"]
 
 
-async def test_the_rest_of_a_refused_line_fails_until_its_newline(fs):
-    f = fs()
+async def test_the_rest_of_a_refused_line_fails_until_its_newline(ops_fs):
+    f = ops_fs()
     await f.topic(**{"max.message.bytes": 100})
-    fh = await f.open()
+    fh = await f.open("t/0", APPEND)
     assert await f.write(fh, b"a" * 90) == 90
     assert await f.write_errno(fh, b"b" * 20) == errno.EFBIG
     assert await f.write_errno(fh, b"c" * 5) == errno.EFBIG  # still the refused line
@@ -102,13 +44,13 @@ async def test_the_rest_of_a_refused_line_fails_until_its_newline(fs):
     assert f.values() == [b"next", b"held"]
 
 
-async def test_a_writer_resending_after_efbig_appends_no_fragment(fs):
+async def test_a_writer_resending_after_efbig_appends_no_fragment(ops_fs):
     """Python's BufferedWriter keeps what a failed write() did not take and sends it again with what comes
     next; a loop writer (cat, dd, os.write loops) resends the rest after the short write the kernel makes of
     a request that failed after earlier requests of the same write() were taken."""
-    f = fs()
+    f = ops_fs()
     await f.topic(**{"max.message.bytes": 100})
-    fh = await f.open()
+    fh = await f.open("t/0", APPEND)
     assert await f.write(fh, b"x" * 60) == 60
     assert await f.write_errno(fh, b"y" * 60) == errno.EFBIG
     assert await f.write(fh, b"y" * 60 + b"\n") == 61  # resent, with the newline now
@@ -122,12 +64,12 @@ async def test_a_writer_resending_after_efbig_appends_no_fragment(fs):
     assert f.values() == [b"after", b"ok1", b"ok2"]
 
 
-async def test_a_held_line_refused_with_a_long_line_after_it(fs):
+async def test_a_held_line_refused_with_a_long_line_after_it(ops_fs):
     """Both the held line and the partial line after it are too long: the held bytes are dropped all the
     same (they were never appended at close, whichever check failed first)."""
-    f = fs()
+    f = ops_fs()
     await f.topic(**{"max.message.bytes": 100})
-    fh = await f.open()
+    fh = await f.open("t/0", APPEND)
     assert await f.write(fh, b"a" * 60) == 60
     refused = b"b" * 60 + b"\n" + b"c" * 101
     assert await f.write_errno(fh, refused) == errno.EFBIG
@@ -136,12 +78,12 @@ async def test_a_held_line_refused_with_a_long_line_after_it(fs):
     assert f.values() == []
 
 
-async def test_a_refused_write_that_starts_the_line_leaves_the_handle_as_it_was(fs):
+async def test_a_refused_write_that_starts_the_line_leaves_the_handle_as_it_was(ops_fs):
     """Nothing of the line was taken before: the writer knows nothing of it was written, and the next write
     starts a new line (Python's logging drops a message whose write failed and goes on with the next)."""
-    f = fs()
+    f = ops_fs()
     await f.topic(**{"max.message.bytes": 100})
-    fh = await f.open()
+    fh = await f.open("t/0", APPEND)
     assert await f.write_errno(fh, b"x" * 101) == errno.EFBIG
     assert await f.write(fh, b"after\n") == 6
     assert await f.write(fh, b"p" * 50) == 50
@@ -154,29 +96,29 @@ async def test_a_refused_write_that_starts_the_line_leaves_the_handle_as_it_was(
     assert f.values() == [b"after", b"p" * 50 + b"q", b"e" * 100]
 
 
-async def test_a_positioned_writer_keeps_its_offset_across_a_refused_line(fs):
+async def test_a_positioned_writer_keeps_its_offset_across_a_refused_line(ops_fs):
     """Without O_APPEND a write must land at the end of the file; bytes taken and dropped move the writer's
     file position (the kernel's) without growing the file, and are counted."""
-    f = fs()
+    f = ops_fs()
     await f.topic(**{"max.message.bytes": 100})
-    fh = await f.open(flags=os.O_WRONLY)
+    fh = await f.open("t/0", os.O_WRONLY)
     pos = 0
     for data, ok in [(b"one\n", True), (b"a" * 60, True), (b"b" * 60, False), (b"b\n", True), (b"two\n", True)]:
         if ok:
-            pos += await f.write(fh, data, off=pos)
+            pos += await f.write(fh, data, offset=pos)
         else:
-            assert await f.write_errno(fh, data, off=pos) == errno.EFBIG
-    assert await f.write_errno(fh, b"x\n", off=0) == errno.EPERM
+            assert await f.write_errno(fh, data, offset=pos) == errno.EFBIG
+    assert await f.write_errno(fh, b"x\n", offset=0) == errno.EPERM
     await f.ops.release(fh)
     assert f.values() == [b"one", b"two"]
 
 
-async def test_one_size_rule_key_plus_value(fs):
+async def test_one_size_rule_key_plus_value(ops_fs):
     """Issue 14.2: what counts against max.message.bytes is the record (key + value), as the log counts it,
     not the line (the handle used to count the separator too, and refused a record the log accepts)."""
-    f = fs()
+    f = ops_fs()
     await f.topic(**{"max.message.bytes": 9, "logfs.key.separator": "=", "logfs.null.marker": "NULL"})
-    fh = await f.open()
+    fh = await f.open("t/0", APPEND)
     assert await f.write(fh, b"k=" + b"v" * 8 + b"\n") == 11
     assert await f.write_errno(fh, b"kk=" + b"v" * 8 + b"\n") == errno.EFBIG
     # A partial line is refused only once no ending can fit: "k=NUL" may still end as a tombstone.
@@ -191,11 +133,11 @@ async def test_one_size_rule_key_plus_value(fs):
 
 
 # -- fsync ----------------------------------------------------------------------------------------------------
-async def test_fsync_leaves_a_partial_line_held(fs):
+async def test_fsync_leaves_a_partial_line_held(ops_fs):
     """Issue 13.2: write("a\\npart"), fsync, write("ial\\n") gives records `a` and `partial`."""
-    f = fs()
+    f = ops_fs()
     await f.topic()
-    fh = await f.open()
+    fh = await f.open("t/0", APPEND)
     await f.write(fh, b"a\npart")
     await f.ops.fsync(fh, False)
     assert f.values() == [b"a"]
@@ -206,12 +148,12 @@ async def test_fsync_leaves_a_partial_line_held(fs):
 
 
 # -- keyless lines on a compacted topic -----------------------------------------------------------------------
-async def test_a_compacted_topic_refuses_keyless_lines(fs, caplog):
+async def test_a_compacted_topic_refuses_keyless_lines(ops_fs, caplog):
     """Issue 13.3: EINVAL, and nothing of the write appended (Kafka: "Compacted topic cannot accept message
     without key")."""
-    f = fs()
+    f = ops_fs()
     await f.topic(**{"cleanup.policy": "compact", "logfs.key.separator": "="})
-    fh = await f.open()
+    fh = await f.open("t/0", APPEND)
     assert await f.write_errno(fh, b"k1=v1\nno key\nk2=v2\n") == errno.EINVAL
     assert await f.write(fh, b"k1=v1\n") == 6
     # A keyless line begun in earlier writes: refused at its newline, its held start dropped with it.
@@ -224,20 +166,20 @@ async def test_a_compacted_topic_refuses_keyless_lines(fs, caplog):
     assert f.records() == [(b"k1", b"v1"), (b"k2", b"v2")]
 
 
-async def test_a_held_line_over_a_limit_lowered_meanwhile_is_not_appended_at_close(fs, caplog):
-    f = fs()
+async def test_a_held_line_over_a_limit_lowered_meanwhile_is_not_appended_at_close(ops_fs, caplog):
+    f = ops_fs()
     ino = await f.topic()
-    fh = await f.open()
+    fh = await f.open("t/0", APPEND)
     assert await f.write(fh, b"a" * 50) == 50
     await f.ops.setxattr(ino, b"user.logfs.config.max.message.bytes", b"10", None)
     await f.ops.release(fh)
     assert "not appended" in caplog.text and f.values() == []
 
 
-async def test_a_compacted_topic_without_separator_refuses_every_line(fs):
-    f = fs()
+async def test_a_compacted_topic_without_separator_refuses_every_line(ops_fs):
+    f = ops_fs()
     await f.topic(**{"cleanup.policy": "compact,delete"})
-    fh = await f.open()
+    fh = await f.open("t/0", APPEND)
     assert await f.write_errno(fh, b"value\n") == errno.EINVAL
     assert await f.write_errno(fh, b"partial") == errno.EINVAL  # no ending of it can have a key
     await f.ops.release(fh)
@@ -245,10 +187,10 @@ async def test_a_compacted_topic_without_separator_refuses_every_line(fs):
 
 
 # -- blocking work off the trio thread ------------------------------------------------------------------------
-async def test_flush_messages_fsyncs_in_a_worker_thread_before_write_returns(fs, monkeypatch):
+async def test_flush_messages_fsyncs_in_a_worker_thread_before_write_returns(ops_fs, monkeypatch):
     """Issue 13.17 / 14.7: with flush.messages=1 every write() is durable when it returns, and its fsync runs
     in a worker thread, not on the trio thread that serves every FUSE request."""
-    f = fs(log_flush_interval_messages=1)
+    f = ops_fs(log_flush_interval_messages=1)
     await f.topic()
     trio_thread = threading.get_ident()
     threads = []
@@ -259,7 +201,7 @@ async def test_flush_messages_fsyncs_in_a_worker_thread_before_write_returns(fs,
         return real_fsync(fd)
 
     monkeypatch.setattr(os, "fsync", recording_fsync)
-    fh = await f.open()
+    fh = await f.open("t/0", APPEND)
     assert await f.write(fh, b"a\nb\n") == 4
     assert f.log().recovery_point == 2
     assert await f.write(fh, b"c") == 1  # a held partial line: nothing to flush yet
@@ -269,7 +211,7 @@ async def test_flush_messages_fsyncs_in_a_worker_thread_before_write_returns(fs,
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root")
-async def test_a_failed_append_unlinks_nothing_on_the_trio_thread(fs, tmp_path):
+async def test_a_failed_append_unlinks_nothing_on_the_trio_thread(ops_fs, open_manager, tmp_path):
     """A write that fills the disk in the middle is taken back whole (ENOSPC, nothing appended); the segments
     it rolled to are renamed .deleted and left for the service's purge (a worker thread), not unlinked in the
     request."""
@@ -277,9 +219,9 @@ async def test_a_failed_append_unlinks_nothing_on_the_trio_thread(fs, tmp_path):
     data.mkdir()
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(data)], check=True)
     try:
-        f = fs(data / "store")
+        f = ops_fs(manager=open_manager(data_dir=data / "store"))
         await f.topic(**{"segment.bytes": 16384, "segment.index.bytes": 4096})
-        fh = await f.open()
+        fh = await f.open("t/0", APPEND)
         assert await f.write(fh, b"first\n") == 6
         st = os.statvfs(data)
         with open(data / "filler", "wb") as filler:

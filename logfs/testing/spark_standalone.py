@@ -1,4 +1,4 @@
-"""A real Spark standalone cluster on 127.0.0.1 for the tests and tools/bench.py, and a driver process that runs
+"""A real Spark standalone cluster on 127.0.0.1 for the tests and tools/bench_cluster.py, and a driver process that runs
 jobs on it. Imports nothing from the test suite (tests/spark/conftest.py makes fixtures of it).
 
 ``SparkCluster`` starts a Master and two Workers (one core, 1 GiB each) with pyspark's own launcher,
@@ -23,9 +23,11 @@ from __future__ import annotations
 
 import atexit
 import base64
+import importlib.util
 import json
 import os
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -33,12 +35,10 @@ import time
 import urllib.request
 from pathlib import Path
 
-import logfs
 
-from seaweed import free_ports  # tools/, beside this module
+from logfs.testing.mounts import code_env
+from logfs.testing.seaweed import free_ports
 
-CODE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(logfs.__file__)))
-DRIVER_SCRIPT = Path(__file__).resolve().parent / "cluster_driver.py"
 START_TIMEOUT = 120.0  # generous: the 2 cores may be busy with other tests
 STOP_TIMEOUT = 15.0
 
@@ -47,6 +47,31 @@ def spark_home() -> Path:
     import pyspark
 
     return Path(pyspark.__file__).resolve().parent
+
+
+def spark_missing_reason() -> str | None:
+    """Why Spark cannot run here (PySpark or pyarrow missing, no working Java 17+), or None: the demo's Spark
+    steps and the Spark tests skip with it."""
+    try:
+        for module, extra in (("pyspark", "spark"), ("pyarrow", "spark")):
+            if importlib.util.find_spec(module) is None:
+                return f"{module} is not installed (pip install -e '.[{extra}]')"
+    except (ImportError, ValueError) as exc:
+        return f"PySpark cannot be imported: {exc}"
+    java_home = os.environ.get("JAVA_HOME")
+    if java_home:
+        java = os.path.join(java_home, "bin", "java")
+        if not os.access(java, os.X_OK):
+            return f"JAVA_HOME={java_home} has no bin/java (unset it, or point it at a Java 17+ installation)"
+    else:
+        java = shutil.which("java")
+        if java is None:
+            return "no Java runtime: Spark needs Java 17+ (apt-get install openjdk-17-jdk-headless; tools/dev.sh does)"
+    try:
+        subprocess.run([java, "-version"], capture_output=True, timeout=60, check=True)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"`{java} -version` failed: {exc}"
+    return None
 
 
 def spark_class_unusable_reason() -> str | None:
@@ -63,8 +88,7 @@ WORKER_HOSTS = ("127.0.0.1", "localhost")  # (localhost is 127.0.0.1 in /etc/hos
 
 def cluster_env(**extra: str) -> dict[str, str]:
     """The environment of every cluster process: executors inherit their Worker's."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = CODE_ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env = code_env()
     env.update(SPARK_HOME=str(spark_home()), SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable,
                PYSPARK_DRIVER_PYTHON=sys.executable)
     env.update(extra)
@@ -293,7 +317,7 @@ class ClusterDriver:
                  env: dict[str, str] | None = None):
         self.cluster = cluster
         self.log = log
-        argv = [sys.executable, str(DRIVER_SCRIPT), cluster.master_url]
+        argv = [sys.executable, "-m", "logfs.testing.cluster_driver", cluster.master_url]
         for key, value in (conf or {}).items():
             argv += ["--conf", f"{key}={value}"]
         self.proc = spawn(argv, log, cluster_env(SPARK_LOCAL_DIRS=str(cluster.base / "local"), **(env or {})), cluster.reaper,
