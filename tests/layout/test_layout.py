@@ -165,21 +165,3 @@ def test_one_module_imports_the_c_accelerator():
             if any(n.rpartition(".")[2] == "_speedups" for n in names):
                 importers.append(module)
     assert importers == ["logfs.storage.format.speedups"]
-
-
-LONG_MODULE = 520  # "~500 lines": one idea per module (issue 31)
-
-
-def test_no_module_is_long_unless_its_docstring_says_why():
-    """A module over ~500 lines holds more than one idea, unless its docstring says why one idea needs more (it
-    then says "longer than 500 lines because")."""
-    long = []
-    for root, package in (("logfs", "logfs"), ("tools", None)):
-        for module, path in _modules(root, package).items():
-            with open(path) as f:
-                text = f.read()
-            if text.count("\n") > LONG_MODULE:
-                doc = ast.get_docstring(ast.parse(text)) or ""
-                if "longer than 500 lines because" not in doc:
-                    long.append(f"{path}: {text.count(chr(10))} lines")
-    assert not long, long
