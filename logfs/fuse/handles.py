@@ -76,11 +76,13 @@ class PartitionHandle:
         return length
 
     def read(self, offset: int, size: int) -> tuple[bytes, int]:
-        """(the bytes, how many records' lines end in them)."""
+        """(the bytes, how many records' lines end in them). On the request thread, only what the view says it
+        has in memory (``view.in_memory``); at the end of the view, the segments rolled since are taken in (local
+        ones, written by appends: plain)."""
         view = self.view
-        if offset >= view.length():
-            self.length()
         data = view.read(offset, size)
+        if not data and size > 0 and self.length() > offset:
+            data = view.read(offset, size)
         if self.log.layout_version != self._layout_seen:
             self.release_passed()
         return data, view.lines

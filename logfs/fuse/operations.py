@@ -11,7 +11,9 @@ extended attributes; :mod:`logfs.fuse.control` the Spark sink's staging director
 table is :mod:`logfs.fuse.inodes`.
 
 Everything here runs on the trio thread; fsync-class work (including the flush that ``flush.messages`` makes
-due after an append) goes to worker threads (``run_blocking``).
+due after an append) goes to worker threads (``run_blocking``). So does a read that needs the object store or a
+decompression: the view says so before the read (``SegmentView.in_memory``), and the read is made here or in a
+worker thread, once.
 """
 
 from __future__ import annotations
@@ -27,10 +29,10 @@ from typing import Callable
 import pyfuse3
 import trio
 
-from ..storage.errors import FetchNeededError, InvalidRecordError, LogfsError, RecordTooLargeError, StorageIOError
+from ..storage.errors import InvalidRecordError, LogfsError, RecordTooLargeError, StorageIOError
 from ..storage.manager import LogManager
 from ..storage.names import MOUNT_COMMIT, MOUNT_STAGING, parse_partition_number
-from ..view.text import live_view, log_positions, measure_start
+from ..view.text import live_view, log_positions, measure_start, start_measured
 from .control import ControlEntries, StagedFileHandle
 from .errors import disk_failed, fail, translate
 from .handles import PartitionHandle
@@ -186,13 +188,18 @@ class Operations(NamespaceOps, XattrOps, ControlEntries, pyfuse3.Operations):
         return entry
 
     async def _partition_attrs(self, inode: int) -> pyfuse3.EntryAttributes:
-        """:meth:`_attrs`; when the view's length needs a fetch first (a log start inside a tiered batch, set by
-        DeleteRecords), measured in a worker thread and asked again."""
-        try:
-            return self._attrs(inode)
-        except FetchNeededError:
-            await self.run_blocking(measure_start, self.manager.logs[self._resolve_partition(inode)])
-            return self._attrs(inode)
+        """:meth:`_attrs`; a partition's log start measured first in a worker thread when that needs a fetch."""
+        if inode != ROOT:
+            topic, partition = self._resolve(inode)
+            if partition is not None:
+                await self._measured(self.manager.logs[(topic, partition)])
+        return self._attrs(inode)
+
+    async def _measured(self, plog) -> None:
+        """A view of ``plog`` made after this (its length, its lookups) needs no fetch for the bytes before the log
+        start (a log start inside a tiered batch, set by DeleteRecords): measured in a worker thread if not yet."""
+        if not start_measured(plog):
+            await self.run_blocking(measure_start, plog)
 
     async def forget(self, inode_list):
         # (Never raises: pyfuse3's rule for FORGET, which has no reply.)
@@ -246,7 +253,9 @@ class Operations(NamespaceOps, XattrOps, ControlEntries, pyfuse3.Operations):
                 fields.update_atime and abs(attr.st_atime_ns - time.time_ns()) > NOW_SLACK_NS):
             fail(errno.EPERM)  # st_mtime is the last append's time: a given time (touch -d, cp -p) cannot be set
         if fields.update_size:
-            size = live_view(self.manager.logs[self._resolve_partition(inode)]).length()
+            plog = self.manager.logs[self._resolve_partition(inode)]
+            await self._measured(plog)
+            size = live_view(plog).length()
             if attr.st_size != size:
                 fail(errno.EPERM)  # truncation (or extension with zeros) is not an append
         if fields.update_mode or fields.update_uid or fields.update_gid:
@@ -329,15 +338,10 @@ class Operations(NamespaceOps, XattrOps, ControlEntries, pyfuse3.Operations):
             fail(errno.EROFS)
         plog = self.manager.logs[(topic, partition)]
         plog.log_dir.check()  # a partition of an offline directory: EIO until the next mount
-        try:
-            if flags & os.O_TRUNC and live_view(plog).length() > 0:
-                fail(errno.EPERM)
-            return self._open_handle(inode, topic, partition, flags, ctx)
-        except FetchNeededError:  # the log start inside a tiered batch: measured in a worker thread first
-            await self.run_blocking(measure_start, plog)
-            if flags & os.O_TRUNC and live_view(plog).length() > 0:
-                fail(errno.EPERM)
-            return self._open_handle(inode, topic, partition, flags, ctx)
+        await self._measured(plog)
+        if flags & os.O_TRUNC and live_view(plog).length() > 0:
+            fail(errno.EPERM)
+        return self._open_handle(inode, topic, partition, flags, ctx)
 
     def _open_handle(self, inode: int, topic: str, partition: int, flags: int, ctx) -> pyfuse3.FileInfo:
         # The opener's identity, for logfs.writer.headers (handler calls without a kernel pass no context: then
@@ -380,14 +384,12 @@ class Operations(NamespaceOps, XattrOps, ControlEntries, pyfuse3.Operations):
         handle = self._handle(fh)
         log_dir = handle.log.log_dir
         log_dir.check()
-        data = None
         try:
-            if fh not in self._fetching:
-                try:
-                    data, lines = handle.read(off, size)
-                except FetchNeededError:
-                    pass
-            if data is None:
+            # Decided once: served here from what is cached and decompressed, or in a worker thread (one at a time
+            # per handle, while the request thread leaves its view alone).
+            if fh not in self._fetching and handle.view.in_memory(off, size):
+                data, lines = handle.read(off, size)
+            else:
                 data, lines = await self._fetch(fh, handle.read, off, size)
         except (OSError, StorageIOError) as exc:  # the disk failed a read: the directory goes offline
             disk_failed(handle.log, exc, "read")
@@ -397,7 +399,7 @@ class Operations(NamespaceOps, XattrOps, ControlEntries, pyfuse3.Operations):
         return data
 
     async def _fetch(self, fh, fn, *args):
-        """A read of tiered data that is not cached: in a worker thread (the store may take up to its time
+        """A read that needs the store or a decompression: in a worker thread (the store may take up to its time
         bound), one at a time per handle (a view is not thread-safe); every other request goes on meanwhile."""
         lock = self._fetching.setdefault(fh, trio.Lock())
         try:

@@ -1,8 +1,9 @@
 """Extended attributes of partitions and topics (the offsets, the topic settings).
 
 Parametrised names (``position.<offset>``, ``offset.<position>``, ``time.<epoch_ms>``) answer through the
-sparse indexes in O(log n) plus one bounded scan. Unknown names answer ENODATA at once: the kernel asks for
-``security.capability`` before every write.
+sparse indexes in O(log n) plus one bounded scan; one that needs the object store or a decompression
+(:func:`in_memory` says so beforehand) is answered in a worker thread. Unknown names answer ENODATA at once: the
+kernel asks for ``security.capability`` before every write.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from ..storage.local.log import Log
 from ..storage.manager import LogManager
 from ..storage.tiered.manager import tier_stats
 from ..view.text import SegmentView, live_view, log_positions, measure_start, open_view
-from ..storage.errors import FetchNeededError, StorageIOError
+from ..storage.errors import StorageIOError
 from .control import SINK_PROTOCOL, SINK_PROTOCOL_XATTR
 from .errors import disk_failed, fail, translate
 from .inodes import ROOT
@@ -84,6 +85,26 @@ def partition_get(log: Log, name: str, view: SegmentView | None = None, *, own_v
     if value is None:
         fail(errno.ENODATA)
     return str(value).encode()
+
+
+def in_memory(log: Log, name: str, view: SegmentView | None = None) -> bool:
+    """Whether :func:`partition_get` of ``name`` (in ``view``, else in the live view) needs neither the store nor a
+    decompression (``SegmentView.lookup_in_memory``); the live view's start must be measured
+    (``view.text.start_measured``). Only the lookups of parametrised names can need either."""
+    key = name[len(PREFIX):] if name.startswith(PREFIX) else ""
+    if not key.startswith(PARTITION_PARAMETRISED):
+        return True
+    kind, _, number = key.partition(".")
+    if not (number.isascii() and number.isdigit()) or len(number) > 19:
+        return True  # (ENODATA)
+    with log.lock:  # (the live view's segments are read under the log's lock)
+        target = int(number)
+        view = view if view is not None else live_view(log)
+        if kind == "position":
+            return view.lookup_in_memory(offset=target)
+        if kind == "offset":
+            return view.lookup_in_memory(position=target)
+        return view.lookup_in_memory(timestamp=target)
 
 
 def _lookup(log: Log, view: SegmentView | None, lookup):
@@ -207,6 +228,7 @@ class XattrOps:
             return target.encode()
         plog = self.manager.logs[(topic, partition)]
         plog.log_dir.check()
+        await self._measured(plog)  # (the live view's start)
         if text.startswith(VIEW_NAMES):
             handle = self._handle_for_xattrs(inode, ctx)
             if handle is not None:
@@ -214,18 +236,13 @@ class XattrOps:
                     # Its view is a worker's, which a stalled store can hold for seconds: the live view answers
                     # instead if it has the same positions (checked and asked under the log's lock, which
                     # DeleteRecords, retention and the cleaner's swaps take to change them).
-                    try:
-                        with plog.lock:
-                            if handle.positions == log_positions(plog):
-                                return partition_get(plog, text)
-                    except FetchNeededError:
-                        pass
+                    with plog.lock:
+                        if handle.positions == log_positions(plog) and in_memory(plog, text):
+                            return partition_get(plog, text)
                 return await self._view_xattr(handle, text)
         try:
-            try:
+            if in_memory(plog, text):
                 return partition_get(plog, text)
-            except FetchNeededError:
-                pass
             async with self._fetch_slots:
                 return await self.run_blocking(partition_get_pinned, plog, text)
         except (OSError, StorageIOError) as exc:
@@ -251,11 +268,8 @@ class XattrOps:
             return partition_get(plog, text, handle.view, own_view=True)
 
         try:
-            if handle.fh not in self._fetching:
-                try:
-                    return lookup()
-                except FetchNeededError:
-                    pass
+            if handle.fh not in self._fetching and in_memory(plog, text, handle.view):
+                return lookup()
             # (and while a read of the handle runs in a worker thread, after it: the view is that thread's)
             return await self._fetch(handle.fh, lookup)
         except (OSError, StorageIOError) as exc:

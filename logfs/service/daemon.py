@@ -18,7 +18,6 @@ import trio
 
 from ..fuse.operations import Operations
 from ..storage.manager import LogManager
-from ..storage.threads import mark_request_thread
 from .metrics import Metrics, MetricsFile
 from .notify import notify, watchdog_interval_s
 from .runtime import LogService
@@ -56,7 +55,6 @@ async def serve(manager: LogManager, mountpoint: str, fuse_opts: list[str], read
             log.info("stop requested before mounting; closing %s", manager.source)
             manager.close()
             return 0
-        mark_request_thread()  # reads of tiered data never wait for the store on this thread
         tune_malloc()
         ops = Operations(manager, read_only=read_only)
         log.debug("mounting %s on %s with FUSE options %s", manager.source, mountpoint, ",".join(fuse_opts))

@@ -4,8 +4,8 @@ The last few batches decompressed for reads and lookups are kept over all views 
 lookup (``position.``) and the read of the line it found share one decompression. For a sequential reader
 (a read starting where the previous one ended) :class:`ReadAhead` decompresses the compressed batches after its
 own in up to :data:`READ_AHEAD_THREADS` worker threads, up to :data:`READ_AHEAD_BYTES` of lines ahead, so that
-the request thread finds them ready. Never decompresses on the request thread itself: the view raises
-FetchNeededError there and the call is repeated in a worker (:func:`~logfs.storage.threads.on_request_thread`).
+the request thread finds them ready: the view tells the FUSE layer beforehand whether a read's batches are
+(:meth:`ReadAhead.done`), and the read runs in a worker thread otherwise.
 """
 
 from __future__ import annotations
@@ -14,9 +14,7 @@ import threading
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 
-from ..storage.errors import FetchNeededError
 from ..storage.format import records as rec
-from ..storage.threads import on_request_thread
 
 # A read fetches the lines to pass over and the requested size, plus 1/8 for the records' own overhead, plus this
 # much: the batch straddling the end of the request need not be whole (render_window renders the records that
@@ -105,9 +103,6 @@ class PlainBatches:
 plain_batches = PlainBatches()
 
 
-PENDING = object()  # a batch the read-ahead is decompressing now
-
-
 def _after(segments: list, i: int, pos: int, size: int) -> tuple[int, int] | None:
     """(segment index, position) of the batch after the one of ``size`` bytes at ``pos`` of ``segments[i]``, or
     None at the end of what is sealed (an active segment may still grow)."""
@@ -153,11 +148,24 @@ class ReadAhead:
             self._room = max(READ_AHEAD_BATCHES, READ_AHEAD_BYTES // max(1, plain_size))
             self._kick()
 
-    def take(self, i: int, pos: int, wait: bool):
-        """The batch at ``pos`` of segment ``i``: (plain, size as stored) if decompressed ahead; ``PENDING`` while
-        a worker is on it or about to be (unless ``wait``: then it is waited for); None if not read ahead, not
-        compressed, or its decompression failed (the reader's own path reads it again and reports what is
-        wrong)."""
+    def done(self, i: int, pos: int) -> tuple | None:
+        """(plain, size as stored) of the batch at ``pos`` of segment ``i`` if it is decompressed ahead (and so
+        stays until the reader takes it), else None."""
+        with self._cond:
+            result = self._done.get((i, pos))
+        return result if isinstance(result, tuple) else None
+
+    def pending(self, i: int, pos: int) -> bool:
+        """Whether a worker is on the batch at ``pos`` of segment ``i``, or is about to be (:meth:`take` would
+        wait for it)."""
+        key = (i, pos)
+        with self._cond:
+            return key in self._busy or (self._next is not None and self._next[:2] == key)
+
+    def take(self, i: int, pos: int):
+        """The batch at ``pos`` of segment ``i``: (plain, size as stored) if decompressed ahead (waited for while a
+        worker is on it or about to be); None if not read ahead, not compressed, or its decompression failed (the
+        reader's own path reads it again and reports what is wrong)."""
         key = (i, pos)
         with self._cond:
             while key not in self._done:
@@ -166,8 +174,6 @@ class ReadAhead:
                         return None
                     self._room = max(self._room, 1)  # the reader waits for it: it is claimed whatever is ahead
                     self._kick()
-                if not wait:
-                    return PENDING
                 self._cond.wait()
             result = self._done.pop(key)
             self._room += 1

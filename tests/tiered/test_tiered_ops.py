@@ -1,5 +1,5 @@
-"""The FUSE Operations over a tiered log, without the kernel: a read or xattr that needs data not cached is
-repeated in a worker thread, and other requests are answered meanwhile."""
+"""The FUSE Operations over a tiered log, without the kernel: a read or xattr that needs data not cached runs in a
+worker thread, and other requests are answered meanwhile."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ from logfs.fuse.handles import PartitionHandle
 from logfs.fuse.operations import Operations
 from logfs.remote import DirectoryStore
 from logfs.storage import BrokerConfig, LogManager
-from logfs.storage.threads import mark_request_thread
 from logfs.storage.tiered.manager import RemoteLogManager
 
 from ops_helpers import OpsFS, run_blocking
@@ -38,7 +37,6 @@ async def test_uncached_tiered_reads_run_in_a_worker_thread(tmp_path, clock):
     store = SlowStore(archive)
     manager.remote = rlm = RemoteLogManager(manager.data_dir, manager.logs, store, cache_bytes=1 << 20)
     fs = OpsFS(Operations(manager, run_blocking=run_blocking))
-    mark_request_thread()
     try:
         await fs.mkdir("t")
         await fs.setconfig("t", "remote.storage.enable", "true")
@@ -76,7 +74,6 @@ async def test_uncached_tiered_reads_run_in_a_worker_thread(tmp_path, clock):
         assert answered[1] == ("read", data[:100])
         await fs.release(fh)
     finally:
-        mark_request_thread(False)
         fs.ops.release_all()
         manager.close()
 
@@ -95,7 +92,6 @@ async def test_a_view_reading_in_a_worker_thread_is_left_to_it(tmp_path, clock, 
     store.fetched_on = set()
     manager.remote = rlm = RemoteLogManager(manager.data_dir, manager.logs, store, cache_bytes=1 << 20)
     fs = OpsFS(Operations(manager, run_blocking=run_blocking))
-    mark_request_thread()
     try:
         await fs.mkdir("t")
         await fs.setconfig("t", "remote.storage.enable", "true")
@@ -123,7 +119,7 @@ async def test_a_view_reading_in_a_worker_thread_is_left_to_it(tmp_path, clock, 
 
         def read_in_worker(self, offset, size):
             if self is not handle or threading.current_thread() is threading.main_thread():
-                return real_read(self, offset, size)  # (the request thread's try, before the worker's)
+                return real_read(self, offset, size)
             reading.set()
             try:
                 return real_read(self, offset, size)
@@ -156,6 +152,5 @@ async def test_a_view_reading_in_a_worker_thread_is_left_to_it(tmp_path, clock, 
         assert (await fs.ops.getattr(ino, None)).st_size == len(data + more)  # (measured again once it is done)
         await fs.release(fh)
     finally:
-        mark_request_thread(False)
         fs.ops.release_all()
         manager.close()

@@ -1,7 +1,8 @@
-"""Reading compressed segments through the text view as the FUSE layer does (the request thread marked: a read that
-would decompress raises FetchNeededError and is repeated in a worker thread): the read-ahead of a sequential reader
-returns the text at every position and decompresses each batch once; a random read decompresses only the batch
-that holds its line; a view released while its read-ahead runs lets its segments go once the workers are done."""
+"""Reading compressed segments through the text view as the FUSE layer does (a read the view says is in memory is
+made on the request thread, and then decompresses nothing; any other in a worker thread): the read-ahead of a
+sequential reader returns the text at every position and decompresses each batch once; a random read decompresses
+only the batch that holds its line; a view released while its read-ahead runs lets its segments go once the
+workers are done."""
 
 from __future__ import annotations
 
@@ -16,8 +17,6 @@ from logfs.storage import LogConfig, load_log
 from logfs.storage.cleaner import compression
 from logfs.storage.format import records as rec
 from logfs.storage.cleaner.process import compress_in_thread
-from logfs.storage.errors import FetchNeededError
-from logfs.storage.threads import mark_request_thread
 from logfs.view import readahead
 from logfs.view.text import live_view, open_view
 
@@ -56,24 +55,25 @@ def compressed_batches(plog) -> int:
 
 
 class Fuse:
-    """Reads as logfs.fuse.operations makes them: on the (marked) request thread first, repeated in a worker thread
-    on FetchNeededError; counts both."""
+    """Reads and lookups as logfs.fuse makes them: here when the view says they are in memory (and then they must
+    decompress nothing), else in a worker thread; counts both."""
 
     def __init__(self):
         self.pool = ThreadPoolExecutor(1)
         self.here = self.repeated = 0
 
-    def call(self, fn, *args):
-        mark_request_thread(True)
-        try:
+    def call(self, in_memory: bool, fn, *args):
+        if in_memory:
+            before = readahead.decompressions()
             result = fn(*args)
+            assert readahead.decompressions() == before, "a decompression on the request thread"
             self.here += 1
             return result
-        except FetchNeededError:
-            self.repeated += 1
-        finally:
-            mark_request_thread(False)
+        self.repeated += 1
         return self.pool.submit(fn, *args).result()
+
+    def read(self, view, pos: int, size: int) -> bytes:
+        return self.call(view.in_memory(pos, size), view.read, pos, size)
 
     def close(self):
         self.pool.shutdown()
@@ -95,7 +95,7 @@ def test_sequential_reads_return_the_text_and_decompress_each_batch_once(zstd_lo
     before = readahead.decompressions()
     try:
         got, pos, reads = [], 0, 0
-        while chunk := fuse.call(view.read, pos, size):
+        while chunk := fuse.read(view, pos, size):
             got.append(chunk)
             pos += len(chunk)
             reads += 1
@@ -104,7 +104,7 @@ def test_sequential_reads_return_the_text_and_decompress_each_batch_once(zstd_lo
                 # served on the request thread.
                 idle(view)
                 repeated = fuse.repeated
-                chunk = fuse.call(view.read, pos, size)
+                chunk = fuse.read(view, pos, size)
                 assert fuse.repeated == repeated, (pos, size)
                 got.append(chunk)
                 pos += len(chunk)
@@ -131,7 +131,7 @@ def test_reads_from_every_kind_of_position_return_the_text(zstd_log):
                 pos = start
                 for _ in range(12):
                     size = rng.choice([1, 97, 4096, 8191, 65536, 300_000])
-                    chunk = fuse.call(view.read, pos, size)
+                    chunk = fuse.read(view, pos, size)
                     assert chunk == data[pos:pos + size], (start, pos, size)
                     pos += len(chunk)
             finally:
@@ -153,9 +153,9 @@ def test_a_random_read_decompresses_only_the_batch_holding_its_line(zstd_log):
         for offset in [0, end - 1] + [rng.randrange(end) for _ in range(60)]:
             readahead.plain_batches.clear()
             before = readahead.decompressions()
-            pos = fuse.call(lambda: _lookup_position(plog, offset))
+            pos = _lookup_position(fuse, plog, offset)
             line_end = data.index(b"\n", pos) + 1
-            line = fuse.call(handle.read, pos, line_end - pos)
+            line = fuse.read(handle, pos, line_end - pos)
             assert line == data[pos:line_end]
             assert pos == 0 or data[pos - 1:pos] == b"\n"
             assert readahead.decompressions() - before == 1, offset
@@ -165,20 +165,22 @@ def test_a_random_read_decompresses_only_the_batch_holding_its_line(zstd_log):
         fuse.close()
 
 
-def _lookup_position(plog, offset: int) -> int:
-    """What the position xattr does: the live view on the request thread, else a pinned view of its own."""
-    try:
-        return live_view(plog).position_of(offset)
-    except FetchNeededError:
-        from logfs.storage.threads import on_request_thread
+def _lookup_position(fuse, plog, offset: int) -> int:
+    """What the position xattr does: in the live view on the request thread when it is in memory, else in a worker
+    thread through a pinned view of its own."""
+    with plog.lock:
+        live = live_view(plog)
+        if live.lookup_in_memory(offset=offset):
+            return fuse.call(True, live.position_of, offset)
 
-        if on_request_thread():
-            raise
+    def pinned() -> int:
         view = open_view(plog)
         try:
             return view.position_of(offset)
         finally:
             view.release()
+
+    return fuse.call(False, pinned)
 
 
 def test_a_view_released_during_read_ahead_unpins_its_segments_when_the_workers_are_done(zstd_log):
@@ -190,7 +192,7 @@ def test_a_view_released_during_read_ahead_unpins_its_segments_when_the_workers_
     try:
         pos = 0
         for _ in range(3):
-            pos += len(fuse.call(view.read, pos, 4096))
+            pos += len(fuse.read(view, pos, 4096))
         assert view._ahead is not None
         view.release()  # (workers may still be reading)
         deadline = time.monotonic() + 10
@@ -215,23 +217,21 @@ def test_a_log_start_inside_a_compressed_batch(zstd_log):
             plog.increment_log_start_offset(start)
             readahead.plain_batches.clear()
             before = readahead.decompressions()
-            mark_request_thread(True)
-            try:
-                view = open_view(plog)  # (as PartitionHandle is made in open(), on the request thread)
-            finally:
-                mark_request_thread(False)
+            view = open_view(plog)  # (as PartitionHandle is made in open(), on the request thread)
             assert readahead.decompressions() - before <= 1
             try:
                 want = data[starts[start]:]
                 assert view.length() == len(want)
                 pos, got = 0, []
-                while chunk := fuse.call(view.read, pos, 65536):
+                while chunk := fuse.read(view, pos, 65536):
                     got.append(chunk)
                     pos += len(chunk)
                 assert b"".join(got) == want
                 for offset in (start, start + 1, start + 250):
-                    assert fuse.call(view.position_of, offset) == starts[offset] - starts[start]
-                    assert fuse.call(view.offset_at, starts[offset] - starts[start] + 1) == offset
+                    position = starts[offset] - starts[start]
+                    assert fuse.call(view.lookup_in_memory(offset=offset), view.position_of, offset) == position
+                    assert fuse.call(view.lookup_in_memory(position=position + 1), view.offset_at,
+                                     position + 1) == offset
             finally:
                 view.release()
     finally:
