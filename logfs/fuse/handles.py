@@ -29,6 +29,7 @@ import errno
 import logging
 import os
 import time
+from concurrent.futures import Executor
 
 from ..storage.format import lines
 from ..storage.errors import InvalidRecordError, LogfsError, RecordTooLargeError
@@ -44,7 +45,7 @@ class PartitionHandle:
                  "known_length")
 
     def __init__(self, log: Log, inode: int, flags: int, pid: int = 0, uid: int = 0, fh: int = 0,
-                 view: SegmentView | None = None):
+                 view: SegmentView | None = None, ahead_pool: Executor | None = None):
         self.log = log
         self.fh = fh
         self.pid, self.uid = pid, uid  # the opener (the FUSE request of open/create)
@@ -53,7 +54,8 @@ class PartitionHandle:
         self.counters = log.counters  # the partition's traffic counters (Operations adds to them)
         self.inode = inode
         self.readable = (flags & os.O_ACCMODE) != os.O_WRONLY
-        self.view: SegmentView = view if view is not None else open_view(log, write_only=not self.readable)
+        self.view: SegmentView = view if view is not None else open_view(log, write_only=not self.readable,
+                                                                          ahead_pool=ahead_pool)
         # Which positions this view has, for ever (appends add to its end only): what the inode table compares
         # (fuse/inodes.py), equal to Operations._positions of the log when it was opened.
         self.positions = view_positions(self.view.start_offset, self.view.rewrite_count, self.view.fmt)

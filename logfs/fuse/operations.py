@@ -32,7 +32,8 @@ import trio
 from ..storage.errors import InvalidRecordError, LogfsError, RecordTooLargeError, StorageIOError
 from ..storage.manager import LogManager
 from ..storage.names import MOUNT_COMMIT, MOUNT_STAGING, parse_partition_number
-from ..view.text import live_view, log_positions, measure_start, start_measured
+from ..view.readahead import decompress_pool
+from ..view.text import LiveViews, log_positions, measure_start, start_measured
 from .control import ControlEntries, StagedFileHandle
 from .errors import disk_failed, fail, translate
 from .handles import PartitionHandle
@@ -71,6 +72,9 @@ class Operations(NamespaceOps, XattrOps, ControlEntries, pyfuse3.Operations):
         self.inodes = InodeTable(self._positions)  # (inode generations: logfs.fuse.inodes)
         self._handles: dict[int, PartitionHandle] = {}
         self._fetching: dict[int, trio.Lock] = {}  # handles reading tiered data in a worker thread
+        self.live_views = LiveViews()  # each partition's view as a new open sees it (its size)
+        # The handles' read-ahead of compressed batches: worker threads of the mount's, shut down at close()
+        self.decompress_pool = decompress_pool()
         self._root_listing: list[tuple[int, str]] | None = None  # the root's entries, as the listing began
         # Reads stalled on the store hold at most this many worker threads: flushes and unlinks keep theirs.
         self._fetch_slots = trio.CapacityLimiter(8)
@@ -149,7 +153,7 @@ class Operations(NamespaceOps, XattrOps, ControlEntries, pyfuse3.Operations):
                 entry.st_nlink = 1
                 entry.attr_timeout = FILE_ATTR_TIMEOUT
                 entry.entry_timeout = FILE_ENTRY_TIMEOUT
-                entry.st_size = live_view(plog).length()
+                entry.st_size = self.live_views.get(plog).length()
                 mtime_ns = plog.last_append_ms * 1_000_000
         custom = self.manager.get_attrs(self._attr_name(inode))
         if custom is not None:
@@ -255,7 +259,7 @@ class Operations(NamespaceOps, XattrOps, ControlEntries, pyfuse3.Operations):
         if fields.update_size:
             plog = self.manager.logs[self._resolve_partition(inode)]
             await self._measured(plog)
-            size = live_view(plog).length()
+            size = self.live_views.get(plog).length()
             if attr.st_size != size:
                 fail(errno.EPERM)  # truncation (or extension with zeros) is not an append
         if fields.update_mode or fields.update_uid or fields.update_gid:
@@ -339,7 +343,7 @@ class Operations(NamespaceOps, XattrOps, ControlEntries, pyfuse3.Operations):
         plog = self.manager.logs[(topic, partition)]
         plog.log_dir.check()  # a partition of an offline directory: EIO until the next mount
         await self._measured(plog)
-        if flags & os.O_TRUNC and live_view(plog).length() > 0:
+        if flags & os.O_TRUNC and self.live_views.get(plog).length() > 0:
             fail(errno.EPERM)
         return self._open_handle(inode, topic, partition, flags, ctx)
 
@@ -349,7 +353,7 @@ class Operations(NamespaceOps, XattrOps, ControlEntries, pyfuse3.Operations):
         pid, uid = (ctx.pid, ctx.uid) if ctx is not None else (os.getpid(), os.getuid())
         fh = next(self._next_fh)
         plog = self.manager.logs[(topic, partition)]
-        handle = PartitionHandle(plog, inode, flags, pid, uid, fh)
+        handle = PartitionHandle(plog, inode, flags, pid, uid, fh, ahead_pool=self.decompress_pool)
         if not self.inodes.opened(inode, handle):
             # Its view has other positions than the readers open on this inode (retention, DeleteRecords or a
             # compaction ran since the kernel looked the name up): it gets a twin of theirs, the file it looked up
@@ -360,7 +364,7 @@ class Operations(NamespaceOps, XattrOps, ControlEntries, pyfuse3.Operations):
             twin = reader.view.clone() if reader is not None else None
             if twin is None:
                 fail(errno.ESTALE)
-            handle = PartitionHandle(plog, inode, flags, pid, uid, fh, view=twin)
+            handle = PartitionHandle(plog, inode, flags, pid, uid, fh, view=twin, ahead_pool=self.decompress_pool)
             if not self.inodes.opened(inode, handle):  # (cannot be: the same positions)
                 handle.release()
                 fail(errno.ESTALE)
@@ -494,3 +498,10 @@ class Operations(NamespaceOps, XattrOps, ControlEntries, pyfuse3.Operations):
             finally:
                 handle.release()
             del self._handles[fh]
+
+    def close(self) -> None:
+        """At unmount: :meth:`release_all`, then the read-ahead's threads end (each after the batch it is on)."""
+        try:
+            self.release_all()
+        finally:
+            self.decompress_pool.shutdown(wait=True)

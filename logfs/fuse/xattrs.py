@@ -15,7 +15,7 @@ from ..storage import TOPIC_SETTINGS
 from ..storage.local.log import Log
 from ..storage.manager import LogManager
 from ..storage.tiered.manager import tier_stats
-from ..view.text import SegmentView, live_view, log_positions, measure_start, open_view
+from ..view.text import LiveViews, SegmentView, live_view, log_positions, measure_start, open_view
 from ..storage.errors import StorageIOError
 from .control import SINK_PROTOCOL, SINK_PROTOCOL_XATTR
 from .errors import disk_failed, fail, translate
@@ -47,9 +47,11 @@ def partition_get_pinned(log: Log, name: str) -> bytes:
         view.release()
 
 
-def partition_get(log: Log, name: str, view: SegmentView | None = None, *, own_view: bool = False) -> bytes:
+def partition_get(log: Log, name: str, view: SegmentView | None = None, *, own_view: bool = False,
+                  views: LiveViews | None = None) -> bytes:
     """The value of ``name``; with ``own_view``, ``view`` is an open descriptor's (pinned, extended to the log's
-    end) and the names of positions answer in it (:data:`VIEW_NAMES`)."""
+    end) and the names of positions answer in it (:data:`VIEW_NAMES`). Without ``view``, lookups answer in the
+    live view: the mount's (``views``), or one made now."""
     if not name.startswith(PREFIX):
         fail(errno.ENODATA)
     key = name[len(PREFIX):]
@@ -69,10 +71,10 @@ def partition_get(log: Log, name: str, view: SegmentView | None = None, *, own_v
         value = tier_stats(log)[key]
     elif key.startswith("position."):
         target = _number(key[9:])
-        value = _lookup(log, view, lambda v: v.position_of(target))
+        value = _lookup(log, view, views, lambda v: v.position_of(target))
     elif key.startswith("offset."):
         target = _number(key[7:])
-        value = _lookup(log, view, lambda v: v.offset_at(target))
+        value = _lookup(log, view, views, lambda v: v.offset_at(target))
     elif key.startswith("time."):
         ts = _number(key[5:])
         if own_view:
@@ -87,8 +89,9 @@ def partition_get(log: Log, name: str, view: SegmentView | None = None, *, own_v
     return str(value).encode()
 
 
-def in_memory(log: Log, name: str, view: SegmentView | None = None) -> bool:
-    """Whether :func:`partition_get` of ``name`` (in ``view``, else in the live view) needs neither the store nor a
+def in_memory(log: Log, name: str, view: SegmentView | None = None, views: LiveViews | None = None) -> bool:
+    """Whether :func:`partition_get` of ``name`` (in ``view``, else in the live view of ``views``, or one made now:
+    as :func:`partition_get`) needs neither the store nor a
     decompression (``SegmentView.lookup_in_memory``); the live view's start must be measured
     (``view.text.start_measured``). Only the lookups of parametrised names can need either."""
     key = name[len(PREFIX):] if name.startswith(PREFIX) else ""
@@ -99,7 +102,7 @@ def in_memory(log: Log, name: str, view: SegmentView | None = None) -> bool:
         return True  # (ENODATA)
     with log.lock:  # (the live view's segments are read under the log's lock)
         target = int(number)
-        view = view if view is not None else live_view(log)
+        view = view if view is not None else views.get(log) if views is not None else live_view(log)
         if kind == "position":
             return view.lookup_in_memory(offset=target)
         if kind == "offset":
@@ -107,13 +110,14 @@ def in_memory(log: Log, name: str, view: SegmentView | None = None) -> bool:
         return view.lookup_in_memory(timestamp=target)
 
 
-def _lookup(log: Log, view: SegmentView | None, lookup):
-    """``lookup(view)`` through ``view`` (pinned), or through the live view under the log's lock: its segments
-    are not pinned, and a segment is read only under its log's lock or a pin (storage/local/open_files.py)."""
+def _lookup(log: Log, view: SegmentView | None, views: LiveViews | None, lookup):
+    """``lookup(view)`` through ``view`` (pinned), or through the live view (of ``views``, or made now) under the
+    log's lock: its segments are not pinned, and a segment is read only under its log's lock or a pin
+    (storage/local/open_files.py)."""
     if view is not None:
         return lookup(view)
     with log.lock:
-        return lookup(live_view(log))
+        return lookup(views.get(log) if views is not None else live_view(log))
 
 
 PARTITION_PARAMETRISED = ("position.", "offset.", "time.")
@@ -237,12 +241,12 @@ class XattrOps:
                     # instead if it has the same positions (checked and asked under the log's lock, which
                     # DeleteRecords, retention and the cleaner's swaps take to change them).
                     with plog.lock:
-                        if handle.positions == log_positions(plog) and in_memory(plog, text):
-                            return partition_get(plog, text)
+                        if handle.positions == log_positions(plog) and in_memory(plog, text, None, self.live_views):
+                            return partition_get(plog, text, views=self.live_views)
                 return await self._view_xattr(handle, text)
         try:
-            if in_memory(plog, text):
-                return partition_get(plog, text)
+            if in_memory(plog, text, None, self.live_views):
+                return partition_get(plog, text, views=self.live_views)
             async with self._fetch_slots:
                 return await self.run_blocking(partition_get_pinned, plog, text)
         except (OSError, StorageIOError) as exc:

@@ -132,7 +132,7 @@ async def _serve_mounted(manager: LogManager, ops: Operations, mountpoint: str, 
     finally:
         notify(f"STOPPING=1\nSTATUS=shutting down: flushing {len(manager.logs)} partitions")
         log.info("shutting down")
-        ops.release_all()
+        ops.close()  # (every handle's partial line committed, the read-ahead's threads ended)
         try:
             pyfuse3.close(unmount=not unmounted_externally)
         except Exception as exc:  # already unmounted underneath us

@@ -10,7 +10,8 @@ the segment's view index, then render forward at most one index interval of batc
 A :class:`SegmentView` is over a fixed list of segments: a file handle's is a
 :class:`~logfs.storage.local.segments.LogSnapshot` (pinned by the storage, grown at the end by segments rolled since,
 released with the handle); the live view (:func:`live_view`, what a new open would see) is over the log's
-segments now, unpinned, and cached here per log until the storage's ``layout_version`` or the format changes.
+segments now, unpinned, kept per log by the mount's :class:`LiveViews` until the storage's ``layout_version`` or
+the format changes.
 Not thread-safe; one per handle.
 
 Compressed batches (sealed segments rewritten in the topic's codec, CONTRACT section 8) are decompressed whole, once
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import bisect
 import weakref
+from concurrent.futures import Executor
 
 from ..storage.format import records as rec
 from ..storage.errors import DataLossError
@@ -61,11 +63,14 @@ def _header_at(segment, file_pos: int):
 
 class SegmentView:
     """The view over ``segments`` starting at ``start_offset``, in format ``fmt``; with ``snapshot`` (which
-    pinned them), it can :meth:`extend` and must be released."""
+    pinned them), it can :meth:`extend` and must be released; with ``ahead_pool`` (the owner's
+    :func:`~logfs.view.readahead.decompress_pool`), a sequential reader's compressed batches are decompressed
+    ahead in its threads."""
 
     def __init__(self, segments: list[LogSegment], start_offset: int, fmt: LineFormat,
-                 snapshot: LogSnapshot | None = None):
+                 snapshot: LogSnapshot | None = None, ahead_pool: Executor | None = None):
         self._snapshot = snapshot
+        self._ahead_pool = ahead_pool
         # With the start offset and the format, which positions the view has (:func:`view_positions`): the log's
         # rewrite count when the snapshot was taken (a live view is made for the log as it is now).
         self.rewrite_count = snapshot.rewrite_count if snapshot is not None else 0
@@ -168,7 +173,7 @@ class SegmentView:
         if self._snapshot is None or self._dropped:
             return None
         snapshot = self._snapshot.clone(write_only=write_only)
-        return SegmentView(snapshot.segments, self.start_offset, self.fmt, snapshot)
+        return SegmentView(snapshot.segments, self.start_offset, self.fmt, snapshot, self._ahead_pool)
 
     def extend(self) -> bool:
         """Take in segments rolled since this view was made (appends continue into them); its snapshot pins
@@ -514,7 +519,9 @@ class SegmentView:
         if current is None:
             return
         if self._ahead is None:
-            self._ahead = ReadAhead(self.segments)
+            if self._ahead_pool is None:
+                return
+            self._ahead = ReadAhead(self.segments, self._ahead_pool)
         self._ahead.follow(i, file_pos, current[1], len(current[0]))
 
     def _render_plain(self, plain: bytes, stored_size: int, skip: int, want: int) -> tuple[bytes, int, int, int]:
@@ -624,10 +631,6 @@ class SegmentView:
             ahead.stop(snapshot.release)
 
 
-# Each log's live view, with the key it was made for; an entry goes with its log.
-_live_views: "weakref.WeakKeyDictionary[Log, tuple[tuple, SegmentView]]" = weakref.WeakKeyDictionary()
-
-
 # segment -> {(offset, format): view bytes of its records below offset}: a log start inside a batch is measured once
 # per segment (a view made on the request thread finds it here; measuring may need a tiered fetch, which only a
 # worker thread may do: :func:`measure_start`).
@@ -673,23 +676,36 @@ def log_positions(log: Log) -> tuple:
 
 
 def live_view(log: Log) -> SegmentView:
-    """The view as a new open would see it now (cached until the segment list, start or format changes).
-    Its segments are not pinned: its length needs no file, but anything that reads them (a lookup) holds the
-    log's lock, and none of it is kept across awaits."""
-    fmt = LineFormat.of(log.config)
-    key = (log.layout_version, log.log_start_offset, fmt)
-    cached = _live_views.get(log)
-    if cached is not None and cached[0] == key:
-        return cached[1]
+    """The view as a new open would see it now, made now (:class:`LiveViews` keeps one per log for a mount). Its
+    segments are not pinned: its length needs no file, but anything that reads them (a lookup) holds the log's
+    lock, and none of it is kept across awaits."""
     with log.lock:
-        view = SegmentView(log.view_segments(), log.log_start_offset, fmt)
-    _live_views[log] = (key, view)
-    return view
+        return SegmentView(log.view_segments(), log.log_start_offset, LineFormat.of(log.config))
 
 
-def open_view(log: Log, *, write_only: bool = False) -> SegmentView:
+class LiveViews:
+    """Each log's live view (:func:`live_view`), kept until the log's segment list, start or format changes: the
+    mount's (the FUSE operations hold one), asked for every ``stat``. An entry goes with its log. Used on the
+    request thread only."""
+
+    def __init__(self) -> None:
+        self._views: "weakref.WeakKeyDictionary[Log, tuple[tuple, SegmentView]]" = weakref.WeakKeyDictionary()
+
+    def get(self, log: Log) -> SegmentView:
+        fmt = LineFormat.of(log.config)
+        key = (log.layout_version, log.log_start_offset, fmt)
+        cached = self._views.get(log)
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        view = live_view(log)
+        self._views[log] = (key, view)
+        return view
+
+
+def open_view(log: Log, *, write_only: bool = False, ahead_pool: Executor | None = None) -> SegmentView:
     """A pinned view for a file handle: consistent under retention and compaction until released; the segments
     rolled from now on are pinned at the roll. ``write_only``: a handle that never reads (its view gives lengths),
-    which lets go of removed segments at every roll."""
+    which lets go of removed segments at every roll. ``ahead_pool``: :class:`SegmentView`'s."""
     snapshot = log.snapshot(tiers=True, follow=True, write_only=write_only)
-    return SegmentView(snapshot.segments, snapshot.log_start_offset, LineFormat.of(log.config), snapshot)
+    return SegmentView(snapshot.segments, snapshot.log_start_offset, LineFormat.of(log.config), snapshot,
+                       ahead_pool)

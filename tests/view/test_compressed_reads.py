@@ -24,6 +24,14 @@ BATCH = 8 << 10  # records per rewritten batch: many batches per segment with li
 
 
 @pytest.fixture
+def pool():
+    """The read-ahead's threads, as the FUSE operations make them for a mount."""
+    pool = readahead.decompress_pool()
+    yield pool
+    pool.shutdown(wait=True)
+
+
+@pytest.fixture
 def zstd_log(tmp_path, clock, monkeypatch):
     """A zstd topic of ~600 KB of log lines: 4 sealed segments rewritten in ~8 KiB batches, and an active segment
     (plain). Returns (log, text)."""
@@ -88,10 +96,10 @@ def idle(view, timeout: float = 10.0) -> None:
 
 
 @pytest.mark.parametrize("size", [200_000, 131072, 4099, 333])
-def test_sequential_reads_return_the_text_and_decompress_each_batch_once(zstd_log, size):
+def test_sequential_reads_return_the_text_and_decompress_each_batch_once(zstd_log, pool, size):
     plog, data = zstd_log
     fuse = Fuse()
-    view = open_view(plog)
+    view = open_view(plog, ahead_pool=pool)
     before = readahead.decompressions()
     try:
         got, pos, reads = [], 0, 0
@@ -116,7 +124,7 @@ def test_sequential_reads_return_the_text_and_decompress_each_batch_once(zstd_lo
         fuse.close()
 
 
-def test_reads_from_every_kind_of_position_return_the_text(zstd_log):
+def test_reads_from_every_kind_of_position_return_the_text(zstd_log, pool):
     """Sequential reads starting anywhere (inside batches, at batch and segment boundaries), in sizes that end
     anywhere, with the read-ahead running: the same bytes as the text."""
     plog, data = zstd_log
@@ -126,7 +134,7 @@ def test_reads_from_every_kind_of_position_return_the_text(zstd_log):
     starts += [live_view(plog).position_of(s.base_offset) for s in plog.segments.as_list()]
     try:
         for start in starts:
-            view = open_view(plog)
+            view = open_view(plog, ahead_pool=pool)
             try:
                 pos = start
                 for _ in range(12):
@@ -140,7 +148,7 @@ def test_reads_from_every_kind_of_position_return_the_text(zstd_log):
         fuse.close()
 
 
-def test_a_random_read_decompresses_only_the_batch_holding_its_line(zstd_log):
+def test_a_random_read_decompresses_only_the_batch_holding_its_line(zstd_log, pool):
     """``getxattr position.<offset>`` (a lookup: on the request thread it is repeated in a worker thread, with a
     view of its own) and the read of that line (a handle's view): one decompression between them, of the batch that
     holds the line; no read-ahead."""
@@ -148,7 +156,7 @@ def test_a_random_read_decompresses_only_the_batch_holding_its_line(zstd_log):
     fuse = Fuse()
     rng = random.Random(11)
     end = plog.segments.as_list()[-1].base_offset  # the sealed (compressed) part
-    handle = open_view(plog)
+    handle = open_view(plog, ahead_pool=pool)
     try:
         for offset in [0, end - 1] + [rng.randrange(end) for _ in range(60)]:
             readahead.plain_batches.clear()
@@ -183,12 +191,12 @@ def _lookup_position(fuse, plog, offset: int) -> int:
     return fuse.call(False, pinned)
 
 
-def test_a_view_released_during_read_ahead_unpins_its_segments_when_the_workers_are_done(zstd_log):
+def test_a_view_released_during_read_ahead_unpins_its_segments_when_the_workers_are_done(zstd_log, pool):
     plog, data = zstd_log
     fuse = Fuse()
     segments = plog.segments.as_list()
     refs = [s.refs for s in segments]
-    view = open_view(plog)
+    view = open_view(plog, ahead_pool=pool)
     try:
         pos = 0
         for _ in range(3):
@@ -203,7 +211,7 @@ def test_a_view_released_during_read_ahead_unpins_its_segments_when_the_workers_
         fuse.close()
 
 
-def test_a_log_start_inside_a_compressed_batch(zstd_log):
+def test_a_log_start_inside_a_compressed_batch(zstd_log, pool):
     """The log start moved inside a compressed batch (and into the next segments): an open on the request thread
     measures the part before it (one batch decompressed there), and reads and lookups give the text from it."""
     plog, data = zstd_log
@@ -217,7 +225,7 @@ def test_a_log_start_inside_a_compressed_batch(zstd_log):
             plog.increment_log_start_offset(start)
             readahead.plain_batches.clear()
             before = readahead.decompressions()
-            view = open_view(plog)  # (as PartitionHandle is made in open(), on the request thread)
+            view = open_view(plog, ahead_pool=pool)  # (as a PartitionHandle is made in open())
             assert readahead.decompressions() - before <= 1
             try:
                 want = data[starts[start]:]
@@ -236,3 +244,21 @@ def test_a_log_start_inside_a_compressed_batch(zstd_log):
                 view.release()
     finally:
         fuse.close()
+
+
+def test_a_view_reads_on_once_its_read_ahead_pool_is_shut_down(zstd_log):
+    """The FUSE operations shut their read-ahead pool down at unmount (Operations.close): a view still reading then
+    gets no read-ahead, and its reads return the text all the same."""
+    plog, data = zstd_log
+    pool = readahead.decompress_pool()
+    pool.shutdown(wait=True)
+    view = open_view(plog, ahead_pool=pool)
+    try:
+        pos, got = 0, []
+        while chunk := view.read(pos, 65536):
+            got.append(chunk)
+            pos += len(chunk)
+        assert b"".join(got) == data
+        assert view._ahead is not None and view._ahead._workers == 0  # (asked to read ahead, and refused)
+    finally:
+        view.release()
