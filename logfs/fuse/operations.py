@@ -5,10 +5,11 @@ Partition files are opened with ``direct_io``: every read and write reaches logf
 handle sees its own consistent view, a ``write()`` that returned is visible to every reader, and ``st_size``
 (attr timeout 0) is always the exact current view length.
 
-The handlers are four classes, one idea each: this module holds the attributes, partition files and shutdown;
-:mod:`logfs.fuse.namespace` the directories and the refused namespace operations; :mod:`logfs.fuse.xattrs` the
-extended attributes; :mod:`logfs.fuse.control` the Spark sink's staging directory and commit file. The inode
-table is :mod:`logfs.fuse.inodes`.
+This module holds the attributes, partition files and shutdown; :mod:`logfs.fuse.namespace` the directories and
+the refused namespace operations, :mod:`logfs.fuse.xattrs` the extended attributes (both still mixins of this
+class). Collaborators it holds: the sink's entries (``control``, :class:`~logfs.fuse.control.ControlEntries`: the
+staging directory, its files and the commit file, their inodes, attributes and handles), the inode table
+(:mod:`logfs.fuse.inodes`) and the partitions' live views.
 
 Everything here runs on the trio thread; fsync-class work (including the flush that ``flush.messages`` makes
 due after an append) goes to worker threads (``run_blocking``). So does a read that needs the object store or a
@@ -58,7 +59,7 @@ NOW_SLACK_NS = 2_000_000_000
 
 
 
-class Operations(NamespaceOps, XattrOps, ControlEntries, pyfuse3.Operations):
+class Operations(NamespaceOps, XattrOps, pyfuse3.Operations):
     supports_dot_lookup = False
     enable_writeback_cache = False
     enable_acl = False
@@ -79,14 +80,13 @@ class Operations(NamespaceOps, XattrOps, ControlEntries, pyfuse3.Operations):
         # Reads stalled on the store hold at most this many worker threads: flushes and unlinks keep theirs.
         self._fetch_slots = trio.CapacityLimiter(8)
         self._next_fh = itertools.count(1)
-        # The sink's entries (logfs.fuse.control): the staging directory, its files, the commit file.
-        self._staging_ino = self.inodes.allocate()
-        self._commit_ino = self.inodes.allocate()
-        self._staged_ino: dict[str, int] = {}
-        self._staged_name: dict[int, str] = {}
-        self._control: dict = {}  # fh -> StagedFileHandle or CommitHandle
         self._started_ns = time.time_ns()
         self._uid, self._gid = os.getuid(), os.getgid()
+        # The sink's entries (logfs.fuse.control): the staging directory, its files, the commit file; their handles
+        # numbered from the same counter as the partition files'.
+        self.control = ControlEntries(manager, self.inodes, self._next_fh, read_only=read_only,
+                                      run_blocking=self.run_blocking, owner=(self._uid, self._gid),
+                                      started_ns=self._started_ns)
         for topic in manager.list_topics():
             self.inodes.topic(topic)
 
@@ -212,8 +212,8 @@ class Operations(NamespaceOps, XattrOps, ControlEntries, pyfuse3.Operations):
 
     @translate
     async def getattr(self, inode, ctx=None):
-        if self._is_control(inode):
-            return self._control_attrs(inode)
+        if self.control.is_control(inode):
+            return self.control.attrs(inode)
         if self.inodes.is_open(inode):
             self.inodes.retire_if_moved(inode)  # (an fstat of a handle whose file shrank from the front since)
         return self._removed_attrs(inode) or await self._partition_attrs(inode)
@@ -225,18 +225,18 @@ class Operations(NamespaceOps, XattrOps, ControlEntries, pyfuse3.Operations):
             if text in self.manager.topics:
                 return self._attrs(self.inodes.topic(text))
             if text == MOUNT_STAGING:
-                return self._control_attrs(self._staging_ino)
+                return self.control.attrs(self.control.staging_ino)
             if text == MOUNT_COMMIT:
-                return self._control_attrs(self._commit_ino)
+                return self.control.attrs(self.control.commit_ino)
             fail(errno.ENOENT)
-        if parent_inode == self._staging_ino:
-            ino = self._staged_inode(text)
+        if parent_inode == self.control.staging_ino:
+            ino = self.control.staged_inode(text)
             try:
-                return self._control_attrs(ino)
+                return self.control.attrs(ino)
             except LogfsError:
-                self._forget_staged(text)
+                self.control.forget_staged(text)
                 raise
-        if self._is_control(parent_inode):
+        if self.control.is_control(parent_inode):
             fail(errno.ENOTDIR)
         topic, partition = self._resolve(parent_inode)
         if partition is not None:
@@ -248,8 +248,8 @@ class Operations(NamespaceOps, XattrOps, ControlEntries, pyfuse3.Operations):
 
     @translate
     async def setattr(self, inode, attr, fields, fh, ctx):
-        if self._is_control(inode):
-            current = self._control_attrs(inode)
+        if self.control.is_control(inode):
+            current = self.control.attrs(inode)
             if fields.update_size and attr.st_size != current.st_size:
                 fail(errno.EPERM)  # staged files only grow by writes
             return current
@@ -307,17 +307,17 @@ class Operations(NamespaceOps, XattrOps, ControlEntries, pyfuse3.Operations):
         if self.read_only:
             fail(errno.EROFS)
         text = decode_name(name)
-        if parent_inode == self._staging_ino:
+        if parent_inode == self.control.staging_ino:
             if self.read_only:
                 fail(errno.EROFS)
             # (a worker thread: the first file creates the directory, and fsyncs DATA_DIR)
             fd = await self.run_blocking(self.manager.transactions.staging.create, text)
-            ino = self._staged_inode(text)
+            ino = self.control.staged_inode(text)
             fh = next(self._next_fh)
-            self._control[fh] = StagedFileHandle(text, fd, True)
+            self.control.handles[fh] = StagedFileHandle(text, fd, True)
             return (pyfuse3.FileInfo(fh=fh, direct_io=True, keep_cache=False, nonseekable=False),
-                    self._control_attrs(ino))
-        if self._is_control(parent_inode):
+                    self.control.attrs(ino))
+        if self.control.is_control(parent_inode):
             fail(errno.ENOTDIR)
         if parent_inode == ROOT:
             fail(errno.EPERM)  # the root holds only topic directories
@@ -334,8 +334,8 @@ class Operations(NamespaceOps, XattrOps, ControlEntries, pyfuse3.Operations):
 
     @translate
     async def open(self, inode, flags, ctx):
-        if self._is_control(inode):
-            return self._open_control(inode, flags)
+        if self.control.is_control(inode):
+            return self.control.open(inode, flags)
         topic, partition = self._resolve_partition(inode)
         writable = (flags & os.O_ACCMODE) in (os.O_WRONLY, os.O_RDWR)
         if writable and self.read_only:
@@ -382,7 +382,7 @@ class Operations(NamespaceOps, XattrOps, ControlEntries, pyfuse3.Operations):
 
     @translate
     async def read(self, fh, off, size):
-        control = self._control.get(fh)
+        control = self.control.handles.get(fh)
         if control is not None:
             return control.read(off, size)
         handle = self._handle(fh)
@@ -417,12 +417,12 @@ class Operations(NamespaceOps, XattrOps, ControlEntries, pyfuse3.Operations):
     async def write(self, fh, off, buf):
         handle = self._handles.get(fh)  # (as _handle(), inlined on the per-write() path)
         if handle is None:
-            control = self._control.get(fh)
+            control = self.control.handles.get(fh)
             if control is None:
                 fail(errno.EBADF)
             if isinstance(control, StagedFileHandle):
                 return control.write(off, buf)  # (a page-cache write, as an append's)
-            return await self._write_control(control, buf)
+            return await self.control.write(control, buf)
         if handle.log.closed:
             fail(errno.ENOENT)  # the partition was deleted while open
         handle.log.log_dir.check()
@@ -441,7 +441,7 @@ class Operations(NamespaceOps, XattrOps, ControlEntries, pyfuse3.Operations):
 
     @translate
     async def release(self, fh):
-        control = self._control.pop(fh, None)
+        control = self.control.handles.pop(fh, None)
         if control is not None:
             control.release()
             return
@@ -472,7 +472,7 @@ class Operations(NamespaceOps, XattrOps, ControlEntries, pyfuse3.Operations):
 
     @translate
     async def fsync(self, fh, datasync):
-        control = self._control.get(fh)
+        control = self.control.handles.get(fh)
         if isinstance(control, StagedFileHandle):
             await self.run_blocking(control.sync)
             return
@@ -488,9 +488,9 @@ class Operations(NamespaceOps, XattrOps, ControlEntries, pyfuse3.Operations):
     # -- shutdown --------------------------------------------------------------------------------------
     def release_all(self) -> None:
         """Commit pending partial lines of every handle still open (clean shutdown)."""
-        for fh, control in list(self._control.items()):
+        for fh, control in list(self.control.handles.items()):
             control.release()
-            del self._control[fh]
+            del self.control.handles[fh]
         for fh, handle in list(self._handles.items()):
             try:
                 if handle.pending and not handle.log.closed:

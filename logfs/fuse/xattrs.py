@@ -212,7 +212,7 @@ def topic_list() -> list[bytes]:
 
 class XattrOps:
     """The extended-attribute handlers of :class:`~logfs.fuse.operations.Operations` (a mixin: it uses the inode
-    table, the manager, ``_resolve``, ``_is_control`` and ``run_blocking``); the names and values are the functions
+    table, the manager, ``_resolve``, ``control`` and ``run_blocking``); the names and values are the functions
     above."""
 
     @translate
@@ -220,7 +220,7 @@ class XattrOps:
         text = name.decode("utf-8", "replace")
         if inode == ROOT and text == SINK_PROTOCOL_XATTR:
             return SINK_PROTOCOL  # how the sink recognises a logfs mount
-        if inode == ROOT or self._is_control(inode) or not text.startswith(PREFIX):
+        if inode == ROOT or self.control.is_control(inode) or not text.startswith(PREFIX):
             fail(errno.ENODATA)
         topic, partition = self._resolve(inode)
         if partition is None:
@@ -283,7 +283,7 @@ class XattrOps:
     async def listxattr(self, inode, ctx):
         if inode == ROOT:
             return [SINK_PROTOCOL_XATTR.encode()]
-        if self._is_control(inode):
+        if self.control.is_control(inode):
             return []
         _, partition = self._resolve(inode)
         return topic_list() if partition is None else partition_list()
@@ -291,7 +291,7 @@ class XattrOps:
     @translate
     async def setxattr(self, inode, name, value, ctx):
         text = name.decode("utf-8", "replace")
-        if inode == ROOT or self._is_control(inode):
+        if inode == ROOT or self.control.is_control(inode):
             fail(errno.ENOTSUP)
         topic, partition = self._resolve(inode)
         if partition is not None:
@@ -309,7 +309,7 @@ class XattrOps:
     @translate
     async def removexattr(self, inode, name, ctx):
         text = name.decode("utf-8", "replace")
-        if inode == ROOT or self._is_control(inode):
+        if inode == ROOT or self.control.is_control(inode):
             fail(errno.ENODATA)
         topic, partition = self._resolve(inode)
         if partition is not None:
