@@ -31,6 +31,8 @@ import os
 import time
 from concurrent.futures import Executor
 
+import trio
+
 from ..storage.format import lines
 from ..storage.errors import InvalidRecordError, LogfsError, RecordTooLargeError
 from ..storage.local.log import Log
@@ -38,6 +40,9 @@ from ..view.text import SegmentView, open_view, view_positions
 from .errors import fail
 
 log = logging.getLogger(__name__)
+
+#: Reads in worker threads at once (those stalled on the store never take the threads flushes and unlinks need).
+WORKER_READS = 8
 
 class PartitionHandle:
     __slots__ = ("log", "counters", "view", "append_mode", "writable", "pending", "skipping", "dropped", "inode",
@@ -179,3 +184,40 @@ class PartitionHandle:
 
     def release(self) -> None:
         self.view.release()
+
+
+class HandleTable:
+    """The open partition files (``open``: fh -> :class:`PartitionHandle`) and their reads in worker threads
+    (:meth:`in_worker`): one at a time per handle, since a view is not thread-safe (``fetching`` holds the handles a
+    worker reads through: meanwhile the request thread leaves their views alone), at most :data:`WORKER_READS` at
+    once (``slots``, which the xattr lookups in worker threads share). Used on the trio thread."""
+
+    def __init__(self, run_blocking):
+        self.open: dict[int, PartitionHandle] = {}
+        self.fetching: dict[int, trio.Lock] = {}
+        self.slots = trio.CapacityLimiter(WORKER_READS)
+        self._run_blocking = run_blocking
+
+    def get(self, fh: int) -> PartitionHandle:
+        try:
+            return self.open[fh]
+        except KeyError:
+            fail(errno.EBADF)
+
+    async def in_worker(self, fh: int, fn, *args):
+        """``fn(*args)`` for handle ``fh`` (a read that needs the store or a decompression) in a worker thread: the
+        store may take up to its time bound; every other request goes on meanwhile."""
+        lock = self.fetching.setdefault(fh, trio.Lock())
+        try:
+            async with lock, self.slots:
+                return await self._run_blocking(fn, *args)
+        finally:
+            if not lock.locked() and not lock.statistics().tasks_waiting:
+                self.fetching.pop(fh, None)
+
+    async def settled(self, fh: int) -> None:
+        """Return once no worker thread reads through handle ``fh``."""
+        fetching = self.fetching.get(fh)
+        if fetching is not None:
+            async with fetching:
+                pass

@@ -6,9 +6,11 @@ handle sees its own consistent view, a ``write()`` that returned is visible to e
 (attr timeout 0) is always the exact current view length.
 
 This module holds the attributes, partition files and shutdown; :mod:`logfs.fuse.namespace` the directories and
-the refused namespace operations, :mod:`logfs.fuse.xattrs` the extended attributes (both still mixins of this
-class). Collaborators it holds: the sink's entries (``control``, :class:`~logfs.fuse.control.ControlEntries`: the
-staging directory, its files and the commit file, their inodes, attributes and handles), the inode table
+the refused namespace operations (still a mixin of this class). Collaborators it holds, one idea each: the sink's
+entries (``control``, :class:`~logfs.fuse.control.ControlEntries`: the staging directory, its files and the commit
+file, their inodes, attributes and handles), the extended attributes (``xattrs``,
+:class:`~logfs.fuse.xattrs.Xattrs`, which the xattr handlers here call), the open partition files and their reads
+in worker threads (``handles``, :class:`~logfs.fuse.handles.HandleTable`), the inode table
 (:mod:`logfs.fuse.inodes`) and the partitions' live views.
 
 Everything here runs on the trio thread; fsync-class work (including the flush that ``flush.messages`` makes
@@ -37,10 +39,10 @@ from ..view.readahead import decompress_pool
 from ..view.text import LiveViews, log_positions, measure_start, start_measured
 from .control import ControlEntries, StagedFileHandle
 from .errors import disk_failed, fail, translate
-from .handles import PartitionHandle
+from .handles import HandleTable, PartitionHandle
 from .inodes import ROOT, InodeTable
 from .namespace import NamespaceOps, decode_name
-from .xattrs import XattrOps
+from .xattrs import Xattrs
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +61,7 @@ NOW_SLACK_NS = 2_000_000_000
 
 
 
-class Operations(NamespaceOps, XattrOps, pyfuse3.Operations):
+class Operations(NamespaceOps, pyfuse3.Operations):
     supports_dot_lookup = False
     enable_writeback_cache = False
     enable_acl = False
@@ -71,14 +73,11 @@ class Operations(NamespaceOps, XattrOps, pyfuse3.Operations):
         self.read_only = read_only
         self.run_blocking = run_blocking or (lambda fn, *a: trio.to_thread.run_sync(fn, *a))
         self.inodes = InodeTable(self._positions)  # (inode generations: logfs.fuse.inodes)
-        self._handles: dict[int, PartitionHandle] = {}
-        self._fetching: dict[int, trio.Lock] = {}  # handles reading tiered data in a worker thread
+        self.handles = HandleTable(self.run_blocking)  # the open partition files, and their reads in worker threads
         self.live_views = LiveViews()  # each partition's view as a new open sees it (its size)
         # The handles' read-ahead of compressed batches: worker threads of the mount's, shut down at close()
         self.decompress_pool = decompress_pool()
         self._root_listing: list[tuple[int, str]] | None = None  # the root's entries, as the listing began
-        # Reads stalled on the store hold at most this many worker threads: flushes and unlinks keep theirs.
-        self._fetch_slots = trio.CapacityLimiter(8)
         self._next_fh = itertools.count(1)
         self._started_ns = time.time_ns()
         self._uid, self._gid = os.getuid(), os.getgid()
@@ -87,13 +86,15 @@ class Operations(NamespaceOps, XattrOps, pyfuse3.Operations):
         self.control = ControlEntries(manager, self.inodes, self._next_fh, read_only=read_only,
                                       run_blocking=self.run_blocking, owner=(self._uid, self._gid),
                                       started_ns=self._started_ns)
+        self.xattrs = Xattrs(manager, self.inodes, self.handles, self.control, self.live_views, resolve=self._resolve,
+                             measured=self._measured, read_only=read_only, run_blocking=self.run_blocking)
         for topic in manager.list_topics():
             self.inodes.topic(topic)
 
     @property
     def open_files(self) -> int:
         """Partition files open through the mount (for the metrics)."""
-        return len(self._handles)
+        return len(self.handles.open)
 
     # -- inode bookkeeping ---------------------------------------------------------------------------
     def _positions(self, key: tuple[str, int]) -> tuple | None:
@@ -173,7 +174,7 @@ class Operations(NamespaceOps, XattrOps, pyfuse3.Operations):
             return None
         # A handle whose read runs in a worker thread (tiered data, a decompression) is that thread's until it ends:
         # its view is neither changed nor measured here (its size is the one last measured).
-        idle = [h for h in handles if h.fh not in self._fetching]
+        idle = [h for h in handles if h.fh not in self.handles.fetching]
         for h in idle:  # (fstat of a ``tail -f`` or shipper: a moment to free what retention removed behind it)
             if h.log.layout_version != h._layout_seen:
                 h.release_passed()
@@ -368,33 +369,28 @@ class Operations(NamespaceOps, XattrOps, pyfuse3.Operations):
             if not self.inodes.opened(inode, handle):  # (cannot be: the same positions)
                 handle.release()
                 fail(errno.ESTALE)
-        self._handles[fh] = handle
+        self.handles.open[fh] = handle
         return pyfuse3.FileInfo(fh=fh, direct_io=True, keep_cache=False, nonseekable=False)
 
     def _handle_closed(self, handle: PartitionHandle) -> None:
         self.inodes.closed(handle.inode, handle)
-
-    def _handle(self, fh: int) -> PartitionHandle:
-        try:
-            return self._handles[fh]
-        except KeyError:
-            fail(errno.EBADF)
 
     @translate
     async def read(self, fh, off, size):
         control = self.control.handles.get(fh)
         if control is not None:
             return control.read(off, size)
-        handle = self._handle(fh)
+        handles = self.handles
+        handle = handles.get(fh)
         log_dir = handle.log.log_dir
         log_dir.check()
         try:
             # Decided once: served here from what is cached and decompressed, or in a worker thread (one at a time
             # per handle, while the request thread leaves its view alone).
-            if fh not in self._fetching and handle.view.in_memory(off, size):
+            if fh not in handles.fetching and handle.view.in_memory(off, size):
                 data, lines = handle.read(off, size)
             else:
-                data, lines = await self._fetch(fh, handle.read, off, size)
+                data, lines = await handles.in_worker(fh, handle.read, off, size)
         except (OSError, StorageIOError) as exc:  # the disk failed a read: the directory goes offline
             disk_failed(handle.log, exc, "read")
         counters = handle.counters  # (here, on the trio thread, also after a read in a worker thread)
@@ -402,20 +398,9 @@ class Operations(NamespaceOps, XattrOps, pyfuse3.Operations):
         counters.read_records += lines
         return data
 
-    async def _fetch(self, fh, fn, *args):
-        """A read that needs the store or a decompression: in a worker thread (the store may take up to its time
-        bound), one at a time per handle (a view is not thread-safe); every other request goes on meanwhile."""
-        lock = self._fetching.setdefault(fh, trio.Lock())
-        try:
-            async with lock, self._fetch_slots:
-                return await self.run_blocking(fn, *args)
-        finally:
-            if not lock.locked() and not lock.statistics().tasks_waiting:
-                self._fetching.pop(fh, None)
-
     @translate
     async def write(self, fh, off, buf):
-        handle = self._handles.get(fh)  # (as _handle(), inlined on the per-write() path)
+        handle = self.handles.open.get(fh)  # (as handles.get(), inlined on the per-write() path)
         if handle is None:
             control = self.control.handles.get(fh)
             if control is None:
@@ -426,7 +411,7 @@ class Operations(NamespaceOps, XattrOps, pyfuse3.Operations):
         if handle.log.closed:
             fail(errno.ENOENT)  # the partition was deleted while open
         handle.log.log_dir.check()
-        written = handle.write(off, buf, reading=fh in self._fetching)
+        written = handle.write(off, buf, reading=fh in self.handles.fetching)
         handle.counters.appended_bytes += written
         if handle.log.flush_due:  # flush.messages: durable before the write() returns, as Kafka's flush
             await self.run_blocking(handle.log.flush)
@@ -445,11 +430,8 @@ class Operations(NamespaceOps, XattrOps, pyfuse3.Operations):
         if control is not None:
             control.release()
             return
-        fetching = self._fetching.get(fh)
-        if fetching is not None:  # a worker thread still reads through this handle's view
-            async with fetching:
-                pass
-        handle = self._handles.pop(fh, None)
+        await self.handles.settled(fh)  # (a worker thread may still read through this handle's view)
+        handle = self.handles.open.pop(fh, None)
         if handle is None:
             return
         self._handle_closed(handle)
@@ -479,11 +461,24 @@ class Operations(NamespaceOps, XattrOps, pyfuse3.Operations):
         if control is not None:
             return
         # A held partial line is not a record yet (it ends at its newline or at close), so fsync leaves it held.
-        handle = self._handle(fh)
+        handle = self.handles.get(fh)
         if handle.log.closed:
             return
         handle.log.log_dir.check()  # (never a success over bytes whose fsync failed: the directory is offline)
         await self.run_blocking(handle.log.flush)
+
+    # -- extended attributes (logfs.fuse.xattrs) ----------------------------------------------------------
+    async def getxattr(self, inode, name, ctx):
+        return await self.xattrs.getxattr(inode, name, ctx)
+
+    async def listxattr(self, inode, ctx):
+        return await self.xattrs.listxattr(inode, ctx)
+
+    async def setxattr(self, inode, name, value, ctx):
+        return await self.xattrs.setxattr(inode, name, value, ctx)
+
+    async def removexattr(self, inode, name, ctx):
+        return await self.xattrs.removexattr(inode, name, ctx)
 
     # -- shutdown --------------------------------------------------------------------------------------
     def release_all(self) -> None:
@@ -491,13 +486,13 @@ class Operations(NamespaceOps, XattrOps, pyfuse3.Operations):
         for fh, control in list(self.control.handles.items()):
             control.release()
             del self.control.handles[fh]
-        for fh, handle in list(self._handles.items()):
+        for fh, handle in list(self.handles.open.items()):
             try:
                 if handle.pending and not handle.log.closed:
                     self._commit_pending(handle)
             finally:
                 handle.release()
-            del self._handles[fh]
+            del self.handles.open[fh]
 
     def close(self) -> None:
         """At unmount: :meth:`release_all`, then the read-ahead's threads end (each after the batch it is on)."""

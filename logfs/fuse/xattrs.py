@@ -210,10 +210,24 @@ def topic_list() -> list[bytes]:
     return [n.encode() for n in names]
 
 
-class XattrOps:
-    """The extended-attribute handlers of :class:`~logfs.fuse.operations.Operations` (a mixin: it uses the inode
-    table, the manager, ``_resolve``, ``control`` and ``run_blocking``); the names and values are the functions
-    above."""
+class Xattrs:
+    """The extended attributes of the mount's entries, for :class:`~logfs.fuse.operations.Operations` (its handlers
+    of the same names call these): the names and values are the functions above; a lookup that needs the store or
+    a decompression runs in a worker thread (``handles``: one at a time per handle with its reads). ``resolve``
+    is the mount's inode -> (topic, partition or None); ``measured`` measures a log start inside a tiered batch
+    first (in a worker thread)."""
+
+    def __init__(self, manager: LogManager, inodes, handles, control, live_views: LiveViews, *, resolve, measured,
+                 read_only: bool, run_blocking):
+        self.manager = manager
+        self.inodes = inodes
+        self.handles = handles
+        self.control = control
+        self.live_views = live_views
+        self._resolve = resolve
+        self._measured = measured
+        self.read_only = read_only
+        self.run_blocking = run_blocking
 
     @translate
     async def getxattr(self, inode, name, ctx):
@@ -234,9 +248,9 @@ class XattrOps:
         plog.log_dir.check()
         await self._measured(plog)  # (the live view's start)
         if text.startswith(VIEW_NAMES):
-            handle = self._handle_for_xattrs(inode, ctx)
+            handle = self.handle_for(inode, ctx)
             if handle is not None:
-                if handle.fh in self._fetching:
+                if handle.fh in self.handles.fetching:
                     # Its view is a worker's, which a stalled store can hold for seconds: the live view answers
                     # instead if it has the same positions (checked and asked under the log's lock, which
                     # DeleteRecords, retention and the cleaner's swaps take to change them).
@@ -247,19 +261,20 @@ class XattrOps:
         try:
             if in_memory(plog, text, None, self.live_views):
                 return partition_get(plog, text, views=self.live_views)
-            async with self._fetch_slots:
+            async with self.handles.slots:
                 return await self.run_blocking(partition_get_pinned, plog, text)
         except (OSError, StorageIOError) as exc:
             disk_failed(plog, exc, f"getxattr {text}")
 
-    def _handle_for_xattrs(self, inode: int, ctx):
+    def handle_for(self, inode: int, ctx):
         """A readable handle open on ``inode`` (all have the same positions: fuse/inodes.py), the asking process's
         own if it has one; None if there is none: the path's xattrs answer in the view a new open gets."""
         readers = [h for h in self.inodes.handles(inode) if h.readable]
         if not readers:
             return None
         pid = getattr(ctx, "pid", None)
-        free = [h for h in readers if h.fh not in self._fetching] or readers  # (one a worker is not reading through)
+        # (one a worker thread is not reading through, if any)
+        free = [h for h in readers if h.fh not in self.handles.fetching] or readers
         return next((h for h in free if h.pid == pid), free[0])
 
     async def _view_xattr(self, handle, text: str) -> bytes:
@@ -272,10 +287,10 @@ class XattrOps:
             return partition_get(plog, text, handle.view, own_view=True)
 
         try:
-            if handle.fh not in self._fetching and in_memory(plog, text, handle.view):
+            if handle.fh not in self.handles.fetching and in_memory(plog, text, handle.view):
                 return lookup()
             # (and while a read of the handle runs in a worker thread, after it: the view is that thread's)
-            return await self._fetch(handle.fh, lookup)
+            return await self.handles.in_worker(handle.fh, lookup)
         except (OSError, StorageIOError) as exc:
             disk_failed(plog, exc, f"getxattr {text}")
 

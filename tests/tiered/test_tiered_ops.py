@@ -104,7 +104,7 @@ async def test_a_view_reading_in_a_worker_thread_is_left_to_it(tmp_path, clock, 
         assert len(plog.segments) == 1  # every line is in the bucket only, and none is cached
         ino = await fs.inode("t/0")
         fh = await fs.open("t/0")
-        handle = fs.ops._handles[fh]
+        handle = fs.ops.handles.open[fh]
         more = b"".join(b"line %05d\n" % i for i in range(3000, 3400))
         await fs.append("t/0", more)  # (rolled segments the view has not taken yet)
         reading = threading.Event()
