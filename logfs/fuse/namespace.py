@@ -1,8 +1,7 @@
 """The namespace handlers of the mount: listing and creating topics (directories), removing partitions and topics.
 
-A mixin of :class:`~logfs.fuse.operations.Operations` (it uses the inode table, the manager, ``_resolve``,
-``_attrs`` and the sink's entries, ``control``: :class:`~logfs.fuse.control.ControlEntries`); partition files themselves
-(create, open, read, write) stay in operations.py. Renames, links, symlinks and device nodes are refused: a
+Held by :class:`~logfs.fuse.operations.Operations`, whose handlers of the same names call these; partition files
+themselves (create, open, read, write) stay in operations.py. Renames, links, symlinks and device nodes are refused: a
 partition's name is its number, and a topic's its directory.
 """
 
@@ -27,8 +26,19 @@ def decode_name(name: bytes) -> str:
         fail(errno.EINVAL)
 
 
-class NamespaceOps:
-    """Directory handlers, and the refused namespace operations."""
+class Namespace:
+    """Directory handlers, and the refused namespace operations. ``resolve`` is the mount's inode -> (topic,
+    partition or None), ``attrs`` and ``partition_attrs`` an entry's attributes (the latter measuring a log start
+    first where that needs a fetch); the sink's entries are ``control``."""
+
+    def __init__(self, manager, inodes, control, *, resolve, attrs, partition_attrs, read_only: bool, run_blocking):
+        self.manager = manager
+        self.inodes = inodes
+        self.control = control
+        self._resolve, self._attrs, self._partition_attrs = resolve, attrs, partition_attrs
+        self.read_only = read_only
+        self.run_blocking = run_blocking
+        self._root_listing: list[tuple[int, str]] | None = None  # the root's entries, as the listing began
 
     # -- directories -----------------------------------------------------------------------------------
     @translate

@@ -5,13 +5,14 @@ Partition files are opened with ``direct_io``: every read and write reaches logf
 handle sees its own consistent view, a ``write()`` that returned is visible to every reader, and ``st_size``
 (attr timeout 0) is always the exact current view length.
 
-This module holds the attributes, partition files and shutdown; :mod:`logfs.fuse.namespace` the directories and
-the refused namespace operations (still a mixin of this class). Collaborators it holds, one idea each: the sink's
-entries (``control``, :class:`~logfs.fuse.control.ControlEntries`: the staging directory, its files and the commit
-file, their inodes, attributes and handles), the extended attributes (``xattrs``,
-:class:`~logfs.fuse.xattrs.Xattrs`, which the xattr handlers here call), the open partition files and their reads
-in worker threads (``handles``, :class:`~logfs.fuse.handles.HandleTable`), the inode table
-(:mod:`logfs.fuse.inodes`) and the partitions' live views.
+This module holds the attributes, partition files and shutdown: the pyfuse3 boundary. Collaborators it holds, one
+idea each (its other handlers forward to them): the directories and the refused namespace operations
+(``namespace``, :class:`~logfs.fuse.namespace.Namespace`), the sink's entries (``control``,
+:class:`~logfs.fuse.control.ControlEntries`: the staging directory, its files and the commit file, their inodes,
+attributes and handles), the extended attributes (``xattrs``, :class:`~logfs.fuse.xattrs.Xattrs`), the open
+partition files and their reads in worker threads (``handles``, :class:`~logfs.fuse.handles.HandleTable`), the
+inode table (:mod:`logfs.fuse.inodes`) and the partitions' live views (``live_views``). Errors become errno in
+one place, :mod:`logfs.fuse.errors`.
 
 Everything here runs on the trio thread; fsync-class work (including the flush that ``flush.messages`` makes
 due after an append) goes to worker threads (``run_blocking``). So does a read that needs the object store or a
@@ -41,7 +42,7 @@ from .control import ControlEntries, StagedFileHandle
 from .errors import disk_failed, fail, translate
 from .handles import HandleTable, PartitionHandle
 from .inodes import ROOT, InodeTable
-from .namespace import NamespaceOps, decode_name
+from .namespace import Namespace, decode_name
 from .xattrs import Xattrs
 
 log = logging.getLogger(__name__)
@@ -61,33 +62,40 @@ NOW_SLACK_NS = 2_000_000_000
 
 
 
-class Operations(NamespaceOps, pyfuse3.Operations):
+def _to(collaborator: str, handler: str):
+    """The pyfuse3 handler ``handler`` of :class:`Operations`, answered by ``self.<collaborator>.<handler>``."""
+    async def forward(self, *args, **kwargs):
+        return await getattr(getattr(self, collaborator), handler)(*args, **kwargs)
+
+    forward.__name__ = forward.__qualname__ = handler
+    return forward
+
+
+class Operations(pyfuse3.Operations):
     supports_dot_lookup = False
     enable_writeback_cache = False
     enable_acl = False
 
-    def __init__(self, manager: LogManager, *, read_only: bool = False,
-                 run_blocking: Callable | None = None):
+    def __init__(self, manager: LogManager, *, read_only: bool = False, run_blocking: Callable | None = None):
         super().__init__()
         self.manager = manager
         self.read_only = read_only
-        self.run_blocking = run_blocking or (lambda fn, *a: trio.to_thread.run_sync(fn, *a))
+        self.run_blocking = run = run_blocking or (lambda fn, *a: trio.to_thread.run_sync(fn, *a))
         self.inodes = InodeTable(self._positions)  # (inode generations: logfs.fuse.inodes)
         self.handles = HandleTable(self.run_blocking)  # the open partition files, and their reads in worker threads
         self.live_views = LiveViews()  # each partition's view as a new open sees it (its size)
-        # The handles' read-ahead of compressed batches: worker threads of the mount's, shut down at close()
-        self.decompress_pool = decompress_pool()
-        self._root_listing: list[tuple[int, str]] | None = None  # the root's entries, as the listing began
+        self.decompress_pool = decompress_pool()  # the handles' read-ahead of compressed batches (until close())
         self._next_fh = itertools.count(1)
         self._started_ns = time.time_ns()
         self._uid, self._gid = os.getuid(), os.getgid()
-        # The sink's entries (logfs.fuse.control): the staging directory, its files, the commit file; their handles
-        # numbered from the same counter as the partition files'.
+        # (the sink's entries number their handles from the same counter as the partition files)
         self.control = ControlEntries(manager, self.inodes, self._next_fh, read_only=read_only,
                                       run_blocking=self.run_blocking, owner=(self._uid, self._gid),
                                       started_ns=self._started_ns)
         self.xattrs = Xattrs(manager, self.inodes, self.handles, self.control, self.live_views, resolve=self._resolve,
                              measured=self._measured, read_only=read_only, run_blocking=self.run_blocking)
+        self.namespace = Namespace(manager, self.inodes, self.control, resolve=self._resolve, attrs=self._attrs,
+                                   partition_attrs=self._partition_attrs, read_only=read_only, run_blocking=run)
         for topic in manager.list_topics():
             self.inodes.topic(topic)
 
@@ -372,9 +380,6 @@ class Operations(NamespaceOps, pyfuse3.Operations):
         self.handles.open[fh] = handle
         return pyfuse3.FileInfo(fh=fh, direct_io=True, keep_cache=False, nonseekable=False)
 
-    def _handle_closed(self, handle: PartitionHandle) -> None:
-        self.inodes.closed(handle.inode, handle)
-
     @translate
     async def read(self, fh, off, size):
         control = self.control.handles.get(fh)
@@ -434,7 +439,7 @@ class Operations(NamespaceOps, pyfuse3.Operations):
         handle = self.handles.open.pop(fh, None)
         if handle is None:
             return
-        self._handle_closed(handle)
+        self.inodes.closed(handle.inode, handle)
         try:
             if handle.pending and not handle.log.closed:
                 self._commit_pending(handle)
@@ -467,18 +472,11 @@ class Operations(NamespaceOps, pyfuse3.Operations):
         handle.log.log_dir.check()  # (never a success over bytes whose fsync failed: the directory is offline)
         await self.run_blocking(handle.log.flush)
 
-    # -- extended attributes (logfs.fuse.xattrs) ----------------------------------------------------------
-    async def getxattr(self, inode, name, ctx):
-        return await self.xattrs.getxattr(inode, name, ctx)
-
-    async def listxattr(self, inode, ctx):
-        return await self.xattrs.listxattr(inode, ctx)
-
-    async def setxattr(self, inode, name, value, ctx):
-        return await self.xattrs.setxattr(inode, name, value, ctx)
-
-    async def removexattr(self, inode, name, ctx):
-        return await self.xattrs.removexattr(inode, name, ctx)
+    # -- handled by the collaborators ----------------------------------------------------------------------
+    opendir, readdir, releasedir, mkdir, rmdir, unlink, rename, link, symlink, mknod = (_to("namespace", h) for h in (
+        "opendir", "readdir", "releasedir", "mkdir", "rmdir", "unlink", "rename", "link", "symlink", "mknod"))
+    getxattr, listxattr, setxattr, removexattr = (_to("xattrs", h) for h in (
+        "getxattr", "listxattr", "setxattr", "removexattr"))
 
     # -- shutdown --------------------------------------------------------------------------------------
     def release_all(self) -> None:
