@@ -219,15 +219,9 @@ class Xattrs:
 
     def __init__(self, manager: LogManager, inodes, handles, control, live_views: LiveViews, *, resolve, measured,
                  read_only: bool, run_blocking):
-        self.manager = manager
-        self.inodes = inodes
-        self.handles = handles
-        self.control = control
-        self.live_views = live_views
-        self._resolve = resolve
-        self._measured = measured
-        self.read_only = read_only
-        self.run_blocking = run_blocking
+        self.manager, self.inodes, self.handles, self.control = manager, inodes, handles, control
+        self.live_views, self._resolve, self._measured = live_views, resolve, measured
+        self.read_only, self.run_blocking = read_only, run_blocking
 
     @translate
     async def getxattr(self, inode, name, ctx):
