@@ -126,16 +126,30 @@ def _error_answer(code: int, message: str) -> bytes:
 
 
 class ControlEntries:
-    """The sink's entries, for :class:`~logfs.fuse.operations.Operations` (which calls these from its handlers):
-    their inodes (the staging directory's and the commit file's, fixed at start; a staged file's, on first
-    sight), their attributes, opening them and writing requests. Uses the Operations' ``manager``, ``read_only``,
-    ``run_blocking``, inode and handle counters, ``_staging_ino``, ``_commit_ino``, ``_staged_ino``,
-    ``_staged_name`` and ``_control``."""
+    """The sink's entries, held by :class:`~logfs.fuse.operations.Operations` (its handlers ask these): their inodes
+    (the staging directory's and the commit file's, fixed at start; a staged file's, on first sight, from the
+    mount's ``inodes``), their attributes, their open handles (``handles``: fh -> :class:`StagedFileHandle` or
+    :class:`CommitHandle`, numbered from the mount's ``next_fh``), opening them and writing requests."""
 
-    def _is_control(self, inode: int) -> bool:
-        return inode == self._staging_ino or inode == self._commit_ino or inode in self._staged_name
+    def __init__(self, manager, inodes, next_fh, *, read_only: bool, run_blocking, owner: tuple[int, int],
+                 started_ns: int):
+        self.manager = manager
+        self.inodes = inodes
+        self._next_fh = next_fh
+        self.read_only = read_only
+        self.run_blocking = run_blocking
+        self._uid, self._gid = owner
+        self._started_ns = started_ns
+        self.staging_ino = inodes.allocate()
+        self.commit_ino = inodes.allocate()
+        self._staged_ino: dict[str, int] = {}
+        self._staged_name: dict[int, str] = {}
+        self.handles: dict = {}
 
-    def _control_attrs(self, inode: int) -> pyfuse3.EntryAttributes:
+    def is_control(self, inode: int) -> bool:
+        return inode == self.staging_ino or inode == self.commit_ino or inode in self._staged_name
+
+    def attrs(self, inode: int) -> pyfuse3.EntryAttributes:
         entry = pyfuse3.EntryAttributes()
         entry.st_ino = inode
         entry.generation = 0
@@ -144,10 +158,10 @@ class ControlEntries:
         entry.st_uid, entry.st_gid = self._uid, self._gid
         entry.st_blksize = BLOCK_SIZE
         mtime_ns = self._started_ns
-        if inode == self._staging_ino:
+        if inode == self.staging_ino:
             entry.st_mode = stat.S_IFDIR | (0o555 if self.read_only else 0o755)
             entry.st_nlink = 2
-        elif inode == self._commit_ino:
+        elif inode == self.commit_ino:
             entry.st_mode = stat.S_IFREG | (0o444 if self.read_only else 0o644)
             entry.st_nlink = 1
         else:
@@ -160,22 +174,22 @@ class ControlEntries:
         entry.st_atime_ns = entry.st_mtime_ns = entry.st_ctime_ns = mtime_ns
         return entry
 
-    def _staged_inode(self, name: str) -> int:
+    def staged_inode(self, name: str) -> int:
         ino = self._staged_ino.get(name)
         if ino is None:
             ino = self._staged_ino[name] = self.inodes.allocate()
             self._staged_name[ino] = name
         return ino
 
-    def _forget_staged(self, name: str) -> None:
+    def forget_staged(self, name: str) -> None:
         ino = self._staged_ino.pop(name, None)
         self._staged_name.pop(ino, None)
 
-    def _open_control(self, inode: int, flags: int) -> pyfuse3.FileInfo:
+    def open(self, inode: int, flags: int) -> pyfuse3.FileInfo:
         writable = (flags & os.O_ACCMODE) in (os.O_WRONLY, os.O_RDWR)
         if writable and self.read_only:
             fail(errno.EROFS)
-        if inode == self._commit_ino:
+        if inode == self.commit_ino:
             handle = CommitHandle(writable)
         elif inode in self._staged_name:
             if flags & os.O_TRUNC:
@@ -185,10 +199,10 @@ class ControlEntries:
         else:
             fail(errno.EISDIR)
         fh = next(self._next_fh)
-        self._control[fh] = handle
+        self.handles[fh] = handle
         return pyfuse3.FileInfo(fh=fh, direct_io=True, keep_cache=False, nonseekable=False)
 
-    async def _write_control(self, handle, buf) -> int:
+    async def write(self, handle, buf) -> int:
         if not handle.writable:
             fail(errno.EBADF)
         if isinstance(handle, StagedFileHandle):

@@ -29,6 +29,9 @@ import errno
 import logging
 import os
 import time
+from concurrent.futures import Executor
+
+import trio
 
 from ..storage.format import lines
 from ..storage.errors import InvalidRecordError, LogfsError, RecordTooLargeError
@@ -38,13 +41,16 @@ from .errors import fail
 
 log = logging.getLogger(__name__)
 
+#: Reads in worker threads at once (those stalled on the store never take the threads flushes and unlinks need).
+WORKER_READS = 8
+
 class PartitionHandle:
     __slots__ = ("log", "counters", "view", "append_mode", "writable", "pending", "skipping", "dropped", "inode",
                  "pid", "uid", "_headers", "_headers_at", "_layout_seen", "readable", "fh", "positions",
                  "known_length")
 
     def __init__(self, log: Log, inode: int, flags: int, pid: int = 0, uid: int = 0, fh: int = 0,
-                 view: SegmentView | None = None):
+                 view: SegmentView | None = None, ahead_pool: Executor | None = None):
         self.log = log
         self.fh = fh
         self.pid, self.uid = pid, uid  # the opener (the FUSE request of open/create)
@@ -53,7 +59,8 @@ class PartitionHandle:
         self.counters = log.counters  # the partition's traffic counters (Operations adds to them)
         self.inode = inode
         self.readable = (flags & os.O_ACCMODE) != os.O_WRONLY
-        self.view: SegmentView = view if view is not None else open_view(log, write_only=not self.readable)
+        self.view: SegmentView = view if view is not None else open_view(log, write_only=not self.readable,
+                                                                          ahead_pool=ahead_pool)
         # Which positions this view has, for ever (appends add to its end only): what the inode table compares
         # (fuse/inodes.py), equal to Operations._positions of the log when it was opened.
         self.positions = view_positions(self.view.start_offset, self.view.rewrite_count, self.view.fmt)
@@ -76,11 +83,13 @@ class PartitionHandle:
         return length
 
     def read(self, offset: int, size: int) -> tuple[bytes, int]:
-        """(the bytes, how many records' lines end in them)."""
+        """(the bytes, how many records' lines end in them). On the request thread, only what the view says it
+        has in memory (``view.in_memory``); at the end of the view, the segments rolled since are taken in (local
+        ones, written by appends: plain)."""
         view = self.view
-        if offset >= view.length():
-            self.length()
         data = view.read(offset, size)
+        if not data and size > 0 and self.length() > offset:
+            data = view.read(offset, size)
         if self.log.layout_version != self._layout_seen:
             self.release_passed()
         return data, view.lines
@@ -175,3 +184,40 @@ class PartitionHandle:
 
     def release(self) -> None:
         self.view.release()
+
+
+class HandleTable:
+    """The open partition files (``open``: fh -> :class:`PartitionHandle`) and their reads in worker threads
+    (:meth:`in_worker`): one at a time per handle, since a view is not thread-safe (``fetching`` holds the handles a
+    worker reads through: meanwhile the request thread leaves their views alone), at most :data:`WORKER_READS` at
+    once (``slots``, which the xattr lookups in worker threads share). Used on the trio thread."""
+
+    def __init__(self, run_blocking):
+        self.open: dict[int, PartitionHandle] = {}
+        self.fetching: dict[int, trio.Lock] = {}
+        self.slots = trio.CapacityLimiter(WORKER_READS)
+        self._run_blocking = run_blocking
+
+    def get(self, fh: int) -> PartitionHandle:
+        try:
+            return self.open[fh]
+        except KeyError:
+            fail(errno.EBADF)
+
+    async def in_worker(self, fh: int, fn, *args):
+        """``fn(*args)`` for handle ``fh`` (a read that needs the store or a decompression) in a worker thread: the
+        store may take up to its time bound; every other request goes on meanwhile."""
+        lock = self.fetching.setdefault(fh, trio.Lock())
+        try:
+            async with lock, self.slots:
+                return await self._run_blocking(fn, *args)
+        finally:
+            if not lock.locked() and not lock.statistics().tasks_waiting:
+                self.fetching.pop(fh, None)
+
+    async def settled(self, fh: int) -> None:
+        """Return once no worker thread reads through handle ``fh``."""
+        fetching = self.fetching.get(fh)
+        if fetching is not None:
+            async with fetching:
+                pass

@@ -1,8 +1,7 @@
 """The namespace handlers of the mount: listing and creating topics (directories), removing partitions and topics.
 
-A mixin of :class:`~logfs.fuse.operations.Operations` (it uses the inode table, the manager, ``_resolve``,
-``_attrs`` and the sink's entries of :class:`~logfs.fuse.control.ControlEntries`); partition files themselves
-(create, open, read, write) stay in operations.py. Renames, links, symlinks and device nodes are refused: a
+Held by :class:`~logfs.fuse.operations.Operations`, whose handlers of the same names call these; partition files
+themselves (create, open, read, write) stay in operations.py. Renames, links, symlinks and device nodes are refused: a
 partition's name is its number, and a topic's its directory.
 """
 
@@ -27,15 +26,26 @@ def decode_name(name: bytes) -> str:
         fail(errno.EINVAL)
 
 
-class NamespaceOps:
-    """Directory handlers, and the refused namespace operations."""
+class Namespace:
+    """Directory handlers, and the refused namespace operations. ``resolve`` is the mount's inode -> (topic,
+    partition or None), ``attrs`` and ``partition_attrs`` an entry's attributes (the latter measuring a log start
+    first where that needs a fetch); the sink's entries are ``control``."""
+
+    def __init__(self, manager, inodes, control, *, resolve, attrs, partition_attrs, read_only: bool, run_blocking):
+        self.manager = manager
+        self.inodes = inodes
+        self.control = control
+        self._resolve, self._attrs, self._partition_attrs = resolve, attrs, partition_attrs
+        self.read_only = read_only
+        self.run_blocking = run_blocking
+        self._root_listing: list[tuple[int, str]] | None = None  # the root's entries, as the listing began
 
     # -- directories -----------------------------------------------------------------------------------
     @translate
     async def opendir(self, inode, ctx):
-        if inode == self._staging_ino:
+        if inode == self.control.staging_ino:
             return inode
-        if self._is_control(inode):
+        if self.control.is_control(inode):
             fail(errno.ENOTDIR)
         if inode != ROOT:
             _, partition = self._resolve(inode)
@@ -46,13 +56,13 @@ class NamespaceOps:
     @translate
     async def readdir(self, fh, start_id, token):
         # Cookies are stable under concurrent changes: a topic's inode number, a partition's number + 1.
-        if fh == self._staging_ino:  # (a staged file's inode number)
-            entries = sorted((self._staged_inode(n), n) for n in self.manager.transactions.staging.names())
+        if fh == self.control.staging_ino:  # (a staged file's inode number)
+            entries = sorted((self.control.staged_inode(n), n) for n in self.manager.transactions.staging.names())
             for ino, name in entries:
                 if ino <= start_id:
                     continue
                 try:
-                    attrs = self._control_attrs(ino)
+                    attrs = self.control.attrs(ino)
                 except LogfsError:
                     continue  # removed meanwhile
                 if not pyfuse3.readdir_reply(token, name.encode(), attrs, ino):
@@ -87,7 +97,7 @@ class NamespaceOps:
         if self.read_only:
             fail(errno.EROFS)
         text = decode_name(name)
-        if self._is_control(parent_inode):
+        if self.control.is_control(parent_inode):
             fail(errno.EPERM)  # the staging directory holds plain files only
         if parent_inode != ROOT:
             self._resolve(parent_inode)
@@ -112,11 +122,11 @@ class NamespaceOps:
         if self.read_only:
             fail(errno.EROFS)
         text = decode_name(name)
-        if parent_inode == self._staging_ino:
+        if parent_inode == self.control.staging_ino:
             await self.run_blocking(self.manager.transactions.staging.unlink, text)
-            self._forget_staged(text)
+            self.control.forget_staged(text)
             return
-        if self._is_control(parent_inode):
+        if self.control.is_control(parent_inode):
             fail(errno.ENOTDIR)
         if parent_inode == ROOT:
             if text == MOUNT_COMMIT:

@@ -5,13 +5,19 @@ Partition files are opened with ``direct_io``: every read and write reaches logf
 handle sees its own consistent view, a ``write()`` that returned is visible to every reader, and ``st_size``
 (attr timeout 0) is always the exact current view length.
 
-The handlers are four classes, one idea each: this module holds the attributes, partition files and shutdown;
-:mod:`logfs.fuse.namespace` the directories and the refused namespace operations; :mod:`logfs.fuse.xattrs` the
-extended attributes; :mod:`logfs.fuse.control` the Spark sink's staging directory and commit file. The inode
-table is :mod:`logfs.fuse.inodes`.
+This module holds the attributes, partition files and shutdown: the pyfuse3 boundary. Collaborators it holds, one
+idea each (its other handlers forward to them): the directories and the refused namespace operations
+(``namespace``, :class:`~logfs.fuse.namespace.Namespace`), the sink's entries (``control``,
+:class:`~logfs.fuse.control.ControlEntries`: the staging directory, its files and the commit file, their inodes,
+attributes and handles), the extended attributes (``xattrs``, :class:`~logfs.fuse.xattrs.Xattrs`), the open
+partition files and their reads in worker threads (``handles``, :class:`~logfs.fuse.handles.HandleTable`), the
+inode table (:mod:`logfs.fuse.inodes`) and the partitions' live views (``live_views``). Errors become errno in
+one place, :mod:`logfs.fuse.errors`.
 
 Everything here runs on the trio thread; fsync-class work (including the flush that ``flush.messages`` makes
-due after an append) goes to worker threads (``run_blocking``).
+due after an append) goes to worker threads (``run_blocking``). So does a read that needs the object store or a
+decompression: the view says so before the read (``SegmentView.in_memory``), and the read is made here or in a
+worker thread, once.
 """
 
 from __future__ import annotations
@@ -27,16 +33,17 @@ from typing import Callable
 import pyfuse3
 import trio
 
-from ..storage.errors import FetchNeededError, InvalidRecordError, LogfsError, RecordTooLargeError, StorageIOError
+from ..storage.errors import InvalidRecordError, LogfsError, RecordTooLargeError, StorageIOError
 from ..storage.manager import LogManager
 from ..storage.names import MOUNT_COMMIT, MOUNT_STAGING, parse_partition_number
-from ..view.text import live_view, log_positions, measure_start
+from ..view.readahead import decompress_pool
+from ..view.text import LiveViews, log_positions, measure_start, start_measured
 from .control import ControlEntries, StagedFileHandle
 from .errors import disk_failed, fail, translate
-from .handles import PartitionHandle
+from .handles import HandleTable, PartitionHandle
 from .inodes import ROOT, InodeTable
-from .namespace import NamespaceOps, decode_name
-from .xattrs import XattrOps
+from .namespace import Namespace, decode_name
+from .xattrs import Xattrs
 
 log = logging.getLogger(__name__)
 
@@ -55,39 +62,47 @@ NOW_SLACK_NS = 2_000_000_000
 
 
 
-class Operations(NamespaceOps, XattrOps, ControlEntries, pyfuse3.Operations):
+def _to(collaborator: str, handler: str):
+    """The pyfuse3 handler ``handler`` of :class:`Operations`, answered by ``self.<collaborator>.<handler>``."""
+    async def forward(self, *args, **kwargs):
+        return await getattr(getattr(self, collaborator), handler)(*args, **kwargs)
+
+    forward.__name__ = forward.__qualname__ = handler
+    return forward
+
+
+class Operations(pyfuse3.Operations):
     supports_dot_lookup = False
     enable_writeback_cache = False
     enable_acl = False
 
-    def __init__(self, manager: LogManager, *, read_only: bool = False,
-                 run_blocking: Callable | None = None):
+    def __init__(self, manager: LogManager, *, read_only: bool = False, run_blocking: Callable | None = None):
         super().__init__()
         self.manager = manager
         self.read_only = read_only
-        self.run_blocking = run_blocking or (lambda fn, *a: trio.to_thread.run_sync(fn, *a))
+        self.run_blocking = run = run_blocking or (lambda fn, *a: trio.to_thread.run_sync(fn, *a))
         self.inodes = InodeTable(self._positions)  # (inode generations: logfs.fuse.inodes)
-        self._handles: dict[int, PartitionHandle] = {}
-        self._fetching: dict[int, trio.Lock] = {}  # handles reading tiered data in a worker thread
-        self._root_listing: list[tuple[int, str]] | None = None  # the root's entries, as the listing began
-        # Reads stalled on the store hold at most this many worker threads: flushes and unlinks keep theirs.
-        self._fetch_slots = trio.CapacityLimiter(8)
+        self.handles = HandleTable(self.run_blocking)  # the open partition files, and their reads in worker threads
+        self.live_views = LiveViews()  # each partition's view as a new open sees it (its size)
+        self.decompress_pool = decompress_pool()  # the handles' read-ahead of compressed batches (until close())
         self._next_fh = itertools.count(1)
-        # The sink's entries (logfs.fuse.control): the staging directory, its files, the commit file.
-        self._staging_ino = self.inodes.allocate()
-        self._commit_ino = self.inodes.allocate()
-        self._staged_ino: dict[str, int] = {}
-        self._staged_name: dict[int, str] = {}
-        self._control: dict = {}  # fh -> StagedFileHandle or CommitHandle
         self._started_ns = time.time_ns()
         self._uid, self._gid = os.getuid(), os.getgid()
+        # (the sink's entries number their handles from the same counter as the partition files)
+        self.control = ControlEntries(manager, self.inodes, self._next_fh, read_only=read_only,
+                                      run_blocking=self.run_blocking, owner=(self._uid, self._gid),
+                                      started_ns=self._started_ns)
+        self.xattrs = Xattrs(manager, self.inodes, self.handles, self.control, self.live_views, resolve=self._resolve,
+                             measured=self._measured, read_only=read_only, run_blocking=self.run_blocking)
+        self.namespace = Namespace(manager, self.inodes, self.control, resolve=self._resolve, attrs=self._attrs,
+                                   partition_attrs=self._partition_attrs, read_only=read_only, run_blocking=run)
         for topic in manager.list_topics():
             self.inodes.topic(topic)
 
     @property
     def open_files(self) -> int:
         """Partition files open through the mount (for the metrics)."""
-        return len(self._handles)
+        return len(self.handles.open)
 
     # -- inode bookkeeping ---------------------------------------------------------------------------
     def _positions(self, key: tuple[str, int]) -> tuple | None:
@@ -147,7 +162,7 @@ class Operations(NamespaceOps, XattrOps, ControlEntries, pyfuse3.Operations):
                 entry.st_nlink = 1
                 entry.attr_timeout = FILE_ATTR_TIMEOUT
                 entry.entry_timeout = FILE_ENTRY_TIMEOUT
-                entry.st_size = live_view(plog).length()
+                entry.st_size = self.live_views.get(plog).length()
                 mtime_ns = plog.last_append_ms * 1_000_000
         custom = self.manager.get_attrs(self._attr_name(inode))
         if custom is not None:
@@ -167,7 +182,7 @@ class Operations(NamespaceOps, XattrOps, ControlEntries, pyfuse3.Operations):
             return None
         # A handle whose read runs in a worker thread (tiered data, a decompression) is that thread's until it ends:
         # its view is neither changed nor measured here (its size is the one last measured).
-        idle = [h for h in handles if h.fh not in self._fetching]
+        idle = [h for h in handles if h.fh not in self.handles.fetching]
         for h in idle:  # (fstat of a ``tail -f`` or shipper: a moment to free what retention removed behind it)
             if h.log.layout_version != h._layout_seen:
                 h.release_passed()
@@ -186,13 +201,18 @@ class Operations(NamespaceOps, XattrOps, ControlEntries, pyfuse3.Operations):
         return entry
 
     async def _partition_attrs(self, inode: int) -> pyfuse3.EntryAttributes:
-        """:meth:`_attrs`; when the view's length needs a fetch first (a log start inside a tiered batch, set by
-        DeleteRecords), measured in a worker thread and asked again."""
-        try:
-            return self._attrs(inode)
-        except FetchNeededError:
-            await self.run_blocking(measure_start, self.manager.logs[self._resolve_partition(inode)])
-            return self._attrs(inode)
+        """:meth:`_attrs`; a partition's log start measured first in a worker thread when that needs a fetch."""
+        if inode != ROOT:
+            topic, partition = self._resolve(inode)
+            if partition is not None:
+                await self._measured(self.manager.logs[(topic, partition)])
+        return self._attrs(inode)
+
+    async def _measured(self, plog) -> None:
+        """A view of ``plog`` made after this (its length, its lookups) needs no fetch for the bytes before the log
+        start (a log start inside a tiered batch, set by DeleteRecords): measured in a worker thread if not yet."""
+        if not start_measured(plog):
+            await self.run_blocking(measure_start, plog)
 
     async def forget(self, inode_list):
         # (Never raises: pyfuse3's rule for FORGET, which has no reply.)
@@ -201,8 +221,8 @@ class Operations(NamespaceOps, XattrOps, ControlEntries, pyfuse3.Operations):
 
     @translate
     async def getattr(self, inode, ctx=None):
-        if self._is_control(inode):
-            return self._control_attrs(inode)
+        if self.control.is_control(inode):
+            return self.control.attrs(inode)
         if self.inodes.is_open(inode):
             self.inodes.retire_if_moved(inode)  # (an fstat of a handle whose file shrank from the front since)
         return self._removed_attrs(inode) or await self._partition_attrs(inode)
@@ -214,18 +234,18 @@ class Operations(NamespaceOps, XattrOps, ControlEntries, pyfuse3.Operations):
             if text in self.manager.topics:
                 return self._attrs(self.inodes.topic(text))
             if text == MOUNT_STAGING:
-                return self._control_attrs(self._staging_ino)
+                return self.control.attrs(self.control.staging_ino)
             if text == MOUNT_COMMIT:
-                return self._control_attrs(self._commit_ino)
+                return self.control.attrs(self.control.commit_ino)
             fail(errno.ENOENT)
-        if parent_inode == self._staging_ino:
-            ino = self._staged_inode(text)
+        if parent_inode == self.control.staging_ino:
+            ino = self.control.staged_inode(text)
             try:
-                return self._control_attrs(ino)
+                return self.control.attrs(ino)
             except LogfsError:
-                self._forget_staged(text)
+                self.control.forget_staged(text)
                 raise
-        if self._is_control(parent_inode):
+        if self.control.is_control(parent_inode):
             fail(errno.ENOTDIR)
         topic, partition = self._resolve(parent_inode)
         if partition is not None:
@@ -237,8 +257,8 @@ class Operations(NamespaceOps, XattrOps, ControlEntries, pyfuse3.Operations):
 
     @translate
     async def setattr(self, inode, attr, fields, fh, ctx):
-        if self._is_control(inode):
-            current = self._control_attrs(inode)
+        if self.control.is_control(inode):
+            current = self.control.attrs(inode)
             if fields.update_size and attr.st_size != current.st_size:
                 fail(errno.EPERM)  # staged files only grow by writes
             return current
@@ -246,7 +266,9 @@ class Operations(NamespaceOps, XattrOps, ControlEntries, pyfuse3.Operations):
                 fields.update_atime and abs(attr.st_atime_ns - time.time_ns()) > NOW_SLACK_NS):
             fail(errno.EPERM)  # st_mtime is the last append's time: a given time (touch -d, cp -p) cannot be set
         if fields.update_size:
-            size = live_view(self.manager.logs[self._resolve_partition(inode)]).length()
+            plog = self.manager.logs[self._resolve_partition(inode)]
+            await self._measured(plog)
+            size = self.live_views.get(plog).length()
             if attr.st_size != size:
                 fail(errno.EPERM)  # truncation (or extension with zeros) is not an append
         if fields.update_mode or fields.update_uid or fields.update_gid:
@@ -294,17 +316,17 @@ class Operations(NamespaceOps, XattrOps, ControlEntries, pyfuse3.Operations):
         if self.read_only:
             fail(errno.EROFS)
         text = decode_name(name)
-        if parent_inode == self._staging_ino:
+        if parent_inode == self.control.staging_ino:
             if self.read_only:
                 fail(errno.EROFS)
             # (a worker thread: the first file creates the directory, and fsyncs DATA_DIR)
             fd = await self.run_blocking(self.manager.transactions.staging.create, text)
-            ino = self._staged_inode(text)
+            ino = self.control.staged_inode(text)
             fh = next(self._next_fh)
-            self._control[fh] = StagedFileHandle(text, fd, True)
+            self.control.handles[fh] = StagedFileHandle(text, fd, True)
             return (pyfuse3.FileInfo(fh=fh, direct_io=True, keep_cache=False, nonseekable=False),
-                    self._control_attrs(ino))
-        if self._is_control(parent_inode):
+                    self.control.attrs(ino))
+        if self.control.is_control(parent_inode):
             fail(errno.ENOTDIR)
         if parent_inode == ROOT:
             fail(errno.EPERM)  # the root holds only topic directories
@@ -321,23 +343,18 @@ class Operations(NamespaceOps, XattrOps, ControlEntries, pyfuse3.Operations):
 
     @translate
     async def open(self, inode, flags, ctx):
-        if self._is_control(inode):
-            return self._open_control(inode, flags)
+        if self.control.is_control(inode):
+            return self.control.open(inode, flags)
         topic, partition = self._resolve_partition(inode)
         writable = (flags & os.O_ACCMODE) in (os.O_WRONLY, os.O_RDWR)
         if writable and self.read_only:
             fail(errno.EROFS)
         plog = self.manager.logs[(topic, partition)]
         plog.log_dir.check()  # a partition of an offline directory: EIO until the next mount
-        try:
-            if flags & os.O_TRUNC and live_view(plog).length() > 0:
-                fail(errno.EPERM)
-            return self._open_handle(inode, topic, partition, flags, ctx)
-        except FetchNeededError:  # the log start inside a tiered batch: measured in a worker thread first
-            await self.run_blocking(measure_start, plog)
-            if flags & os.O_TRUNC and live_view(plog).length() > 0:
-                fail(errno.EPERM)
-            return self._open_handle(inode, topic, partition, flags, ctx)
+        await self._measured(plog)
+        if flags & os.O_TRUNC and self.live_views.get(plog).length() > 0:
+            fail(errno.EPERM)
+        return self._open_handle(inode, topic, partition, flags, ctx)
 
     def _open_handle(self, inode: int, topic: str, partition: int, flags: int, ctx) -> pyfuse3.FileInfo:
         # The opener's identity, for logfs.writer.headers (handler calls without a kernel pass no context: then
@@ -345,7 +362,7 @@ class Operations(NamespaceOps, XattrOps, ControlEntries, pyfuse3.Operations):
         pid, uid = (ctx.pid, ctx.uid) if ctx is not None else (os.getpid(), os.getuid())
         fh = next(self._next_fh)
         plog = self.manager.logs[(topic, partition)]
-        handle = PartitionHandle(plog, inode, flags, pid, uid, fh)
+        handle = PartitionHandle(plog, inode, flags, pid, uid, fh, ahead_pool=self.decompress_pool)
         if not self.inodes.opened(inode, handle):
             # Its view has other positions than the readers open on this inode (retention, DeleteRecords or a
             # compaction ran since the kernel looked the name up): it gets a twin of theirs, the file it looked up
@@ -356,39 +373,29 @@ class Operations(NamespaceOps, XattrOps, ControlEntries, pyfuse3.Operations):
             twin = reader.view.clone() if reader is not None else None
             if twin is None:
                 fail(errno.ESTALE)
-            handle = PartitionHandle(plog, inode, flags, pid, uid, fh, view=twin)
+            handle = PartitionHandle(plog, inode, flags, pid, uid, fh, view=twin, ahead_pool=self.decompress_pool)
             if not self.inodes.opened(inode, handle):  # (cannot be: the same positions)
                 handle.release()
                 fail(errno.ESTALE)
-        self._handles[fh] = handle
+        self.handles.open[fh] = handle
         return pyfuse3.FileInfo(fh=fh, direct_io=True, keep_cache=False, nonseekable=False)
-
-    def _handle_closed(self, handle: PartitionHandle) -> None:
-        self.inodes.closed(handle.inode, handle)
-
-    def _handle(self, fh: int) -> PartitionHandle:
-        try:
-            return self._handles[fh]
-        except KeyError:
-            fail(errno.EBADF)
 
     @translate
     async def read(self, fh, off, size):
-        control = self._control.get(fh)
+        control = self.control.handles.get(fh)
         if control is not None:
             return control.read(off, size)
-        handle = self._handle(fh)
+        handles = self.handles
+        handle = handles.get(fh)
         log_dir = handle.log.log_dir
         log_dir.check()
-        data = None
         try:
-            if fh not in self._fetching:
-                try:
-                    data, lines = handle.read(off, size)
-                except FetchNeededError:
-                    pass
-            if data is None:
-                data, lines = await self._fetch(fh, handle.read, off, size)
+            # Decided once: served here from what is cached and decompressed, or in a worker thread (one at a time
+            # per handle, while the request thread leaves its view alone).
+            if fh not in handles.fetching and handle.view.in_memory(off, size):
+                data, lines = handle.read(off, size)
+            else:
+                data, lines = await handles.in_worker(fh, handle.read, off, size)
         except (OSError, StorageIOError) as exc:  # the disk failed a read: the directory goes offline
             disk_failed(handle.log, exc, "read")
         counters = handle.counters  # (here, on the trio thread, also after a read in a worker thread)
@@ -396,31 +403,20 @@ class Operations(NamespaceOps, XattrOps, ControlEntries, pyfuse3.Operations):
         counters.read_records += lines
         return data
 
-    async def _fetch(self, fh, fn, *args):
-        """A read of tiered data that is not cached: in a worker thread (the store may take up to its time
-        bound), one at a time per handle (a view is not thread-safe); every other request goes on meanwhile."""
-        lock = self._fetching.setdefault(fh, trio.Lock())
-        try:
-            async with lock, self._fetch_slots:
-                return await self.run_blocking(fn, *args)
-        finally:
-            if not lock.locked() and not lock.statistics().tasks_waiting:
-                self._fetching.pop(fh, None)
-
     @translate
     async def write(self, fh, off, buf):
-        handle = self._handles.get(fh)  # (as _handle(), inlined on the per-write() path)
+        handle = self.handles.open.get(fh)  # (as handles.get(), inlined on the per-write() path)
         if handle is None:
-            control = self._control.get(fh)
+            control = self.control.handles.get(fh)
             if control is None:
                 fail(errno.EBADF)
             if isinstance(control, StagedFileHandle):
                 return control.write(off, buf)  # (a page-cache write, as an append's)
-            return await self._write_control(control, buf)
+            return await self.control.write(control, buf)
         if handle.log.closed:
             fail(errno.ENOENT)  # the partition was deleted while open
         handle.log.log_dir.check()
-        written = handle.write(off, buf, reading=fh in self._fetching)
+        written = handle.write(off, buf, reading=fh in self.handles.fetching)
         handle.counters.appended_bytes += written
         if handle.log.flush_due:  # flush.messages: durable before the write() returns, as Kafka's flush
             await self.run_blocking(handle.log.flush)
@@ -435,18 +431,15 @@ class Operations(NamespaceOps, XattrOps, ControlEntries, pyfuse3.Operations):
 
     @translate
     async def release(self, fh):
-        control = self._control.pop(fh, None)
+        control = self.control.handles.pop(fh, None)
         if control is not None:
             control.release()
             return
-        fetching = self._fetching.get(fh)
-        if fetching is not None:  # a worker thread still reads through this handle's view
-            async with fetching:
-                pass
-        handle = self._handles.pop(fh, None)
+        await self.handles.settled(fh)  # (a worker thread may still read through this handle's view)
+        handle = self.handles.open.pop(fh, None)
         if handle is None:
             return
-        self._handle_closed(handle)
+        self.inodes.closed(handle.inode, handle)
         try:
             if handle.pending and not handle.log.closed:
                 self._commit_pending(handle)
@@ -466,29 +459,42 @@ class Operations(NamespaceOps, XattrOps, ControlEntries, pyfuse3.Operations):
 
     @translate
     async def fsync(self, fh, datasync):
-        control = self._control.get(fh)
+        control = self.control.handles.get(fh)
         if isinstance(control, StagedFileHandle):
             await self.run_blocking(control.sync)
             return
         if control is not None:
             return
         # A held partial line is not a record yet (it ends at its newline or at close), so fsync leaves it held.
-        handle = self._handle(fh)
+        handle = self.handles.get(fh)
         if handle.log.closed:
             return
         handle.log.log_dir.check()  # (never a success over bytes whose fsync failed: the directory is offline)
         await self.run_blocking(handle.log.flush)
 
+    # -- handled by the collaborators ----------------------------------------------------------------------
+    opendir, readdir, releasedir, mkdir, rmdir, unlink, rename, link, symlink, mknod = (_to("namespace", h) for h in (
+        "opendir", "readdir", "releasedir", "mkdir", "rmdir", "unlink", "rename", "link", "symlink", "mknod"))
+    getxattr, listxattr, setxattr, removexattr = (_to("xattrs", h) for h in (
+        "getxattr", "listxattr", "setxattr", "removexattr"))
+
     # -- shutdown --------------------------------------------------------------------------------------
     def release_all(self) -> None:
         """Commit pending partial lines of every handle still open (clean shutdown)."""
-        for fh, control in list(self._control.items()):
+        for fh, control in list(self.control.handles.items()):
             control.release()
-            del self._control[fh]
-        for fh, handle in list(self._handles.items()):
+            del self.control.handles[fh]
+        for fh, handle in list(self.handles.open.items()):
             try:
                 if handle.pending and not handle.log.closed:
                     self._commit_pending(handle)
             finally:
                 handle.release()
-            del self._handles[fh]
+            del self.handles.open[fh]
+
+    def close(self) -> None:
+        """At unmount: :meth:`release_all`, then the read-ahead's threads end (each after the batch it is on)."""
+        try:
+            self.release_all()
+        finally:
+            self.decompress_pool.shutdown(wait=True)

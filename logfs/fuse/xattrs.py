@@ -1,8 +1,9 @@
 """Extended attributes of partitions and topics (the offsets, the topic settings).
 
 Parametrised names (``position.<offset>``, ``offset.<position>``, ``time.<epoch_ms>``) answer through the
-sparse indexes in O(log n) plus one bounded scan. Unknown names answer ENODATA at once: the kernel asks for
-``security.capability`` before every write.
+sparse indexes in O(log n) plus one bounded scan; one that needs the object store or a decompression
+(:func:`in_memory` says so beforehand) is answered in a worker thread. Unknown names answer ENODATA at once: the
+kernel asks for ``security.capability`` before every write.
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ from ..storage import TOPIC_SETTINGS
 from ..storage.local.log import Log
 from ..storage.manager import LogManager
 from ..storage.tiered.manager import tier_stats
-from ..view.text import SegmentView, live_view, log_positions, measure_start, open_view
-from ..storage.errors import FetchNeededError, StorageIOError
+from ..view.text import LiveViews, SegmentView, live_view, log_positions, measure_start, open_view
+from ..storage.errors import StorageIOError
 from .control import SINK_PROTOCOL, SINK_PROTOCOL_XATTR
 from .errors import disk_failed, fail, translate
 from .inodes import ROOT
@@ -46,9 +47,11 @@ def partition_get_pinned(log: Log, name: str) -> bytes:
         view.release()
 
 
-def partition_get(log: Log, name: str, view: SegmentView | None = None, *, own_view: bool = False) -> bytes:
+def partition_get(log: Log, name: str, view: SegmentView | None = None, *, own_view: bool = False,
+                  views: LiveViews | None = None) -> bytes:
     """The value of ``name``; with ``own_view``, ``view`` is an open descriptor's (pinned, extended to the log's
-    end) and the names of positions answer in it (:data:`VIEW_NAMES`)."""
+    end) and the names of positions answer in it (:data:`VIEW_NAMES`). Without ``view``, lookups answer in the
+    live view: the mount's (``views``), or one made now."""
     if not name.startswith(PREFIX):
         fail(errno.ENODATA)
     key = name[len(PREFIX):]
@@ -68,10 +71,10 @@ def partition_get(log: Log, name: str, view: SegmentView | None = None, *, own_v
         value = tier_stats(log)[key]
     elif key.startswith("position."):
         target = _number(key[9:])
-        value = _lookup(log, view, lambda v: v.position_of(target))
+        value = _lookup(log, view, views, lambda v: v.position_of(target))
     elif key.startswith("offset."):
         target = _number(key[7:])
-        value = _lookup(log, view, lambda v: v.offset_at(target))
+        value = _lookup(log, view, views, lambda v: v.offset_at(target))
     elif key.startswith("time."):
         ts = _number(key[5:])
         if own_view:
@@ -86,13 +89,35 @@ def partition_get(log: Log, name: str, view: SegmentView | None = None, *, own_v
     return str(value).encode()
 
 
-def _lookup(log: Log, view: SegmentView | None, lookup):
-    """``lookup(view)`` through ``view`` (pinned), or through the live view under the log's lock: its segments
-    are not pinned, and a segment is read only under its log's lock or a pin (storage/local/open_files.py)."""
+def in_memory(log: Log, name: str, view: SegmentView | None = None, views: LiveViews | None = None) -> bool:
+    """Whether :func:`partition_get` of ``name`` (in ``view``, else in the live view of ``views``, or one made now:
+    as :func:`partition_get`) needs neither the store nor a
+    decompression (``SegmentView.lookup_in_memory``); the live view's start must be measured
+    (``view.text.start_measured``). Only the lookups of parametrised names can need either."""
+    key = name[len(PREFIX):] if name.startswith(PREFIX) else ""
+    if not key.startswith(PARTITION_PARAMETRISED):
+        return True
+    kind, _, number = key.partition(".")
+    if not (number.isascii() and number.isdigit()) or len(number) > 19:
+        return True  # (ENODATA)
+    with log.lock:  # (the live view's segments are read under the log's lock)
+        target = int(number)
+        view = view if view is not None else views.get(log) if views is not None else live_view(log)
+        if kind == "position":
+            return view.lookup_in_memory(offset=target)
+        if kind == "offset":
+            return view.lookup_in_memory(position=target)
+        return view.lookup_in_memory(timestamp=target)
+
+
+def _lookup(log: Log, view: SegmentView | None, views: LiveViews | None, lookup):
+    """``lookup(view)`` through ``view`` (pinned), or through the live view (of ``views``, or made now) under the
+    log's lock: its segments are not pinned, and a segment is read only under its log's lock or a pin
+    (storage/local/open_files.py)."""
     if view is not None:
         return lookup(view)
     with log.lock:
-        return lookup(live_view(log))
+        return lookup(views.get(log) if views is not None else live_view(log))
 
 
 PARTITION_PARAMETRISED = ("position.", "offset.", "time.")
@@ -185,17 +210,25 @@ def topic_list() -> list[bytes]:
     return [n.encode() for n in names]
 
 
-class XattrOps:
-    """The extended-attribute handlers of :class:`~logfs.fuse.operations.Operations` (a mixin: it uses the inode
-    table, the manager, ``_resolve``, ``_is_control`` and ``run_blocking``); the names and values are the functions
-    above."""
+class Xattrs:
+    """The extended attributes of the mount's entries, for :class:`~logfs.fuse.operations.Operations` (its handlers
+    of the same names call these): the names and values are the functions above; a lookup that needs the store or
+    a decompression runs in a worker thread (``handles``: one at a time per handle with its reads). ``resolve``
+    is the mount's inode -> (topic, partition or None); ``measured`` measures a log start inside a tiered batch
+    first (in a worker thread)."""
+
+    def __init__(self, manager: LogManager, inodes, handles, control, live_views: LiveViews, *, resolve, measured,
+                 read_only: bool, run_blocking):
+        self.manager, self.inodes, self.handles, self.control = manager, inodes, handles, control
+        self.live_views, self._resolve, self._measured = live_views, resolve, measured
+        self.read_only, self.run_blocking = read_only, run_blocking
 
     @translate
     async def getxattr(self, inode, name, ctx):
         text = name.decode("utf-8", "replace")
         if inode == ROOT and text == SINK_PROTOCOL_XATTR:
             return SINK_PROTOCOL  # how the sink recognises a logfs mount
-        if inode == ROOT or self._is_control(inode) or not text.startswith(PREFIX):
+        if inode == ROOT or self.control.is_control(inode) or not text.startswith(PREFIX):
             fail(errno.ENODATA)
         topic, partition = self._resolve(inode)
         if partition is None:
@@ -207,38 +240,35 @@ class XattrOps:
             return target.encode()
         plog = self.manager.logs[(topic, partition)]
         plog.log_dir.check()
+        await self._measured(plog)  # (the live view's start)
         if text.startswith(VIEW_NAMES):
-            handle = self._handle_for_xattrs(inode, ctx)
+            handle = self.handle_for(inode, ctx)
             if handle is not None:
-                if handle.fh in self._fetching:
+                if handle.fh in self.handles.fetching:
                     # Its view is a worker's, which a stalled store can hold for seconds: the live view answers
                     # instead if it has the same positions (checked and asked under the log's lock, which
                     # DeleteRecords, retention and the cleaner's swaps take to change them).
-                    try:
-                        with plog.lock:
-                            if handle.positions == log_positions(plog):
-                                return partition_get(plog, text)
-                    except FetchNeededError:
-                        pass
+                    with plog.lock:
+                        if handle.positions == log_positions(plog) and in_memory(plog, text, None, self.live_views):
+                            return partition_get(plog, text, views=self.live_views)
                 return await self._view_xattr(handle, text)
         try:
-            try:
-                return partition_get(plog, text)
-            except FetchNeededError:
-                pass
-            async with self._fetch_slots:
+            if in_memory(plog, text, None, self.live_views):
+                return partition_get(plog, text, views=self.live_views)
+            async with self.handles.slots:
                 return await self.run_blocking(partition_get_pinned, plog, text)
         except (OSError, StorageIOError) as exc:
             disk_failed(plog, exc, f"getxattr {text}")
 
-    def _handle_for_xattrs(self, inode: int, ctx):
+    def handle_for(self, inode: int, ctx):
         """A readable handle open on ``inode`` (all have the same positions: fuse/inodes.py), the asking process's
         own if it has one; None if there is none: the path's xattrs answer in the view a new open gets."""
         readers = [h for h in self.inodes.handles(inode) if h.readable]
         if not readers:
             return None
         pid = getattr(ctx, "pid", None)
-        free = [h for h in readers if h.fh not in self._fetching] or readers  # (one a worker is not reading through)
+        # (one a worker thread is not reading through, if any)
+        free = [h for h in readers if h.fh not in self.handles.fetching] or readers
         return next((h for h in free if h.pid == pid), free[0])
 
     async def _view_xattr(self, handle, text: str) -> bytes:
@@ -251,13 +281,10 @@ class XattrOps:
             return partition_get(plog, text, handle.view, own_view=True)
 
         try:
-            if handle.fh not in self._fetching:
-                try:
-                    return lookup()
-                except FetchNeededError:
-                    pass
+            if handle.fh not in self.handles.fetching and in_memory(plog, text, handle.view):
+                return lookup()
             # (and while a read of the handle runs in a worker thread, after it: the view is that thread's)
-            return await self._fetch(handle.fh, lookup)
+            return await self.handles.in_worker(handle.fh, lookup)
         except (OSError, StorageIOError) as exc:
             disk_failed(plog, exc, f"getxattr {text}")
 
@@ -265,7 +292,7 @@ class XattrOps:
     async def listxattr(self, inode, ctx):
         if inode == ROOT:
             return [SINK_PROTOCOL_XATTR.encode()]
-        if self._is_control(inode):
+        if self.control.is_control(inode):
             return []
         _, partition = self._resolve(inode)
         return topic_list() if partition is None else partition_list()
@@ -273,7 +300,7 @@ class XattrOps:
     @translate
     async def setxattr(self, inode, name, value, ctx):
         text = name.decode("utf-8", "replace")
-        if inode == ROOT or self._is_control(inode):
+        if inode == ROOT or self.control.is_control(inode):
             fail(errno.ENOTSUP)
         topic, partition = self._resolve(inode)
         if partition is not None:
@@ -291,7 +318,7 @@ class XattrOps:
     @translate
     async def removexattr(self, inode, name, ctx):
         text = name.decode("utf-8", "replace")
-        if inode == ROOT or self._is_control(inode):
+        if inode == ROOT or self.control.is_control(inode):
             fail(errno.ENODATA)
         topic, partition = self._resolve(inode)
         if partition is not None:

@@ -18,7 +18,6 @@ import trio
 
 from ..fuse.operations import Operations
 from ..storage.manager import LogManager
-from ..storage.threads import mark_request_thread
 from .metrics import Metrics, MetricsFile
 from .notify import notify, watchdog_interval_s
 from .runtime import LogService
@@ -56,7 +55,6 @@ async def serve(manager: LogManager, mountpoint: str, fuse_opts: list[str], read
             log.info("stop requested before mounting; closing %s", manager.source)
             manager.close()
             return 0
-        mark_request_thread()  # reads of tiered data never wait for the store on this thread
         tune_malloc()
         ops = Operations(manager, read_only=read_only)
         log.debug("mounting %s on %s with FUSE options %s", manager.source, mountpoint, ",".join(fuse_opts))
@@ -134,7 +132,7 @@ async def _serve_mounted(manager: LogManager, ops: Operations, mountpoint: str, 
     finally:
         notify(f"STOPPING=1\nSTATUS=shutting down: flushing {len(manager.logs)} partitions")
         log.info("shutting down")
-        ops.release_all()
+        ops.close()  # (every handle's partial line committed, the read-ahead's threads ended)
         try:
             pyfuse3.close(unmount=not unmounted_externally)
         except Exception as exc:  # already unmounted underneath us

@@ -86,11 +86,6 @@ class DataLossError(LogfsError):
     """Records asked for are gone (below the log start offset: retention removed them)."""
 
 
-class FetchNeededError(LogfsError):
-    """A read of a tiered range needs data not yet in the local cache, on a thread that must not wait for the
-    object store (the FUSE request loop): the caller retries the same call in a worker thread."""
-
-
 class InvalidRequestError(LogfsError):
     """A request to the sink's commit file is malformed, or names staged data that is not what the sink stages
     (whole, CRC-valid, uncompressed v2 batches of contiguous offsets)."""

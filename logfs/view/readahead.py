@@ -3,9 +3,10 @@
 The last few batches decompressed for reads and lookups are kept over all views (:class:`PlainBatches`), so a
 lookup (``position.``) and the read of the line it found share one decompression. For a sequential reader
 (a read starting where the previous one ended) :class:`ReadAhead` decompresses the compressed batches after its
-own in up to :data:`READ_AHEAD_THREADS` worker threads, up to :data:`READ_AHEAD_BYTES` of lines ahead, so that
-the request thread finds them ready. Never decompresses on the request thread itself: the view raises
-FetchNeededError there and the call is repeated in a worker (:func:`~logfs.storage.threads.on_request_thread`).
+own in up to :data:`READ_AHEAD_THREADS` worker threads of a pool its owner made (:func:`decompress_pool`: the FUSE
+operations hold one for the mount and shut it down at unmount), up to :data:`READ_AHEAD_BYTES` of lines ahead, so that
+the request thread finds them ready: the view tells the FUSE layer beforehand whether a read's batches are
+(:meth:`ReadAhead.done`), and the read runs in a worker thread otherwise.
 """
 
 from __future__ import annotations
@@ -14,9 +15,7 @@ import threading
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 
-from ..storage.errors import FetchNeededError
 from ..storage.format import records as rec
-from ..storage.threads import on_request_thread
 
 # A read fetches the lines to pass over and the requested size, plus 1/8 for the records' own overhead, plus this
 # much: the batch straddling the end of the request need not be whole (render_window renders the records that
@@ -31,11 +30,11 @@ READ_AHEAD_BATCHES = 2
 READ_AHEAD_THREADS = 2
 #: Decompressed batches kept in memory (over all views): the ones sequential readers are in, and the last lookups'.
 PLAIN_BATCHES_KEPT = 8
-_POOL_THREADS = 4
+#: Worker threads of a :func:`decompress_pool` (for all the views of a mount).
+POOL_THREADS = 4
 
-_pool: ThreadPoolExecutor | None = None
-_pool_lock = threading.Lock()
-_decompressed = [0]  # batches the views have decompressed, by any thread (under _pool_lock)
+_count_lock = threading.Lock()
+_decompressed = [0]  # batches the views have decompressed, by any thread (under _count_lock)
 
 
 def decompressions() -> int:
@@ -43,18 +42,16 @@ def decompressions() -> int:
     return _decompressed[0]
 
 
-def _read_ahead_pool() -> ThreadPoolExecutor:
-    global _pool
-    with _pool_lock:
-        if _pool is None:
-            _pool = ThreadPoolExecutor(_POOL_THREADS, thread_name_prefix="logfs-decompress")
-        return _pool
+def decompress_pool() -> ThreadPoolExecutor:
+    """A pool for the read-ahead of views (its threads start with the first batch read ahead): its owner shuts it
+    down once the views using it are released (``shutdown(wait=True)``: a worker ends after the batch it is on)."""
+    return ThreadPoolExecutor(POOL_THREADS, thread_name_prefix="logfs-decompress")
 
 
 def decompress(buf, at: int = 0) -> bytes:
     """The compressed batch at ``at`` as a plain batch to render (its compressed bytes' CRC-32C checked; no CRC
     computed for the plain one: render_window never checks it)."""
-    with _pool_lock:
+    with _count_lock:
         _decompressed[0] += 1
     return rec.decompress_batch(buf, at, stamp=False)
 
@@ -105,9 +102,6 @@ class PlainBatches:
 plain_batches = PlainBatches()
 
 
-PENDING = object()  # a batch the read-ahead is decompressing now
-
-
 def _after(segments: list, i: int, pos: int, size: int) -> tuple[int, int] | None:
     """(segment index, position) of the batch after the one of ``size`` bytes at ``pos`` of ``segments[i]``, or
     None at the end of what is sealed (an active segment may still grow)."""
@@ -127,8 +121,9 @@ class ReadAhead:
     by themselves as the reader takes batches. Thread-safe; reads the view's segments only (pinned by its
     snapshot: :meth:`stop` says when no worker reads them any more)."""
 
-    def __init__(self, segments: list) -> None:
+    def __init__(self, segments: list, pool: ThreadPoolExecutor) -> None:
         self._segments = segments
+        self._pool = pool
         self._cond = threading.Condition()
         self._done: dict = {}  # (segment index, position) -> (plain, size as stored) | None | an exception
         self._busy: set = set()  # (segment index, position) of the batches being decompressed
@@ -153,11 +148,24 @@ class ReadAhead:
             self._room = max(READ_AHEAD_BATCHES, READ_AHEAD_BYTES // max(1, plain_size))
             self._kick()
 
-    def take(self, i: int, pos: int, wait: bool):
-        """The batch at ``pos`` of segment ``i``: (plain, size as stored) if decompressed ahead; ``PENDING`` while
-        a worker is on it or about to be (unless ``wait``: then it is waited for); None if not read ahead, not
-        compressed, or its decompression failed (the reader's own path reads it again and reports what is
-        wrong)."""
+    def done(self, i: int, pos: int) -> tuple | None:
+        """(plain, size as stored) of the batch at ``pos`` of segment ``i`` if it is decompressed ahead (and so
+        stays until the reader takes it), else None."""
+        with self._cond:
+            result = self._done.get((i, pos))
+        return result if isinstance(result, tuple) else None
+
+    def pending(self, i: int, pos: int) -> bool:
+        """Whether a worker is on the batch at ``pos`` of segment ``i``, or is about to be (:meth:`take` would
+        wait for it)."""
+        key = (i, pos)
+        with self._cond:
+            return key in self._busy or (self._next is not None and self._next[:2] == key)
+
+    def take(self, i: int, pos: int):
+        """The batch at ``pos`` of segment ``i``: (plain, size as stored) if decompressed ahead (waited for while a
+        worker is on it or about to be); None if not read ahead, not compressed, or its decompression failed (the
+        reader's own path reads it again and reports what is wrong)."""
         key = (i, pos)
         with self._cond:
             while key not in self._done:
@@ -166,8 +174,8 @@ class ReadAhead:
                         return None
                     self._room = max(self._room, 1)  # the reader waits for it: it is claimed whatever is ahead
                     self._kick()
-                if not wait:
-                    return PENDING
+                    if self._next is None:  # no worker could start (the pool is shut down): the reader's own path
+                        return None
                 self._cond.wait()
             result = self._done.pop(key)
             self._room += 1
@@ -189,7 +197,11 @@ class ReadAhead:
     def _kick(self) -> None:  # (under the lock) one more worker, if there is a batch to claim and room for it
         if self._workers < READ_AHEAD_THREADS and self._next is not None and self._room > 0:
             self._workers += 1
-            _read_ahead_pool().submit(self._work)
+            try:
+                self._pool.submit(self._work)
+            except RuntimeError:  # the pool is shut down (the mount is stopping): no more read-ahead
+                self._workers -= 1
+                self._next = None
 
     def _work(self) -> None:
         on_idle = None

@@ -10,14 +10,17 @@ the segment's view index, then render forward at most one index interval of batc
 A :class:`SegmentView` is over a fixed list of segments: a file handle's is a
 :class:`~logfs.storage.local.segments.LogSnapshot` (pinned by the storage, grown at the end by segments rolled since,
 released with the handle); the live view (:func:`live_view`, what a new open would see) is over the log's
-segments now, unpinned, and cached here per log until the storage's ``layout_version`` or the format changes.
+segments now, unpinned, kept per log by the mount's :class:`LiveViews` until the storage's ``layout_version`` or
+the format changes.
 Not thread-safe; one per handle.
 
 Compressed batches (sealed segments rewritten in the topic's codec, CONTRACT section 8) are decompressed whole, once
-each, never on the request thread (:func:`~logfs.storage.threads.on_request_thread`: FetchNeededError, and
-the caller repeats the call in a worker thread). Reading one line decompresses the batch that holds it and nothing
-else. A sequential reader gets the compressed batches after its own decompressed ahead of it, and the last batches
-decompressed are shared: :mod:`logfs.view.readahead`.
+each. Reading one line decompresses the batch that holds it and nothing else. A sequential reader gets the
+compressed batches after its own decompressed ahead of it, and the last batches decompressed are shared:
+:mod:`logfs.view.readahead`. Neither a decompression nor a wait for the object store belongs on the FUSE request
+thread: the view answers beforehand whether a read or a lookup can be served from what is at hand
+(:meth:`SegmentView.in_memory`, :meth:`SegmentView.lookup_in_memory`, :func:`start_measured`), and the FUSE layer
+runs it in a worker thread otherwise.
 
 The module is longer than 500 lines because one idea, a view addressed by byte position, needs its layout
 (segment starts, the prefix before the log start), its reading (cursor, decompressed batches, read-ahead) and its
@@ -29,23 +32,27 @@ from __future__ import annotations
 
 import bisect
 import weakref
+from concurrent.futures import Executor
 
 from ..storage.format import records as rec
-from ..storage.errors import DataLossError, FetchNeededError
+from ..storage.errors import DataLossError
 from ..storage.format.speedups import C as _speedups
-from ..storage.threads import on_request_thread
 from ..storage.format.lines import ZERO_STATS
 from ..storage.format.lines import LineFormat
 from ..storage.local.log import Log
 from ..storage.local.segment import LogSegment
 from ..storage.local.segments import LogSnapshot
-from .readahead import PENDING, READ_SLACK, ReadAhead, decompress, plain_batches, whole_compressed
+from ..storage.tiered.remote_segment import RemoteLogSegment
+from .readahead import READ_SLACK, ReadAhead, decompress, plain_batches, whole_compressed
 
 
 # The batch attributes the C renderer leaves to this module: compressed and control batches, and, in a segment that
 # Kafka's aborted transactions reach into, transactional ones (render_window's ``stop``).
 _STOP = rec.ATTR_COMPRESSION_MASK | rec.ATTR_CONTROL
 _STOP_TRANSACTIONAL = _STOP | rec.ATTR_TRANSACTIONAL
+# How far past the batch holding a read's last byte the read may look (SegmentView.in_memory): its window, or the
+# first read of the generic path (segment_file's chunk of batches), whichever is larger.
+WINDOW_MARGIN = 64 << 10
 
 
 def _header_at(segment, file_pos: int):
@@ -56,11 +63,14 @@ def _header_at(segment, file_pos: int):
 
 class SegmentView:
     """The view over ``segments`` starting at ``start_offset``, in format ``fmt``; with ``snapshot`` (which
-    pinned them), it can :meth:`extend` and must be released."""
+    pinned them), it can :meth:`extend` and must be released; with ``ahead_pool`` (the owner's
+    :func:`~logfs.view.readahead.decompress_pool`), a sequential reader's compressed batches are decompressed
+    ahead in its threads."""
 
     def __init__(self, segments: list[LogSegment], start_offset: int, fmt: LineFormat,
-                 snapshot: LogSnapshot | None = None):
+                 snapshot: LogSnapshot | None = None, ahead_pool: Executor | None = None):
         self._snapshot = snapshot
+        self._ahead_pool = ahead_pool
         # With the start offset and the format, which positions the view has (:func:`view_positions`): the log's
         # rewrite count when the snapshot was taken (a live view is made for the log as it is now).
         self.rewrite_count = snapshot.rewrite_count if snapshot is not None else 0
@@ -72,6 +82,12 @@ class SegmentView:
         self._starts: list[int] = [0]  # view start of segments[0..k]; extended lazily
         self._prefix = self._prefix_length(self.segments[0], start_offset) if self.segments else 0
         self._cursor: tuple[int, int, int, int] | None = None  # (view pos, segment idx, batch position, skip)
+        # What in_memory() found for the read that follows it: (view pos, view length, (segment idx, batch position,
+        # skip) or None where the cursor is), so that the read looks nothing up again.
+        self._located: tuple | None = None
+        # Segment index -> whether its batches are compressed, as far as known: a local segment's from its first
+        # batch, a tiered one's from the first batch a read met in it (a compressed one met later says True).
+        self._codecs: dict[int, bool] = {}
         self._scratch = bytearray()  # reused read buffer for sequential reads
         # (segment, position) -> (the batch decompressed, its size as stored): the compressed batches the read in
         # progress used (a read repeated in a worker thread finds them), then only the one the cursor is in
@@ -157,7 +173,7 @@ class SegmentView:
         if self._snapshot is None or self._dropped:
             return None
         snapshot = self._snapshot.clone(write_only=write_only)
-        return SegmentView(snapshot.segments, self.start_offset, self.fmt, snapshot)
+        return SegmentView(snapshot.segments, self.start_offset, self.fmt, snapshot, self._ahead_pool)
 
     def extend(self) -> bool:
         """Take in segments rolled since this view was made (appends continue into them); its snapshot pins
@@ -196,13 +212,125 @@ class SegmentView:
         local = pos - self._start(i)
         return i, local + (self._prefix if i == 0 else 0)
 
+    # -- what a read needs ------------------------------------------------------------------------------
+    def in_memory(self, pos: int, size: int) -> bool:
+        """Whether :meth:`read` of ``size`` bytes at ``pos`` can be served from what is at hand: no request to the
+        object store (its tiered bytes in the block cache) and no decompression (its compressed batches kept by
+        this view or decompressed ahead). The FUSE layer asks it on its request thread and reads there, or else in
+        a worker thread, where both are allowed. No I/O but the local indexes (and once per local segment, the
+        header of its first batch); what it located is kept for the read that follows (no second lookup).
+
+        The bytes a read touches are bounded by the view index: the read renders up to the batch holding its last
+        byte, which ends at or before the next entry, and its window reaches at most one window further. A block
+        found is made the most recently used, so the read that follows on the same thread finds it unless the whole
+        cache turned over meanwhile (a torn block file, which only a power cut leaves, is fetched again there: one
+        GET of one block). Which segments are compressed is known from a local segment's first batch, and for a
+        tiered one from the first batch a read met in it (unknown until then: such a read goes to a worker). A
+        segment that mixes plain and compressed batches (a Kafka directory's, from producers with different
+        codecs) can so have a compressed batch decompressed on the request thread, once: that read marks it."""
+        total = self.length()
+        if pos >= total or size <= 0:
+            return True
+        cursor = self._cursor
+        if cursor is not None and cursor[0] == pos:
+            _, i, file_pos, skip = cursor
+            self._located = (pos, total, None)
+        else:
+            i, local = self._locate(pos)
+            if i in self._dropped:
+                return True  # (the read fails at once: DataLossError)
+            entry = self.segments[i].view_index.floor_by_view(local, self.fmt)
+            file_pos, cum = (entry.position, self.fmt.length(entry.stats)) if entry else (0, 0)
+            skip = local - cum
+            self._located = (pos, total, (i, file_pos, skip))
+        end = min(pos + size, total)
+        margin = max(WINDOW_MARGIN, (skip + size) * 9 // 8 + READ_SLACK)
+        starts = self._starts  # (every segment's: length() measured them)
+        while True:
+            segment = self.segments[i]
+            last = i + 1 >= len(self.segments) or end <= starts[i + 1]
+            if i in self._dropped:
+                return True  # (the read stops there, or fails)
+            compressed = self._codecs.get(i)
+            if compressed is None:
+                compressed = self._compressed(i)
+                if compressed is None:
+                    return False
+            tiered = isinstance(segment, RemoteLogSegment)
+            if compressed or tiered:
+                bound = segment.size
+                if last:
+                    local_last = end - 1 - starts[i] + (self._prefix if i == 0 else 0)
+                    after = segment.view_index.after_view(local_last, self.fmt)
+                    bound = bound if after is None else after
+                if compressed:
+                    if not self._decompressed(i, file_pos, bound):
+                        return False
+                elif not segment.cached(file_pos, bound + margin):
+                    return False
+            elif self._ahead is not None and self._ahead.pending(i, file_pos):
+                return False  # (the read-ahead is on this batch: the read would wait for it)
+            if last:
+                return True
+            i, file_pos, skip = i + 1, 0, 0
+
+    def _compressed(self, i: int) -> bool | None:
+        """Whether segment ``i``'s batches are compressed (None: not known yet, a tiered segment no read met)."""
+        known = self._codecs.get(i)
+        if known is None and not isinstance(self.segments[i], RemoteLogSegment):
+            header = _header_at(self.segments[i], 0)
+            known = self._codecs[i] = bool(header is not None and header.compression and not header.is_control)
+        return known
+
+    def _decompressed(self, i: int, file_pos: int, bound: int) -> bool:
+        """Whether every batch of segment ``i`` from ``file_pos`` to ``bound`` is decompressed at hand: kept by this
+        view, or done by its read-ahead (only this view's reads take those: none goes before the read)."""
+        segment, ahead = self.segments[i], self._ahead
+        while file_pos < bound:
+            ready = self._batches.get((segment, file_pos))
+            if ready is None and ahead is not None:
+                ready = ahead.done(i, file_pos)
+            if ready is None:
+                return False
+            file_pos += ready[1]
+        return True
+
+    def lookup_in_memory(self, *, offset: int | None = None, position: int | None = None,
+                         timestamp: int | None = None) -> bool:
+        """Whether the lookup :meth:`position_of` (``offset``), :meth:`offset_at` (``position``) or
+        :meth:`offset_for_timestamp` (``timestamp``) needs neither the store nor a decompression: the segment it
+        looks in, and the next (where a lookup goes on past a gap), are local and plain. No I/O but the local
+        indexes. (A lookup that passes over more segments than that, only over empty or aborted ones, could
+        decompress on the request thread.)"""
+        if not self.segments:
+            return True
+        if position is not None:
+            if position < 0 or position >= self.length():
+                return True
+            i, _ = self._locate(position)
+        elif offset is not None:
+            if offset < self.start_offset or offset >= self.segments[-1].next_offset:
+                return True
+            i = max(0, bisect.bisect_right([s.base_offset for s in self.segments], offset) - 1)
+        else:
+            i = next((k for k, s in enumerate(self.segments) if s.size and s.max_timestamp >= timestamp), None)
+            if i is None:
+                return True
+        return all(self._compressed(k) is False and not isinstance(self.segments[k], RemoteLogSegment)
+                   for k in range(i, min(i + 2, len(self.segments))) if k not in self._dropped)
+
     # -- reading -----------------------------------------------------------------------------------
     def read(self, pos: int, size: int) -> bytes:
         """``size`` bytes of the view from ``pos`` (fewer at the end). A sequential read resumes from the cursor
         the previous read left: (segment, position of the batch it ended in, bytes of that batch's lines already
         returned), so it neither looks anything up nor keeps rendered bytes between calls. Each request is one
         read of the segment and one C call that copies only the requested bytes of lines."""
-        total = self.length()
+        located, self._located = self._located, None
+        if located is None or located[0] != pos:
+            located = None
+            total = self.length()
+        else:
+            total = located[1]
         self.lines = 0
         if pos >= total or size <= 0:
             if pos >= total and self.segments:
@@ -213,6 +341,8 @@ class SegmentView:
         sequential = cursor is not None and cursor[0] == pos
         if sequential:
             _, i, file_pos, skip = cursor
+        elif located is not None and located[2] is not None:
+            i, file_pos, skip = located[2]
         else:
             i, local = self._locate(pos)
             if i in self._dropped:
@@ -297,6 +427,7 @@ class SegmentView:
                     buf, skip, want, self.fmt.separator, self.fmt.null_marker, stop)
                 if need < 0 and not (out or advanced or skip_after != skip) and whole_compressed(buf):
                     # A compressed batch, whole in what was read (most are: it is a tenth of its lines' size).
+                    self._codecs[i] = True
                     try:
                         header = rec.parse_header(buf)
                         plain = self._plain(segment, file_pos, header, buf, 0)
@@ -306,6 +437,8 @@ class SegmentView:
                     return self._render_plain(plain, header.size, skip, want)
                 del buf  # release the scratch buffer's export
                 if out or advanced or skip_after != skip or need == 0:
+                    if i not in self._codecs:
+                        self._codecs[i] = False  # (a tiered segment's first batch met: plain)
                     return out, advanced, skip_after, ended
                 if need < 0 or short or need <= length:
                     break  # a compressed or control batch (rendered below), or nothing more to read
@@ -313,7 +446,10 @@ class SegmentView:
         # A compressed or control batch, or no accelerator: one batch the generic way.
         for _, header, buf, at in segment.batches_from(file_pos):
             if header.compression and _speedups is not None:
+                self._codecs[i] = True
                 return self._render_compressed(segment, file_pos, header, buf, at, skip, want)
+            if i not in self._codecs:
+                self._codecs[i] = bool(header.compression)
             lines, _ = self.fmt.render(buf, at, header.size)
             if skip >= len(lines):
                 return b"", header.size, skip - len(lines), 0
@@ -345,12 +481,11 @@ class SegmentView:
 
     def _plain(self, segment, file_pos: int, header, buf, at: int) -> bytes:
         """The compressed batch at ``file_pos`` (``buf[at:]`` holds it whole) decompressed: from the batches
-        decompressed last, or now, in a worker thread (FetchNeededError on the request thread)."""
+        decompressed last, or now (CPU work: the FUSE layer reads in a worker thread what :meth:`in_memory` does
+        not find decompressed)."""
         key = (segment, file_pos, header.crc)
         plain = plain_batches.get(key)
         if plain is None:
-            if on_request_thread():  # decompressing is CPU work: in a worker thread (the call is repeated there)
-                raise FetchNeededError(f"{segment.log_path}: a compressed batch at {file_pos} to decompress")
             plain = decompress(buf, at)
             plain_batches.put(key, plain)
         return plain
@@ -362,15 +497,13 @@ class SegmentView:
 
     def _ready(self, i: int, file_pos: int) -> tuple[bytes, int] | None:
         """(the batch at ``file_pos`` of segment ``i`` decompressed, its size as stored) if it is at hand: kept
-        from an earlier read, or read ahead (waited for in a worker thread; FetchNeededError on the request thread
-        until it is done). None otherwise: the caller's own path renders the batch, or reports what is wrong."""
+        from an earlier read, or read ahead (waited for while a worker decompresses it: :meth:`in_memory` says
+        whether it is done). None otherwise: the caller's own path renders the batch, or reports what is wrong."""
         segment = self.segments[i]
         ready = self._batches.get((segment, file_pos))
         if ready is not None or self._ahead is None:
             return ready
-        ready = self._ahead.take(i, file_pos, wait=not on_request_thread())
-        if ready is PENDING:
-            raise FetchNeededError(f"{segment.log_path}: the batch at {file_pos} is being decompressed")
+        ready = self._ahead.take(i, file_pos)
         if ready is not None:
             self._keep(segment, file_pos, *ready)
         return ready
@@ -386,7 +519,9 @@ class SegmentView:
         if current is None:
             return
         if self._ahead is None:
-            self._ahead = ReadAhead(self.segments)
+            if self._ahead_pool is None:
+                return
+            self._ahead = ReadAhead(self.segments, self._ahead_pool)
         self._ahead.follow(i, file_pos, current[1], len(current[0]))
 
     def _render_plain(self, plain: bytes, stored_size: int, skip: int, want: int) -> tuple[bytes, int, int, int]:
@@ -401,8 +536,8 @@ class SegmentView:
         """In the batch at ``file_pos`` (``buf[at:]`` holds it whole): (bytes of the lines before the first record
         whose offset is ``offset`` or more, or whose line holds byte ``position`` of the batch's lines; that
         record's offset), or (all the batch's lines, None). In C, no Python object per record; a compressed batch
-        is decompressed once (:meth:`_plain`: kept for the read of the line looked up), in a worker thread, never
-        on the request thread (FetchNeededError, unless it is among the batches decompressed last)."""
+        is decompressed once (:meth:`_plain`: kept for the read of the line looked up; the FUSE layer looks up in a
+        worker thread what :meth:`lookup_in_memory` does not find plain and local)."""
         if header.is_control or segment.is_aborted(header):
             return 0, None
         if _speedups is None:
@@ -413,7 +548,7 @@ class SegmentView:
                 passed += n
             return passed, None
         if header.compression:
-            batch = self._plain(segment, file_pos, header, buf, at)  # (FetchNeededError on the request thread)
+            batch = self._plain(segment, file_pos, header, buf, at)
         else:
             batch = memoryview(buf)[at : at + header.size]
         passed, found = _speedups.seek_line(batch, self.fmt.separator, self.fmt.null_marker, offset, position)
@@ -496,10 +631,6 @@ class SegmentView:
             ahead.stop(snapshot.release)
 
 
-# Each log's live view, with the key it was made for; an entry goes with its log.
-_live_views: "weakref.WeakKeyDictionary[Log, tuple[tuple, SegmentView]]" = weakref.WeakKeyDictionary()
-
-
 # segment -> {(offset, format): view bytes of its records below offset}: a log start inside a batch is measured once
 # per segment (a view made on the request thread finds it here; measuring may need a tiered fetch, which only a
 # worker thread may do: :func:`measure_start`).
@@ -511,6 +642,26 @@ def measure_start(log: Log) -> None:
     thread: a view made on the request thread then needs no fetch or decompression for it."""
     with log.snapshot(tiers=True) as snapshot:
         SegmentView(snapshot.segments, snapshot.log_start_offset, LineFormat.of(log.config))
+
+
+def start_measured(log: Log) -> bool:
+    """Whether a view of ``log`` made now finds the view bytes before its start without a fetch: the start is at
+    a segment's base, in a local segment (measured there: at most one batch decompressed), or inside a tiered
+    segment and measured already (:func:`measure_start`). No I/O. (A DeleteRecords in a worker thread between this
+    answer and the view's making measures the new start itself, right after; a view made in between fetches.)"""
+    start = log.log_start_offset
+    if not log.remote_segments:
+        return True
+    first_local = log.segments.as_list()[0].base_offset  # (as Log.view_segments: the tiered ones below it are read)
+    for segment in log.remote_segments:
+        if segment.next_offset > first_local:
+            return True
+        if segment.next_offset > start:
+            if start <= segment.base_offset:
+                return True
+            known = _PREFIXES.get(segment)
+            return known is not None and (start, LineFormat.of(log.config)) in known
+    return True
 
 
 def view_positions(start_offset: int, rewrite_count: int, fmt: LineFormat) -> tuple:
@@ -525,23 +676,36 @@ def log_positions(log: Log) -> tuple:
 
 
 def live_view(log: Log) -> SegmentView:
-    """The view as a new open would see it now (cached until the segment list, start or format changes).
-    Its segments are not pinned: its length needs no file, but anything that reads them (a lookup) holds the
-    log's lock, and none of it is kept across awaits."""
-    fmt = LineFormat.of(log.config)
-    key = (log.layout_version, log.log_start_offset, fmt)
-    cached = _live_views.get(log)
-    if cached is not None and cached[0] == key:
-        return cached[1]
+    """The view as a new open would see it now, made now (:class:`LiveViews` keeps one per log for a mount). Its
+    segments are not pinned: its length needs no file, but anything that reads them (a lookup) holds the log's
+    lock, and none of it is kept across awaits."""
     with log.lock:
-        view = SegmentView(log.view_segments(), log.log_start_offset, fmt)
-    _live_views[log] = (key, view)
-    return view
+        return SegmentView(log.view_segments(), log.log_start_offset, LineFormat.of(log.config))
 
 
-def open_view(log: Log, *, write_only: bool = False) -> SegmentView:
+class LiveViews:
+    """Each log's live view (:func:`live_view`), kept until the log's segment list, start or format changes: the
+    mount's (the FUSE operations hold one), asked for every ``stat``. An entry goes with its log. Used on the
+    request thread only."""
+
+    def __init__(self) -> None:
+        self._views: "weakref.WeakKeyDictionary[Log, tuple[tuple, SegmentView]]" = weakref.WeakKeyDictionary()
+
+    def get(self, log: Log) -> SegmentView:
+        fmt = LineFormat.of(log.config)
+        key = (log.layout_version, log.log_start_offset, fmt)
+        cached = self._views.get(log)
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        view = live_view(log)
+        self._views[log] = (key, view)
+        return view
+
+
+def open_view(log: Log, *, write_only: bool = False, ahead_pool: Executor | None = None) -> SegmentView:
     """A pinned view for a file handle: consistent under retention and compaction until released; the segments
     rolled from now on are pinned at the roll. ``write_only``: a handle that never reads (its view gives lengths),
-    which lets go of removed segments at every roll."""
+    which lets go of removed segments at every roll. ``ahead_pool``: :class:`SegmentView`'s."""
     snapshot = log.snapshot(tiers=True, follow=True, write_only=write_only)
-    return SegmentView(snapshot.segments, snapshot.log_start_offset, LineFormat.of(log.config), snapshot)
+    return SegmentView(snapshot.segments, snapshot.log_start_offset, LineFormat.of(log.config), snapshot,
+                       ahead_pool)

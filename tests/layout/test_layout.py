@@ -15,7 +15,6 @@ RANKS = [
     ("logfs.remote", 0),
     ("logfs.storage.errors", 1), ("logfs.storage.clock", 1), ("logfs.storage.names", 1),
     ("logfs.storage.counters", 1), ("logfs.storage.checkpoints", 1), ("logfs.storage.failure", 1),
-    ("logfs.storage.threads", 1),
     ("logfs.storage.format", 2),
     ("logfs.storage.config", 3),
     ("logfs.storage.local", 4),

@@ -24,7 +24,7 @@ def lines(n: int, start: int = 0) -> list[bytes]:
 
 async def fgetx(fs, fh: int, key: str) -> str:
     """``fgetxattr``: the kernel sends GETXATTR for the inode the descriptor holds."""
-    inode = fs.ops._handles[fh].inode
+    inode = fs.ops.handles.open[fh].inode
     return (await fs.ops.getxattr(inode, (PX + key).encode(), None)).decode()
 
 
@@ -56,7 +56,7 @@ async def test_descriptor_answers_in_its_view_after_delete_records(loaded):
     await fs.setxattr("t/0", PX + "log_start_offset", "250")
     third = await fs.open("t/0")
     # Three descriptors, three inodes, three views; each answers in its own.
-    inodes = {fs.ops._handles[fh].inode for fh in (first, second, third)}
+    inodes = {fs.ops.handles.open[fh].inode for fh in (first, second, third)}
     assert len(inodes) == 3
     for fh, start in ((first, 0), (second, 100), (third, 250)):
         assert await fgetx(fs, fh, "log_start_offset") == str(start)
@@ -118,7 +118,7 @@ async def test_descriptor_answers_in_its_view_after_compaction(ops_fs, clock):
     await check_positions(fs, fh, written, range(0, 300, 11))
     # The path answers in the compacted view: a position there leads to the same record in a new open.
     new = await fs.open("t/0")
-    assert fs.ops._handles[new].inode != fs.ops._handles[fh].inode
+    assert fs.ops.handles.open[new].inode != fs.ops.handles.open[fh].inode
     for n in range(280, 300):
         pos = int(await fs.getx("t/0", f"position.{n}"))
         assert await fs.read(new, pos, len(written[n])) == written[n]
@@ -145,7 +145,7 @@ async def test_open_of_an_inode_whose_view_moved_gets_its_readers_view(loaded):
     held = (await fs.ops.open(inode, 0, None)).fh
     await fs.setxattr("t/0", PX + "log_start_offset", "100")  # between another open's lookup and its open
     late = (await fs.ops.open(inode, 0, None)).fh
-    assert fs.ops._handles[late].inode == inode
+    assert fs.ops.handles.open[late].inode == inode
     assert await fgetx(fs, late, "log_start_offset") == "0"
     assert (await fs.read_all(late)).startswith(written[0])
     await check_positions(fs, late, written, range(0, 400, 9))
@@ -175,7 +175,7 @@ async def test_open_is_estale_when_the_readers_view_cannot_be_copied(loaded, clo
     plog = fs.manager.logs[("t", 0)]
     assert delete_old_segments(plog, clock.time_ms()) > 0
     await fs.read(held, 0, 10)  # (a read after the layout changed lets the passed segments go)
-    assert fs.ops._handles[held].view._dropped
+    assert fs.ops.handles.open[held].view._dropped
     with fuse_errno(errno.ESTALE):
         await fs.ops.open(inode, 0, None)
     again = await fs.inode("t/0")
@@ -195,8 +195,8 @@ async def test_asking_process_gets_its_own_handle(loaded):
     inode = await fs.inode("t/0")
     a = (await fs.ops.open(inode, 0, types.SimpleNamespace(pid=111, uid=0))).fh
     b = (await fs.ops.open(inode, 0, types.SimpleNamespace(pid=222, uid=0))).fh
-    assert fs.ops._handle_for_xattrs(inode, types.SimpleNamespace(pid=222)) is fs.ops._handles[b]
-    assert fs.ops._handle_for_xattrs(inode, types.SimpleNamespace(pid=111)) is fs.ops._handles[a]
+    assert fs.ops.xattrs.handle_for(inode, types.SimpleNamespace(pid=222)) is fs.ops.handles.open[b]
+    assert fs.ops.xattrs.handle_for(inode, types.SimpleNamespace(pid=111)) is fs.ops.handles.open[a]
     await fs.release(a)
     await fs.release(b)
 

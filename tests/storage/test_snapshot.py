@@ -12,7 +12,7 @@ from logfs.storage.errors import LogfsError
 from logfs.storage.local.lifecycle import open_segment
 from logfs.storage.local.retention import delete_old_segments
 from logfs.storage.local.segment import CLEANED_SUFFIX
-from logfs.view.text import live_view, open_view
+from logfs.view.text import LiveViews, live_view, open_view
 
 
 def config(**kw):
@@ -137,12 +137,14 @@ def test_the_log_keeps_no_view_state_and_the_live_view_follows_the_layout_versio
     log = open_log(config())
     fill(log, clock, 60)
     attributes = set(vars(log))
-    view = live_view(log)
-    assert live_view(log) is view  # cached in the view layer
+    views = LiveViews()  # (the mount's: the FUSE operations hold one)
+    view = views.get(log)
+    assert views.get(log) is view  # kept in the view layer
     assert set(vars(log)) == attributes
     log.roll()
-    assert live_view(log) is not view
-    view = live_view(log)
+    assert views.get(log) is not view
+    view = views.get(log)
     log.truncate_to(30)
-    assert live_view(log) is not view
-    assert live_view(log).read(0, 1 << 20) == b"".join(b"value-%04d\n" % i for i in range(30))
+    assert views.get(log) is not view
+    assert views.get(log).read(0, 1 << 20) == b"".join(b"value-%04d\n" % i for i in range(30))
+    assert live_view(log).read(0, 1 << 20) == views.get(log).read(0, 1 << 20)

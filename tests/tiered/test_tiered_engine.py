@@ -199,31 +199,44 @@ def test_deleted_partition_objects_are_removed_and_the_cache_stays_bounded(tmp_p
     manager.close()
 
 
-def test_a_tiered_read_on_the_request_thread_never_fetches(tmp_path, archive, clock):
-    from logfs.storage import threads
-    from logfs.storage.errors import FetchNeededError
+def test_the_view_says_which_reads_need_the_store(tmp_path, archive, clock):
+    """``SegmentView.in_memory``, which the FUSE layer asks before a read to make it on its request thread or in a
+    worker: False while what the read touches is not cached (or, for a tiered segment no read met yet, while its
+    codec is unknown), and a read it says True for sends no request from the reading thread. Random reads of all
+    sizes over one-block segments, with the block cache keeping everything."""
+    import random
     import threading
 
+    class CountingStore(DirectoryStore):
+        def get_range_buffer(self, key, start, length, progress=None):
+            fetched_on.append(threading.current_thread())
+            return super().get_range_buffer(key, start, length, progress)
+
+    fetched_on: list = []
     data = lines(2000)
-    manager, rlm, plog = tiered_log(tmp_path, archive, clock, data, local_bytes="0")
+    manager, rlm, plog = tiered_log(tmp_path, archive, clock, data, local_bytes="0",
+                                    store=CountingStore(archive), cache_bytes=64 << 20)
     rlm.sync(plog, clock.time_ms())
-    result = {}
-
-    def request_thread():
-        threads.mark_request_thread()
-        view = open_view(plog)
-        try:
-            view.read(0, 100)
-        except FetchNeededError:
-            result["raised"] = True
+    assert len(plog.remote_segments) > 10
+    view = open_view(plog)
+    try:
+        assert not fetched_on and not view.in_memory(0, 100) and not view.in_memory(len(data) // 2, 1)
+        assert view.read(0, 100) == data[:100] and fetched_on  # (as a worker thread reads: it fetches)
+        rng = random.Random(5)
+        probes = [(0, 100), (50, 1), (100, 3000)] + [(rng.randrange(len(data)), rng.choice([1, 100, 5000, 20000]))
+                                                     for _ in range(300)]
+        said = {True: 0, False: 0}
+        for pos, size in probes:
+            inline = view.in_memory(pos, size)
+            before = fetched_on.count(threading.current_thread())
+            assert view.read(pos, size) == data[pos:pos + size], (pos, size)
+            if inline:
+                assert fetched_on.count(threading.current_thread()) == before, (pos, size)
+            said[inline] += 1
+        assert said[True] > 100 and said[False] > 0, said
+    finally:
         view.release()
-
-    t = threading.Thread(target=request_thread)
-    t.start()
-    t.join()
-    assert result == {"raised": True}
-    assert view_text(plog) == data  # a worker thread fetches
-    manager.close()
+        manager.close()
 
 
 def test_time_lookup_and_record_reads_across_tiers(tmp_path, archive, clock):

@@ -1,5 +1,5 @@
-"""The FUSE Operations over a tiered log, without the kernel: a read or xattr that needs data not cached is
-repeated in a worker thread, and other requests are answered meanwhile."""
+"""The FUSE Operations over a tiered log, without the kernel: a read or xattr that needs data not cached runs in a
+worker thread, and other requests are answered meanwhile."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ from logfs.fuse.handles import PartitionHandle
 from logfs.fuse.operations import Operations
 from logfs.remote import DirectoryStore
 from logfs.storage import BrokerConfig, LogManager
-from logfs.storage.threads import mark_request_thread
 from logfs.storage.tiered.manager import RemoteLogManager
 
 from ops_helpers import OpsFS, run_blocking
@@ -39,7 +38,6 @@ async def test_uncached_tiered_reads_run_in_a_worker_thread(tmp_path, clock):
     rlm = RemoteLogManager(manager.data_dir, manager.logs, store, cache_bytes=1 << 20)
     manager.attach_tiering(rlm)
     fs = OpsFS(Operations(manager, run_blocking=run_blocking))
-    mark_request_thread()
     try:
         await fs.mkdir("t")
         await fs.setconfig("t", "remote.storage.enable", "true")
@@ -77,7 +75,6 @@ async def test_uncached_tiered_reads_run_in_a_worker_thread(tmp_path, clock):
         assert answered[1] == ("read", data[:100])
         await fs.release(fh)
     finally:
-        mark_request_thread(False)
         fs.ops.release_all()
         manager.close()
 
@@ -97,7 +94,6 @@ async def test_a_view_reading_in_a_worker_thread_is_left_to_it(tmp_path, clock, 
     rlm = RemoteLogManager(manager.data_dir, manager.logs, store, cache_bytes=1 << 20)
     manager.attach_tiering(rlm)
     fs = OpsFS(Operations(manager, run_blocking=run_blocking))
-    mark_request_thread()
     try:
         await fs.mkdir("t")
         await fs.setconfig("t", "remote.storage.enable", "true")
@@ -110,7 +106,7 @@ async def test_a_view_reading_in_a_worker_thread_is_left_to_it(tmp_path, clock, 
         assert len(plog.segments) == 1  # every line is in the bucket only, and none is cached
         ino = await fs.inode("t/0")
         fh = await fs.open("t/0")
-        handle = fs.ops._handles[fh]
+        handle = fs.ops.handles.open[fh]
         more = b"".join(b"line %05d\n" % i for i in range(3000, 3400))
         await fs.append("t/0", more)  # (rolled segments the view has not taken yet)
         reading = threading.Event()
@@ -125,7 +121,7 @@ async def test_a_view_reading_in_a_worker_thread_is_left_to_it(tmp_path, clock, 
 
         def read_in_worker(self, offset, size):
             if self is not handle or threading.current_thread() is threading.main_thread():
-                return real_read(self, offset, size)  # (the request thread's try, before the worker's)
+                return real_read(self, offset, size)
             reading.set()
             try:
                 return real_read(self, offset, size)
@@ -158,6 +154,5 @@ async def test_a_view_reading_in_a_worker_thread_is_left_to_it(tmp_path, clock, 
         assert (await fs.ops.getattr(ino, None)).st_size == len(data + more)  # (measured again once it is done)
         await fs.release(fh)
     finally:
-        mark_request_thread(False)
         fs.ops.release_all()
         manager.close()

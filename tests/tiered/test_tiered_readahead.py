@@ -492,7 +492,7 @@ def test_blocks_are_read_only_views_of_one_get_correct_at_block_boundaries_and_t
         cache._hot.clear()
         cache._hot_buffers.clear()
         cache._hot_used = 0
-    remote_segment._thread.last_block = None
+    cache.last_block = None  # (nor the block read last)
     gets = len(store.log_gets())
     for position, length in ((seg.size - 100, 500), ((last - 2) * BLOCK_BYTES - 1, 2),
                              ((last - 3) * BLOCK_BYTES, 4 * BLOCK_BYTES)):

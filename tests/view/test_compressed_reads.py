@@ -1,7 +1,8 @@
-"""Reading compressed segments through the text view as the FUSE layer does (the request thread marked: a read that
-would decompress raises FetchNeededError and is repeated in a worker thread): the read-ahead of a sequential reader
-returns the text at every position and decompresses each batch once; a random read decompresses only the batch
-that holds its line; a view released while its read-ahead runs lets its segments go once the workers are done."""
+"""Reading compressed segments through the text view as the FUSE layer does (a read the view says is in memory is
+made on the request thread, and then decompresses nothing; any other in a worker thread): the read-ahead of a
+sequential reader returns the text at every position and decompresses each batch once; a random read decompresses
+only the batch that holds its line; a view released while its read-ahead runs lets its segments go once the
+workers are done."""
 
 from __future__ import annotations
 
@@ -16,12 +17,18 @@ from logfs.storage import LogConfig, load_log
 from logfs.storage.cleaner import compression
 from logfs.storage.format import records as rec
 from logfs.storage.cleaner.process import compress_in_thread
-from logfs.storage.errors import FetchNeededError
-from logfs.storage.threads import mark_request_thread
 from logfs.view import readahead
 from logfs.view.text import live_view, open_view
 
 BATCH = 8 << 10  # records per rewritten batch: many batches per segment with little data
+
+
+@pytest.fixture
+def pool():
+    """The read-ahead's threads, as the FUSE operations make them for a mount."""
+    pool = readahead.decompress_pool()
+    yield pool
+    pool.shutdown(wait=True)
 
 
 @pytest.fixture
@@ -56,24 +63,25 @@ def compressed_batches(plog) -> int:
 
 
 class Fuse:
-    """Reads as logfs.fuse.operations makes them: on the (marked) request thread first, repeated in a worker thread
-    on FetchNeededError; counts both."""
+    """Reads and lookups as logfs.fuse makes them: here when the view says they are in memory (and then they must
+    decompress nothing), else in a worker thread; counts both."""
 
     def __init__(self):
         self.pool = ThreadPoolExecutor(1)
         self.here = self.repeated = 0
 
-    def call(self, fn, *args):
-        mark_request_thread(True)
-        try:
+    def call(self, in_memory: bool, fn, *args):
+        if in_memory:
+            before = readahead.decompressions()
             result = fn(*args)
+            assert readahead.decompressions() == before, "a decompression on the request thread"
             self.here += 1
             return result
-        except FetchNeededError:
-            self.repeated += 1
-        finally:
-            mark_request_thread(False)
+        self.repeated += 1
         return self.pool.submit(fn, *args).result()
+
+    def read(self, view, pos: int, size: int) -> bytes:
+        return self.call(view.in_memory(pos, size), view.read, pos, size)
 
     def close(self):
         self.pool.shutdown()
@@ -88,14 +96,14 @@ def idle(view, timeout: float = 10.0) -> None:
 
 
 @pytest.mark.parametrize("size", [200_000, 131072, 4099, 333])
-def test_sequential_reads_return_the_text_and_decompress_each_batch_once(zstd_log, size):
+def test_sequential_reads_return_the_text_and_decompress_each_batch_once(zstd_log, pool, size):
     plog, data = zstd_log
     fuse = Fuse()
-    view = open_view(plog)
+    view = open_view(plog, ahead_pool=pool)
     before = readahead.decompressions()
     try:
         got, pos, reads = [], 0, 0
-        while chunk := fuse.call(view.read, pos, size):
+        while chunk := fuse.read(view, pos, size):
             got.append(chunk)
             pos += len(chunk)
             reads += 1
@@ -104,7 +112,7 @@ def test_sequential_reads_return_the_text_and_decompress_each_batch_once(zstd_lo
                 # served on the request thread.
                 idle(view)
                 repeated = fuse.repeated
-                chunk = fuse.call(view.read, pos, size)
+                chunk = fuse.read(view, pos, size)
                 assert fuse.repeated == repeated, (pos, size)
                 got.append(chunk)
                 pos += len(chunk)
@@ -116,7 +124,7 @@ def test_sequential_reads_return_the_text_and_decompress_each_batch_once(zstd_lo
         fuse.close()
 
 
-def test_reads_from_every_kind_of_position_return_the_text(zstd_log):
+def test_reads_from_every_kind_of_position_return_the_text(zstd_log, pool):
     """Sequential reads starting anywhere (inside batches, at batch and segment boundaries), in sizes that end
     anywhere, with the read-ahead running: the same bytes as the text."""
     plog, data = zstd_log
@@ -126,12 +134,12 @@ def test_reads_from_every_kind_of_position_return_the_text(zstd_log):
     starts += [live_view(plog).position_of(s.base_offset) for s in plog.segments.as_list()]
     try:
         for start in starts:
-            view = open_view(plog)
+            view = open_view(plog, ahead_pool=pool)
             try:
                 pos = start
                 for _ in range(12):
                     size = rng.choice([1, 97, 4096, 8191, 65536, 300_000])
-                    chunk = fuse.call(view.read, pos, size)
+                    chunk = fuse.read(view, pos, size)
                     assert chunk == data[pos:pos + size], (start, pos, size)
                     pos += len(chunk)
             finally:
@@ -140,7 +148,7 @@ def test_reads_from_every_kind_of_position_return_the_text(zstd_log):
         fuse.close()
 
 
-def test_a_random_read_decompresses_only_the_batch_holding_its_line(zstd_log):
+def test_a_random_read_decompresses_only_the_batch_holding_its_line(zstd_log, pool):
     """``getxattr position.<offset>`` (a lookup: on the request thread it is repeated in a worker thread, with a
     view of its own) and the read of that line (a handle's view): one decompression between them, of the batch that
     holds the line; no read-ahead."""
@@ -148,14 +156,14 @@ def test_a_random_read_decompresses_only_the_batch_holding_its_line(zstd_log):
     fuse = Fuse()
     rng = random.Random(11)
     end = plog.segments.as_list()[-1].base_offset  # the sealed (compressed) part
-    handle = open_view(plog)
+    handle = open_view(plog, ahead_pool=pool)
     try:
         for offset in [0, end - 1] + [rng.randrange(end) for _ in range(60)]:
             readahead.plain_batches.clear()
             before = readahead.decompressions()
-            pos = fuse.call(lambda: _lookup_position(plog, offset))
+            pos = _lookup_position(fuse, plog, offset)
             line_end = data.index(b"\n", pos) + 1
-            line = fuse.call(handle.read, pos, line_end - pos)
+            line = fuse.read(handle, pos, line_end - pos)
             assert line == data[pos:line_end]
             assert pos == 0 or data[pos - 1:pos] == b"\n"
             assert readahead.decompressions() - before == 1, offset
@@ -165,32 +173,34 @@ def test_a_random_read_decompresses_only_the_batch_holding_its_line(zstd_log):
         fuse.close()
 
 
-def _lookup_position(plog, offset: int) -> int:
-    """What the position xattr does: the live view on the request thread, else a pinned view of its own."""
-    try:
-        return live_view(plog).position_of(offset)
-    except FetchNeededError:
-        from logfs.storage.threads import on_request_thread
+def _lookup_position(fuse, plog, offset: int) -> int:
+    """What the position xattr does: in the live view on the request thread when it is in memory, else in a worker
+    thread through a pinned view of its own."""
+    with plog.lock:
+        live = live_view(plog)
+        if live.lookup_in_memory(offset=offset):
+            return fuse.call(True, live.position_of, offset)
 
-        if on_request_thread():
-            raise
+    def pinned() -> int:
         view = open_view(plog)
         try:
             return view.position_of(offset)
         finally:
             view.release()
 
+    return fuse.call(False, pinned)
 
-def test_a_view_released_during_read_ahead_unpins_its_segments_when_the_workers_are_done(zstd_log):
+
+def test_a_view_released_during_read_ahead_unpins_its_segments_when_the_workers_are_done(zstd_log, pool):
     plog, data = zstd_log
     fuse = Fuse()
     segments = plog.segments.as_list()
     refs = [s.refs for s in segments]
-    view = open_view(plog)
+    view = open_view(plog, ahead_pool=pool)
     try:
         pos = 0
         for _ in range(3):
-            pos += len(fuse.call(view.read, pos, 4096))
+            pos += len(fuse.read(view, pos, 4096))
         assert view._ahead is not None
         view.release()  # (workers may still be reading)
         deadline = time.monotonic() + 10
@@ -201,7 +211,7 @@ def test_a_view_released_during_read_ahead_unpins_its_segments_when_the_workers_
         fuse.close()
 
 
-def test_a_log_start_inside_a_compressed_batch(zstd_log):
+def test_a_log_start_inside_a_compressed_batch(zstd_log, pool):
     """The log start moved inside a compressed batch (and into the next segments): an open on the request thread
     measures the part before it (one batch decompressed there), and reads and lookups give the text from it."""
     plog, data = zstd_log
@@ -215,24 +225,40 @@ def test_a_log_start_inside_a_compressed_batch(zstd_log):
             plog.increment_log_start_offset(start)
             readahead.plain_batches.clear()
             before = readahead.decompressions()
-            mark_request_thread(True)
-            try:
-                view = open_view(plog)  # (as PartitionHandle is made in open(), on the request thread)
-            finally:
-                mark_request_thread(False)
+            view = open_view(plog, ahead_pool=pool)  # (as a PartitionHandle is made in open())
             assert readahead.decompressions() - before <= 1
             try:
                 want = data[starts[start]:]
                 assert view.length() == len(want)
                 pos, got = 0, []
-                while chunk := fuse.call(view.read, pos, 65536):
+                while chunk := fuse.read(view, pos, 65536):
                     got.append(chunk)
                     pos += len(chunk)
                 assert b"".join(got) == want
                 for offset in (start, start + 1, start + 250):
-                    assert fuse.call(view.position_of, offset) == starts[offset] - starts[start]
-                    assert fuse.call(view.offset_at, starts[offset] - starts[start] + 1) == offset
+                    position = starts[offset] - starts[start]
+                    assert fuse.call(view.lookup_in_memory(offset=offset), view.position_of, offset) == position
+                    assert fuse.call(view.lookup_in_memory(position=position + 1), view.offset_at,
+                                     position + 1) == offset
             finally:
                 view.release()
     finally:
         fuse.close()
+
+
+def test_a_view_reads_on_once_its_read_ahead_pool_is_shut_down(zstd_log):
+    """The FUSE operations shut their read-ahead pool down at unmount (Operations.close): a view still reading then
+    gets no read-ahead, and its reads return the text all the same."""
+    plog, data = zstd_log
+    pool = readahead.decompress_pool()
+    pool.shutdown(wait=True)
+    view = open_view(plog, ahead_pool=pool)
+    try:
+        pos, got = 0, []
+        while chunk := view.read(pos, 65536):
+            got.append(chunk)
+            pos += len(chunk)
+        assert b"".join(got) == data
+        assert view._ahead is not None and view._ahead._workers == 0  # (asked to read ahead, and refused)
+    finally:
+        view.release()

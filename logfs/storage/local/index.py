@@ -455,6 +455,13 @@ class ViewIndex(_FileIndex):
         slot = self._search(target, 2, len(sep) if sep else 0, len(marker) if marker else 0)
         return self.get(slot) if slot >= 0 else None
 
+    def after_view(self, target: int, fmt) -> int | None:
+        """Position of the first entry whose view length before it, in ``fmt``, is > target: the batch holding view
+        byte ``target`` ends there or before (None: no such entry, it may end at the segment's end)."""
+        sep, marker = fmt.separator, fmt.null_marker
+        slot = self._search(target, 2, len(sep) if sep else 0, len(marker) if marker else 0) + 1
+        return self.get(slot).position if slot < self.entries else None
+
     def floor_by_offset(self, target: int) -> ViewEntry | None:
         slot = self._search(target - self.base_offset, 0)
         return self.get(slot) if slot >= 0 else None

@@ -2,8 +2,9 @@
 
 A remote ``.log`` is read in :data:`BLOCK_BYTES` blocks through :class:`BlockCache` (LRU, at most
 ``logfs.remote.cache.bytes`` of files in the partition directories; the most recent also in memory): a read costs
-one ranged GET per run of consecutive blocks it overlaps that are not cached, never the whole segment. A fetch
-never starts on the request thread (:func:`~logfs.storage.threads.may_fetch`).
+one ranged GET per run of consecutive blocks it overlaps that are not cached, never the whole segment. Whether a
+range is cached is asked before a read (:meth:`BlockCache.cached`): the FUSE layer reads on its request thread only
+what is, and in a worker thread otherwise (logfs.view.text.SegmentView.in_memory).
 """
 
 from __future__ import annotations
@@ -23,9 +24,6 @@ from typing import Callable
 from crc32c import crc32c
 
 from ...remote.api import RemoteUnavailableError
-from ..errors import FetchNeededError
-
-from ..threads import may_fetch
 
 #: Unit of fetching and caching a remote .log: a small read costs one ranged GET of at most this many bytes.
 BLOCK_BYTES = 256 * 1024
@@ -91,6 +89,10 @@ class BlockCache:
         # reader's own would be, and a store that trickles bytes may take their own, longer, bound): this plus
         # the block at WAIT_RATE, the bound of a GET of that block alone. Then the read fails (EIO).
         self.wait_base_s = WAIT_BASE_S
+        # (segment, block number, its bytes) read last, over all segments: a reader of small requests inside one block
+        # (32 of 8 KiB) needs no lookup (RemoteLogSegment._blocks). One tuple, replaced whole by any thread; one
+        # block, so memory stays bounded whatever the number of segments or readers.
+        self.last_block: tuple | None = None
         self.requests = 0  # ranged GETs sent (demand and ahead), and their bytes: for tests and the bench
         self.fetched_bytes = 0
 
@@ -258,8 +260,8 @@ class BlockCache:
                    fetch: Callable[[int, int], list[Block]]) -> list[Block]:
         """Blocks ``first..last`` of ``key``: from memory or the disk cache; the missing ones by ``fetch(a, b)``
         (blocks a..b in one request) per run of consecutive missing blocks not already in flight, then cached; a
-        block in flight (another reader's fetch, or read-ahead) is waited for. On the request thread a missing
-        block raises FetchNeededError before anything is fetched or waited for."""
+        block in flight (another reader's fetch, or read-ahead) is waited for. May wait for the store: a caller
+        that must not asks :meth:`cached` first."""
         found: dict[int, Block] = {}
         missing: list[int] = []
         for block in range(first, last + 1):
@@ -270,8 +272,6 @@ class BlockCache:
                 found[block] = data
         if not missing:
             return [found[block] for block in range(first, last + 1)]
-        if not may_fetch():
-            raise FetchNeededError(f"{key} blocks {missing[0]}..{missing[-1]} are not cached")
         waits: dict[int, Future] = {}
         mine: list[tuple[int, str, Future]] = []
         for attempt in range(3):
@@ -317,7 +317,7 @@ class BlockCache:
         finally:
             for block, path, future in mine:  # a run not reached (an earlier one failed): nobody waits in vain
                 if not future.done():
-                    _settle(future, exc=FetchNeededError(f"{key} block {block}: its fetch was not made"))
+                    _settle(future, exc=RemoteUnavailableError(f"{key} block {block}: its fetch was not made"))
                     with self.lock:
                         if self._inflight.get(path) is future:
                             del self._inflight[path]
@@ -331,6 +331,20 @@ class BlockCache:
             with self.lock:
                 self._read(self._path(directory, key, block))
         return [found[block] for block in range(first, last + 1)]
+
+    def cached(self, directory: str, key: str, first: int, last: int) -> bool:
+        """Whether blocks ``first..last`` of ``key`` are all cached (in memory or in their block files): a read of
+        them sends no request, unless one is evicted before it. No I/O. The blocks become the most recently used:
+        the read that follows on the same thread finds them unless the whole cache turned over in between (or a
+        block file was found torn: then that read fetches it again, one GET of one block)."""
+        with self.lock:
+            for block in range(first, last + 1):
+                path = self._path(directory, key, block)
+                if path not in self._lru:
+                    return False
+            for block in range(first, last + 1):
+                self._lru.move_to_end(self._path(directory, key, block))
+        return True
 
     def prefetch(self, directory: str, key: str, first: int, last: int, fetch: Callable[[int, int], list[Block]]
                  ) -> int:

@@ -7,32 +7,28 @@ and the log read a tiered range exactly as a local one. Its ``.index``, ``.timei
 ``.viewindex`` are small: they are kept whole on local disk (copied at upload, fetched once otherwise) and read
 like a local segment's. Its ``.log`` is read through the :class:`~logfs.storage.tiered.block_cache.BlockCache`.
 
-The FUSE request loop must never wait for the store: a read on the request thread
-(:func:`~logfs.storage.threads.mark_request_thread`) that needs a block not in the cache raises
-:class:`~logfs.storage.errors.FetchNeededError` before any request is sent, and the caller repeats the call in a
-worker thread, where the fetch happens (bounded by the store's own timeouts: a store that is down or stalled
-fails the read with a :class:`~logfs.remote.api.RemoteStoreError`).
+The FUSE request loop must never wait for the store: it asks :meth:`RemoteLogSegment.cached` (through the view,
+logfs.view.text.SegmentView.in_memory) before it reads, and a read of blocks not cached runs in a worker thread,
+where the fetch happens (bounded by the store's own timeouts: a store that is down or stalled fails the read with
+a :class:`~logfs.remote.api.RemoteStoreError`).
 """
 from __future__ import annotations
 
 import os
 import shutil
-import threading
 import uuid
 from typing import Callable
 
 from ...remote.api import RemoteCorruptError, RemoteStore
 from ...remote.manifest import RemoteSegment
 from ..checkpoints import fsync_dir
-from ..errors import CorruptRecordError, FetchNeededError
+from ..errors import CorruptRecordError
 from ..format.lines import LineStats
 from ..local.index import OffsetIndex, TimeIndex, ViewIndex
 from ..local.open_files import OpenFiles
 from ..names import INDEX_SUFFIX, TIME_INDEX_SUFFIX, VIEW_INDEX_SUFFIX, filename_prefix
 from ..local.segment_file import SegmentFile, find_offset_by_timestamp, translate_offset
 from .block_cache import BLOCK_BYTES, READ_AHEAD_AFTER, READ_AHEAD_FIRST, READ_AHEAD_GET, READ_AHEAD_MAX, Block, BlockCache
-
-_thread = threading.local()  # each thread's last block read (a reader of small requests inside one block)
 
 
 def index_paths(index_dir: str, base_offset: int) -> dict[str, str]:
@@ -206,15 +202,14 @@ class RemoteLogSegment(SegmentFile):
         first, last = position // BLOCK_BYTES, (end - 1) // BLOCK_BYTES
         skip = position - first * BLOCK_BYTES
         if first == last:
-            # Small reads go on in the block the calling thread read last (32 requests of 8 KiB per block): no
-            # cache lookup for them. One block per thread is kept so.
-            memo = getattr(_thread, "last_block", None)
+            # Small reads go on in the block read last (32 requests of 8 KiB per block): no cache lookup for them.
+            memo = self.cache.last_block
             if memo is not None and memo[0] is self and memo[1] == first:
                 data = memo[2]
             else:
                 data = self.cache.get_blocks(self.blocks_dir, self.key, first, last, self._block_length,
                                              self._fetch)[0]
-                _thread.last_block = (self, first, data)
+                self.cache.last_block = (self, first, data)
             self._read_ahead(first, last)
             return memoryview(data)[skip:skip + end - position]
         blocks = self.cache.get_blocks(self.blocks_dir, self.key, first, last, self._block_length, self._fetch)
@@ -229,6 +224,16 @@ class RemoteLogSegment(SegmentFile):
             out[at:at + len(part)] = part
             at += len(part)
         return out[:at]
+
+    def cached(self, position: int, end: int) -> bool:
+        """Whether bytes ``position..end`` of the ``.log`` are in the block cache: a read of them sends no request
+        (:meth:`BlockCache.cached`). No I/O. (Not the block read last alone: another thread may replace it before
+        the read.)"""
+        end = min(end, self.size)
+        if end <= position:
+            return True
+        first, last = position // BLOCK_BYTES, (end - 1) // BLOCK_BYTES
+        return self.cache.cached(self.blocks_dir, self.key, first, last)
 
     def _read_ahead(self, first: int, last: int) -> None:
         """A read of blocks first..last was served: if it continues the previous one (from the block that one
