@@ -177,20 +177,37 @@ def main(argv: list[str] | None = None) -> int:
             user_error(refused)
             return 2
     args.data_dir = ",".join(data_dirs)
+    broker_dirs = None
+    if follow is None and read_only and broker.get("logfs.cache.dir"):
+        # A running Kafka broker's log directories (CONTRACT section 14): read in place, never written; logfs's own
+        # files live in the cache, which is the mount's data directory.
+        broker_dirs, source = data_dirs, args.data_dir
+        cache = os.path.abspath(broker.get("logfs.cache.dir"))
+        refused = check_mount_paths(cache, mountpoint)
+        for data_dir in data_dirs:
+            real, cache_real = os.path.realpath(data_dir), os.path.realpath(cache)
+            if real == cache_real or cache_real.startswith(real + os.sep) or real.startswith(cache_real + os.sep):
+                refused = f"the cache directory {cache} and the broker's log directory {data_dir} overlap"
+        if refused:
+            user_error(refused)
+            return 2
+        args.data_dir = cache
     setup_logging(debug, daemon=not args.foreground)
     log.debug("broker settings %s; FUSE options %s", props, fuse_opts)
     if not any(o.startswith("fsname=") for o in fuse_opts):
         # (libfuse splits options at commas: the ones between log directories are escaped)
-        fuse_opts.append("fsname=" + (source if follow is not None else args.data_dir).replace(",", "\\,"))
+        fuse_opts.append("fsname=" + (source if follow is not None or broker_dirs else args.data_dir).replace(
+            ",", "\\,"))
     if not any(o.startswith("subtype=") for o in fuse_opts):
         fuse_opts.append("subtype=logfs")
     prefix = follow[1] if follow is not None else None
     if args.foreground:
-        return run(args.data_dir, mountpoint, broker, fuse_opts, read_only, ready=None, follow=prefix)
-    return daemonize(args.data_dir, mountpoint, broker, fuse_opts, read_only, prefix)
+        return run(args.data_dir, mountpoint, broker, fuse_opts, read_only, ready=None, follow=prefix,
+                   broker_dirs=broker_dirs)
+    return daemonize(args.data_dir, mountpoint, broker, fuse_opts, read_only, prefix, broker_dirs)
 
 
-def daemonize(data_dir, mountpoint, broker, fuse_opts, read_only, follow=None) -> int:
+def daemonize(data_dir, mountpoint, broker, fuse_opts, read_only, follow=None, broker_dirs=None) -> int:
     """Fork; the child mounts and serves, the parent waits until the mount answers (or failed)."""
     read_fd, write_fd = os.pipe()
     pid = os.fork()
@@ -224,7 +241,8 @@ def daemonize(data_dir, mountpoint, broker, fuse_opts, read_only, follow=None) -
                 os.dup2(devnull, 1)
                 os.dup2(devnull, 2)
 
-    code = run(data_dir, mountpoint, broker, fuse_opts, read_only, ready=ready, follow=follow)
+    code = run(data_dir, mountpoint, broker, fuse_opts, read_only, ready=ready, follow=follow,
+               broker_dirs=broker_dirs)
     os._exit(code)
 
 

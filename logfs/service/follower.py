@@ -49,12 +49,15 @@ def default_cache_dir(endpoint: str, bucket: str, prefix: str) -> str:
 
 
 class FollowTask:
-    """Every ``logfs.follow.interval.ms``, one :meth:`Follower.sync_once` in a worker thread; a failure is logged
-    once until it works again."""
+    """Every ``logfs.follow.interval.ms`` (a broker mount: ``logfs.broker.poll.ms``), one ``sync_once`` in a worker
+    thread; a failure is logged once until it works again."""
 
-    def __init__(self, follower: Follower, interval_ms: int):
+    def __init__(self, follower: Follower, interval_ms: int, what: str = "the bucket"):
+        """``follower``: anything with a ``sync_once()`` (a follower mount's :class:`Follower`, or a broker mount's
+        :class:`~logfs.storage.broker.BrokerLogs`); ``what`` it follows, for the log."""
         self.follower = follower
         self.interval_s = interval_ms / 1000
+        self.what = what
         self._failing: str | None = None
 
     async def run(self) -> None:
@@ -72,11 +75,11 @@ class FollowTask:
         except (RemoteStoreError, LogfsError, OSError) as exc:
             message = f"{type(exc).__name__}: {exc}"
             if self._failing != message:
-                log.error("following the bucket failed (will retry): %s", message)
+                log.error("following %s failed (will retry): %s", self.what, message)
                 self._failing = message
             return
         if self._failing is not None:
-            log.info("following the bucket works again")
+            log.info("following %s works again", self.what)
             self._failing = None
 
 

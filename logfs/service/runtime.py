@@ -111,6 +111,16 @@ class LogService:
         self._trio_thread = threading.get_ident()
         self._trio_token = trio.lowlevel.current_trio_token()
         async with trio.open_nursery() as nursery:
+            if self.manager.broker_logs is not None:
+                # A running broker's directory, read in place (storage/broker.py): the broker rolls, retains,
+                # compacts and flushes its log; the one background work here is following it.
+                from .follower import FollowTask
+
+                self.following = FollowTask(self.manager.broker_logs, self.manager.broker.get("logfs.broker.poll.ms"),
+                                            "the broker's log directory")
+                nursery.start_soon(self.following.run)
+                task_status.started()
+                return
             if self.manager.broker.get("log.cleaner.enable") and self.manager.broker.get("log.cleaner.threads"):
                 nursery.start_soon(self.cleaner_loop)
             nursery.start_soon(self.compression_loop)

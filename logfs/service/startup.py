@@ -81,8 +81,10 @@ class StartupProgress:
                 log.info("%s", self.describe())
 
 
-def run(data_dir, mountpoint, broker, fuse_opts, read_only, ready, follow: str | None = None) -> int:
-    """``follow``: a follower mount of the tiered log under this bucket prefix (data_dir is its cache)."""
+def run(data_dir, mountpoint, broker, fuse_opts, read_only, ready, follow: str | None = None,
+        broker_dirs: list[str] | None = None) -> int:
+    """``follow``: a follower mount of the tiered log under this bucket prefix (data_dir is its cache).
+    ``broker_dirs``: a running Kafka broker's log directories, mounted read-only (data_dir is logfs's cache)."""
     import trio  # here, with the daemon, so that `logfs --help` and option errors do not load pyfuse3 and trio
 
     from .daemon import serve
@@ -118,7 +120,7 @@ def run(data_dir, mountpoint, broker, fuse_opts, read_only, ready, follow: str |
     notify(f"STATUS={'recovering logs' if recovering else 'loading logs'}")
     try:
         manager = LogManager(data_dir, broker, progress=progress.partition_done,
-                             segment_progress=progress.segment_done)
+                             segment_progress=progress.segment_done, broker_dirs=broker_dirs)
     except _StopBeforeServing as stopped:
         notify("STOPPING=1\nSTATUS=stopped while loading")
         log.info("received %s while loading; stopped before mounting", signal.Signals(stopped.args[0]).name)

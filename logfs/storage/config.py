@@ -250,6 +250,10 @@ BROKER_ONLY: dict[str, Setting] = {
         # /var/cache/logfs or ~/.cache/logfs), and how often the bucket is looked at for changes.
         Setting("logfs.remote.cache.dir", _free_text, ""),
         Setting("logfs.follow.interval.ms", _long(50, INT_MAX), "5000"),
+        # A running Kafka broker's log directory mounted read-only (logfs.storage.broker): logfs's own files (the
+        # indexes of the broker's segments, its state) live here; how often the broker's directory is looked at.
+        Setting("logfs.cache.dir", _free_text, ""),
+        Setting("logfs.broker.poll.ms", _long(10, INT_MAX), "250"),
         # Metrics (logfs.service.metrics): Prometheus's text format, written to this file (none when empty).
         Setting("logfs.metrics.file", _absolute_path, ""),
         Setting("logfs.metrics.interval.ms", _long(100, INT_MAX), "10000"),

@@ -33,6 +33,7 @@ from .errors import (
     InvalidOffsetError, InvalidPartitionError, InvalidTopicError, LogfsError, NoSuchTopicError,
     ShuttingDownError, StorageIOError, TopicExistsError, TopicNotEmptyError,
 )
+from .broker import BrokerLogs, clear_cache
 from .deletions import DeletedDirs
 from .failure import SPACE_ERRNOS, guarded
 from .log_dirs import DataDir, next_log_dir, parse_log_dirs
@@ -67,12 +68,14 @@ class LogManager:
     def __init__(self, data_dir: str, broker: BrokerConfig | None = None, *, clock: Clock = SYSTEM_CLOCK,
                  progress: Callable[[int, int], None] | None = None,
                  segment_progress: Callable[[int, int], None] | None = None,
-                 open_files: OpenFiles | None = None):
+                 open_files: OpenFiles | None = None, broker_dirs: list[str] | None = None):
         """``progress(done, total)`` is called after each partition is loaded; ``segment_progress(done,
         total)`` once per segment (and once when a partition is complete), counted over all partitions. Its
         ``total`` starts as the number of ``.log`` files found and is corrected as each partition's loader
         settles it (completing a compaction swap can remove segments). ``open_files``: the budget of the segment
-        files it opens (by default one of half the descriptors, the soft limit raised to the hard one first)."""
+        files it opens (by default one of half the descriptors, the soft limit raised to the hard one first).
+        ``broker_dirs``: a running Kafka broker's log directories, served read-only and followed
+        (:mod:`.broker`); ``data_dir`` is then logfs's cache for them."""
         paths = parse_log_dirs(data_dir) if isinstance(data_dir, str) else [os.path.abspath(p) for p in data_dir]
         # The log directories (Kafka's log.dirs): each with its own lock, checkpoints and health. The first also
         # holds the mount's own state (the sink's staging and transactions, tiering's pending deletions).
@@ -111,8 +114,15 @@ class LogManager:
             for d in locked:
                 d.release_lock()
             raise
+        # A running broker's directories (read in place, followed by the service): none of their files is written.
+        self.broker_logs: BrokerLogs | None = None
         try:
+            if broker_dirs:
+                clear_cache(self.data_dir)
             LogDirsLoader(self).load(progress, segment_progress)
+            if broker_dirs:
+                self.broker_logs = BrokerLogs(self, broker_dirs)
+                self.broker_logs.load()
             # The Spark sink's commits: the ones a crash interrupted are completed before anything is served.
             self.transactions = Transactions(self)
             self.transactions.open()

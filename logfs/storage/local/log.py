@@ -348,13 +348,30 @@ class Log:
                 _discard_quietly(segment)
                 raise self.log_dir.io_error(exc, f"sealing segment {old.base_offset} of {self.name}",
                                             space_ok=False) from exc
-            self.segments.add(segment)
-            for snapshot in list(self.followers):
-                snapshot.on_roll(segment)
-            self._layout_changed()
+            self.add_rolled(segment)
             if self.on_roll is not None:
                 self.on_roll(old)
             return segment
+
+    def add_rolled(self, segment: LogSegment) -> None:
+        """``segment`` (its predecessor sealed) becomes the active one, and open handles get it: a roll of this log's
+        own, or one a running broker made (its directory read in place, :mod:`logfs.storage.broker`). Under the
+        lock."""
+        self.segments.add(segment)
+        for snapshot in list(self.followers):
+            snapshot.on_roll(segment)
+        self._layout_changed()
+
+    def forget(self, segments: Sequence[LogSegment]) -> None:
+        """Sealed segments that another writer removed (a running broker's retention or cleaner, read in place)
+        leave the log, which starts at its first remaining segment then: their files are not this log's to rename
+        or unlink. One a snapshot pins stays readable for it, and closes when released. Under the lock."""
+        for segment in segments:
+            self.segments.remove(segment)
+            segment.deleted = segment.purged = True
+            close_if_unused(segment)
+        self.log_start_offset = max(self.log_start_offset, self.segments.first.base_offset)
+        self._layout_changed()
 
     def _new_segment(self, base: int, *, jittered: bool = False) -> LogSegment:
         """A new segment's files at ``base``. On failure none of them stays (an empty segment left on disk past

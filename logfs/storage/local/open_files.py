@@ -138,7 +138,7 @@ def open_unit(unit, path: str, what: str = "") -> int:
         if fd is not None:
             return fd
         try:
-            fd = os.open(path, os.O_RDWR)
+            fd = os.open(path, getattr(unit, "open_flags", os.O_RDWR))
         except OSError as exc:
             raise StorageIOError(f"cannot open {what}{path}: {exc.strerror}", exc.errno) from exc
         files.admit(unit)

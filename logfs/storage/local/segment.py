@@ -45,6 +45,7 @@ class LogSegment(SegmentFile):
     # truncation) since a copy of the segment last looked (storage/moves.py, which resets it): it copies again from
     # there. Under the log's lock.
     rewritten = 1 << 62
+    open_flags = os.O_RDWR  # how its .log opens (read-only: a broker's segment, read in place)
 
     def __init__(
         self,
@@ -60,7 +61,12 @@ class LogSegment(SegmentFile):
         max_view_index_size: int | None = None,
         create: bool = True,
         open_files: OpenFiles | None = None,
+        read_only: bool = False,
+        index_stem: str | None = None,
     ):
+        """``read_only``: a segment another process writes (a running broker's, :mod:`logfs.storage.broker`): its
+        ``.log`` is opened read-only and never created, and its indexes live at ``index_stem`` (logfs's cache)
+        instead of beside it."""
         self.directory = directory
         # The open-file budget its .log and indexes open within (its log's; alone, one of its own).
         self.open_files = files = open_files if open_files is not None else OpenFiles()
@@ -79,7 +85,9 @@ class LogSegment(SegmentFile):
         with files.lock:
             # (create=False: a segment that must exist, opened by another process than its log's: were it renamed
             # away meanwhile, creating it again would leave an empty segment where the log has none)
-            fd = os.open(self.log_path, os.O_RDWR | (os.O_CREAT if create else 0), 0o644)
+            if read_only:
+                self.open_flags = os.O_RDONLY
+            fd = os.open(self.log_path, self.open_flags | (os.O_CREAT if create and not read_only else 0), 0o644)
             files.admit(self)
             self.fd = fd
         if max_view_index_size is None:
@@ -87,14 +95,15 @@ class LogSegment(SegmentFile):
         opened = []
         try:  # (on EMFILE, ENOSPC...: release what was opened, never leak descriptors)
             self.size = os.fstat(fd).st_size
-            self.offset_index = OffsetIndex(stem + INDEX_SUFFIX + suffix, base_offset, max_index_size, active=active,
-                                            create=create, open_files=files)
+            istem, icreate = (index_stem, True) if index_stem is not None else (stem, create)
+            self.offset_index = OffsetIndex(istem + INDEX_SUFFIX + suffix, base_offset, max_index_size, active=active,
+                                            create=icreate, open_files=files)
             opened.append(self.offset_index)
-            self.time_index = TimeIndex(stem + TIME_INDEX_SUFFIX + suffix, base_offset, max_index_size,
-                                        active=active, create=create, open_files=files)
+            self.time_index = TimeIndex(istem + TIME_INDEX_SUFFIX + suffix, base_offset, max_index_size,
+                                        active=active, create=icreate, open_files=files)
             opened.append(self.time_index)
-            self.view_index = ViewIndex(stem + VIEW_INDEX_SUFFIX + suffix, base_offset, max_view_index_size,
-                                        active=active, create=create, open_files=files)
+            self.view_index = ViewIndex(istem + VIEW_INDEX_SUFFIX + suffix, base_offset, max_view_index_size,
+                                        active=active, create=icreate, open_files=files)
         except BaseException:
             for index in opened:
                 index.close_handler()

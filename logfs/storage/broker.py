@@ -1,0 +1,352 @@
+"""A running Kafka broker's log directories, read in place (CONTRACT.md section 14; issue 45).
+
+``logfs -o ro,logfs.cache.dir=CACHE KAFKA_LOG_DIR MOUNTPOINT``: the mount's :class:`~logfs.storage.manager.LogManager`
+runs on ``CACHE`` (its lock, checkpoints, settings and each partition's directory are there, logfs's own), and its
+logs are the broker's partitions, whose segments are :class:`BrokerSegment`: the broker's ``.log`` read by pread
+through a read-only descriptor, with indexes of logfs's own under the cache. Nothing under the broker's directory
+is ever created, changed, renamed or removed, and its ``.lock`` is never taken: the broker owns it.
+
+- **Indexes.** Kafka's active ``.index``/``.timeindex`` are 10 MiB of zeros written through a memory map, and a
+  broker writes no ``.viewindex``: every segment is indexed by logfs, into ``CACHE/<topic>-<n>/``, in files named
+  by the segment's base offset AND the ``.log``'s inode. The cleaner's swap puts a new file at the same base
+  offset; it gets new indexes, never the old file's. Each mount builds them afresh (the cache's partition
+  directories are emptied at start: :func:`clear_cache`).
+- **An unfinished batch** (shorter than its length field says, or failing its CRC: the broker is still writing it)
+  is neither shown nor cut: the segment's published size stops before it, and the next look tries again.
+- **Following.** :meth:`BrokerLogs.sync_once`, every ``logfs.follow.interval.ms`` (the service's task), per
+  partition: one ``stat`` of the partition directory (its mtime moves when the broker rolls, renames to
+  ``.deleted``, swaps or removes a segment; only then is it listed) and one ``stat`` of the active segment's
+  ``.log`` (it grew: the new whole batches are indexed and published). Polling, not inotify: its cost is bounded
+  and known (two stats per partition per interval; 10,000 partitions at 1 s is 20,000 stats a second, no reading),
+  it needs no watch per directory (``fs.inotify.max_user_watches``) and no event queue that overflows under a busy
+  broker (every append is an ``IN_MODIFY``), and it sees what happened on a file system inotify does not report
+  (NFS). Whether inotify's idle cost is needed for the 2%-of-a-core target on 10,000 partitions is the benchmark's
+  to say.
+- **Retention.** A segment the broker renamed ``.deleted`` leaves the log (which then starts at its first
+  remaining segment); a reader still reading it reads it by its new name, opening it for each read and closing it
+  after (no descriptor is held on a file the broker deletes). A file that is no longer the segment's inode is
+  never read as it: the segment's reads fail with ``ENOENT`` instead of giving another file's bytes.
+
+Not followed yet (issue 45's next steps): the cleaner's swaps in the middle of a log (logged once; the replaced
+segments' reads fail once the broker removes them), new and deleted topics and partitions, partition moves between
+directories (``-future``), a broker restart's recovery truncation, and aborted transactions written after the mount
+(``.txnindex`` is read at mount).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+import shutil
+import time
+
+from . import checkpoints as ckpt
+from .errors import StorageIOError
+from .format import records as rec
+from .local.index import ViewIndex
+from .local.log import Log
+from .local.open_files import OpenFiles, open_unit, release_unit
+from .local.segment import LogSegment
+from .local.segment_recovery import SegmentRecovery
+from .local.txn_index import aborted_by_segment
+from .names import DELETED_SUFFIX, LOG_SUFFIX, DataDirScan, collision_key, filename_prefix, partition_dir_name
+
+log = logging.getLogger(__name__)
+
+# A directory whose mtime is this recent is listed again at the next look even if its mtime did not move: a change
+# in the same clock tick as the last listing leaves the same mtime (the racy case git's index has too).
+RACY_NS = 2_000_000_000
+# How much of a growing segment one read takes while indexing what the broker appended.
+SCAN_CHUNK = 1 << 20
+
+
+def _live_bases(names) -> dict[int, str]:
+    """base offset -> name of every live ``.log`` among ``names`` (no ``.deleted``/``.cleaned``/``.swap``)."""
+    out = {}
+    for name in names:
+        if name.endswith(LOG_SUFFIX) and len(name) == 20 + len(LOG_SUFFIX) and name[:20].isdigit():
+            out[int(name[:20])] = name
+    return out
+
+
+class BrokerSegment(LogSegment):
+    """One segment of the broker's, read in place: its ``.log`` by a read-only descriptor (never created, never
+    written), its indexes logfs's own under the cache, named by base offset and inode. It shows the whole,
+    CRC-valid batches :meth:`catch_up` found, and grows as the broker appends."""
+
+    def __init__(self, log_path: str, base: int, index_dir: str, config, open_files: OpenFiles, *, aborted=None):
+        self.inode = os.stat(log_path).st_ino
+        super().__init__(
+            os.path.dirname(log_path), base, index_interval_bytes=config.index_interval_bytes,
+            max_index_size=config.segment_index_bytes, active=True, create=False, read_only=True,
+            max_view_index_size=ViewIndex.bytes_for(config.segment_index_bytes, config.segment_bytes,
+                                                    config.index_interval_bytes),
+            index_stem=os.path.join(index_dir, f"{filename_prefix(base)}-{self.inode}"), open_files=open_files)
+        if os.fstat(self.fd).st_ino != self.inode:  # (renamed between the stat and the open: gone already)
+            self.close_readonly()
+            raise FileNotFoundError(errno.ENOENT, "segment replaced while opened", log_path)
+        for index in (self.offset_index, self.time_index, self.view_index):
+            index.reset()
+        self.size = 0  # nothing is shown until catch_up has checked it
+        self.aborted = aborted
+        self.has_txn_index = False  # (the broker's .txnindex is never renamed or removed by logfs)
+
+    # -- the descriptor: this inode's, under the name it has now ------------------------------------------
+    def __getattr__(self, name: str):
+        if name == "fd":
+            for path in (self.log_path, self.log_path + DELETED_SUFFIX):
+                try:
+                    if os.stat(path).st_ino != self.inode:
+                        continue
+                except FileNotFoundError:
+                    continue
+                fd = open_unit(self, path)
+                if os.fstat(fd).st_ino == self.inode:
+                    return fd
+                release_unit(self)
+            raise StorageIOError(f"segment {self.log_path} was removed by the broker", errno.ENOENT)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def read(self, position: int, length: int) -> bytes:
+        try:
+            return super().read(position, length)
+        finally:
+            if self.deleted:  # (the broker deletes it: no descriptor stays open on it beyond one read)
+                release_unit(self)
+
+    def read_into(self, scratch: bytearray, position: int, length: int) -> memoryview:
+        try:
+            return super().read_into(scratch, position, length)
+        finally:
+            if self.deleted:
+                release_unit(self)
+
+    # -- following the broker's appends ----------------------------------------------------------------
+    def catch_up(self, lock) -> bool:
+        """Index and publish the whole, CRC-valid batches appended since the last look, under ``lock`` (the
+        log's) batch by batch; a batch still being written waits for the next look. Whether any was added."""
+        try:
+            end = os.fstat(self.fd).st_size
+        except OSError as exc:
+            raise StorageIOError(f"stat of {self.log_path} failed: {exc.strerror}", exc.errno) from exc
+        added = False
+        pos, want = self.size, SCAN_CHUNK
+        recovery = SegmentRecovery(self)
+        while pos < end:
+            try:
+                buf = os.pread(self.fd, min(want, end - pos), pos)
+            except OSError as exc:
+                raise StorageIOError(f"read of {self.log_path} failed: {exc.strerror}", exc.errno) from exc
+            at = size = 0
+            while True:
+                size = rec.peek_size(buf, at)
+                if size is None or size < rec.HEADER_SIZE or at + size > len(buf):
+                    break
+                batch = bytes(buf[at: at + size])
+                try:
+                    header = rec.validate(batch)
+                    stats = self.visible_stats(batch, 0, header)
+                except Exception:  # CRC, or a structure not yet whole: the broker is writing it
+                    return added
+                if header.base_offset < self.next_offset:
+                    return added
+                with lock:
+                    recovery._index_recovered(pos + at, header, stats)
+                    self.size = pos + at + size  # publish last: readers never see a batch before its index
+                at += size
+                added = True
+            if at == 0:
+                if size is not None and want < size <= end - pos:
+                    want = size  # one batch larger than the chunk: read it whole
+                    continue
+                return added
+            pos, want = pos + at, SCAN_CHUNK
+        return added
+
+    def flush(self) -> None:
+        for index in (self.offset_index, self.time_index, self.view_index):
+            index.flush()
+
+    # Nothing of the broker's is ever renamed, cut or removed by logfs.
+    def change_suffix(self, new_suffix: str) -> None:
+        raise StorageIOError(f"{self.log_path} is the broker's: never renamed", errno.EROFS)
+
+    def truncate_to(self, offset: int) -> int:
+        raise StorageIOError(f"{self.log_path} is the broker's: never truncated", errno.EROFS)
+
+    def delete_files(self) -> None:
+        """Only logfs's own indexes of it (in the cache)."""
+        for index in (self.offset_index, self.time_index, self.view_index):
+            try:
+                os.unlink(index.path)
+            except FileNotFoundError:
+                pass
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.close_readonly()
+        self.delete_files()
+
+
+class BrokerPartition:
+    """One partition of the broker's: its directory there, its log (segments read in place), and what the last
+    look saw."""
+
+    def __init__(self, directory: str, plog: Log):
+        self.directory = directory
+        self.log = plog
+        self.dir_mtime_ns = -1
+        self.warned_swap = False
+
+    def sync(self) -> bool:
+        """One look at the broker's partition: rolls and removals (when the directory changed), then the active
+        segment's appends. Whether anything new is shown."""
+        plog = self.log
+        st = os.stat(self.directory)
+        changed = False
+        if st.st_mtime_ns != self.dir_mtime_ns or time.time_ns() - st.st_mtime_ns < RACY_NS:
+            self.dir_mtime_ns = st.st_mtime_ns
+            changed = self._relist()
+        return plog.segments.active.catch_up(plog.lock) or changed
+
+    def _relist(self) -> bool:
+        plog = self.log
+        live = _live_bases(os.listdir(self.directory))
+        segments = plog.segments.as_list()
+        gone = []
+        for segment in segments:
+            name = live.get(segment.base_offset)
+            try:
+                same = name is not None and os.stat(os.path.join(self.directory, name)).st_ino == segment.inode
+            except FileNotFoundError:
+                same = False
+            if not same:
+                gone.append(segment)
+        changed = False
+        front = []
+        for segment in segments[:-1]:  # retention takes from the front, never the active segment
+            if segment in gone:
+                front.append(segment)
+            else:
+                break
+        if front:
+            with plog.lock:
+                plog.forget(front)
+            changed = True
+        if len(front) < len(gone) and not self.warned_swap:
+            log.warning("%s: segments replaced by the broker's cleaner are not followed yet (%s)", self.directory,
+                        ", ".join(str(s.base_offset) for s in gone if s not in front))
+            self.warned_swap = True
+        active = plog.segments.active
+        for base in sorted(b for b in live if b > active.base_offset):
+            active.catch_up(plog.lock)  # the broker finished it before it rolled
+            segment = _open(self.directory, base, plog, aborted=None)
+            if segment is None:
+                break
+            with plog.lock:
+                active.on_become_inactive()
+                plog.add_rolled(segment)
+            active.release()
+            active = segment
+            changed = True
+        return changed
+
+
+def _open(directory: str, base: int, plog: Log, aborted) -> BrokerSegment | None:
+    try:
+        return BrokerSegment(os.path.join(directory, filename_prefix(base) + LOG_SUFFIX), base, plog.directory,
+                             plog.config, plog.open_files, aborted=aborted)
+    except FileNotFoundError:
+        return None  # (removed since the listing: the next look sees it gone)
+
+
+class BrokerLogs:
+    """The broker's partitions, served by ``manager`` (whose own directory is the cache): loaded once
+    (:meth:`load`), then followed (:meth:`sync_once`, from the service)."""
+
+    def __init__(self, manager, broker_dirs: list[str]):  # (a LogManager: not imported, it imports nothing of this)
+        self.manager = manager
+        self.broker_dirs = broker_dirs
+        self.partitions: dict[tuple[str, int], BrokerPartition] = {}
+        self.looks = 0
+
+    def load(self) -> None:
+        m = self.manager
+        cache = m.data_dir
+        for broker_dir in self.broker_dirs:
+            scan = DataDirScan(broker_dir)
+            starts = ckpt.read_checkpoint(os.path.join(broker_dir, ckpt.LOG_START_OFFSET))
+            for (topic, partition), directory in scan.partitions:
+                if (topic, partition) in m.logs:
+                    log.warning("%s: partition %s-%d is served from another directory already", directory, topic,
+                                partition)
+                    continue
+                plog = self._load_partition(directory, topic, partition, starts.get((topic, partition), 0), cache)
+                if plog is not None:
+                    m.add_log(plog)
+                    self.partitions[(topic, partition)] = BrokerPartition(directory, plog)
+        m.settings.collisions = {collision_key(t): t for t in m.topics}
+        for part in self.partitions.values():
+            part.sync()
+
+    def _load_partition(self, directory: str, topic: str, partition: int, start: int, cache: str) -> Log | None:
+        m = self.manager
+        names = os.listdir(directory)
+        live = _live_bases(names)
+        if not live:
+            return None
+        if topic not in m.topics:
+            m.topics[topic] = {}
+        config = m.topic_config(topic)
+        index_dir = os.path.join(cache, partition_dir_name(topic, partition))
+        os.makedirs(index_dir, exist_ok=True)
+        bases = sorted(live)
+        aborted = aborted_by_segment(directory, names, bases)
+        segments: list[BrokerSegment] = []
+        for base in bases:
+            try:
+                segment = BrokerSegment(os.path.join(directory, live[base]), base, index_dir, config, m.open_files,
+                                        aborted=aborted.get(base))
+            except FileNotFoundError:
+                continue  # (retention took it since the listing)
+            segment.catch_up(contextlib.nullcontext())  # (no reader sees it yet)
+            segments.append(segment)
+        if not segments:
+            return None
+        for segment in segments[:-1]:
+            segment.on_become_inactive()
+            segment.release()
+        plog = Log(index_dir, topic, partition, config, segments, log_start_offset=segments[0].base_offset,
+                   recovery_point=0, clock=m.clock, log_dir=m.dirs[0].log_dir, open_files=m.open_files)
+        plog.log_start_offset = min(max(start, segments[0].base_offset), plog.log_end_offset)
+        plog.recovery_point = plog.log_end_offset
+        return plog
+
+    def sync_once(self) -> int:
+        """One look at every partition (see the module's docstring); how many showed something new. A partition
+        whose directory the broker removed is left as it was (not followed yet)."""
+        self.looks += 1
+        changed = 0
+        for part in list(self.partitions.values()):
+            try:
+                if part.sync():
+                    changed += 1
+                    plog = part.log
+                    newest = plog.segments.active.max_timestamp
+                    if newest > plog.last_append_ms:
+                        plog.last_append_ms = newest
+            except FileNotFoundError:
+                continue
+        return changed
+
+
+def clear_cache(cache_dir: str) -> None:
+    """Empty the cache's partition directories (the indexes of an earlier mount: rebuilt by this one), before the
+    manager loads the cache. Only the cache's: it never names the broker's directory."""
+    if not os.path.isdir(cache_dir):
+        return
+    for _, path in DataDirScan(cache_dir).partitions:
+        shutil.rmtree(path, ignore_errors=True)

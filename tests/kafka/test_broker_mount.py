@@ -1,0 +1,173 @@
+"""A running broker's log directory, mounted read-only (CONTRACT.md section 14; issue 45, first step).
+
+A broker of this module's own (small segments: ``internal.segment.bytes``) gets a topic from Kafka's idempotent
+producer. Then, through real syscalls on ``logfs -o ro,logfs.cache.dir=CACHE LOG_DIR MNT`` while the broker runs:
+
+- each partition file is what a ``read_committed`` consumer reads, and every writing call answers ``EROFS``; the
+  daemon's descriptors under the log directory are ``.log`` files opened read-only (never the ``.lock``), and a
+  hash of every name, size, content and mtime under the log directory (the broker's own metadata log and the
+  times of the checkpoint files it rewrites on its own aside) is the same before the mount and after its unmount;
+- while the broker appends and rolls, a ``tail -f``-style reader (one open file, read on at its end) sees every
+  line once, in order, and the file then equals the consumer's read.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+from pathlib import Path
+
+import pytest
+
+from logfs.testing.kafka import running_broker
+
+from harness import mounted_at, wait_for
+
+pytestmark = pytest.mark.mount
+
+TOPIC = "live"
+PARTITIONS = 2
+# Topic settings: segments roll every few dozen records (Kafka 4's segment.bytes is at least 1 MiB).
+CONFIGS = {"internal.segment.bytes": "4096"}
+# Top-level files the broker rewrites on its own while it runs (temporary file, then rename): their names are
+# compared, not their times or contents. __cluster_metadata-0 is KRaft's log, appended to all the time.
+BROKERS_OWN = {"recovery-point-offset-checkpoint", "log-start-offset-checkpoint", "replication-offset-checkpoint",
+               "cleaner-offset-checkpoint"}
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory, kafka_client):
+    with running_broker(tmp_path_factory.mktemp("kafka-broker-live"), kafka_client) as b:
+        b.create_topic(TOPIC, PARTITIONS, CONFIGS)
+        yield b
+
+
+def lines_for(partition: int, start: int, count: int) -> list[bytes]:
+    return [f"{TOPIC}/{partition} line {i} {hashlib.sha1(str(i).encode()).hexdigest()}".encode()
+            for i in range(start, start + count)]
+
+
+def produce(client, broker, start: int, count: int) -> None:
+    entries = [{"topic": TOPIC, "partition": p, "value": v} for p in range(PARTITIONS)
+               for v in lines_for(p, start, count)]
+    sent = client.produce(broker.bootstrap, entries, enable_idempotence="true", linger_ms="0", batch_size="600")
+    assert len(sent) == len(entries)
+
+
+def consumed(client, broker) -> dict[int, bytes]:
+    got = client.consume_partitions(broker.bootstrap, [(TOPIC, p) for p in range(PARTITIONS)])
+    return {p: b"".join(r.value + b"\n" for r in got[(TOPIC, p)]) for p in range(PARTITIONS)}
+
+
+def tree_hash(log_dir: Path) -> dict[str, tuple]:
+    """Every directory and file under the log directory: name -> (size, mtime, content hash); the broker's own
+    metadata log and the checkpoint files it rewrites on its own: name only."""
+    out = {}
+    for root, dirs, files in os.walk(log_dir):
+        rel_root = os.path.relpath(root, log_dir)
+        if rel_root.startswith("__cluster_metadata"):
+            out[rel_root] = ("dir",)
+            continue
+        for name in dirs:
+            out[os.path.join(rel_root, name)] = ("dir",)
+        for name in files:
+            path = os.path.join(root, name)
+            rel = os.path.normpath(os.path.join(rel_root, name))
+            if rel in BROKERS_OWN or rel.endswith(".tmp"):
+                out[rel] = ("broker's own",)
+                continue
+            st = os.stat(path)
+            with open(path, "rb") as f:
+                digest = hashlib.blake2b(f.read()).hexdigest()
+            out[rel] = (st.st_size, st.st_mtime_ns, digest)
+    return out
+
+
+def daemon_files_under(pid: int, log_dir: Path) -> list[tuple[str, int]]:
+    """(path, open flags) of each descriptor of ``pid`` on a file under ``log_dir``."""
+    out = []
+    base = os.path.realpath(log_dir) + os.sep
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            with open(f"/proc/{pid}/fdinfo/{fd}") as f:
+                flags = int(next(x for x in f if x.startswith("flags:")).split()[1], 8)
+        except (FileNotFoundError, StopIteration):
+            continue
+        if target.startswith(base):
+            out.append((target, flags))
+    return out
+
+
+def mount_broker(mount_logfs, log_dir: Path, cache: Path):
+    return mount_logfs("ro", f"logfs.cache.dir={cache}", "logfs.broker.poll.ms=100",
+                       prepare=lambda m: setattr(m, "source", str(log_dir)))
+
+
+def test_a_running_brokers_directory_mounts_read_only(broker, kafka_client, mount_logfs, tmp_path):
+    log_dir = broker.log_dirs[0]
+    produce(kafka_client, broker, 0, 120)
+    expected = consumed(kafka_client, broker)
+    assert all(len(list((log_dir / f"{TOPIC}-{p}").glob("*.log"))) > 2 for p in range(PARTITIONS))  # (rolled)
+    before = tree_hash(log_dir)
+    fs = mount_broker(mount_logfs, log_dir, tmp_path / "cache")
+    try:
+        assert sorted(os.listdir(fs.path(TOPIC)), key=int) == [str(p) for p in range(PARTITIONS)]
+        assert not {"__consumer_offsets", "__cluster_metadata"} & set(os.listdir(fs.mnt))
+        for p in range(PARTITIONS):
+            assert fs.read(f"{TOPIC}/{p}") == expected[p], p
+            assert os.stat(fs.path(TOPIC, p)).st_size == len(expected[p])
+        opened = daemon_files_under(fs.pid(), log_dir)
+        assert all(path.endswith(".log") and flags & os.O_ACCMODE == os.O_RDONLY for path, flags in opened), opened
+
+        # Every writing call: EROFS.
+        def refused(call, *args):
+            with pytest.raises(OSError) as info:
+                call(*args)
+            assert info.value.errno == errno.EROFS, (call, info.value)
+
+        refused(open, fs.path(TOPIC, 0), "ab")
+        refused(os.open, fs.path(TOPIC, 0), os.O_WRONLY)
+        refused(os.truncate, fs.path(TOPIC, 0), 0)
+        refused(os.mkdir, fs.path("new-topic"))
+        refused(os.mkdir, fs.path(TOPIC, 7))
+        refused(os.unlink, fs.path(TOPIC, 1))
+        refused(os.rmdir, fs.path(TOPIC))
+        refused(os.setxattr, fs.path(TOPIC), "user.logfs.config.retention.ms", b"1000")
+        refused(os.setxattr, fs.path(TOPIC, 0), "user.logfs.log_start_offset", b"5")
+        refused(os.rename, fs.path(TOPIC), fs.path("other"))
+        assert fs.read(f"{TOPIC}/0") == expected[0]
+    finally:
+        if mounted_at(fs.mnt):
+            fs.unmount()
+    assert tree_hash(log_dir) == before
+    assert (tmp_path / "cache").is_dir()
+
+
+def test_a_reader_follows_the_brokers_appends_and_rolls(broker, kafka_client, mount_logfs, tmp_path):
+    log_dir = broker.log_dirs[0]
+    fs = mount_broker(mount_logfs, log_dir, tmp_path / "cache")
+    readers = [open(fs.path(TOPIC, p), "rb") for p in range(PARTITIONS)]
+    seen = [r.read() for r in readers]  # what the log holds now (the other test's records, or none)
+    try:
+        segments = len(list((log_dir / f"{TOPIC}-0").glob("*.log")))
+        for round_ in range(6):
+            produce(kafka_client, broker, 1000 + round_ * 40, 40)
+            for p, reader in enumerate(readers):
+                want = b"".join(v + b"\n" for v in lines_for(p, 1000 + round_ * 40, 40))
+
+                def caught_up():
+                    seen[p] += reader.read()  # (at the end: what came since the last read, or nothing)
+                    return seen[p].endswith(want)
+
+                wait_for(caught_up, 30, interval=0.05, what=f"round {round_}'s lines in partition {p}")
+        assert len(list((log_dir / f"{TOPIC}-0").glob("*.log"))) > segments + 2  # (the broker rolled meanwhile)
+        expected = consumed(kafka_client, broker)
+        for p in range(PARTITIONS):
+            # Each line once, in order: the reader's bytes are the consumer's.
+            assert seen[p] == expected[p], p
+            assert fs.read(f"{TOPIC}/{p}") == expected[p], p
+    finally:
+        for reader in readers:
+            reader.close()
