@@ -40,6 +40,7 @@ import errno
 import logging
 import os
 import shutil
+import threading
 import time
 
 from . import checkpoints as ckpt
@@ -78,6 +79,8 @@ class BrokerSegment(LogSegment):
 
     def __init__(self, log_path: str, base: int, index_dir: str, config, open_files: OpenFiles, *, aborted=None):
         self.inode = os.stat(log_path).st_ino
+        self._reads_lock = threading.Lock()
+        self._reads = 0  # reads using the shared descriptor now
         super().__init__(
             os.path.dirname(log_path), base, index_interval_bytes=config.index_interval_bytes,
             max_index_size=config.segment_index_bytes, active=True, create=False, read_only=True,
@@ -94,34 +97,80 @@ class BrokerSegment(LogSegment):
         self.has_txn_index = False  # (the broker's .txnindex is never renamed or removed by logfs)
 
     # -- the descriptor: this inode's, under the name it has now ------------------------------------------
+    # While the segment is in the log, reads share one descriptor (``fd``, in the mount's open-file budget). Once
+    # the broker removed it (``deleted``: retention renamed it ``.deleted``, and unlinks it soon), each read opens
+    # the file for itself and closes it after; the shared descriptor is closed as soon as no read is using it.
+    def _path_now(self) -> str:
+        for path in (self.log_path, self.log_path + DELETED_SUFFIX):
+            try:
+                if os.stat(path).st_ino == self.inode:
+                    return path
+            except FileNotFoundError:
+                continue
+        raise StorageIOError(f"segment {self.log_path} was removed by the broker", errno.ENOENT)
+
     def __getattr__(self, name: str):
         if name == "fd":
-            for path in (self.log_path, self.log_path + DELETED_SUFFIX):
-                try:
-                    if os.stat(path).st_ino != self.inode:
-                        continue
-                except FileNotFoundError:
-                    continue
-                fd = open_unit(self, path)
-                if os.fstat(fd).st_ino == self.inode:
-                    return fd
-                release_unit(self)
-            raise StorageIOError(f"segment {self.log_path} was removed by the broker", errno.ENOENT)
+            fd = open_unit(self, self._path_now())
+            if os.fstat(fd).st_ino == self.inode:
+                return fd
+            release_unit(self)
+            raise StorageIOError(f"segment {self.log_path} was replaced by the broker", errno.ENOENT)
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
-    def read(self, position: int, length: int) -> bytes:
-        try:
-            return super().read(position, length)
-        finally:
-            if self.deleted:  # (the broker deletes it: no descriptor stays open on it beyond one read)
+    def _enter_read(self) -> bool:
+        """Count a read of the shared descriptor in; False (nothing counted) once the segment left the log."""
+        with self._reads_lock:
+            if self.deleted:
+                return False
+            self._reads += 1
+            return True
+
+    def _exit_read(self) -> None:
+        with self._reads_lock:
+            self._reads -= 1
+            if self._reads == 0 and self.deleted:
                 release_unit(self)
 
-    def read_into(self, scratch: bytearray, position: int, length: int) -> memoryview:
-        try:
-            return super().read_into(scratch, position, length)
-        finally:
-            if self.deleted:
+    def let_go(self) -> None:
+        """The segment left the log (its log's lock held): the shared descriptor closes now, or when the read
+        using it ends."""
+        with self._reads_lock:
+            if self._reads == 0:
                 release_unit(self)
+
+    def _own_fd(self) -> int:
+        try:
+            fd = os.open(self._path_now(), os.O_RDONLY)
+        except FileNotFoundError:
+            raise StorageIOError(f"segment {self.log_path} was removed by the broker", errno.ENOENT) from None
+        if os.fstat(fd).st_ino != self.inode:
+            os.close(fd)
+            raise StorageIOError(f"segment {self.log_path} was removed by the broker", errno.ENOENT)
+        return fd
+
+    def read(self, position: int, length: int) -> bytes:
+        if self._enter_read():
+            try:
+                return super().read(position, length)
+            finally:
+                self._exit_read()
+        length = min(length, self.size - position)
+        if length <= 0:
+            return b""
+        fd = self._own_fd()
+        try:
+            return os.pread(fd, length, position)
+        finally:
+            os.close(fd)
+
+    def read_into(self, scratch: bytearray, position: int, length: int) -> memoryview:
+        if self._enter_read():
+            try:
+                return super().read_into(scratch, position, length)
+            finally:
+                self._exit_read()
+        return memoryview(self.read(position, length))
 
     # -- following the broker's appends ----------------------------------------------------------------
     def catch_up(self, lock) -> bool:
@@ -235,6 +284,8 @@ class BrokerPartition:
         if front:
             with plog.lock:
                 plog.forget(front)
+                for segment in front:
+                    segment.let_go()
             changed = True
         if len(front) < len(gone) and not self.warned_swap:
             log.warning("%s: segments replaced by the broker's cleaner are not followed yet (%s)", self.directory,

@@ -16,6 +16,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -170,4 +171,65 @@ def test_a_reader_follows_the_brokers_appends_and_rolls(broker, kafka_client, mo
             assert fs.read(f"{TOPIC}/{p}") == expected[p], p
     finally:
         for reader in readers:
+            reader.close()
+
+
+def test_retention_under_the_mount(broker, kafka_client, mount_logfs, tmp_path):
+    """The broker's retention (``.deleted`` renames, then removal after ``file.delete.delay.ms``) while readers
+    read: a ``tail -f``-style reader sees every line once, in order; fresh reads never fail; once retention has
+    taken what it takes, the file is the consumer's read from the log start, and no descriptor of the daemon is on
+    a removed file."""
+    topic = "retained"
+    broker.create_topic(topic, 1, {"internal.segment.bytes": "4096", "retention.ms": "3000",
+                                   "file.delete.delay.ms": "1500"})
+    log_dir = broker.log_dirs[0]
+    part = log_dir / f"{topic}-0"
+    fs = mount_broker(mount_logfs, log_dir, tmp_path / "cache")
+    reader = open(fs.path(topic, 0), "rb")
+    seen, sent = b"", b""
+    deleted_seen = False
+    try:
+        for round_ in range(8):
+            values = [f"{topic} round {round_} line {i} {'x' * 40}".encode() for i in range(40)]
+            got = kafka_client.produce(broker.bootstrap, [{"topic": topic, "partition": 0, "value": v}
+                                                           for v in values],
+                                       enable_idempotence="true", linger_ms="0", batch_size="600")
+            assert len(got) == len(values)
+            sent += b"".join(v + b"\n" for v in values)
+
+            def caught_up():
+                nonlocal seen
+                seen += reader.read()
+                return len(seen) >= len(sent)
+
+            wait_for(caught_up, 30, interval=0.05, what=f"round {round_}")
+            fs.read(f"{topic}/0")  # a fresh read, whatever retention is doing (never an error)
+            deleted_seen = deleted_seen or any(p.name.endswith(".deleted") for p in part.iterdir())
+            time.sleep(1)  # (records age: retention.ms is 3 s)
+        assert seen == sent  # each line once, in order, across rolls and retention
+        assert deleted_seen  # (the broker's retention ran meanwhile)
+
+        # Retention takes every sealed segment in the end (their records are older than retention.ms).
+        def settled():
+            names = [p.name for p in part.iterdir()]
+            return (sum(1 for n in names if n.endswith(".log")) == 1 and not any(n.endswith(".deleted")
+                                                                                 for n in names))
+
+        wait_for(settled, 60, interval=0.2, what="the broker's retention")
+        expected = b"".join(r.value + b"\n" for r in kafka_client.consume(broker.bootstrap, topic, 0))
+        assert len(expected) < len(sent)  # (retention took records; all of them once the active segment expired)
+
+        def shown():
+            return fs.read(f"{topic}/0") == expected
+
+        wait_for(shown, 10, interval=0.1, what="the log start moved by retention")
+        assert int(fs.getx(f"{topic}/0", "log_start_offset")) == kafka_client.list_offsets(
+            broker.bootstrap, topic, 0)["earliest"]
+        reader.close()
+        reader = None
+        gone = [path for path, _ in daemon_files_under(fs.pid(), log_dir) if not os.path.exists(path)
+                or path.endswith(".deleted")]
+        assert not gone, gone
+    finally:
+        if reader is not None:
             reader.close()
