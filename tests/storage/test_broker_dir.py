@@ -1,0 +1,97 @@
+"""The engine's half of a broker mount (logfs/storage/broker.py): a log directory that another process writes,
+read in place by a LogManager whose own directory is a cache. The bytes are written here as a broker writes them
+(v2 batches appended to the active ``.log``, a roll, a rename to ``.deleted``), so each case is exact: a batch
+the writer has not finished (short, or its CRC not yet right) is neither shown nor cut, and shows once whole;
+nothing under the directory changes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+from logfs.storage.config import BrokerConfig
+from logfs.storage.format import records as rec
+from logfs.storage.manager import LogManager
+from logfs.storage.names import filename_prefix
+
+
+def batch(base: int, n: int) -> bytes:
+    return rec.build_batch(base, 1_700_000_000_000 + base, [b"line %d" % (base + i) for i in range(n)])
+
+
+def lines(start: int, end: int) -> bytes:
+    return b"".join(b"line %d\n" % i for i in range(start, end))
+
+
+def snapshot(root: Path) -> dict:
+    out = {}
+    for path in sorted(root.rglob("*")):
+        st = path.stat()
+        out[str(path)] = (st.st_size, st.st_mtime_ns, hashlib.sha1(path.read_bytes()).hexdigest()
+                          if path.is_file() else None)
+    return out
+
+
+def read_view(manager, key) -> bytes:
+    plog = manager.logs[key]
+    out, offset = b"", plog.log_start_offset
+    while offset < plog.log_end_offset:
+        records = plog.read(offset, 1 << 20)
+        if not records:
+            break
+        out += b"".join(r.value + b"\n" for r in records)
+        offset = records[-1].offset + 1
+    return out
+
+
+def test_an_unfinished_batch_is_neither_shown_nor_cut_and_rolls_and_retention_follow(tmp_path):
+    broker_dir = tmp_path / "kafka"
+    part = broker_dir / "t-0"
+    part.mkdir(parents=True)
+    (broker_dir / ".lock").write_bytes(b"")
+    first = part / (filename_prefix(0) + ".log")
+    whole = batch(0, 5) + batch(5, 5)
+    torn = batch(10, 5)
+    first.write_bytes(whole + torn[: len(torn) // 2])  # the broker is writing its third batch
+    before = snapshot(broker_dir)
+    manager = LogManager(str(tmp_path / "cache"), BrokerConfig.from_properties({}), broker_dirs=[str(broker_dir)])
+    try:
+        key = ("t", 0)
+        assert manager.logs[key].log_end_offset == 10 and read_view(manager, key) == lines(0, 10)
+        assert snapshot(broker_dir) == before  # not cut, nothing written
+
+        # The rest of the batch, with its CRC still wrong (a writer that fills the header last): not shown yet.
+        bad = bytearray(torn)
+        bad[rec.HEADER_SIZE + 2] ^= 0xFF
+        with open(first, "r+b") as f:
+            f.seek(len(whole))
+            f.write(bytes(bad))
+        manager.broker_logs.sync_once()
+        assert manager.logs[key].log_end_offset == 10
+        with open(first, "r+b") as f:
+            f.seek(len(whole))
+            f.write(torn)
+        manager.broker_logs.sync_once()
+        assert manager.logs[key].log_end_offset == 15 and read_view(manager, key) == lines(0, 15)
+
+        # A roll: a new segment at 15, then its first batch.
+        second = part / (filename_prefix(15) + ".log")
+        second.write_bytes(batch(15, 3))
+        manager.broker_logs.sync_once()
+        assert manager.logs[key].log_end_offset == 18 and read_view(manager, key) == lines(0, 18)
+        assert [s.base_offset for s in manager.logs[key].segments] == [0, 15]
+
+        # Retention: the first segment renamed .deleted, then removed; the log starts at 15.
+        os.rename(first, str(first) + ".deleted")
+        manager.broker_logs.sync_once()
+        assert manager.logs[key].log_start_offset == 15 and read_view(manager, key) == lines(15, 18)
+        os.unlink(str(first) + ".deleted")
+        manager.broker_logs.sync_once()
+        assert read_view(manager, key) == lines(15, 18)
+        after = snapshot(broker_dir)
+    finally:
+        manager.close()
+    assert snapshot(broker_dir) == after  # the close wrote nothing there either
+    assert (broker_dir / ".lock").read_bytes() == b""
