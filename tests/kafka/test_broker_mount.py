@@ -233,3 +233,18 @@ def test_retention_under_the_mount(broker, kafka_client, mount_logfs, tmp_path):
     finally:
         if reader is not None:
             reader.close()
+
+
+def test_a_cache_that_overlaps_the_log_directory_is_refused(tmp_path):
+    """logfs's cache inside the broker's log directory (or the other way round) would be a write under it."""
+    import subprocess
+    import sys
+
+    log_dir, mnt = tmp_path / "kafka", tmp_path / "mnt"
+    log_dir.mkdir()
+    mnt.mkdir()
+    for cache in (log_dir / "cache", log_dir, tmp_path):
+        done = subprocess.run([sys.executable, "-m", "logfs.cli", str(log_dir), str(mnt), "-f", "-o",
+                               f"ro,logfs.cache.dir={cache}"], capture_output=True, timeout=60)
+        assert done.returncode == 2 and b"overlap" in done.stderr, (cache, done.stderr)
+    assert sorted(os.listdir(log_dir)) == []
