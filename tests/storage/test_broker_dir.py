@@ -95,3 +95,23 @@ def test_an_unfinished_batch_is_neither_shown_nor_cut_and_rolls_and_retention_fo
         manager.close()
     assert snapshot(broker_dir) == after  # the close wrote nothing there either
     assert (broker_dir / ".lock").read_bytes() == b""
+
+
+def test_the_topics_are_the_brokers_at_each_mount(tmp_path):
+    """The cache keeps the mount's state between mounts; a topic the broker no longer has is not listed."""
+    broker_dir, cache = tmp_path / "kafka", tmp_path / "cache"
+    for topic in ("a", "b"):
+        (broker_dir / f"{topic}-0").mkdir(parents=True)
+        (broker_dir / f"{topic}-0" / (filename_prefix(0) + ".log")).write_bytes(batch(0, 2))
+    manager = LogManager(str(cache), BrokerConfig.from_properties({}), broker_dirs=[str(broker_dir)])
+    assert sorted(manager.topics) == ["a", "b"]
+    manager.close()
+    for name in os.listdir(broker_dir / "b-0"):
+        os.unlink(broker_dir / "b-0" / name)
+    os.rmdir(broker_dir / "b-0")
+    manager = LogManager(str(cache), BrokerConfig.from_properties({}), broker_dirs=[str(broker_dir)])
+    try:
+        assert sorted(manager.topics) == ["a"] and list(manager.logs) == [("a", 0)]
+        assert read_view(manager, ("a", 0)) == lines(0, 2)
+    finally:
+        manager.close()
