@@ -26,11 +26,13 @@ is ever created, changed, renamed or removed, and its ``.lock`` is never taken: 
   remaining segment); a reader still reading it reads it by its new name, opening it for each read and closing it
   after (no descriptor is held on a file the broker deletes). A file that is no longer the segment's inode is
   never read as it: the segment's reads fail with ``ENOENT`` instead of giving another file's bytes.
+- **The cleaner's swaps.** While a ``.swap`` file exists the swap is half done, and the directory is looked at
+  again later; once done, the new file at a shown segment's base offset (another inode) replaces the sealed
+  segments up to the next live file, as logfs's own compaction does (:meth:`Log.forget` with ``replaced_by``).
 
-Not followed yet (issue 45's next steps): the cleaner's swaps in the middle of a log (logged once; the replaced
-segments' reads fail once the broker removes them), new and deleted topics and partitions, partition moves between
-directories (``-future``), a broker restart's recovery truncation, and aborted transactions written after the mount
-(``.txnindex`` is read at mount).
+Not followed yet (issue 45's next steps): new and deleted topics and partitions, partition moves between
+directories (``-future``), a broker restart's recovery truncation, and aborted transactions written after a
+segment was indexed (``.txnindex`` files are read at mount and at each change of the directory).
 """
 
 from __future__ import annotations
@@ -52,7 +54,10 @@ from .local.open_files import OpenFiles, open_unit, release_unit
 from .local.segment import LogSegment
 from .local.segment_recovery import SegmentRecovery
 from .local.txn_index import aborted_by_segment
-from .names import DELETED_SUFFIX, LOG_SUFFIX, DataDirScan, collision_key, filename_prefix, partition_dir_name
+from .names import (
+    DELETED_SUFFIX, LOG_SUFFIX, SWAP_SUFFIX, TXN_INDEX_SUFFIX, DataDirScan, collision_key, filename_prefix,
+    partition_dir_name,
+)
 
 log = logging.getLogger(__name__)
 
@@ -248,7 +253,7 @@ class BrokerPartition:
         self.directory = directory
         self.log = plog
         self.dir_mtime_ns = -1
-        self.warned_swap = False
+        self.warned = False
 
     def sync(self) -> bool:
         """One look at the broker's partition: rolls and removals (when the directory changed), then the active
@@ -262,39 +267,65 @@ class BrokerPartition:
         return plog.segments.active.catch_up(plog.lock) or changed
 
     def _relist(self) -> bool:
+        """The directory changed: the cleaner's swaps, retention's removals, and rolls, in that order."""
         plog = self.log
-        live = _live_bases(os.listdir(self.directory))
-        segments = plog.segments.as_list()
-        gone = []
-        for segment in segments:
-            name = live.get(segment.base_offset)
+        names = os.listdir(self.directory)
+        if any(n.endswith(SWAP_SUFFIX) for n in names):
+            self.dir_mtime_ns = -1  # a swap half done (Kafka renames the old segments, then the .swap live): later
+            return False
+        live = _live_bases(names)
+        inodes = {}
+        for base, name in live.items():
             try:
-                same = name is not None and os.stat(os.path.join(self.directory, name)).st_ino == segment.inode
+                inodes[base] = os.stat(os.path.join(self.directory, name)).st_ino
             except FileNotFoundError:
-                same = False
-            if not same:
-                gone.append(segment)
+                pass
+        bases = sorted(inodes)
+        aborted = aborted_by_segment(self.directory, names, bases) if any(
+            n.endswith(TXN_INDEX_SUFFIX) for n in names) else {}
         changed = False
+        # The cleaner's swaps: a new file at the base of a segment shown replaces the sealed segments from there
+        # to the next live file; the view's positions after it change (as after logfs's own compaction).
+        for i, base in enumerate(bases):
+            segments = plog.segments.as_list()
+            shown = next((s for s in segments if s.base_offset == base), None)
+            if shown is None or shown.inode == inodes[base] or shown is plog.segments.active:
+                continue
+            end = bases[i + 1] if i + 1 < len(bases) else None
+            old = [s for s in segments[:-1] if s.base_offset >= base and (end is None or s.base_offset < end)]
+            new = _open(self.directory, base, plog, aborted.get(base))
+            if new is None:
+                continue
+            new.catch_up(contextlib.nullcontext())  # (no reader sees it yet)
+            new.on_become_inactive()
+            with plog.lock:
+                plog.forget(old, replaced_by=new)
+                for segment in old:
+                    segment.let_go()
+            new.release()
+            changed = True
+        # Retention takes sealed segments from the front.
+        segments = plog.segments.as_list()
         front = []
-        for segment in segments[:-1]:  # retention takes from the front, never the active segment
-            if segment in gone:
-                front.append(segment)
-            else:
+        for segment in segments[:-1]:
+            if inodes.get(segment.base_offset) == segment.inode:
                 break
+            front.append(segment)
         if front:
             with plog.lock:
                 plog.forget(front)
                 for segment in front:
                     segment.let_go()
             changed = True
-        if len(front) < len(gone) and not self.warned_swap:
-            log.warning("%s: segments replaced by the broker's cleaner are not followed yet (%s)", self.directory,
-                        ", ".join(str(s.base_offset) for s in gone if s not in front))
-            self.warned_swap = True
+        gone = [s for s in plog.segments.as_list() if inodes.get(s.base_offset) != s.inode]
+        if gone and not self.warned:
+            log.warning("%s: segments %s changed in a way not followed yet (shown as they were)", self.directory,
+                        ", ".join(str(s.base_offset) for s in gone))
+            self.warned = True
         active = plog.segments.active
-        for base in sorted(b for b in live if b > active.base_offset):
+        for base in (b for b in bases if b > active.base_offset):
             active.catch_up(plog.lock)  # the broker finished it before it rolled
-            segment = _open(self.directory, base, plog, aborted=None)
+            segment = _open(self.directory, base, plog, aborted.get(base))
             if segment is None:
                 break
             with plog.lock:

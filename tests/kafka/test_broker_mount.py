@@ -248,3 +248,39 @@ def test_a_cache_that_overlaps_the_log_directory_is_refused(tmp_path):
                                f"ro,logfs.cache.dir={cache}"], capture_output=True, timeout=60)
         assert done.returncode == 2 and b"overlap" in done.stderr, (cache, done.stderr)
     assert sorted(os.listdir(log_dir)) == []
+
+
+def test_the_brokers_cleaner_under_the_mount(broker, kafka_client, mount_logfs, tmp_path):
+    """A compacted topic that the broker's cleaner cleans while the mount follows it: once the cleaner has
+    cleaned, a read of the file is the consumer's read (the records it removed gone, nothing shifted or
+    partial)."""
+    topic = "compacted"
+    broker.create_topic(topic, 1, {"cleanup.policy": "compact", "internal.segment.bytes": "1024",
+                                   "min.cleanable.dirty.ratio": "0.01", "segment.ms": "100",
+                                   "min.compaction.lag.ms": "0", "file.delete.delay.ms": "1500"})
+    log_dir = broker.log_dirs[0]
+    fs = mount_broker(mount_logfs, log_dir, tmp_path / "cache")
+    sent = 0
+    for round_ in range(6):
+        entries = [{"topic": topic, "partition": 0, "key": b"key%d" % k,
+                    "value": f"{topic} v{round_} key{k} {'y' * 30}".encode()} for k in range(8)]
+        sent += len(kafka_client.produce(broker.bootstrap, entries, enable_idempotence="true", linger_ms="0",
+                                         batch_size="300"))
+        fs.read(f"{topic}/0")  # (a read while the cleaner may be swapping: never an error)
+
+    def cleaned():
+        path = log_dir / "cleaner-offset-checkpoint"
+        if not path.exists():
+            return False
+        entries = dict(line.rsplit(" ", 1) for line in path.read_text().splitlines()[2:])
+        return int(entries.get(f"{topic} 0", -1)) > 0
+
+    wait_for(cleaned, 60, interval=0.2, what="Kafka's cleaner")
+    expected = b"".join(r.value + b"\n" for r in kafka_client.consume(broker.bootstrap, topic, 0))
+    assert expected.count(b"\n") < sent  # (the cleaner removed records)
+
+    def shown():
+        return fs.read(f"{topic}/0") == b"".join(r.value + b"\n" for r in kafka_client.consume(
+            broker.bootstrap, topic, 0))
+
+    wait_for(shown, 30, interval=0.3, what="the cleaned log through the mount")

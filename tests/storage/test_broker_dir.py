@@ -115,3 +115,38 @@ def test_the_topics_are_the_brokers_at_each_mount(tmp_path):
         assert read_view(manager, ("a", 0)) == lines(0, 2)
     finally:
         manager.close()
+
+
+def test_the_cleaners_swap_is_followed(tmp_path):
+    """Kafka's swap: the cleaned segment written as ``.cleaned``, renamed ``.swap``, the old segments renamed
+    ``.deleted``, the ``.swap`` renamed live. Half done, the log is shown as it was; done, the cleaned segment
+    replaces the ones it covers (a new file at the same base offset: new indexes), and an open snapshot of the old
+    segments still reads them while their files exist."""
+    broker_dir = tmp_path / "kafka"
+    part = broker_dir / "t-0"
+    part.mkdir(parents=True)
+    paths = {base: part / (filename_prefix(base) + ".log") for base in (0, 5, 10)}
+    for base in (0, 5, 10):
+        paths[base].write_bytes(batch(base, 5))
+    manager = LogManager(str(tmp_path / "cache"), BrokerConfig.from_properties({}), broker_dirs=[str(broker_dir)])
+    key = ("t", 0)
+    try:
+        plog = manager.logs[key]
+        assert read_view(manager, key) == lines(0, 15)
+        pinned = plog.snapshot()
+        kept = [0, 2, 4, 6, 8, 9]  # the records the cleaner keeps of offsets 0-9
+        cleaned = rec.build_batch(0, 1_700_000_000_000, [b"line %d" % i for i in kept], offset_deltas=kept)
+        (part / (filename_prefix(0) + ".log.swap")).write_bytes(cleaned)
+        for base in (0, 5):
+            os.rename(paths[base], str(paths[base]) + ".deleted")
+        manager.broker_logs.sync_once()
+        assert read_view(manager, key) == lines(0, 15)  # half done: as it was
+        os.rename(part / (filename_prefix(0) + ".log.swap"), paths[0])
+        manager.broker_logs.sync_once()
+        assert [s.base_offset for s in plog.segments] == [0, 10]
+        assert read_view(manager, key) == b"".join(b"line %d\n" % i for i in kept) + lines(10, 15)
+        # The snapshot taken before still reads the old segments (by their .deleted names, while they exist).
+        assert b"".join(s.read(0, s.size) for s in pinned.segments[:2]) == batch(0, 5) + batch(5, 5)
+        pinned.release()
+    finally:
+        manager.close()

@@ -362,14 +362,18 @@ class Log:
             snapshot.on_roll(segment)
         self._layout_changed()
 
-    def forget(self, segments: Sequence[LogSegment]) -> None:
-        """Sealed segments that another writer removed (a running broker's retention or cleaner, read in place)
-        leave the log, which starts at its first remaining segment then: their files are not this log's to rename
-        or unlink. One a snapshot pins stays readable for it, and closes when released. Under the lock."""
+    def forget(self, segments: Sequence[LogSegment], replaced_by: LogSegment | None = None) -> None:
+        """Sealed segments that another writer removed (a running broker's retention, read in place) leave the log,
+        which starts at its first remaining segment then; with ``replaced_by``, its cleaner swapped that segment in
+        for them (records removed from the middle: positions after them change). Their files are not this log's to
+        rename or unlink. One a snapshot pins stays readable for it, and closes when released. Under the lock."""
         for segment in segments:
             self.segments.remove(segment)
             segment.deleted = segment.purged = True
             close_if_unused(segment)
+        if replaced_by is not None:
+            self.segments.add(replaced_by)
+            self._rewritten()
         self.log_start_offset = max(self.log_start_offset, self.segments.first.base_offset)
         self._layout_changed()
 
