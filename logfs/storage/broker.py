@@ -304,7 +304,23 @@ class BrokerPartition:
                     segment.let_go()
             new.release()
             changed = True
-        # Retention takes sealed segments from the front.
+        active = plog.segments.active
+        for base in (b for b in bases if b > active.base_offset):
+            try:
+                active.catch_up(plog.lock)  # the broker finished it before it rolled
+            except StorageIOError as exc:
+                if exc.errno != errno.ENOENT:
+                    raise  # (ENOENT: its retention took it already, after the roll; it goes below)
+            segment = _open(self.directory, base, plog, aborted.get(base))
+            if segment is None:
+                break
+            with plog.lock:
+                active.on_become_inactive()
+                plog.add_rolled(segment)
+            active.release()
+            active = segment
+            changed = True
+        # Retention takes sealed segments from the front (the active one too, once the broker rolled past it).
         segments = plog.segments.as_list()
         front = []
         for segment in segments[:-1]:
@@ -322,18 +338,6 @@ class BrokerPartition:
             log.warning("%s: segments %s changed in a way not followed yet (shown as they were)", self.directory,
                         ", ".join(str(s.base_offset) for s in gone))
             self.warned = True
-        active = plog.segments.active
-        for base in (b for b in bases if b > active.base_offset):
-            active.catch_up(plog.lock)  # the broker finished it before it rolled
-            segment = _open(self.directory, base, plog, aborted.get(base))
-            if segment is None:
-                break
-            with plog.lock:
-                active.on_become_inactive()
-                plog.add_rolled(segment)
-            active.release()
-            active = segment
-            changed = True
         return changed
 
 

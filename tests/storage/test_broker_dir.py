@@ -150,3 +150,30 @@ def test_the_cleaners_swap_is_followed(tmp_path):
         pinned.release()
     finally:
         manager.close()
+
+
+def test_a_roll_and_the_removal_of_the_old_active_segment_seen_in_one_look(tmp_path):
+    """Retention expiring the whole log: the broker rolls, then removes the segment that was active. Seen in one
+    look (its descriptor closed meanwhile, by the open-file budget), the log is the new segment alone, without an
+    error."""
+    broker_dir = tmp_path / "kafka"
+    part = broker_dir / "t-0"
+    part.mkdir(parents=True)
+    first = part / (filename_prefix(0) + ".log")
+    first.write_bytes(batch(0, 5))
+    manager = LogManager(str(tmp_path / "cache"), BrokerConfig.from_properties({}), broker_dirs=[str(broker_dir)])
+    key = ("t", 0)
+    try:
+        plog = manager.logs[key]
+        with plog.lock:
+            plog.segments.active.release()
+        (part / (filename_prefix(5) + ".log")).write_bytes(b"")
+        os.unlink(first)
+        manager.broker_logs.sync_once()
+        assert [s.base_offset for s in plog.segments] == [5]
+        assert (plog.log_start_offset, plog.log_end_offset) == (5, 5) and read_view(manager, key) == b""
+        (part / (filename_prefix(5) + ".log")).write_bytes(batch(5, 2))
+        manager.broker_logs.sync_once()
+        assert read_view(manager, key) == lines(5, 7)
+    finally:
+        manager.close()
