@@ -177,3 +177,20 @@ def test_a_roll_and_the_removal_of_the_old_active_segment_seen_in_one_look(tmp_p
         assert read_view(manager, key) == lines(5, 7)
     finally:
         manager.close()
+
+
+def test_several_broker_directories_are_one_namespace(tmp_path):
+    """Kafka's log.dirs: each partition in one of them, the topics of all of them served together."""
+    dirs = [tmp_path / "d0", tmp_path / "d1"]
+    for i, d in enumerate(dirs):
+        (d / f"t-{i}").mkdir(parents=True)
+        (d / f"t-{i}" / (filename_prefix(0) + ".log")).write_bytes(batch(0, 3 + i))
+    before = snapshot(tmp_path)
+    manager = LogManager(str(tmp_path / "cache"), BrokerConfig.from_properties({}),
+                         broker_dirs=[str(d) for d in dirs])
+    try:
+        assert sorted(manager.logs) == [("t", 0), ("t", 1)]
+        assert read_view(manager, ("t", 0)) == lines(0, 3) and read_view(manager, ("t", 1)) == lines(0, 4)
+    finally:
+        manager.close()
+    assert {k: v for k, v in snapshot(tmp_path).items() if "/cache" not in k} == before
