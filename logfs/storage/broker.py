@@ -46,7 +46,7 @@ import threading
 import time
 
 from . import checkpoints as ckpt
-from .errors import StorageIOError
+from .errors import LogfsError, StorageIOError
 from .format import records as rec
 from .local.index import ViewIndex
 from .local.log import Log
@@ -93,7 +93,7 @@ class BrokerSegment(LogSegment):
                                                     config.index_interval_bytes),
             index_stem=os.path.join(index_dir, f"{filename_prefix(base)}-{self.inode}"), open_files=open_files)
         if os.fstat(self.fd).st_ino != self.inode:  # (renamed between the stat and the open: gone already)
-            self.close_readonly()
+            self.close()
             raise FileNotFoundError(errno.ENOENT, "segment replaced while opened", log_path)
         for index in (self.offset_index, self.time_index, self.view_index):
             index.reset()
@@ -166,6 +166,8 @@ class BrokerSegment(LogSegment):
         fd = self._own_fd()
         try:
             return os.pread(fd, length, position)
+        except OSError as exc:
+            raise StorageIOError(f"read of {self.log_path} failed: {exc.strerror}", exc.errno) from exc
         finally:
             os.close(fd)
 
@@ -416,6 +418,7 @@ class BrokerLogs:
         whose directory the broker removed is left as it was (not followed yet)."""
         self.looks += 1
         changed = 0
+        failed: Exception | None = None
         for part in list(self.partitions.values()):
             try:
                 if part.sync():
@@ -426,6 +429,10 @@ class BrokerLogs:
                         plog.last_append_ms = newest
             except FileNotFoundError:
                 continue
+            except (OSError, LogfsError) as exc:  # one partition's trouble stops no other's following
+                failed = failed or exc
+        if failed is not None:
+            raise failed  # (the service logs it, once until following works again)
         return changed
 
 
