@@ -30,9 +30,14 @@ is ever created, changed, renamed or removed, and its ``.lock`` is never taken: 
   again later; once done, the new file at a shown segment's base offset (another inode) replaces the sealed
   segments up to the next live file, as logfs's own compaction does (:meth:`Log.forget` with ``replaced_by``).
 
-Not followed yet (issue 45's next steps): new and deleted topics and partitions, partition moves between
-directories (``-future``), a broker restart's recovery truncation, and aborted transactions written after a
-segment was indexed (``.txnindex`` files are read at mount and at each change of the directory).
+- **Topics and partitions.** Each look ``stat``s every broker directory; when its mtime moved it is listed: a
+  partition directory that is new is served once its first segment is there, one that is gone (a topic deleted:
+  renamed ``-delete``) is served no more (a reader keeps what it pinned while the files exist).
+
+Not followed yet (issue 45's next steps): partition moves between the broker's directories as such (``-future``:
+the partition is served again from its new directory, open files do not follow it), a broker restart's recovery
+truncation, and aborted transactions written after a segment was indexed (``.txnindex`` files are read at mount
+and at each change of the directory).
 """
 
 from __future__ import annotations
@@ -52,6 +57,7 @@ from .local.index import ViewIndex
 from .local.log import Log
 from .local.open_files import OpenFiles, open_unit, release_unit
 from .local.segment import LogSegment
+from .local.segments import close_if_unused
 from .local.segment_recovery import SegmentRecovery
 from .local.txn_index import aborted_by_segment
 from .names import (
@@ -362,32 +368,92 @@ class BrokerLogs:
         self.looks = 0
 
     def load(self) -> None:
-        m = self.manager
-        cache = m.data_dir
-        for broker_dir in self.broker_dirs:
-            scan = DataDirScan(broker_dir)
-            starts = ckpt.read_checkpoint(os.path.join(broker_dir, ckpt.LOG_START_OFFSET))
-            for (topic, partition), directory in scan.partitions:
-                if (topic, partition) in m.logs:
-                    log.warning("%s: partition %s-%d is served from another directory already", directory, topic,
-                                partition)
-                    continue
-                plog = self._load_partition(directory, topic, partition, starts.get((topic, partition), 0), cache)
-                if plog is not None:
-                    m.add_log(plog)
-                    self.partitions[(topic, partition)] = BrokerPartition(directory, plog)
-        m.settings.collisions = {collision_key(t): t for t in m.topics}
+        self.dir_mtimes = {d: -1 for d in self.broker_dirs}
+        self.pending: dict[tuple[str, int], str] = {}  # partition directories without a segment yet
+        self._rescan(initial=True)
         for part in self.partitions.values():
             part.sync()
 
-    def _load_partition(self, directory: str, topic: str, partition: int, start: int, cache: str) -> Log | None:
+    def _rescan(self, initial: bool = False) -> bool:
+        """New partitions (a topic created, a partition added, one moved here from another of the broker's
+        directories) are served; ones whose directory is gone (a topic deleted: renamed ``-delete``; moved away)
+        are served no more. Each directory is listed only when its mtime moved (or is recent)."""
         m = self.manager
+        found: dict[tuple[str, int], str] = {}
+        listed = False
+        for broker_dir in self.broker_dirs:
+            st = os.stat(broker_dir)
+            if st.st_mtime_ns == self.dir_mtimes[broker_dir] and time.time_ns() - st.st_mtime_ns >= RACY_NS:
+                found.update((k, p.directory) for k, p in self.partitions.items()
+                             if os.path.dirname(p.directory) == broker_dir)
+                found.update((k, d) for k, d in self.pending.items() if os.path.dirname(d) == broker_dir)
+                continue
+            self.dir_mtimes[broker_dir] = st.st_mtime_ns
+            listed = True
+            for key, directory in DataDirScan(broker_dir).partitions:
+                if key in found:
+                    log.warning("%s: partition %s-%d is in another of the broker's directories too (%s)", directory,
+                                key[0], key[1], found[key])
+                    continue
+                found[key] = directory
+        changed = False
+        if listed:
+            for key in [k for k, p in self.partitions.items() if found.get(k) != p.directory]:
+                self._drop(key)
+                changed = True
+            new = [(k, d) for k, d in found.items() if k not in self.partitions]
+        else:
+            new = list(self.pending.items())  # (their directories listed again: each look until a segment shows)
+        if not new:
+            self.pending = {}
+            return changed
+        starts = {}
+        for broker_dir in {os.path.dirname(d) for _, d in new}:
+            starts.update(ckpt.read_checkpoint(os.path.join(broker_dir, ckpt.LOG_START_OFFSET)))
+        pending = {}
+        for (topic, partition), directory in sorted(new):
+            try:
+                plog = self._load_partition(directory, topic, partition, starts.get((topic, partition), 0))
+            except FileNotFoundError:
+                continue  # (gone since the listing)
+            if plog is None:
+                pending[(topic, partition)] = directory  # (Kafka makes the directory, then its first segment)
+                continue
+            with m.lock:
+                m.topics.setdefault(topic, {})
+                m.add_log(plog)
+                m.settings.collisions = {collision_key(t): t for t in m.topics}
+            self.partitions[(topic, partition)] = part = BrokerPartition(directory, plog)
+            if not initial:
+                part.sync()
+            changed = True
+        self.pending = pending
+        return changed
+
+    def _drop(self, key: tuple[str, int]) -> None:
+        """A partition whose directory the broker removed (or moved) is served no more; a reader of it keeps the
+        segments it pinned while their files exist."""
+        m = self.manager
+        part = self.partitions.pop(key)
+        plog = part.log
+        with m.lock:
+            m.unserve(*key)
+            if not m.served.count(key[0]):
+                m.topics.pop(key[0], None)
+                m.settings.collisions = {collision_key(t): t for t in m.topics}
+        with plog.lock:
+            for segment in plog.segments.as_list():
+                segment.deleted = segment.purged = True
+                segment.let_go()
+                close_if_unused(segment)
+
+    def _load_partition(self, directory: str, topic: str, partition: int, start: int) -> Log | None:
+        m = self.manager
+        cache = m.data_dir
         names = os.listdir(directory)
         live = _live_bases(names)
         if not live:
             return None
-        if topic not in m.topics:
-            m.topics[topic] = {}
         config = m.topic_config(topic)
         index_dir = os.path.join(cache, partition_dir_name(topic, partition))
         os.makedirs(index_dir, exist_ok=True)
@@ -419,6 +485,10 @@ class BrokerLogs:
         self.looks += 1
         changed = 0
         failed: Exception | None = None
+        try:
+            changed += self._rescan()
+        except (OSError, LogfsError) as exc:
+            failed = exc
         for part in list(self.partitions.values()):
             try:
                 if part.sync():

@@ -250,6 +250,11 @@ class LogManager:
         self.served.add(plog)
         return plog
 
+    def unserve(self, topic: str, partition: int) -> Log | None:
+        """Serve a partition no more, leaving its files as they are: a running broker's that the broker removed or
+        moved (:mod:`.broker`). Under the lock."""
+        return self._drop_log(topic, partition)
+
     def _drop_log(self, topic: str, partition: int) -> Log | None:
         plog = self.served.drop(topic, partition)
         if plog is not None:

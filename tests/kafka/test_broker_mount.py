@@ -284,3 +284,20 @@ def test_the_brokers_cleaner_under_the_mount(broker, kafka_client, mount_logfs, 
             broker.bootstrap, topic, 0))
 
     wait_for(shown, 30, interval=0.3, what="the cleaned log through the mount")
+
+
+def test_a_topic_created_while_mounted_appears(broker, kafka_client, mount_logfs, tmp_path):
+    log_dir = broker.log_dirs[0]
+    fs = mount_broker(mount_logfs, log_dir, tmp_path / "cache")
+    topic = "late"
+    broker.create_topic(topic, 2, CONFIGS)
+    entries = [{"topic": topic, "partition": p, "value": f"{topic}/{p} {i}".encode()} for p in range(2)
+               for i in range(50)]
+    assert len(kafka_client.produce(broker.bootstrap, entries, enable_idempotence="true", linger_ms="0")) == 100
+    got = kafka_client.consume_partitions(broker.bootstrap, [(topic, p) for p in range(2)])
+
+    def shown():
+        return topic in os.listdir(fs.mnt) and all(
+            fs.read(f"{topic}/{p}") == b"".join(r.value + b"\n" for r in got[(topic, p)]) for p in range(2))
+
+    wait_for(shown, 30, interval=0.1, what="the new topic through the mount")

@@ -194,3 +194,29 @@ def test_several_broker_directories_are_one_namespace(tmp_path):
     finally:
         manager.close()
     assert {k: v for k, v in snapshot(tmp_path).items() if "/cache" not in k} == before
+
+
+def test_topics_and_partitions_come_and_go(tmp_path):
+    """A partition directory the broker makes after the mount is served once its first segment is there; one it
+    renames for deletion (``-delete``) is served no more, and a topic with no partition left is not listed."""
+    broker_dir = tmp_path / "kafka"
+    (broker_dir / "a-0").mkdir(parents=True)
+    (broker_dir / "a-0" / (filename_prefix(0) + ".log")).write_bytes(batch(0, 2))
+    before = snapshot(broker_dir)
+    manager = LogManager(str(tmp_path / "cache"), BrokerConfig.from_properties({}), broker_dirs=[str(broker_dir)])
+    try:
+        assert list(manager.logs) == [("a", 0)]
+        (broker_dir / "b-0").mkdir()
+        manager.broker_logs.sync_once()
+        assert "b" not in manager.topics  # (no segment yet)
+        (broker_dir / "b-0" / (filename_prefix(0) + ".log")).write_bytes(batch(0, 3))
+        manager.broker_logs.sync_once()
+        assert sorted(manager.logs) == [("a", 0), ("b", 0)] and read_view(manager, ("b", 0)) == lines(0, 3)
+        os.rename(broker_dir / "a-0", broker_dir / ("a-0." + "0" * 32 + "-delete"))
+        manager.broker_logs.sync_once()
+        assert sorted(manager.logs) == [("b", 0)] and sorted(manager.topics) == ["b"]
+        os.rename(broker_dir / ("a-0." + "0" * 32 + "-delete"), broker_dir / "a-0")
+    finally:
+        manager.close()
+    assert {k: v for k, v in snapshot(broker_dir).items() if "b-0" not in k} == {
+        k: v for k, v in before.items() if k != str(broker_dir)}  # (the renames were this test's)
