@@ -48,7 +48,7 @@ quiet_pip .venv/bin/pip install -q -e '.[test]'
 
 case "$action" in
   test)
-    exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"
+    exec .venv/bin/python -m pytest -q -p no:cacheprovider --durations=25 "$@"
     ;;
   demo)
     exec .venv/bin/python tools/demo.py "$@"

@@ -7,7 +7,7 @@ not where the previous read ended (so it goes through the index). A profiler cou
 ``logfs`` entered during each call ("hops"), and every call whose callee is in a different layer than its caller
 ("crossings": fuse, view, storage, service; C functions of ``logfs._speedups`` count as storage).
 
-    python tools/hops.py            # prints a table
+    PYTHONPATH=$PWD python tools/hops.py    # prints a table (PYTHONPATH: this checkout's logfs, not an installed one)
 """
 
 from __future__ import annotations

@@ -35,11 +35,16 @@ POOL_THREADS = 4
 
 _count_lock = threading.Lock()
 _decompressed = [0]  # batches the views have decompressed, by any thread (under _count_lock)
+_by_thread: dict[int, int] = {}  # the same, by the thread that decompressed them
 
 
-def decompressions() -> int:
-    """How many batches the text views have decompressed so far in this process (tests count them)."""
-    return _decompressed[0]
+def decompressions(thread: int | None = None) -> int:
+    """How many batches the text views have decompressed so far in this process, or by the thread whose
+    ``threading.get_ident()`` is ``thread`` (tests count them: the request thread must decompress nothing while
+    the read-ahead's threads work beside it)."""
+    if thread is None:
+        return _decompressed[0]
+    return _by_thread.get(thread, 0)
 
 
 def decompress_pool() -> ThreadPoolExecutor:
@@ -51,8 +56,10 @@ def decompress_pool() -> ThreadPoolExecutor:
 def decompress(buf, at: int = 0) -> bytes:
     """The compressed batch at ``at`` as a plain batch to render (its compressed bytes' CRC-32C checked; no CRC
     computed for the plain one: render_window never checks it)."""
+    me = threading.get_ident()
     with _count_lock:
         _decompressed[0] += 1
+        _by_thread[me] = _by_thread.get(me, 0) + 1
     return rec.decompress_batch(buf, at, stamp=False)
 
 

@@ -50,8 +50,9 @@ from .readahead import READ_SLACK, ReadAhead, decompress, plain_batches, whole_c
 # Kafka's aborted transactions reach into, transactional ones (render_window's ``stop``).
 _STOP = rec.ATTR_COMPRESSION_MASK | rec.ATTR_CONTROL
 _STOP_TRANSACTIONAL = _STOP | rec.ATTR_TRANSACTIONAL
-# How far past the batch holding a read's last byte the read may look (SegmentView.in_memory): its window, or the
-# first read of the generic path (segment_file's chunk of batches), whichever is larger.
+# How far from the batch where a read starts it may look without the C accelerator (SegmentView.in_memory: the
+# generic path reads segment_file's chunk of batches); with it, the read's own window (its lines * 9/8 + slack) or
+# up to the index entry after its last byte, whichever is further.
 WINDOW_MARGIN = 64 << 10
 
 
@@ -244,7 +245,8 @@ class SegmentView:
             skip = local - cum
             self._located = (pos, total, (i, file_pos, skip))
         end = min(pos + size, total)
-        margin = max(WINDOW_MARGIN, (skip + size) * 9 // 8 + READ_SLACK)
+        window = (skip + size) * 9 // 8 + READ_SLACK  # what the C path's first read of the batch covers
+        margin = window if _speedups is not None else max(WINDOW_MARGIN, window)
         starts = self._starts  # (every segment's: length() measured them)
         while True:
             segment = self.segments[i]
@@ -266,7 +268,7 @@ class SegmentView:
                 if compressed:
                     if not self._decompressed(i, file_pos, bound):
                         return False
-                elif not segment.cached(file_pos, bound + margin):
+                elif not segment.cached(file_pos, max(bound, file_pos + margin)):
                     return False
             elif self._ahead is not None and self._ahead.pending(i, file_pos):
                 return False  # (the read-ahead is on this batch: the read would wait for it)

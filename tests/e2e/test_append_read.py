@@ -18,9 +18,9 @@ from harness import expect_errno, sh
 
 
 @pytest.fixture
-def topic(fs):
-    os.mkdir(fs.path("t"))
-    return fs
+def topic(mount):
+    os.mkdir(mount.path("t"))
+    return mount
 
 
 def size_of(path: str) -> int:
