@@ -439,11 +439,15 @@ def main(argv=None) -> int:
         bench = Bench(workdir, args.quick, args.rounds, args.corpus)
         bench.spark_time_mb = args.spark_time_mb
         ran = set()
+        took: dict[str, float] = {}  # seconds each scenario took (what a --quick run spends where)
         for name in wanted:
             target = SCENARIOS[name]
             if target not in ran:
                 ran.add(target)
+                start = time.perf_counter()
                 run_scenario(bench, target)
+                took[target] = round(time.perf_counter() - start, 1)
+                print(f"{target}: {took[target]} s", file=sys.stderr, flush=True)
     finally:
         leave_nothing(workdir, remove=not args.workdir)
     report = {
@@ -451,6 +455,7 @@ def main(argv=None) -> int:
         "quick": args.quick,
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "results": bench.results,
+        "scenario_seconds": took,
     }
     write_report(report, markdown(report), args.json, args.markdown)
     return 0

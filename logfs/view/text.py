@@ -86,6 +86,7 @@ class SegmentView:
         # What in_memory() found for the read that follows it: (view pos, view length, (segment idx, batch position,
         # skip) or None where the cursor is), so that the read looks nothing up again.
         self._located: tuple | None = None
+        self._ends: tuple | None = None  # (segment, view length, the next entries' view lengths, their positions)
         # Segment index -> whether its batches are compressed, as far as known: a local segment's from its first
         # batch, a tiered one's from the first batch a read met in it (a compressed one met later says True).
         self._codecs: dict[int, bool] = {}
@@ -263,7 +264,7 @@ class SegmentView:
                 bound = segment.size
                 if last:
                     local_last = end - 1 - starts[i] + (self._prefix if i == 0 else 0)
-                    after = segment.view_index.after_view(local_last, self.fmt)
+                    after = self._end_after(segment, local_last)
                     bound = bound if after is None else after
                 if compressed:
                     if not self._decompressed(i, file_pos, bound):
@@ -275,6 +276,23 @@ class SegmentView:
             if last:
                 return True
             i, file_pos, skip = i + 1, 0, 0
+
+    def _end_after(self, segment, local_last: int) -> int | None:
+        """Where the batch holding view byte ``local_last`` of ``segment`` ends at the latest: the position of the
+        first view index entry past it (None: the segment's end). Asked on every read of a tiered or compressed
+        segment, so the entries ahead of a reader are kept (:meth:`ViewIndex.ends_after_view`: one search and one
+        read per 16 entries, not one search per read). An entry kept that a truncation removed since can only make
+        the answer 'not in memory' (the read goes to a worker thread, which reads what is there)."""
+        kept = self._ends
+        if kept is not None and kept[0] is segment and kept[1] <= local_last < kept[2][-1]:
+            return kept[3][bisect.bisect_right(kept[2], local_last)]
+        found = segment.view_index.ends_after_view(local_last, self.fmt)
+        if found is None:
+            self._ends = None
+            return None
+        low, lengths, positions = found
+        self._ends = (segment, low, lengths, positions)
+        return positions[bisect.bisect_right(lengths, local_last)]
 
     def _compressed(self, i: int) -> bool | None:
         """Whether segment ``i``'s batches are compressed (None: not known yet, a tiered segment no read met)."""

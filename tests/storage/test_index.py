@@ -386,6 +386,33 @@ def test_view_index_floors_and_truncation(tmp_path):
     again.close()
 
 
+@pytest.mark.parametrize("fmt", [LineFormat(), LineFormat(separator=b"\t", null_marker=b"-")])
+def test_view_index_ends_after_agree_with_a_search_of_every_entry(tmp_path, fmt):
+    """What a tiered or compressed read needs cached (SegmentView._end_after): for any view byte, the position of
+    the first entry whose view length before it is past that byte, from a window of the entries ahead. Every
+    target from before the first entry to past the last agrees with a scan of all entries, for windows of every
+    size, including entries with equal lengths (batches without lines) and a format with keys and nulls."""
+    idx = ViewIndex(str(tmp_path / "00000000000000000045.viewindex"), BASE, 64 * ViewIndex.ENTRY.size)
+    rng = random.Random(7)
+    stats, records = [], 0
+    for i in range(40):
+        records += rng.choice((0, 1, 5))  # (0: an entry after a batch that shows no line)
+        stats.append(LineStats(records, records // 2, records // 5, 3 * records, 40 * records))
+        idx.append(BASE + 10 * (i + 1), 500 * (i + 1), stats[-1])
+    lengths = [fmt.length(s) for s in stats]
+    for count in (1, 2, 16, 64):
+        for target in range(-1, lengths[-1] + 3):
+            expected = next((500 * (k + 1) for k, n in enumerate(lengths) if n > target), None)
+            found = idx.ends_after_view(max(target, 0), fmt, count)
+            if found is None:
+                assert expected is None or target < 0, (count, target)
+                continue
+            low, after, positions = found
+            assert low <= max(target, 0) < after[-1] and after == sorted(after), (count, target)
+            assert positions[bisect.bisect_right(after, max(target, 0))] == expected, (count, target)
+    idx.close()
+
+
 @pytest.mark.parametrize("kind", ["offset", "time", "view"])
 def test_sanity_check_in_c_agrees_with_the_python_checks(tmp_path, monkeypatch, kind):
     """Loading a store checks every entry of every index in one C pass (_speedups.index_ok); built without a

@@ -39,6 +39,7 @@ from ..format.speedups import C as _speedups  # index_ok: every entry in one pas
 # Disk blocks are reserved for an index one page ahead of its entries (see _FileIndex._reserve): one
 # posix_fallocate per 512 offset index entries, and no more disk than the entries need.
 _RESERVE_BYTES = 4096
+_U32 = struct.Struct(">I")
 
 
 def _increasing(column) -> bool:
@@ -455,12 +456,27 @@ class ViewIndex(_FileIndex):
         slot = self._search(target, 2, len(sep) if sep else 0, len(marker) if marker else 0)
         return self.get(slot) if slot >= 0 else None
 
-    def after_view(self, target: int, fmt) -> int | None:
-        """Position of the first entry whose view length before it, in ``fmt``, is > target: the batch holding view
-        byte ``target`` ends there or before (None: no such entry, it may end at the segment's end)."""
+    def ends_after_view(self, target: int, fmt, count: int = 16) -> tuple[int, list[int], list[int]] | None:
+        """For a reader going forward: the view length ``low`` before the floor entry of ``target`` (in ``fmt``),
+        then the view lengths and positions of up to ``count`` entries after it, from one search and one read.
+        For any target in ``[low, lengths[-1])``, the position of the first of them whose length is > target is where
+        the batch holding view byte ``target`` ends at the latest, so a reader asks again only past the last one.
+        None: no entry after the floor (that batch may end at the segment's end)."""
         sep, marker = fmt.separator, fmt.null_marker
-        slot = self._search(target, 2, len(sep) if sep else 0, len(marker) if marker else 0) + 1
-        return self.get(slot).position if slot < self.entries else None
+        sep_len, marker_len = len(sep) if sep else 0, len(marker) if marker else 0
+        floor = self._search(target, 2, sep_len, marker_len)
+        first = max(floor, 0)
+        n = min(self.entries - first, count + 1)
+        if floor + 1 >= self.entries or n <= 0:
+            return None
+        lengths, positions = [], []
+        for _, pos, records, keyed, nulls, key_bytes, value_bytes in self.ENTRY.iter_unpack(
+                self._pread(first * self.entry_size, n * self.entry_size)):
+            lengths.append(records + value_bytes + nulls * marker_len + (key_bytes + keyed * sep_len if sep else 0))
+            positions.append(pos)
+        if floor < 0:
+            return 0, lengths, positions
+        return lengths[0], lengths[1:], positions[1:]
 
     def floor_by_offset(self, target: int) -> ViewEntry | None:
         slot = self._search(target - self.base_offset, 0)
