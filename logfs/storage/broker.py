@@ -22,6 +22,17 @@ is ever created, changed, renamed or removed, and its ``.lock`` is never taken: 
   broker (every append is an ``IN_MODIFY``), and it sees what happened on a file system inotify does not report
   (NFS). Whether inotify's idle cost is needed for the 2%-of-a-core target on 10,000 partitions is the benchmark's
   to say.
+- **Transactions** (CONTRACT sections 13 and 14: what a ``read_committed`` consumer reads). The broker appends a
+  transaction's records long before its marker, and its ``.txnindex`` entry with the abort marker, so both come
+  from the data as it is indexed (``local/txn_index.TransactionState``, one per partition, seeing every whole batch
+  once, in offset order): per producer id, the first offset of its open transaction; a control batch closes it, an
+  abort adding its range to the partition's ``AbortedRanges`` (which the segments' readers share). A scanned batch
+  is published (indexed, its lines counted, ``size`` moved past it) only below the last stable offset (the first
+  offset of the oldest open transaction): the view's end stops there, as a ``read_committed`` consumer's fetch
+  does, and a batch behind it waits in its segment's ``pending`` (position, header and lines; no bytes). An open
+  transaction across a roll: the segments the broker rolled to are scanned (``BrokerPartition.ahead``) but the log
+  rolls to one only once its predecessor is shown whole. The ``.txnindex`` files are not read: the data says the
+  same, sooner.
 - **Retention.** A segment the broker renamed ``.deleted`` leaves the log (which then starts at its first
   remaining segment); a reader still reading it reads it by its new name, opening it for each read and closing it
   after (no descriptor is held on a file the broker deletes). A file that is no longer the segment's inode is
@@ -35,13 +46,13 @@ is ever created, changed, renamed or removed, and its ``.lock`` is never taken: 
   renamed ``-delete``) is served no more (a reader keeps what it pinned while the files exist).
 
 Not followed yet (issue 45's next steps): partition moves between the broker's directories as such (``-future``:
-the partition is served again from its new directory, open files do not follow it), a broker restart's recovery
-truncation, and aborted transactions written after a segment was indexed (``.txnindex`` files are read at mount
-and at each change of the directory).
+the partition is served again from its new directory, open files do not follow it), and a broker restart's recovery
+truncation.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import errno
 import logging
@@ -59,9 +70,11 @@ from .local.open_files import OpenFiles, open_unit, release_unit
 from .local.segment import LogSegment
 from .local.segments import close_if_unused
 from .local.segment_recovery import SegmentRecovery
-from .local.txn_index import aborted_by_segment
+from .format.lines import ZERO_STATS
+from .local.segment import batch_stats
+from .local.txn_index import NO_OPEN_TRANSACTION, TransactionState
 from .names import (
-    DELETED_SUFFIX, LOG_SUFFIX, SWAP_SUFFIX, TXN_INDEX_SUFFIX, DataDirScan, collision_key, filename_prefix,
+    DELETED_SUFFIX, LOG_SUFFIX, SWAP_SUFFIX, DataDirScan, collision_key, filename_prefix,
     partition_dir_name,
 )
 
@@ -86,7 +99,7 @@ def _live_bases(names) -> dict[int, str]:
 class BrokerSegment(LogSegment):
     """One segment of the broker's, read in place: its ``.log`` by a read-only descriptor (never created, never
     written), its indexes logfs's own under the cache, named by base offset and inode. It shows the whole,
-    CRC-valid batches :meth:`catch_up` found, and grows as the broker appends."""
+    CRC-valid batches :meth:`scan` found below the LSO (:meth:`publish`), and grows as the broker appends."""
 
     def __init__(self, log_path: str, base: int, index_dir: str, config, open_files: OpenFiles, *, aborted=None):
         self.inode = os.stat(log_path).st_ino
@@ -103,7 +116,9 @@ class BrokerSegment(LogSegment):
             raise FileNotFoundError(errno.ENOENT, "segment replaced while opened", log_path)
         for index in (self.offset_index, self.time_index, self.view_index):
             index.reset()
-        self.size = 0  # nothing is shown until catch_up has checked it
+        self.size = 0  # nothing is shown until scan and publish have checked it
+        self.scanned, self.scan_next = 0, base  # the end of the batches scanned, and the offset after them
+        self.pending: collections.deque = collections.deque()  # scanned, not yet published: (pos, header, stats)
         self.aborted = aborted
         self.has_txn_index = False  # (the broker's .txnindex is never renamed or removed by logfs)
 
@@ -186,16 +201,22 @@ class BrokerSegment(LogSegment):
         return memoryview(self.read(position, length))
 
     # -- following the broker's appends ----------------------------------------------------------------
-    def catch_up(self, lock) -> bool:
-        """Index and publish the whole, CRC-valid batches appended since the last look, under ``lock`` (the
-        log's) batch by batch; a batch still being written waits for the next look. Whether any was added."""
+    # Two steps, so that a transaction decides what is shown: ``scan`` reads each whole, CRC-valid batch the broker
+    # appended once and shows it to the partition's TransactionState; ``publish`` indexes and shows the scanned
+    # batches below the last stable offset (LSO). Without an open transaction a batch is published as it is
+    # scanned; behind one it waits in ``pending`` (position, header, lines: no bytes kept) until its fate is known.
+    def scan(self, txns: TransactionState | None, lock=None) -> tuple[bool, bool]:
+        """Read the whole batches appended since the last scan (a batch still being written waits for the next
+        look), each shown to ``txns``; publish at once those below the LSO with nothing waiting before them, under
+        ``lock`` (None: the segment is not in the log yet: scanned only). ``txns`` None: a segment of the past (the
+        cleaner's swap), all published. Returns (whether any was published, whether the scan reached the file's
+        end)."""
         try:
             end = os.fstat(self.fd).st_size
         except OSError as exc:
             raise StorageIOError(f"stat of {self.log_path} failed: {exc.strerror}", exc.errno) from exc
         added = False
-        pos, want = self.size, SCAN_CHUNK
-        recovery = SegmentRecovery(self)
+        pos, want = self.scanned, SCAN_CHUNK
         while pos < end:
             try:
                 buf = os.pread(self.fd, min(want, end - pos), pos)
@@ -206,26 +227,49 @@ class BrokerSegment(LogSegment):
                 size = rec.peek_size(buf, at)
                 if size is None or size < rec.HEADER_SIZE or at + size > len(buf):
                     break
-                batch = bytes(buf[at: at + size])
+                batch = memoryview(buf)[at: at + size]
                 try:
                     header = rec.validate(batch)
-                    stats = self.visible_stats(batch, 0, header)
+                    stats = ZERO_STATS if header.is_control else batch_stats(batch, 0, size)
                 except Exception:  # CRC, or a structure not yet whole: the broker is writing it
-                    return added
-                if header.base_offset < self.next_offset:
-                    return added
-                with lock:
-                    recovery._index_recovered(pos + at, header, stats)
-                    self.size = pos + at + size  # publish last: readers never see a batch before its index
+                    return added, False
+                if header.base_offset < self.scan_next:
+                    return added, False
+                if txns is not None:
+                    txns.see(batch, header)
+                self.scanned, self.scan_next = pos + at + size, header.next_offset
+                if lock is not None and not self.pending and (txns is None or header.base_offset < txns.stable()):
+                    self._publish(pos + at, header, stats, txns, lock)
+                    added = True
+                else:
+                    self.pending.append((pos + at, header, stats))
                 at += size
-                added = True
             if at == 0:
                 if size is not None and want < size <= end - pos:
                     want = size  # one batch larger than the chunk: read it whole
                     continue
-                return added
+                return added, False
             pos, want = pos + at, SCAN_CHUNK
+        return added, True
+
+    def publish(self, txns: TransactionState | None, lock) -> bool:
+        """Publish the scanned batches now below the LSO (all of them when ``txns`` is None). Whether any was."""
+        stable = txns.stable() if txns is not None else NO_OPEN_TRANSACTION
+        added = False
+        while self.pending and self.pending[0][1].base_offset < stable:
+            self._publish(*self.pending[0], txns, lock)
+            self.pending.popleft()
+            added = True
         return added
+
+    def _publish(self, pos: int, header, stats, txns, lock) -> None:
+        if txns is not None and txns.aborted and self.aborted is None:
+            self.aborted = txns.aborted  # (before the batch shows: its readers check each transactional batch)
+        if self.is_aborted(header):
+            stats = ZERO_STATS
+        with lock:
+            SegmentRecovery(self)._index_recovered(pos, header, stats)
+            self.size = pos + header.size  # publish last: readers never see a batch before its index
 
     def flush(self) -> None:
         for index in (self.offset_index, self.time_index, self.view_index):
@@ -254,33 +298,74 @@ class BrokerSegment(LogSegment):
 
 
 class BrokerPartition:
-    """One partition of the broker's: its directory there, its log (segments read in place), and what the last
-    look saw."""
+    """One partition of the broker's: its directory there, its log (segments read in place), its transactions as
+    the data shows them, the segments the broker rolled to that the log does not show yet (``ahead``: behind an
+    open transaction), and what the last look saw."""
 
-    def __init__(self, directory: str, plog: Log):
+    def __init__(self, directory: str, plog: Log, txns: TransactionState, ahead: list[BrokerSegment]):
         self.directory = directory
         self.log = plog
+        self.txns = txns
+        self.ahead = ahead
         self.dir_mtime_ns = -1
         self.warned = False
 
     def sync(self) -> bool:
-        """One look at the broker's partition: rolls and removals (when the directory changed), then the active
-        segment's appends. Whether anything new is shown."""
-        plog = self.log
+        """One look at the broker's partition: swaps and new segments (when the directory changed), the appends
+        (scanned, then published up to the LSO: a roll is shown once the sealed segment is whole), then retention.
+        Whether anything new is shown."""
         st = os.stat(self.directory)
         changed = False
+        inodes = None
         if st.st_mtime_ns != self.dir_mtime_ns or time.time_ns() - st.st_mtime_ns < RACY_NS:
             self.dir_mtime_ns = st.st_mtime_ns
-            changed = self._relist()
-        return plog.segments.active.catch_up(plog.lock) or changed
+            inodes = self._relist()
+            changed = inodes is None  # (None: a swap half done; looked at again later)
+        changed = self._advance() or changed
+        if inodes:
+            changed = self._retire(inodes) or changed
+        return changed
 
-    def _relist(self) -> bool:
-        """The directory changed: the cleaner's swaps, retention's removals, and rolls, in that order."""
+    def _advance(self) -> bool:
+        """Scan the active segment's appends and, once it is whole, those of the segments the broker rolled to;
+        then publish up to the LSO, rolling the log on as each sealed segment is shown whole."""
+        plog = self.log
+        chain = [plog.segments.active, *self.ahead]
+        changed = False
+        whole = 0  # how many of the chain were scanned to their file's end
+        for i, segment in enumerate(chain):
+            try:
+                added, to_end = segment.scan(self.txns, plog.lock if i == 0 else None)
+            except StorageIOError as exc:
+                if exc.errno != errno.ENOENT or i + 1 == len(chain):
+                    raise
+                added, to_end = False, True  # (sealed, and retention took it already: it leaves in _retire)
+            changed = changed or added
+            if not to_end:
+                break  # (its successors are scanned once it is: a partition's batches go in offset order)
+            whole += 1
+        while True:
+            active = plog.segments.active
+            changed = active.publish(self.txns, plog.lock) or changed
+            if active.pending or not self.ahead or whole < 1:
+                return changed
+            # The broker rolled past it, and it is shown whole: the next becomes the log's active segment.
+            whole -= 1
+            segment = self.ahead.pop(0)
+            with plog.lock:
+                active.on_become_inactive()
+                plog.add_rolled(segment)
+            active.release()
+            changed = True
+
+    def _relist(self) -> dict[int, int] | None:
+        """The directory changed: the cleaner's swaps, and new segments (rolls; shown by :meth:`_advance`). The
+        live files' inodes by base offset; None while a swap is half done."""
         plog = self.log
         names = os.listdir(self.directory)
         if any(n.endswith(SWAP_SUFFIX) for n in names):
             self.dir_mtime_ns = -1  # a swap half done (Kafka renames the old segments, then the .swap live): later
-            return False
+            return None
         live = _live_bases(names)
         inodes = {}
         for base, name in live.items():
@@ -289,11 +374,9 @@ class BrokerPartition:
             except FileNotFoundError:
                 pass
         bases = sorted(inodes)
-        aborted = aborted_by_segment(self.directory, names, bases) if any(
-            n.endswith(TXN_INDEX_SUFFIX) for n in names) else {}
-        changed = False
         # The cleaner's swaps: a new file at the base of a segment shown replaces the sealed segments from there
-        # to the next live file; the view's positions after it change (as after logfs's own compaction).
+        # to the next live file; the view's positions after it change (as after logfs's own compaction). The
+        # cleaner works below the LSO only: the new file's batches are all decided (``txns`` None).
         for i, base in enumerate(bases):
             segments = plog.segments.as_list()
             shown = next((s for s in segments if s.base_offset == base), None)
@@ -301,34 +384,27 @@ class BrokerPartition:
                 continue
             end = bases[i + 1] if i + 1 < len(bases) else None
             old = [s for s in segments[:-1] if s.base_offset >= base and (end is None or s.base_offset < end)]
-            new = _open(self.directory, base, plog, aborted.get(base))
+            new = _open(self.directory, base, plog, self.txns.aborted or None)
             if new is None:
                 continue
-            new.catch_up(contextlib.nullcontext())  # (no reader sees it yet)
+            new.scan(None, contextlib.nullcontext())  # (no reader sees it yet)
             new.on_become_inactive()
             with plog.lock:
                 plog.forget(old, replaced_by=new)
                 for segment in old:
                     segment.let_go()
             new.release()
-            changed = True
-        active = plog.segments.active
-        for base in (b for b in bases if b > active.base_offset):
-            try:
-                active.catch_up(plog.lock)  # the broker finished it before it rolled
-            except StorageIOError as exc:
-                if exc.errno != errno.ENOENT:
-                    raise  # (ENOENT: its retention took it already, after the roll; it goes below)
-            segment = _open(self.directory, base, plog, aborted.get(base))
+        last = (self.ahead or [plog.segments.active])[-1].base_offset
+        for base in (b for b in bases if b > last):
+            segment = _open(self.directory, base, plog, None)
             if segment is None:
                 break
-            with plog.lock:
-                active.on_become_inactive()
-                plog.add_rolled(segment)
-            active.release()
-            active = segment
-            changed = True
-        # Retention takes sealed segments from the front (the active one too, once the broker rolled past it).
+            self.ahead.append(segment)
+        return inodes
+
+    def _retire(self, inodes: dict[int, int]) -> bool:
+        """Retention takes sealed segments from the front (the active one too, once the broker rolled past it)."""
+        plog = self.log
         segments = plog.segments.as_list()
         front = []
         for segment in segments[:-1]:
@@ -340,13 +416,12 @@ class BrokerPartition:
                 plog.forget(front)
                 for segment in front:
                     segment.let_go()
-            changed = True
         gone = [s for s in plog.segments.as_list() if inodes.get(s.base_offset) != s.inode]
         if gone and not self.warned:
             log.warning("%s: segments %s changed in a way not followed yet (shown as they were)", self.directory,
                         ", ".join(str(s.base_offset) for s in gone))
             self.warned = True
-        return changed
+        return bool(front)
 
 
 def _open(directory: str, base: int, plog: Log, aborted) -> BrokerSegment | None:
@@ -413,17 +488,18 @@ class BrokerLogs:
         pending = {}
         for (topic, partition), directory in sorted(new):
             try:
-                plog = self._load_partition(directory, topic, partition, starts.get((topic, partition), 0))
+                loaded = self._load_partition(directory, topic, partition, starts.get((topic, partition), 0))
             except FileNotFoundError:
                 continue  # (gone since the listing)
-            if plog is None:
+            if loaded is None:
                 pending[(topic, partition)] = directory  # (Kafka makes the directory, then its first segment)
                 continue
+            plog, txns, ahead = loaded
             with m.lock:
                 m.topics.setdefault(topic, {})
                 m.add_log(plog)
                 m.settings.collisions = {collision_key(t): t for t in m.topics}
-            self.partitions[(topic, partition)] = part = BrokerPartition(directory, plog)
+            self.partitions[(topic, partition)] = part = BrokerPartition(directory, plog, txns, ahead)
             if not initial:
                 part.sync()
             changed = True
@@ -447,29 +523,40 @@ class BrokerLogs:
                 segment.let_go()
                 close_if_unused(segment)
 
-    def _load_partition(self, directory: str, topic: str, partition: int, start: int) -> Log | None:
+    def _load_partition(self, directory: str, topic: str, partition: int,
+                        start: int) -> tuple[Log, TransactionState, list[BrokerSegment]] | None:
+        """The partition's log (its segments scanned in offset order, shown up to the LSO), its transactions, and
+        the segments after the one the LSO is in (shown once the transaction there ends); None without a
+        segment."""
         m = self.manager
         cache = m.data_dir
-        names = os.listdir(directory)
-        live = _live_bases(names)
+        live = _live_bases(os.listdir(directory))
         if not live:
             return None
         config = m.topic_config(topic)
         index_dir = os.path.join(cache, partition_dir_name(topic, partition))
         os.makedirs(index_dir, exist_ok=True)
-        bases = sorted(live)
-        aborted = aborted_by_segment(directory, names, bases)
+        txns = TransactionState()
         segments: list[BrokerSegment] = []
-        for base in bases:
+        nolock = contextlib.nullcontext()  # (no reader sees them yet)
+        waiting = False  # a batch behind an open transaction: every later one waits too
+        for base in sorted(live):
             try:
-                segment = BrokerSegment(os.path.join(directory, live[base]), base, index_dir, config, m.open_files,
-                                        aborted=aborted.get(base))
+                segment = BrokerSegment(os.path.join(directory, live[base]), base, index_dir, config, m.open_files)
             except FileNotFoundError:
                 continue  # (retention took it since the listing)
-            segment.catch_up(contextlib.nullcontext())  # (no reader sees it yet)
+            segment.scan(txns, None if waiting else nolock)
+            waiting = waiting or bool(segment.pending)
             segments.append(segment)
         if not segments:
             return None
+        shown = len(segments)
+        for k, segment in enumerate(segments):
+            segment.publish(txns, nolock)
+            if segment.pending:
+                shown = k + 1
+                break
+        segments, ahead = segments[:shown], segments[shown:]
         for segment in segments[:-1]:
             segment.on_become_inactive()
             segment.release()
@@ -477,7 +564,7 @@ class BrokerLogs:
                    recovery_point=0, clock=m.clock, log_dir=m.dirs[0].log_dir, open_files=m.open_files)
         plog.log_start_offset = min(max(start, segments[0].base_offset), plog.log_end_offset)
         plog.recovery_point = plog.log_end_offset
-        return plog
+        return plog, txns, ahead
 
     def sync_once(self) -> int:
         """One look at every partition (see the module's docstring); how many showed something new. A partition

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import hashlib
 import os
+import struct
 from pathlib import Path
 
 from logfs.storage.config import BrokerConfig
 from logfs.storage.format import records as rec
 from logfs.storage.manager import LogManager
 from logfs.storage.names import filename_prefix
+from logfs.view.text import live_view
 
 
 def batch(base: int, n: int) -> bytes:
@@ -220,3 +222,59 @@ def test_topics_and_partitions_come_and_go(tmp_path):
         manager.close()
     assert {k: v for k, v in snapshot(broker_dir).items() if "b-0" not in k} == {
         k: v for k, v in before.items() if k != str(broker_dir)}  # (the renames were this test's)
+
+
+def txn_batch(base: int, values: list[bytes], producer_id: int) -> bytes:
+    return rec.build_batch_generic(base, 1_700_000_000_000, values, attributes=rec.ATTR_TRANSACTIONAL,
+                                   producer=(producer_id, 0, base))
+
+
+def marker(offset: int, producer_id: int, commit: bool) -> bytes:
+    return rec.build_batch_generic(offset, 1_700_000_000_000, [struct.pack(">hi", 0, 0)],
+                                   [struct.pack(">hh", 0, 1 if commit else 0)],
+                                   attributes=rec.ATTR_TRANSACTIONAL | rec.ATTR_CONTROL, producer=(producer_id, 0, -1))
+
+
+def plain(base: int, values: list[bytes]) -> bytes:
+    return rec.build_batch(base, 1_700_000_000_000, values)
+
+
+def test_transactions_decide_what_is_shown_as_the_broker_writes_them(tmp_path):
+    """No ``.txnindex`` (the broker writes it with the abort marker, later than the records): the data decides. A
+    transaction left open holds the view's end at its first offset (the LSO), across the broker's roll; its abort
+    hides its records, a commit shows them, and what came after shows then."""
+    broker_dir = tmp_path / "kafka"
+    part = broker_dir / "t-0"
+    part.mkdir(parents=True)
+    first, second = (part / (filename_prefix(base) + ".log") for base in (0, 8))
+    first.write_bytes(plain(0, [b"a0", b"a1", b"a2"]) + txn_batch(3, [b"t7-3", b"t7-4"], 7)
+                      + txn_batch(5, [b"t8-5", b"t8-6"], 8) + plain(7, [b"p7"]))
+    manager = LogManager(str(tmp_path / "cache"), BrokerConfig.from_properties({}), broker_dirs=[str(broker_dir)])
+    key = ("t", 0)
+
+    def shown() -> bytes:
+        return live_view(manager.logs[key]).read(0, 1 << 20)
+
+    try:
+        assert manager.logs[key].log_end_offset == 3 and shown() == b"a0\na1\na2\n"  # producer 7's is open at 3
+        # The broker rolls; producer 7 writes on and aborts; producer 8's transaction (from 5) is still open.
+        second.write_bytes(txn_batch(8, [b"t7-8"], 7) + marker(9, 7, commit=False))
+        manager.broker_logs.sync_once()
+        plog = manager.logs[key]
+        assert plog.log_end_offset == 5 and shown() == b"a0\na1\na2\n"
+        assert [s.base_offset for s in plog.segments.as_list()] == [0]  # (the roll waits: segment 0 is not whole)
+        with open(second, "ab") as f:
+            f.write(marker(10, 8, commit=True) + plain(11, [b"p11", b"p12"]))
+        manager.broker_logs.sync_once()
+        assert plog.log_end_offset == 13 and [s.base_offset for s in plog.segments.as_list()] == [0, 8]
+        assert shown() == b"a0\na1\na2\nt8-5\nt8-6\np7\np11\np12\n"
+        with open(second, "ab") as f:
+            f.write(txn_batch(13, [b"t9-13"], 9) + plain(14, [b"p14"]))
+        manager.broker_logs.sync_once()
+        assert plog.log_end_offset == 13
+        with open(second, "ab") as f:
+            f.write(marker(15, 9, commit=False))
+        manager.broker_logs.sync_once()
+        assert plog.log_end_offset == 16 and shown() == b"a0\na1\na2\nt8-5\nt8-6\np7\np11\np12\np14\n"
+    finally:
+        manager.close()

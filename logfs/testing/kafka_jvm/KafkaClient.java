@@ -30,6 +30,9 @@
 //     one's settings over "props"), and "producer": "other" on a record or txn entry (none: the producer of "props"
 //     alone). When an entry names another producer than the entry before it, that one is flushed first: records of
 //     producers taking turns land in the log in the order given (a transaction's records among another's).
+//   "produce" with "session": "s": its producers outlive the command (kept by session and name; a later "produce"
+//     of that session uses them), so a transaction begun in one command may stay open and end in a later one;
+//     "end_session": true closes them after this command.
 //   {"cmd": "consume_partitions", "bootstrap": ..., "partitions": [["t", 0], ["u", 2], ...], "isolation": ...,
 //    "timeout_ms": ...}
 //     -> {"by_partition": [{"topic", "partition", "end", "records": [...]}, ...]}   "consume" of each partition from
@@ -115,6 +118,7 @@ public final class KafkaClient {
     private static Switch outSwitch;
     private static Switch errSwitch;
     private static final Map<String, Admin> ADMINS = new HashMap<>();
+    private static final Map<String, Map<String, KafkaProducer<byte[], byte[]>>> SESSIONS = new HashMap<>();
 
     public static void main(String[] args) throws Exception {
         PrintStream replies = new PrintStream(new FileOutputStream(FileDescriptor.out), true, StandardCharsets.UTF_8);
@@ -209,7 +213,10 @@ public final class KafkaClient {
     }
 
     private static ObjectNode produce(JsonNode cmd) throws Exception {
-        Map<String, KafkaProducer<byte[], byte[]>> producers = new HashMap<>();
+        String session = cmd.path("session").asText("");
+        boolean keep = !session.isEmpty() && !cmd.path("end_session").asBoolean(false);
+        Map<String, KafkaProducer<byte[], byte[]>> producers =
+            session.isEmpty() ? new HashMap<>() : SESSIONS.computeIfAbsent(session, s -> new HashMap<>());
         List<Future<RecordMetadata>> futures = new ArrayList<>();
         try {
             String previous = null;
@@ -247,7 +254,10 @@ public final class KafkaClient {
             }
             for (KafkaProducer<byte[], byte[]> producer : producers.values()) producer.flush();
         } finally {
-            for (KafkaProducer<byte[], byte[]> producer : producers.values()) producer.close();
+            if (!keep) {
+                for (KafkaProducer<byte[], byte[]> producer : producers.values()) producer.close();
+                if (!session.isEmpty()) SESSIONS.remove(session);
+            }
         }
         ObjectNode reply = JSON.createObjectNode();
         ArrayNode sent = reply.putArray("sent");
