@@ -278,3 +278,50 @@ def test_transactions_decide_what_is_shown_as_the_broker_writes_them(tmp_path):
         assert plog.log_end_offset == 16 and shown() == b"a0\na1\na2\nt8-5\nt8-6\np7\np11\np12\np14\n"
     finally:
         manager.close()
+
+
+def test_inotify_says_which_partitions_to_look_at(tmp_path):
+    """With inotify (the default), a look reads only the partitions whose directory reported a change, and new
+    topics; a full look comes every ``logfs.broker.full.look.ms``, and after the kernel dropped events (its queue
+    overflowed). Without inotify every look is a full one."""
+    broker_dir = tmp_path / "kafka"
+    for p in range(3):
+        (broker_dir / f"t-{p}").mkdir(parents=True)
+        (broker_dir / f"t-{p}" / (filename_prefix(0) + ".log")).write_bytes(batch(0, 2))
+    config = BrokerConfig.from_properties({"logfs.broker.full.look.ms": str((1 << 31) - 1)})
+    manager = LogManager(str(tmp_path / "cache"), config, broker_dirs=[str(broker_dir)])
+    try:
+        logs = manager.broker_logs
+        assert logs.watch is not None and not logs.unwatched
+        with open(broker_dir / "t-1" / (filename_prefix(0) + ".log"), "ab") as f:
+            f.write(batch(2, 3))
+        logs.sync_once()
+        assert manager.logs[("t", 1)].log_end_offset == 5 and logs.full_looks == 0
+        # A new topic: its directory, then its first segment.
+        (broker_dir / "u-0").mkdir()
+        logs.sync_once()
+        (broker_dir / "u-0" / (filename_prefix(0) + ".log")).write_bytes(batch(0, 4))
+        logs.sync_once()
+        assert manager.logs[("u", 0)].log_end_offset == 4 and logs.full_looks == 0
+        # More events than the kernel queues (fs.inotify.max_queued_events): dropped, so everything is looked at.
+        limit = int(Path("/proc/sys/fs/inotify/max_queued_events").read_text())
+        noise = tmp_path / "kafka" / "t-2"
+        for i in range(limit + 10):
+            (noise / f"leader-epoch-checkpoint.{i}.tmp").write_bytes(b"")
+        with open(broker_dir / "t-0" / (filename_prefix(0) + ".log"), "ab") as f:
+            f.write(batch(2, 1))
+        logs.sync_once()
+        assert logs.full_looks == 1 and manager.logs[("t", 0)].log_end_offset == 3
+    finally:
+        manager.close()
+
+    manager = LogManager(str(tmp_path / "cache2"), BrokerConfig.from_properties({"logfs.broker.inotify": "false"}),
+                         broker_dirs=[str(broker_dir)])
+    try:
+        logs = manager.broker_logs
+        assert logs.watch is None
+        logs.sync_once()
+        logs.sync_once()
+        assert logs.full_looks == 2
+    finally:
+        manager.close()
