@@ -50,9 +50,19 @@ is ever created, changed, renamed or removed, and its ``.lock`` is never taken: 
   partition directory that is new is served once its first segment is there, one that is gone (a topic deleted:
   renamed ``-delete``) is served no more (a reader keeps what it pinned while the files exist).
 
-Not followed yet (issue 45's next steps): partition moves between the broker's directories as such (``-future``:
-the partition is served again from its new directory, open files do not follow it), and a broker restart's recovery
-truncation.
+- **A broker restart.** A clean one changes no segment: the mount goes on as before (an open file too). After a
+  crash the broker's recovery truncates what it finds torn; this mount never showed a torn batch, but a tail the
+  page cache lost (a power cut), or a follower's truncation after a leader change, removes batches it showed, and
+  later appends reuse their offsets. Each scan checks that the file is not shorter than what was scanned and that
+  the last batch scanned still has its CRC (one 4-byte pread); a segment gone or replaced in the middle of the log
+  is the same news. The partition is then loaded again from its files (``BrokerTruncated``: a fresh read shows what
+  they hold); a file already open reads the old log's segments, whose reads fail with ``ESTALE`` where their bytes
+  are gone (a short pread is never shown).
+
+Not followed yet (issue 45's next step): a partition moved between the broker's directories (``-future``) is
+served again from its new directory (``_rescan``: the new directory replaces the old), but a file open on it does
+not follow the move: it reads the old directory's segments by name, and those reads fail with ``ENOENT`` once the
+broker renamed that directory ``-delete``.
 """
 
 from __future__ import annotations
@@ -91,6 +101,15 @@ log = logging.getLogger(__name__)
 RACY_NS = 2_000_000_000
 # How much of a growing segment one read takes while indexing what the broker appended.
 SCAN_CHUNK = 1 << 20
+CRC_AT = 17  # a batch's CRC: after baseOffset, batchLength, partitionLeaderEpoch and magic
+
+
+class BrokerTruncated(StorageIOError):
+    """The broker removed batches this mount showed (its recovery truncating a tail after a crash, a follower's
+    truncation after a leader change): the partition is loaded again from its files."""
+
+    def __init__(self, message: str):
+        super().__init__(message, errno.ESTALE)
 
 
 def _live_bases(names) -> dict[int, str]:
@@ -124,6 +143,7 @@ class BrokerSegment(LogSegment):
             index.reset()
         self.size = 0  # nothing is shown until scan and publish have checked it
         self.scanned, self.scan_next = 0, base  # the end of the batches scanned, and the offset after them
+        self.last_crc: tuple[int, bytes] | None = None  # the last batch scanned: its position and CRC bytes
         self.pending: collections.deque = collections.deque()  # scanned, not yet published: (pos, header, stats)
         self.aborted = aborted
         self.has_txn_index = False  # (the broker's .txnindex is never renamed or removed by logfs)
@@ -182,29 +202,43 @@ class BrokerSegment(LogSegment):
         return fd
 
     def read(self, position: int, length: int) -> bytes:
-        if self._enter_read():
-            try:
-                return super().read(position, length)
-            finally:
-                self._exit_read()
         length = min(length, self.size - position)
         if length <= 0:
             return b""
-        fd = self._own_fd()
-        try:
-            return os.pread(fd, length, position)
-        except OSError as exc:
-            raise StorageIOError(f"read of {self.log_path} failed: {exc.strerror}", exc.errno) from exc
-        finally:
-            os.close(fd)
-
-    def read_into(self, scratch: bytearray, position: int, length: int) -> memoryview:
         if self._enter_read():
             try:
-                return super().read_into(scratch, position, length)
+                data = super().read(position, length)
             finally:
                 self._exit_read()
+        else:
+            fd = self._own_fd()
+            try:
+                data = os.pread(fd, length, position)
+            except OSError as exc:
+                raise StorageIOError(f"read of {self.log_path} failed: {exc.strerror}", exc.errno) from exc
+            finally:
+                os.close(fd)
+        if len(data) < length:
+            raise self._gone(position + len(data))
+        return data
+
+    def read_into(self, scratch: bytearray, position: int, length: int) -> memoryview:
+        length = min(length, self.size - position)
+        if self._enter_read():
+            try:
+                view = super().read_into(scratch, position, length)
+            finally:
+                self._exit_read()
+            if len(view) < max(length, 0):
+                raise self._gone(position + len(view))
+            return view
         return memoryview(self.read(position, length))
+
+    def _gone(self, end: int) -> StorageIOError:
+        """Bytes shown are no longer in the file (the broker truncated it: its recovery after a crash, or a
+        follower's truncation): never shown as something else."""
+        return StorageIOError(f"{self.log_path}: the broker truncated it at {end} (shown up to {self.size})",
+                              errno.ESTALE)
 
     # -- following the broker's appends ----------------------------------------------------------------
     # Two steps, so that a transaction decides what is shown: ``scan`` reads each whole, CRC-valid batch the broker
@@ -219,6 +253,10 @@ class BrokerSegment(LogSegment):
         end)."""
         try:
             end = os.fstat(self.fd).st_size
+            if end < self.scanned or (self.last_crc is not None
+                                      and os.pread(self.fd, 4, self.last_crc[0] + CRC_AT) != self.last_crc[1]):
+                raise BrokerTruncated(f"{self.log_path}: the broker truncated it to {end} bytes (scanned: "
+                                      f"{self.scanned})")
         except OSError as exc:
             raise StorageIOError(f"stat of {self.log_path} failed: {exc.strerror}", exc.errno) from exc
         added = False
@@ -244,6 +282,7 @@ class BrokerSegment(LogSegment):
                 if txns is not None:
                     txns.see(batch, header)
                 self.scanned, self.scan_next = pos + at + size, header.next_offset
+                self.last_crc = (pos + at, bytes(batch[CRC_AT: CRC_AT + 4]))
                 if lock is not None and not self.pending and (txns is None or header.base_offset < txns.stable()):
                     self._publish(pos + at, header, stats, txns, lock)
                     added = True
@@ -314,7 +353,6 @@ class BrokerPartition:
         self.txns = txns
         self.ahead = ahead
         self.dir_mtime_ns = -1
-        self.warned = False
 
     def sync(self) -> bool:
         """One look at the broker's partition: swaps and new segments (when the directory changed), the appends
@@ -423,10 +461,9 @@ class BrokerPartition:
                 for segment in front:
                     segment.let_go()
         gone = [s for s in plog.segments.as_list() if inodes.get(s.base_offset) != s.inode]
-        if gone and not self.warned:
-            log.warning("%s: segments %s changed in a way not followed yet (shown as they were)", self.directory,
-                        ", ".join(str(s.base_offset) for s in gone))
-            self.warned = True
+        if gone:  # (not retention's, not the cleaner's: the broker truncated the log, whole segments gone with it)
+            raise BrokerTruncated(f"{self.directory}: segments {', '.join(str(s.base_offset) for s in gone)} are "
+                                  f"gone or replaced")
         return bool(front)
 
 
@@ -664,6 +701,7 @@ class BrokerLogs:
         else:
             keys = [k for k in (dirty | self.again | self.unwatched) if k in self.partitions]
         self.again = set()
+        reload = False
         for key in keys:
             part = self.partitions.get(key)
             if part is None:
@@ -679,8 +717,18 @@ class BrokerLogs:
                     self.again.add(key)  # (a swap half done: looked at again)
             except FileNotFoundError:
                 continue
+            except BrokerTruncated as exc:
+                log.warning("%s: loaded again (an open file's read of what is gone: ESTALE)", exc)
+                self._drop(key)
+                self.pending[key] = part.directory
+                reload = True
             except (OSError, LogfsError) as exc:  # one partition's trouble stops no other's following
                 self.again.add(key)
+                failed = failed or exc
+        if reload:
+            try:
+                changed += self._rescan()
+            except (OSError, LogfsError) as exc:
                 failed = failed or exc
         if failed is not None:
             raise failed  # (the service logs it, once until following works again)

@@ -325,3 +325,52 @@ def test_inotify_says_which_partitions_to_look_at(tmp_path):
         assert logs.full_looks == 2
     finally:
         manager.close()
+
+
+def test_a_truncation_by_the_broker_is_followed(tmp_path):
+    """The broker removed batches the mount showed (its recovery after a crash cut the tail it had not synced; a
+    follower truncates after a leader change) and appended others at the same offsets: the partition is loaded
+    again, a fresh read shows what the files hold, never the bytes that are gone; an open file's read of the
+    truncated segment fails with ESTALE (its view reads whole batches, some gone); later appends are shown."""
+    import errno
+
+    import pytest
+
+    from logfs.storage.errors import StorageIOError
+    from logfs.view.text import open_view
+
+    broker_dir = tmp_path / "kafka"
+    part = broker_dir / "t-0"
+    part.mkdir(parents=True)
+    seg = part / (filename_prefix(0) + ".log")
+    kept = batch(0, 5) + batch(5, 5)
+    seg.write_bytes(kept + batch(10, 5) + batch(15, 5))
+    manager = LogManager(str(tmp_path / "cache"), BrokerConfig.from_properties({}), broker_dirs=[str(broker_dir)])
+    key = ("t", 0)
+    try:
+        assert read_view(manager, key) == lines(0, 20)
+        held = open_view(manager.logs[key])
+        assert held.read(0, 1 << 20) == lines(0, 20)
+        with open(seg, "r+b") as f:
+            f.truncate(len(kept))  # (the broker's recovery: the batches after 10 were lost)
+        manager.broker_logs.sync_once()
+        assert manager.logs[key].log_end_offset == 10 and live_view(manager.logs[key]).read(0, 1 << 20) == lines(0, 10)
+        with pytest.raises(StorageIOError) as info:
+            held.read(0, 1 << 20)
+        assert info.value.errno == errno.ESTALE
+        held.release()
+        # New batches at the same offsets, other records: shown.
+        with open(seg, "ab") as f:
+            f.write(rec.build_batch(10, 1_700_000_000_000, [b"new %d" % i for i in range(3)]))
+        manager.broker_logs.sync_once()
+        assert live_view(manager.logs[key]).read(0, 1 << 20) == lines(0, 10) + b"new 0\nnew 1\nnew 2\n"
+        # Truncated and grown past its old end before a look: the last batch's CRC changed, so it is seen too.
+        with open(seg, "r+b") as f:
+            f.truncate(len(kept))
+            f.seek(len(kept))
+            f.write(rec.build_batch(10, 1_700_000_000_001, [b"again %d" % i for i in range(40)]))
+        manager.broker_logs.sync_once()
+        assert live_view(manager.logs[key]).read(0, 1 << 20) == lines(0, 10) + b"".join(
+            b"again %d\n" % i for i in range(40))
+    finally:
+        manager.close()
