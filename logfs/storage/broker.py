@@ -59,10 +59,15 @@ is ever created, changed, renamed or removed, and its ``.lock`` is never taken: 
   they hold); a file already open reads the old log's segments, whose reads fail with ``ESTALE`` where their bytes
   are gone (a short pread is never shown).
 
-Not followed yet (issue 45's next step): a partition moved between the broker's directories (``-future``) is
-served again from its new directory (``_rescan``: the new directory replaces the old), but a file open on it does
-not follow the move: it reads the old directory's segments by name, and those reads fail with ``ENOENT`` once the
-broker renamed that directory ``-delete``.
+- **Partition moves** between the broker's directories (AlterReplicaLogDirs: a copy in
+  ``<topic>-<n>.<uuid>-future``, ignored while it is built; then the source renamed ``-delete`` and the copy
+  ``<topic>-<n>``): the directory watch of each broker directory sees both renames, and the partition is served
+  from its new directory (loaded there). The old log's segments learn where their directory went
+  (:func:`_renamed_to`: the ``-delete`` directory holding the same inode), so a file opened before the move reads
+  what it read, without an error, until the broker removes that directory (``file.delete.delay.ms``).
+
+Not followed yet: a file opened before a move (or a truncation) does not see the appends after it; it is the old
+log's view (reopening the file gives the new one).
 """
 
 from __future__ import annotations
@@ -90,7 +95,7 @@ from .inotify import IN_DELETE_SELF, IN_ISDIR, IN_MOVE_SELF, IN_Q_OVERFLOW, Inot
 from .local.segment import batch_stats
 from .local.txn_index import NO_OPEN_TRANSACTION, TransactionState
 from .names import (
-    DELETED_SUFFIX, LOG_SUFFIX, SWAP_SUFFIX, DataDirScan, collision_key, filename_prefix,
+    DELETE_DIR_SUFFIX, DELETED_SUFFIX, LOG_SUFFIX, SWAP_SUFFIX, DataDirScan, collision_key, filename_prefix,
     partition_dir_name,
 )
 
@@ -144,6 +149,7 @@ class BrokerSegment(LogSegment):
         self.size = 0  # nothing is shown until scan and publish have checked it
         self.scanned, self.scan_next = 0, base  # the end of the batches scanned, and the offset after them
         self.last_crc: tuple[int, bytes] | None = None  # the last batch scanned: its position and CRC bytes
+        self.renamed_dir: str | None = None  # where the broker renamed its directory (``-delete``), once it did
         self.pending: collections.deque = collections.deque()  # scanned, not yet published: (pos, header, stats)
         self.aborted = aborted
         self.has_txn_index = False  # (the broker's .txnindex is never renamed or removed by logfs)
@@ -153,7 +159,11 @@ class BrokerSegment(LogSegment):
     # the broker removed it (``deleted``: retention renamed it ``.deleted``, and unlinks it soon), each read opens
     # the file for itself and closes it after; the shared descriptor is closed as soon as no read is using it.
     def _path_now(self) -> str:
-        for path in (self.log_path, self.log_path + DELETED_SUFFIX):
+        paths = [self.log_path, self.log_path + DELETED_SUFFIX]
+        if self.renamed_dir is not None:  # (its directory renamed -delete: the partition moved, or was deleted)
+            moved = os.path.join(self.renamed_dir, os.path.basename(self.log_path))
+            paths += [moved, moved + DELETED_SUFFIX]
+        for path in paths:
             try:
                 if os.stat(path).st_ino == self.inode:
                     return path
@@ -467,6 +477,24 @@ class BrokerPartition:
         return bool(front)
 
 
+def _renamed_to(directory: str, segment: BrokerSegment) -> str | None:
+    """The name the broker gave ``directory`` when it moved the partition to another of its directories, or
+    deleted it (Kafka renames it ``<topic>-<n>.<uuid>-delete`` and removes it ``file.delete.delay.ms`` later): the
+    ``-delete`` directory holding ``segment``'s file (its inode), or None."""
+    parent, name = os.path.split(directory)
+    stem = name.rpartition("-")[0][:200]  # (the topic part; Kafka cuts a long one)
+    try:
+        names = [n for n in os.listdir(parent) if n.endswith(DELETE_DIR_SUFFIX) and n.startswith(stem)]
+    except OSError:
+        return None
+    for candidate in names:
+        path = os.path.join(parent, candidate, os.path.basename(segment.log_path))
+        with contextlib.suppress(OSError):
+            if os.stat(path).st_ino == segment.inode:
+                return os.path.join(parent, candidate)
+    return None
+
+
 def _open(directory: str, base: int, plog: Log, aborted) -> BrokerSegment | None:
     try:
         return BrokerSegment(os.path.join(directory, filename_prefix(base) + LOG_SUFFIX), base, plog.directory,
@@ -618,8 +646,10 @@ class BrokerLogs:
             if not m.served.count(key[0]):
                 m.topics.pop(key[0], None)
                 m.settings.collisions = {collision_key(t): t for t in m.topics}
+        renamed = _renamed_to(part.directory, plog.segments.active)
         with plog.lock:
             for segment in plog.segments.as_list():
+                segment.renamed_dir = renamed
                 segment.deleted = segment.purged = True
                 segment.let_go()
                 close_if_unused(segment)

@@ -230,6 +230,13 @@ class KafkaClient:
         self.call({"cmd": "commit_offsets", "bootstrap": bootstrap, "group": group,
                    "offsets": [[t, p, o] for (t, p), o in offsets.items()]})
 
+    def alter_log_dirs(self, bootstrap: str, moves: dict[tuple[str, int, int], str]) -> None:
+        """Move replicas between a broker's log directories ((topic, partition, broker id) -> the directory):
+        Kafka's admin AlterReplicaLogDirs (the broker copies the log into a ``-future`` directory there, then swaps
+        it in)."""
+        self.call({"cmd": "alter_log_dirs", "bootstrap": bootstrap,
+                   "moves": [[t, p, b, str(d)] for (t, p, b), d in moves.items()]})
+
     def run_main(self, main_class: str, args: list[str], timeout: float = 300) -> dict:
         """A Kafka tool's main run in this JVM: {"stdout", "stderr", "status", "error" (its exception or None)}."""
         return self.call({"cmd": "run_main", "class": main_class, "args": list(args)}, timeout=timeout)

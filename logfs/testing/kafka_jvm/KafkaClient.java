@@ -38,6 +38,8 @@
 //     -> {"by_partition": [{"topic", "partition", "end", "records": [...]}, ...]}   "consume" of each partition from
 //        its log start, by one consumer, in the order given
 //   {"cmd": "commit_offsets", "bootstrap": ..., "group": "g", "offsets": [["t", 0, 12], ...]} -> {}
+//   {"cmd": "alter_log_dirs", "bootstrap": ..., "moves": [["t", 0, 1, "/path/of/a/log/dir"], ...]} -> {}
+//     the admin client's AlterReplicaLogDirs: (topic, partition, broker id) -> the log directory it moves to
 //     the admin client's AlterConsumerGroupOffsets (records in __consumer_offsets)
 //
 // Bytes (keys, values, header values) are base64, null stays null. Every reply has "ok": true, or "ok": false and
@@ -81,6 +83,7 @@ import org.apache.kafka.clients.producer.ProducerRecord;
 import org.apache.kafka.clients.producer.RecordMetadata;
 import org.apache.kafka.common.IsolationLevel;
 import org.apache.kafka.common.TopicPartition;
+import org.apache.kafka.common.TopicPartitionReplica;
 import org.apache.kafka.common.header.Header;
 import org.apache.kafka.common.header.internals.RecordHeader;
 import org.apache.kafka.common.serialization.ByteArrayDeserializer;
@@ -160,6 +163,7 @@ public final class KafkaClient {
             case "list_offsets": return listOffsets(cmd);
             case "consume_partitions": return consumePartitions(cmd);
             case "commit_offsets": return commitOffsets(cmd);
+            case "alter_log_dirs": return alterLogDirs(cmd);
             case "run_main": return runMain(cmd);
             default: throw new IllegalArgumentException("unknown command: " + name);
         }
@@ -370,6 +374,14 @@ public final class KafkaClient {
         for (JsonNode o : cmd.path("offsets"))
             offsets.put(new TopicPartition(o.get(0).asText(), o.get(1).asInt()), new OffsetAndMetadata(o.get(2).asLong()));
         admin(cmd).alterConsumerGroupOffsets(cmd.path("group").asText(), offsets).all().get();
+        return JSON.createObjectNode();
+    }
+
+    private static ObjectNode alterLogDirs(JsonNode cmd) throws Exception {
+        Map<TopicPartitionReplica, String> moves = new HashMap<>();
+        for (JsonNode m : cmd.path("moves"))
+            moves.put(new TopicPartitionReplica(m.get(0).asText(), m.get(1).asInt(), m.get(2).asInt()), m.get(3).asText());
+        admin(cmd).alterReplicaLogDirs(moves).all().get();
         return JSON.createObjectNode();
     }
 
