@@ -168,8 +168,9 @@ def bench_read(work: str, client: KafkaClient, read_mib: int, runs: int) -> dict
             assert m["records"] == records == k["records"], (m["records"], k["records"], records)
             print(f"read {run + 1}/{runs}: kafka-consumer-perf-test {k['fetch_mib_s']:.0f} MiB/s of values "
                   f"(fetch; {k['mib_s']:.0f} with its group join), {k['records'] / k['fetch_s'] / 1e6:.2f} M "
-                  f"records/s; mount {records * 100 / MiB / m['s']:.0f} MiB/s of values ({m['bytes'] / MiB / m['s']:.0f} "
-                  f"MiB/s of text), {m['records'] / m['s'] / 1e6:.2f} M records/s; mount built its indexes in "
+                  f"records/s; mount {records * 100 / MiB / m['s']:.0f} MiB/s of values "
+                  f"({m['bytes'] / MiB / m['s']:.0f} MiB/s of text), {m['records'] / m['s'] / 1e6:.2f} M records/s; "
+                  f"mount built its indexes in "
                   f"{m['mount_s']:.1f} s", flush=True)
     best_k = max(kafka, key=lambda k: k["fetch_mib_s"])
     best_m = min(mount, key=lambda m: m["s"])

@@ -374,3 +374,28 @@ def test_a_truncation_by_the_broker_is_followed(tmp_path):
             b"again %d\n" % i for i in range(40))
     finally:
         manager.close()
+
+
+def test_a_transaction_open_across_a_roll_at_mount(tmp_path):
+    """Mounted while a transaction is open and the broker has rolled since its first record: the log ends at the
+    LSO (in the first segment); the later segment waits, and shows once the transaction commits."""
+    broker_dir = tmp_path / "kafka"
+    part = broker_dir / "t-0"
+    part.mkdir(parents=True)
+    (part / (filename_prefix(0) + ".log")).write_bytes(plain(0, [b"a0", b"a1"]) + txn_batch(2, [b"t5-2"], 5)
+                                                       + plain(3, [b"p3"]))
+    second = part / (filename_prefix(4) + ".log")
+    second.write_bytes(txn_batch(4, [b"t5-4"], 5) + plain(5, [b"p5"]))
+    manager = LogManager(str(tmp_path / "cache"), BrokerConfig.from_properties({}), broker_dirs=[str(broker_dir)])
+    key = ("t", 0)
+    try:
+        plog = manager.logs[key]
+        assert plog.log_end_offset == 2 and [s.base_offset for s in plog.segments.as_list()] == [0]
+        assert live_view(plog).read(0, 1 << 20) == b"a0\na1\n"
+        with open(second, "ab") as f:
+            f.write(marker(6, 5, commit=True))
+        manager.broker_logs.sync_once()
+        assert plog.log_end_offset == 7 and [s.base_offset for s in plog.segments.as_list()] == [0, 4]
+        assert live_view(plog).read(0, 1 << 20) == b"a0\na1\nt5-2\np3\nt5-4\np5\n"
+    finally:
+        manager.close()

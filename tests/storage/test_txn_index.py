@@ -14,7 +14,8 @@ import pytest
 from logfs.storage import LogConfig, load_log
 from logfs.storage.format import records as rec
 from logfs.storage.local.txn_index import (
-    ABORT, COMMIT, ENTRY, NO_OPEN_TRANSACTION, AbortedRanges, AbortedTxn, TransactionState, control_type, read_txn_index,
+    ABORT, COMMIT, ENTRY, NO_OPEN_TRANSACTION, AbortedRanges, AbortedTxn, TransactionState, control_type,
+    read_txn_index,
 )
 from logfs.storage.names import filename_prefix
 from logfs.view import text as view_text
