@@ -22,11 +22,14 @@ is ever created, changed, renamed or removed, and its ``.lock`` is never taken: 
   after the kernel dropped events (``IN_Q_OVERFLOW``: past ``fs.inotify.max_queued_events``, as under a busy broker
   with many partitions), every partition is looked at: the bound of an event missed. ``logfs.broker.inotify=false``
   polls every partition at every look (two stats each). Measured (``tools/bench_broker.py --only idle``, 10,000
-  partitions, 2 shared cores, the daemon's utime+stime over 30 s): polling at 250 ms cost 27-29% of one core
-  (80,000 stats a second in Python); with inotify 0.77% (the 4 looks a second that find no event, and one full look
-  in 30 s: about 70 ms), and an append then showed in 0.2 s. A busy broker's cost is its events: one per append,
-  merged by the kernel while a repeat of the last one is unread; at worst (the queue overflowing every look) it is
-  a full look per look, today's polling cost, never more.
+  partitions, 2 shared cores, the daemon's utime+stime): polling at 250 ms cost 27-29% of one core (80,000 stats a
+  second in Python; 30 s); with inotify 0.77% over 30 s and 0.87% over 60 s (the 4 looks a second that find no
+  event, and a full look every 30 s: about 70 ms), and an append then showed in 0.04-0.2 s; with a real broker at
+  200 records/s, CreateTime to the line read on the mount was 264-270 ms at p99 (docs/benchmarks.md; the poll
+  interval bounds it). Other choices: a look at every partition at a slower pace costs the same per look and
+  delays appends; a C loop of stats would still be 80,000 syscalls a second. A busy broker's cost is its events:
+  one per append, merged by the kernel while a repeat of the last one is unread; at worst (the queue overflowing
+  every look) it is a full look per look, the polling cost, never more.
 - **Transactions** (CONTRACT sections 13 and 14: what a ``read_committed`` consumer reads). The broker appends a
   transaction's records long before its marker, and its ``.txnindex`` entry with the abort marker, so both come
   from the data as it is indexed (``local/txn_index.TransactionState``, one per partition, seeing every whole batch
@@ -45,11 +48,10 @@ is ever created, changed, renamed or removed, and its ``.lock`` is never taken: 
 - **The cleaner's swaps.** While a ``.swap`` file exists the swap is half done, and the directory is looked at
   again later; once done, the new file at a shown segment's base offset (another inode) replaces the sealed
   segments up to the next live file, as logfs's own compaction does (:meth:`Log.forget` with ``replaced_by``).
-
-- **Topics and partitions.** Each look ``stat``s every broker directory; when its mtime moved it is listed: a
-  partition directory that is new is served once its first segment is there, one that is gone (a topic deleted:
-  renamed ``-delete``) is served no more (a reader keeps what it pinned while the files exist).
-
+- **Topics and partitions.** When a broker directory's watch reports a directory created, renamed or removed in it
+  (and at each full look), it is ``stat``ed and, when its mtime moved, listed: a partition directory that is new is
+  served once its first segment is there, one that is gone (a topic deleted: renamed ``-delete``) is served no more
+  (a reader keeps what it pinned while the files exist).
 - **A broker restart.** A clean one changes no segment: the mount goes on as before (an open file too). After a
   crash the broker's recovery truncates what it finds torn; this mount never showed a torn batch, but a tail the
   page cache lost (a power cut), or a follower's truncation after a leader change, removes batches it showed, and
@@ -58,7 +60,6 @@ is ever created, changed, renamed or removed, and its ``.lock`` is never taken: 
   is the same news. The partition is then loaded again from its files (``BrokerTruncated``: a fresh read shows what
   they hold); a file already open reads the old log's segments, whose reads fail with ``ESTALE`` where their bytes
   are gone (a short pread is never shown).
-
 - **Partition moves** between the broker's directories (AlterReplicaLogDirs: a copy in
   ``<topic>-<n>.<uuid>-future``, ignored while it is built; then the source renamed ``-delete`` and the copy
   ``<topic>-<n>``): the directory watch of each broker directory sees both renames, and the partition is served
@@ -92,7 +93,7 @@ from .local.segments import close_if_unused
 from .local.segment_recovery import SegmentRecovery
 from .format.lines import ZERO_STATS
 from .inotify import IN_DELETE_SELF, IN_ISDIR, IN_MOVE_SELF, IN_Q_OVERFLOW, Inotify
-from .local.segment import batch_stats
+from .local.segment import batch_stats  # (segment_recovery's, as segment.py re-exports it)
 from .local.txn_index import NO_OPEN_TRANSACTION, TransactionState
 from .names import (
     DELETE_DIR_SUFFIX, DELETED_SUFFIX, LOG_SUFFIX, SWAP_SUFFIX, DataDirScan, collision_key, filename_prefix,
