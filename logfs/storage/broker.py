@@ -62,13 +62,17 @@ is ever created, changed, renamed or removed, and its ``.lock`` is never taken: 
   are gone (a short pread is never shown).
 - **Partition moves** between the broker's directories (AlterReplicaLogDirs: a copy in
   ``<topic>-<n>.<uuid>-future``, ignored while it is built; then the source renamed ``-delete`` and the copy
-  ``<topic>-<n>``): the directory watch of each broker directory sees both renames, and the partition is served
-  from its new directory (loaded there). The old log's segments learn where their directory went
-  (:func:`_renamed_to`: the ``-delete`` directory holding the same inode), so a file opened before the move reads
-  what it read, without an error, until the broker removes that directory (``file.delete.delay.ms``).
+  ``<topic>-<n>``): the watch of each broker directory sees both renames. When the copy holds the same segments
+  (:meth:`BrokerLogs._move`: each base offset, each file at least as long as what was scanned, the last batch
+  scanned with the same CRC at the same place; Kafka's copy appends the same batches and, in the tests, rolled
+  where the source did), the log's segments are pointed at the new files (:meth:`BrokerSegment.repoint`) and the
+  same log goes on: an open file keeps reading, the appends after the move too. Else the partition is loaded from
+  its new directory, and the old log's segments learn where their directory went (:func:`_renamed_to`: the
+  ``-delete`` directory holding the same inode), so a file opened before the move reads what it read, without an
+  error, until the broker removes that directory (``file.delete.delay.ms``).
 
-Not followed yet: a file opened before a move (or a truncation) does not see the appends after it; it is the old
-log's view (reopening the file gives the new one).
+Not followed yet: a file opened before a truncation, or before a move whose copy rolled elsewhere, does not see the
+appends after it (reopening the file does).
 """
 
 from __future__ import annotations
@@ -136,6 +140,7 @@ class BrokerSegment(LogSegment):
         self.inode = os.stat(log_path).st_ino
         self._reads_lock = threading.Lock()
         self._reads = 0  # reads using the shared descriptor now
+        self._repointed = False  # moved to another file while a read used the old one's descriptor
         super().__init__(
             os.path.dirname(log_path), base, index_interval_bytes=config.index_interval_bytes,
             max_index_size=config.segment_index_bytes, active=True, create=False, read_only=True,
@@ -192,8 +197,20 @@ class BrokerSegment(LogSegment):
     def _exit_read(self) -> None:
         with self._reads_lock:
             self._reads -= 1
-            if self._reads == 0 and self.deleted:
+            if self._reads == 0 and (self.deleted or self._repointed):
+                self._repointed = False
                 release_unit(self)
+
+    def repoint(self, log_path: str, inode: int) -> None:
+        """The broker moved the partition to another of its directories, and this segment's file there holds the
+        same batches (:meth:`BrokerLogs._move` checked): read that one from now on. The shared descriptor (on the
+        old file) closes now, or when the read using it ends; the next use opens the new file (``_path_now``)."""
+        with self._reads_lock:
+            self.directory, self.log_path, self.inode = os.path.dirname(log_path), log_path, inode
+            if self._reads == 0:
+                release_unit(self)
+            else:
+                self._repointed = True
 
     def let_go(self) -> None:
         """The segment left the log (its log's lock held): the shared descriptor closes now, or when the read
@@ -598,7 +615,8 @@ class BrokerLogs:
         changed = False
         if listed:
             for key in [k for k, p in self.partitions.items() if found.get(k) != p.directory]:
-                self._drop(key)
+                if key not in found or not self._move(key, found[key]):
+                    self._drop(key)
                 changed = True
             new = [(k, d) for k, d in found.items() if k not in self.partitions]
         else:
@@ -634,6 +652,43 @@ class BrokerLogs:
             self._unwatch(key)  # (a directory that went before its first segment came)
         self.pending = pending
         return changed
+
+    def _move(self, key: tuple[str, int], directory: str) -> bool:
+        """The partition is now in ``directory`` (the broker moved it to another of its directories: Kafka's copy,
+        built as ``-future``, swapped in). When the copy holds the same segments (each base offset there, each file
+        at least as long as what was scanned of it, the last batch scanned with the same CRC at the same place:
+        Kafka's copy appends the same batches, and rolls where the source rolled), the log's segments are pointed
+        at the new files: the same log goes on, open files included. Else False (the caller loads it afresh)."""
+        part = self.partitions[key]
+        plog = part.log
+        try:
+            live = _live_bases(os.listdir(directory))
+            segments = [*plog.segments.as_list(), *part.ahead]
+            moved = []
+            for segment in segments:
+                name = live.get(segment.base_offset)
+                if name is None:
+                    return False
+                path = os.path.join(directory, name)
+                with open(path, "rb") as f:
+                    st = os.fstat(f.fileno())
+                    if st.st_size < segment.scanned or (
+                            segment.last_crc is not None
+                            and os.pread(f.fileno(), 4, segment.last_crc[0] + CRC_AT) != segment.last_crc[1]):
+                        return False
+                moved.append((segment, path, st.st_ino))
+        except OSError:
+            return False
+        with plog.lock:
+            for segment, path, inode in moved:
+                segment.repoint(path, inode)
+        self._unwatch(key)
+        self._watch(key, directory)
+        part.directory = directory
+        part.dir_mtime_ns = -1  # (listed at its next look: segments the copy has beyond these)
+        self.again.add(key)
+        log.info("%s-%d: moved to %s, followed there", key[0], key[1], os.path.dirname(directory))
+        return True
 
     def _drop(self, key: tuple[str, int]) -> None:
         """A partition whose directory the broker removed (or moved) is served no more; a reader of it keeps the

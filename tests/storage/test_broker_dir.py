@@ -399,3 +399,48 @@ def test_a_transaction_open_across_a_roll_at_mount(tmp_path):
         assert live_view(plog).read(0, 1 << 20) == b"a0\na1\nt5-2\np3\nt5-4\np5\n"
     finally:
         manager.close()
+
+
+def test_a_partition_moved_between_the_brokers_directories(tmp_path):
+    """Kafka's move (AlterReplicaLogDirs): a ``-future`` copy in the other directory, then the source renamed
+    ``-delete`` and the copy ``<topic>-<n>``. A copy with the same segments: the log's segments are pointed at it,
+    and a view opened before goes on with the appends after. A copy rolled elsewhere: the partition is loaded from
+    it, and a view opened before reads what it read through the ``-delete`` directory."""
+    from logfs.view.text import open_view
+
+    d1, d2 = tmp_path / "d1", tmp_path / "d2"
+    for d in (d1, d2):
+        d.mkdir()
+    for topic in ("same", "other"):
+        (d1 / f"{topic}-0").mkdir()
+        (d1 / f"{topic}-0" / (filename_prefix(0) + ".log")).write_bytes(batch(0, 5))
+        (d1 / f"{topic}-0" / (filename_prefix(5) + ".log")).write_bytes(batch(5, 5))
+    manager = LogManager(str(tmp_path / "cache"), BrokerConfig.from_properties({}),
+                         broker_dirs=[str(d1), str(d2)])
+    try:
+        views = {t: open_view(manager.logs[(t, 0)]) for t in ("same", "other")}
+        logs = {t: manager.logs[(t, 0)] for t in ("same", "other")}
+        for topic, copy in (("same", {0: batch(0, 5), 5: batch(5, 5)}), ("other", {0: batch(0, 5) + batch(5, 5)})):
+            future = d2 / f"{topic}-0.{'a' * 32}-future"
+            future.mkdir()
+            for base, data in copy.items():
+                (future / (filename_prefix(base) + ".log")).write_bytes(data)
+            manager.broker_logs.sync_once()  # (a -future copy is not a partition)
+            assert manager.logs[(topic, 0)] is logs[topic]
+            os.rename(d1 / f"{topic}-0", d1 / f"{topic}-0.{'b' * 32}-delete")
+            os.rename(future, d2 / f"{topic}-0")
+        manager.broker_logs.sync_once()
+        for topic in ("same", "other"):
+            with open(d2 / f"{topic}-0" / (filename_prefix(0 if topic == "other" else 5) + ".log"), "ab") as f:
+                f.write(batch(10, 3))
+        manager.broker_logs.sync_once()
+        assert manager.logs[("same", 0)] is logs["same"]  # (followed in place)
+        assert manager.logs[("other", 0)] is not logs["other"]  # (loaded afresh)
+        for topic in ("same", "other"):
+            assert live_view(manager.logs[(topic, 0)]).read(0, 1 << 20) == lines(0, 13)
+        assert views["same"].read(0, 1 << 20) == lines(0, 13)  # the open view goes on
+        assert views["other"].read(0, 1 << 20) == lines(0, 10)  # it reads what it read, from the -delete directory
+        for view in views.values():
+            view.release()
+    finally:
+        manager.close()
