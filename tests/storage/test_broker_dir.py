@@ -1,22 +1,27 @@
 """The engine's half of a broker mount (logfs/storage/broker.py): a log directory that another process writes,
 read in place by a LogManager whose own directory is a cache. The bytes are written here as a broker writes them
-(v2 batches appended to the active ``.log``, a roll, a rename to ``.deleted``), so each case is exact: a batch
-the writer has not finished (short, or its CRC not yet right) is neither shown nor cut, and shows once whole;
-nothing under the directory changes.
+(v2 batches appended to the active ``.log``, a roll, a rename to ``.deleted``, transactional and control
+batches, a truncation, a move between directories), so each case is exact: a batch the writer has not finished
+(short, or its CRC not yet right) is neither shown nor cut, and shows once whole; an open transaction holds the end
+at its first offset; nothing under the directory changes.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import struct
 from pathlib import Path
 
+import pytest
+
 from logfs.storage.config import BrokerConfig
+from logfs.storage.errors import StorageIOError
 from logfs.storage.format import records as rec
 from logfs.storage.manager import LogManager
 from logfs.storage.names import filename_prefix
-from logfs.view.text import live_view
+from logfs.view.text import live_view, open_view
 
 
 def batch(base: int, n: int) -> bytes:
@@ -332,13 +337,6 @@ def test_a_truncation_by_the_broker_is_followed(tmp_path):
     follower truncates after a leader change) and appended others at the same offsets: the partition is loaded
     again, a fresh read shows what the files hold, never the bytes that are gone; an open file's read of the
     truncated segment fails with ESTALE (its view reads whole batches, some gone); later appends are shown."""
-    import errno
-
-    import pytest
-
-    from logfs.storage.errors import StorageIOError
-    from logfs.view.text import open_view
-
     broker_dir = tmp_path / "kafka"
     part = broker_dir / "t-0"
     part.mkdir(parents=True)
@@ -406,8 +404,6 @@ def test_a_partition_moved_between_the_brokers_directories(tmp_path):
     ``-delete`` and the copy ``<topic>-<n>``. A copy with the same segments: the log's segments are pointed at it,
     and a view opened before goes on with the appends after. A copy rolled elsewhere: the partition is loaded from
     it, and a view opened before reads what it read through the ``-delete`` directory."""
-    from logfs.view.text import open_view
-
     d1, d2 = tmp_path / "d1", tmp_path / "d2"
     for d in (d1, d2):
         d.mkdir()
