@@ -99,8 +99,9 @@ def build_parser() -> argparse.ArgumentParser:
                                "(options logfs.remote.cache.dir, logfs.remote.cache.bytes, logfs.follow.interval.ms; "
                                "credentials from the AWS chain). A running Kafka broker's log directory: logfs -o "
                                "ro,logfs.cache.dir=CACHE KAFKA_LOG_DIR MOUNTPOINT mounts it read-only, never writing "
-                               "under it (logfs's indexes go to CACHE), and follows the broker's appends, rolls and "
-                               "retention (logfs.broker.poll.ms).")
+                               "under it (logfs's indexes go to CACHE), and follows the broker's appends, rolls, "
+                               "retention, transactions, restarts and moves (logfs.broker.poll.ms; inotify, "
+                               "logfs.broker.inotify, logfs.broker.full.look.ms).")
     p.add_argument("data_dir", help="Kafka log directory (created if missing); DIR1,DIR2,... for several, as "
                                     "Kafka's log.dirs (one namespace, each partition in one of them); or "
                                     "s3://BUCKET[/PREFIX] for a read-only follower mount of a writer's tiered log")

@@ -13,15 +13,34 @@ is ever created, changed, renamed or removed, and its ``.lock`` is never taken: 
   directories are emptied at start: :func:`clear_cache`).
 - **An unfinished batch** (shorter than its length field says, or failing its CRC: the broker is still writing it)
   is neither shown nor cut: the segment's published size stops before it, and the next look tries again.
-- **Following.** :meth:`BrokerLogs.sync_once`, every ``logfs.follow.interval.ms`` (the service's task), per
-  partition: one ``stat`` of the partition directory (its mtime moves when the broker rolls, renames to
-  ``.deleted``, swaps or removes a segment; only then is it listed) and one ``stat`` of the active segment's
-  ``.log`` (it grew: the new whole batches are indexed and published). Polling, not inotify: its cost is bounded
-  and known (two stats per partition per interval; 10,000 partitions at 1 s is 20,000 stats a second, no reading),
-  it needs no watch per directory (``fs.inotify.max_user_watches``) and no event queue that overflows under a busy
-  broker (every append is an ``IN_MODIFY``), and it sees what happened on a file system inotify does not report
-  (NFS). Whether inotify's idle cost is needed for the 2%-of-a-core target on 10,000 partitions is the benchmark's
-  to say.
+- **Following.** :meth:`BrokerLogs.sync_once`, every ``logfs.broker.poll.ms`` (250; the service's task, in a
+  worker thread), looks at the partitions inotify (``storage/inotify``, ctypes; one watch per partition directory:
+  it reports the ``IN_MODIFY`` of the ``.log`` the broker appends to, new segments, renames and removals, by name)
+  says changed since the last look, at new and removed topics (a watch on each broker directory), and at the
+  partitions it could not watch. A look at a partition: one ``stat`` of its directory (listed only when its mtime
+  moved, or is recent), then the active segment's new batches. Every ``logfs.broker.full.look.ms`` (30 s), and
+  after the kernel dropped events (``IN_Q_OVERFLOW``: past ``fs.inotify.max_queued_events``, as under a busy broker
+  with many partitions), every partition is looked at: the bound of an event missed. ``logfs.broker.inotify=false``
+  polls every partition at every look (two stats each). Measured (``tools/bench_broker.py --only idle``, 10,000
+  partitions, 2 shared cores, the daemon's utime+stime): polling at 250 ms cost 27-29% of one core (80,000 stats a
+  second in Python; 30 s); with inotify 0.77% over 30 s and 0.87% over 60 s (the 4 looks a second that find no
+  event, and a full look every 30 s: about 70 ms), and an append then showed in 0.04-0.2 s; with a real broker at
+  200 records/s, CreateTime to the line read on the mount was 264-270 ms at p99 (docs/benchmarks.md; the poll
+  interval bounds it). Other choices: a look at every partition at a slower pace costs the same per look and
+  delays appends; a C loop of stats would still be 80,000 syscalls a second. A busy broker's cost is its events:
+  one per append, merged by the kernel while a repeat of the last one is unread; at worst (the queue overflowing
+  every look) it is a full look per look, the polling cost, never more.
+- **Transactions** (CONTRACT sections 13 and 14: what a ``read_committed`` consumer reads). The broker appends a
+  transaction's records long before its marker, and its ``.txnindex`` entry with the abort marker, so both come
+  from the data as it is indexed (``local/txn_index.TransactionState``, one per partition, seeing every whole batch
+  once, in offset order): per producer id, the first offset of its open transaction; a control batch closes it, an
+  abort adding its range to the partition's ``AbortedRanges`` (which the segments' readers share). A scanned batch
+  is published (indexed, its lines counted, ``size`` moved past it) only below the last stable offset (the first
+  offset of the oldest open transaction): the view's end stops there, as a ``read_committed`` consumer's fetch
+  does, and a batch behind it waits in its segment's ``pending`` (position, header and lines; no bytes). An open
+  transaction across a roll: the segments the broker rolled to are scanned (``BrokerPartition.ahead``) but the log
+  rolls to one only once its predecessor is shown whole. The ``.txnindex`` files are not read: the data says the
+  same, sooner.
 - **Retention.** A segment the broker renamed ``.deleted`` leaves the log (which then starts at its first
   remaining segment); a reader still reading it reads it by its new name, opening it for each read and closing it
   after (no descriptor is held on a file the broker deletes). A file that is no longer the segment's inode is
@@ -29,19 +48,36 @@ is ever created, changed, renamed or removed, and its ``.lock`` is never taken: 
 - **The cleaner's swaps.** While a ``.swap`` file exists the swap is half done, and the directory is looked at
   again later; once done, the new file at a shown segment's base offset (another inode) replaces the sealed
   segments up to the next live file, as logfs's own compaction does (:meth:`Log.forget` with ``replaced_by``).
+- **Topics and partitions.** When a broker directory's watch reports a directory created, renamed or removed in it
+  (and at each full look), it is ``stat``ed and, when its mtime moved, listed: a partition directory that is new is
+  served once its first segment is there, one that is gone (a topic deleted: renamed ``-delete``) is served no more
+  (a reader keeps what it pinned while the files exist).
+- **A broker restart.** A clean one changes no segment: the mount goes on as before (an open file too). After a
+  crash the broker's recovery truncates what it finds torn; this mount never showed a torn batch, but a tail the
+  page cache lost (a power cut), or a follower's truncation after a leader change, removes batches it showed, and
+  later appends reuse their offsets. Each scan checks that the file is not shorter than what was scanned and that
+  the last batch scanned still has its CRC (one 4-byte pread); a segment gone or replaced in the middle of the log
+  is the same news. The partition is then loaded again from its files (``BrokerTruncated``: a fresh read shows what
+  they hold); a file already open reads the old log's segments, whose reads fail with ``ESTALE`` where their bytes
+  are gone (a short pread is never shown).
+- **Partition moves** between the broker's directories (AlterReplicaLogDirs: a copy in
+  ``<topic>-<n>.<uuid>-future``, ignored while it is built; then the source renamed ``-delete`` and the copy
+  ``<topic>-<n>``): the watch of each broker directory sees both renames. When the copy holds the same segments
+  (:meth:`BrokerLogs._move`: each base offset, each file at least as long as what was scanned, the last batch
+  scanned with the same CRC at the same place; Kafka's copy appends the same batches and, in the tests, rolled
+  where the source did), the log's segments are pointed at the new files (:meth:`BrokerSegment.repoint`) and the
+  same log goes on: an open file keeps reading, the appends after the move too. Else the partition is loaded from
+  its new directory, and the old log's segments learn where their directory went (:func:`_renamed_to`: the
+  ``-delete`` directory holding the same inode), so a file opened before the move reads what it read, without an
+  error, until the broker removes that directory (``file.delete.delay.ms``).
 
-- **Topics and partitions.** Each look ``stat``s every broker directory; when its mtime moved it is listed: a
-  partition directory that is new is served once its first segment is there, one that is gone (a topic deleted:
-  renamed ``-delete``) is served no more (a reader keeps what it pinned while the files exist).
-
-Not followed yet (issue 45's next steps): partition moves between the broker's directories as such (``-future``:
-the partition is served again from its new directory, open files do not follow it), a broker restart's recovery
-truncation, and aborted transactions written after a segment was indexed (``.txnindex`` files are read at mount
-and at each change of the directory).
+Not followed yet: a file opened before a truncation, or before a move whose copy rolled elsewhere, does not see the
+appends after it (reopening the file does).
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import errno
 import logging
@@ -59,9 +95,12 @@ from .local.open_files import OpenFiles, open_unit, release_unit
 from .local.segment import LogSegment
 from .local.segments import close_if_unused
 from .local.segment_recovery import SegmentRecovery
-from .local.txn_index import aborted_by_segment
+from .format.lines import ZERO_STATS
+from .inotify import IN_DELETE_SELF, IN_ISDIR, IN_MOVE_SELF, IN_Q_OVERFLOW, Inotify
+from .local.segment import batch_stats  # (segment_recovery's, as segment.py re-exports it)
+from .local.txn_index import NO_OPEN_TRANSACTION, TransactionState
 from .names import (
-    DELETED_SUFFIX, LOG_SUFFIX, SWAP_SUFFIX, TXN_INDEX_SUFFIX, DataDirScan, collision_key, filename_prefix,
+    DELETE_DIR_SUFFIX, DELETED_SUFFIX, LOG_SUFFIX, SWAP_SUFFIX, DataDirScan, collision_key, filename_prefix,
     partition_dir_name,
 )
 
@@ -72,6 +111,15 @@ log = logging.getLogger(__name__)
 RACY_NS = 2_000_000_000
 # How much of a growing segment one read takes while indexing what the broker appended.
 SCAN_CHUNK = 1 << 20
+CRC_AT = 17  # a batch's CRC: after baseOffset, batchLength, partitionLeaderEpoch and magic
+
+
+class BrokerTruncated(StorageIOError):
+    """The broker removed batches this mount showed (its recovery truncating a tail after a crash, a follower's
+    truncation after a leader change): the partition is loaded again from its files."""
+
+    def __init__(self, message: str):
+        super().__init__(message, errno.ESTALE)
 
 
 def _live_bases(names) -> dict[int, str]:
@@ -86,12 +134,13 @@ def _live_bases(names) -> dict[int, str]:
 class BrokerSegment(LogSegment):
     """One segment of the broker's, read in place: its ``.log`` by a read-only descriptor (never created, never
     written), its indexes logfs's own under the cache, named by base offset and inode. It shows the whole,
-    CRC-valid batches :meth:`catch_up` found, and grows as the broker appends."""
+    CRC-valid batches :meth:`scan` found below the LSO (:meth:`publish`), and grows as the broker appends."""
 
     def __init__(self, log_path: str, base: int, index_dir: str, config, open_files: OpenFiles, *, aborted=None):
         self.inode = os.stat(log_path).st_ino
         self._reads_lock = threading.Lock()
         self._reads = 0  # reads using the shared descriptor now
+        self._repointed = False  # moved to another file while a read used the old one's descriptor
         super().__init__(
             os.path.dirname(log_path), base, index_interval_bytes=config.index_interval_bytes,
             max_index_size=config.segment_index_bytes, active=True, create=False, read_only=True,
@@ -103,7 +152,11 @@ class BrokerSegment(LogSegment):
             raise FileNotFoundError(errno.ENOENT, "segment replaced while opened", log_path)
         for index in (self.offset_index, self.time_index, self.view_index):
             index.reset()
-        self.size = 0  # nothing is shown until catch_up has checked it
+        self.size = 0  # nothing is shown until scan and publish have checked it
+        self.scanned, self.scan_next = 0, base  # the end of the batches scanned, and the offset after them
+        self.last_crc: tuple[int, bytes] | None = None  # the last batch scanned: its position and CRC bytes
+        self.renamed_dir: str | None = None  # where the broker renamed its directory (``-delete``), once it did
+        self.pending: collections.deque = collections.deque()  # scanned, not yet published: (pos, header, stats)
         self.aborted = aborted
         self.has_txn_index = False  # (the broker's .txnindex is never renamed or removed by logfs)
 
@@ -112,7 +165,11 @@ class BrokerSegment(LogSegment):
     # the broker removed it (``deleted``: retention renamed it ``.deleted``, and unlinks it soon), each read opens
     # the file for itself and closes it after; the shared descriptor is closed as soon as no read is using it.
     def _path_now(self) -> str:
-        for path in (self.log_path, self.log_path + DELETED_SUFFIX):
+        paths = [self.log_path, self.log_path + DELETED_SUFFIX]
+        if self.renamed_dir is not None:  # (its directory renamed -delete: the partition moved, or was deleted)
+            moved = os.path.join(self.renamed_dir, os.path.basename(self.log_path))
+            paths += [moved, moved + DELETED_SUFFIX]
+        for path in paths:
             try:
                 if os.stat(path).st_ino == self.inode:
                     return path
@@ -140,8 +197,20 @@ class BrokerSegment(LogSegment):
     def _exit_read(self) -> None:
         with self._reads_lock:
             self._reads -= 1
-            if self._reads == 0 and self.deleted:
+            if self._reads == 0 and (self.deleted or self._repointed):
+                self._repointed = False
                 release_unit(self)
+
+    def repoint(self, log_path: str, inode: int) -> None:
+        """The broker moved the partition to another of its directories, and this segment's file there holds the
+        same batches (:meth:`BrokerLogs._move` checked): read that one from now on. The shared descriptor (on the
+        old file) closes now, or when the read using it ends; the next use opens the new file (``_path_now``)."""
+        with self._reads_lock:
+            self.directory, self.log_path, self.inode = os.path.dirname(log_path), log_path, inode
+            if self._reads == 0:
+                release_unit(self)
+            else:
+                self._repointed = True
 
     def let_go(self) -> None:
         """The segment left the log (its log's lock held): the shared descriptor closes now, or when the read
@@ -161,41 +230,65 @@ class BrokerSegment(LogSegment):
         return fd
 
     def read(self, position: int, length: int) -> bytes:
-        if self._enter_read():
-            try:
-                return super().read(position, length)
-            finally:
-                self._exit_read()
         length = min(length, self.size - position)
         if length <= 0:
             return b""
-        fd = self._own_fd()
-        try:
-            return os.pread(fd, length, position)
-        except OSError as exc:
-            raise StorageIOError(f"read of {self.log_path} failed: {exc.strerror}", exc.errno) from exc
-        finally:
-            os.close(fd)
-
-    def read_into(self, scratch: bytearray, position: int, length: int) -> memoryview:
         if self._enter_read():
             try:
-                return super().read_into(scratch, position, length)
+                data = super().read(position, length)
             finally:
                 self._exit_read()
+        else:
+            fd = self._own_fd()
+            try:
+                data = os.pread(fd, length, position)
+            except OSError as exc:
+                raise StorageIOError(f"read of {self.log_path} failed: {exc.strerror}", exc.errno) from exc
+            finally:
+                os.close(fd)
+        if len(data) < length:
+            raise self._gone(position + len(data))
+        return data
+
+    def read_into(self, scratch: bytearray, position: int, length: int) -> memoryview:
+        length = min(length, self.size - position)
+        if self._enter_read():
+            try:
+                view = super().read_into(scratch, position, length)
+            finally:
+                self._exit_read()
+            if len(view) < max(length, 0):
+                raise self._gone(position + len(view))
+            return view
         return memoryview(self.read(position, length))
 
+    def _gone(self, end: int) -> StorageIOError:
+        """Bytes shown are no longer in the file (the broker truncated it: its recovery after a crash, or a
+        follower's truncation): never shown as something else."""
+        return StorageIOError(f"{self.log_path}: the broker truncated it at {end} (shown up to {self.size})",
+                              errno.ESTALE)
+
     # -- following the broker's appends ----------------------------------------------------------------
-    def catch_up(self, lock) -> bool:
-        """Index and publish the whole, CRC-valid batches appended since the last look, under ``lock`` (the
-        log's) batch by batch; a batch still being written waits for the next look. Whether any was added."""
+    # Two steps, so that a transaction decides what is shown: ``scan`` reads each whole, CRC-valid batch the broker
+    # appended once and shows it to the partition's TransactionState; ``publish`` indexes and shows the scanned
+    # batches below the last stable offset (LSO). Without an open transaction a batch is published as it is
+    # scanned; behind one it waits in ``pending`` (position, header, lines: no bytes kept) until its fate is known.
+    def scan(self, txns: TransactionState | None, lock=None) -> tuple[bool, bool]:
+        """Read the whole batches appended since the last scan (a batch still being written waits for the next
+        look), each shown to ``txns``; publish at once those below the LSO with nothing waiting before them, under
+        ``lock`` (None: the segment is not in the log yet: scanned only). ``txns`` None: a segment of the past (the
+        cleaner's swap), all published. Returns (whether any was published, whether the scan reached the file's
+        end)."""
         try:
             end = os.fstat(self.fd).st_size
+            if end < self.scanned or (self.last_crc is not None
+                                      and os.pread(self.fd, 4, self.last_crc[0] + CRC_AT) != self.last_crc[1]):
+                raise BrokerTruncated(f"{self.log_path}: the broker truncated it to {end} bytes (scanned: "
+                                      f"{self.scanned})")
         except OSError as exc:
             raise StorageIOError(f"stat of {self.log_path} failed: {exc.strerror}", exc.errno) from exc
         added = False
-        pos, want = self.size, SCAN_CHUNK
-        recovery = SegmentRecovery(self)
+        pos, want = self.scanned, SCAN_CHUNK
         while pos < end:
             try:
                 buf = os.pread(self.fd, min(want, end - pos), pos)
@@ -206,26 +299,50 @@ class BrokerSegment(LogSegment):
                 size = rec.peek_size(buf, at)
                 if size is None or size < rec.HEADER_SIZE or at + size > len(buf):
                     break
-                batch = bytes(buf[at: at + size])
+                batch = memoryview(buf)[at: at + size]
                 try:
                     header = rec.validate(batch)
-                    stats = self.visible_stats(batch, 0, header)
+                    stats = ZERO_STATS if header.is_control else batch_stats(batch, 0, size)
                 except Exception:  # CRC, or a structure not yet whole: the broker is writing it
-                    return added
-                if header.base_offset < self.next_offset:
-                    return added
-                with lock:
-                    recovery._index_recovered(pos + at, header, stats)
-                    self.size = pos + at + size  # publish last: readers never see a batch before its index
+                    return added, False
+                if header.base_offset < self.scan_next:
+                    return added, False
+                if txns is not None:
+                    txns.see(batch, header)
+                self.scanned, self.scan_next = pos + at + size, header.next_offset
+                self.last_crc = (pos + at, bytes(batch[CRC_AT: CRC_AT + 4]))
+                if lock is not None and not self.pending and (txns is None or header.base_offset < txns.stable()):
+                    self._publish(pos + at, header, stats, txns, lock)
+                    added = True
+                else:
+                    self.pending.append((pos + at, header, stats))
                 at += size
-                added = True
             if at == 0:
                 if size is not None and want < size <= end - pos:
                     want = size  # one batch larger than the chunk: read it whole
                     continue
-                return added
+                return added, False
             pos, want = pos + at, SCAN_CHUNK
+        return added, True
+
+    def publish(self, txns: TransactionState | None, lock) -> bool:
+        """Publish the scanned batches now below the LSO (all of them when ``txns`` is None). Whether any was."""
+        stable = txns.stable() if txns is not None else NO_OPEN_TRANSACTION
+        added = False
+        while self.pending and self.pending[0][1].base_offset < stable:
+            self._publish(*self.pending[0], txns, lock)
+            self.pending.popleft()
+            added = True
         return added
+
+    def _publish(self, pos: int, header, stats, txns, lock) -> None:
+        if txns is not None and txns.aborted and self.aborted is None:
+            self.aborted = txns.aborted  # (before the batch shows: its readers check each transactional batch)
+        if self.is_aborted(header):
+            stats = ZERO_STATS
+        with lock:
+            SegmentRecovery(self)._index_recovered(pos, header, stats)
+            self.size = pos + header.size  # publish last: readers never see a batch before its index
 
     def flush(self) -> None:
         for index in (self.offset_index, self.time_index, self.view_index):
@@ -254,33 +371,73 @@ class BrokerSegment(LogSegment):
 
 
 class BrokerPartition:
-    """One partition of the broker's: its directory there, its log (segments read in place), and what the last
-    look saw."""
+    """One partition of the broker's: its directory there, its log (segments read in place), its transactions as
+    the data shows them, the segments the broker rolled to that the log does not show yet (``ahead``: behind an
+    open transaction), and what the last look saw."""
 
-    def __init__(self, directory: str, plog: Log):
+    def __init__(self, directory: str, plog: Log, txns: TransactionState, ahead: list[BrokerSegment]):
         self.directory = directory
         self.log = plog
+        self.txns = txns
+        self.ahead = ahead
         self.dir_mtime_ns = -1
-        self.warned = False
 
     def sync(self) -> bool:
-        """One look at the broker's partition: rolls and removals (when the directory changed), then the active
-        segment's appends. Whether anything new is shown."""
-        plog = self.log
+        """One look at the broker's partition: swaps and new segments (when the directory changed), the appends
+        (scanned, then published up to the LSO: a roll is shown once the sealed segment is whole), then retention.
+        Whether anything new is shown."""
         st = os.stat(self.directory)
         changed = False
+        inodes = None
         if st.st_mtime_ns != self.dir_mtime_ns or time.time_ns() - st.st_mtime_ns < RACY_NS:
             self.dir_mtime_ns = st.st_mtime_ns
-            changed = self._relist()
-        return plog.segments.active.catch_up(plog.lock) or changed
+            inodes = self._relist()
+            changed = inodes is None  # (None: a swap half done; looked at again later)
+        changed = self._advance() or changed
+        if inodes:
+            changed = self._retire(inodes) or changed
+        return changed
 
-    def _relist(self) -> bool:
-        """The directory changed: the cleaner's swaps, retention's removals, and rolls, in that order."""
+    def _advance(self) -> bool:
+        """Scan the active segment's appends and, once it is whole, those of the segments the broker rolled to;
+        then publish up to the LSO, rolling the log on as each sealed segment is shown whole."""
+        plog = self.log
+        chain = [plog.segments.active, *self.ahead]
+        changed = False
+        whole = 0  # how many of the chain were scanned to their file's end
+        for i, segment in enumerate(chain):
+            try:
+                added, to_end = segment.scan(self.txns, plog.lock if i == 0 else None)
+            except StorageIOError as exc:
+                if exc.errno != errno.ENOENT or i + 1 == len(chain):
+                    raise
+                added, to_end = False, True  # (sealed, and retention took it already: it leaves in _retire)
+            changed = changed or added
+            if not to_end:
+                break  # (its successors are scanned once it is: a partition's batches go in offset order)
+            whole += 1
+        while True:
+            active = plog.segments.active
+            changed = active.publish(self.txns, plog.lock) or changed
+            if active.pending or not self.ahead or whole < 1:
+                return changed
+            # The broker rolled past it, and it is shown whole: the next becomes the log's active segment.
+            whole -= 1
+            segment = self.ahead.pop(0)
+            with plog.lock:
+                active.on_become_inactive()
+                plog.add_rolled(segment)
+            active.release()
+            changed = True
+
+    def _relist(self) -> dict[int, int] | None:
+        """The directory changed: the cleaner's swaps, and new segments (rolls; shown by :meth:`_advance`). The
+        live files' inodes by base offset; None while a swap is half done."""
         plog = self.log
         names = os.listdir(self.directory)
         if any(n.endswith(SWAP_SUFFIX) for n in names):
             self.dir_mtime_ns = -1  # a swap half done (Kafka renames the old segments, then the .swap live): later
-            return False
+            return None
         live = _live_bases(names)
         inodes = {}
         for base, name in live.items():
@@ -289,11 +446,9 @@ class BrokerPartition:
             except FileNotFoundError:
                 pass
         bases = sorted(inodes)
-        aborted = aborted_by_segment(self.directory, names, bases) if any(
-            n.endswith(TXN_INDEX_SUFFIX) for n in names) else {}
-        changed = False
         # The cleaner's swaps: a new file at the base of a segment shown replaces the sealed segments from there
-        # to the next live file; the view's positions after it change (as after logfs's own compaction).
+        # to the next live file; the view's positions after it change (as after logfs's own compaction). The
+        # cleaner works below the LSO only: the new file's batches are all decided (``txns`` None).
         for i, base in enumerate(bases):
             segments = plog.segments.as_list()
             shown = next((s for s in segments if s.base_offset == base), None)
@@ -301,34 +456,27 @@ class BrokerPartition:
                 continue
             end = bases[i + 1] if i + 1 < len(bases) else None
             old = [s for s in segments[:-1] if s.base_offset >= base and (end is None or s.base_offset < end)]
-            new = _open(self.directory, base, plog, aborted.get(base))
+            new = _open(self.directory, base, plog, self.txns.aborted or None)
             if new is None:
                 continue
-            new.catch_up(contextlib.nullcontext())  # (no reader sees it yet)
+            new.scan(None, contextlib.nullcontext())  # (no reader sees it yet)
             new.on_become_inactive()
             with plog.lock:
                 plog.forget(old, replaced_by=new)
                 for segment in old:
                     segment.let_go()
             new.release()
-            changed = True
-        active = plog.segments.active
-        for base in (b for b in bases if b > active.base_offset):
-            try:
-                active.catch_up(plog.lock)  # the broker finished it before it rolled
-            except StorageIOError as exc:
-                if exc.errno != errno.ENOENT:
-                    raise  # (ENOENT: its retention took it already, after the roll; it goes below)
-            segment = _open(self.directory, base, plog, aborted.get(base))
+        last = (self.ahead or [plog.segments.active])[-1].base_offset
+        for base in (b for b in bases if b > last):
+            segment = _open(self.directory, base, plog, None)
             if segment is None:
                 break
-            with plog.lock:
-                active.on_become_inactive()
-                plog.add_rolled(segment)
-            active.release()
-            active = segment
-            changed = True
-        # Retention takes sealed segments from the front (the active one too, once the broker rolled past it).
+            self.ahead.append(segment)
+        return inodes
+
+    def _retire(self, inodes: dict[int, int]) -> bool:
+        """Retention takes sealed segments from the front (the active one too, once the broker rolled past it)."""
+        plog = self.log
         segments = plog.segments.as_list()
         front = []
         for segment in segments[:-1]:
@@ -340,13 +488,29 @@ class BrokerPartition:
                 plog.forget(front)
                 for segment in front:
                     segment.let_go()
-            changed = True
         gone = [s for s in plog.segments.as_list() if inodes.get(s.base_offset) != s.inode]
-        if gone and not self.warned:
-            log.warning("%s: segments %s changed in a way not followed yet (shown as they were)", self.directory,
-                        ", ".join(str(s.base_offset) for s in gone))
-            self.warned = True
-        return changed
+        if gone:  # (not retention's, not the cleaner's: the broker truncated the log, whole segments gone with it)
+            raise BrokerTruncated(f"{self.directory}: segments {', '.join(str(s.base_offset) for s in gone)} are "
+                                  f"gone or replaced")
+        return bool(front)
+
+
+def _renamed_to(directory: str, segment: BrokerSegment) -> str | None:
+    """The name the broker gave ``directory`` when it moved the partition to another of its directories, or
+    deleted it (Kafka renames it ``<topic>-<n>.<uuid>-delete`` and removes it ``file.delete.delay.ms`` later): the
+    ``-delete`` directory holding ``segment``'s file (its inode), or None."""
+    parent, name = os.path.split(directory)
+    stem = name.rpartition("-")[0][:200]  # (the topic part; Kafka cuts a long one)
+    try:
+        names = [n for n in os.listdir(parent) if n.endswith(DELETE_DIR_SUFFIX) and n.startswith(stem)]
+    except OSError:
+        return None
+    for candidate in names:
+        path = os.path.join(parent, candidate, os.path.basename(segment.log_path))
+        with contextlib.suppress(OSError):
+            if os.stat(path).st_ino == segment.inode:
+                return os.path.join(parent, candidate)
+    return None
 
 
 def _open(directory: str, base: int, plog: Log, aborted) -> BrokerSegment | None:
@@ -366,13 +530,65 @@ class BrokerLogs:
         self.broker_dirs = broker_dirs
         self.partitions: dict[tuple[str, int], BrokerPartition] = {}
         self.looks = 0
+        self.full_looks = 0
+        self.full_look_s = manager.broker.get("logfs.broker.full.look.ms") / 1000
+        self._last_full = -float("inf")
+        # inotify (see the module's docstring): watch descriptor -> partition key, or a broker directory (a str)
+        self.watch: Inotify | None = None
+        self.watched: dict[int, tuple[str, int] | str] = {}
+        self.wd_of: dict[tuple[str, int] | str, int] = {}
+        self.unwatched: set[tuple[str, int]] = set()  # partitions the kernel refused a watch: looked at each time
+        self.again: set[tuple[str, int]] = set()  # partitions to look at next time without an event (a failure, a
+        # swap half done)
 
     def load(self) -> None:
         self.dir_mtimes = {d: -1 for d in self.broker_dirs}
         self.pending: dict[tuple[str, int], str] = {}  # partition directories without a segment yet
+        if self.manager.broker.get("logfs.broker.inotify"):
+            try:
+                self.watch = Inotify()
+            except OSError as exc:
+                log.warning("inotify unavailable (%s): every partition is looked at every time", exc)
+        for broker_dir in self.broker_dirs:
+            self._watch(broker_dir, broker_dir)
         self._rescan(initial=True)
         for part in self.partitions.values():
             part.sync()
+        self._last_full = time.monotonic()
+
+    def _watch(self, target, directory: str) -> None:
+        """Watch ``directory`` for ``target`` (a partition's key, or a broker directory), before it is read: what
+        changes after the watch is an event; what changed before, the read sees."""
+        if self.watch is None:
+            if not isinstance(target, str):
+                self.unwatched.add(target)
+            return
+        try:
+            wd = self.watch.add(directory)
+        except OSError as exc:
+            if not isinstance(target, str):
+                self.unwatched.add(target)
+            if exc.errno == errno.ENOSPC and not getattr(self, "_said_enospc", False):
+                log.warning("inotify: %s (fs.inotify.max_user_watches): partitions past it are looked at each time",
+                            exc.strerror)
+                self._said_enospc = True
+            return
+        self.watched[wd] = target
+        self.wd_of[target] = wd
+
+    def _unwatch(self, target) -> None:
+        self.unwatched.discard(target)
+        self.again.discard(target)
+        wd = self.wd_of.pop(target, None)
+        if wd is not None:
+            self.watched.pop(wd, None)
+            with contextlib.suppress(OSError):
+                self.watch.remove(wd)
+
+    def close(self) -> None:
+        if self.watch is not None:
+            self.watch.close()
+            self.watch = None
 
     def _rescan(self, initial: bool = False) -> bool:
         """New partitions (a topic created, a partition added, one moved here from another of the broker's
@@ -399,7 +615,8 @@ class BrokerLogs:
         changed = False
         if listed:
             for key in [k for k, p in self.partitions.items() if found.get(k) != p.directory]:
-                self._drop(key)
+                if key not in found or not self._move(key, found[key]):
+                    self._drop(key)
                 changed = True
             new = [(k, d) for k, d in found.items() if k not in self.partitions]
         else:
@@ -412,64 +629,121 @@ class BrokerLogs:
             starts.update(ckpt.read_checkpoint(os.path.join(broker_dir, ckpt.LOG_START_OFFSET)))
         pending = {}
         for (topic, partition), directory in sorted(new):
+            if (topic, partition) not in self.wd_of:
+                self._watch((topic, partition), directory)
             try:
-                plog = self._load_partition(directory, topic, partition, starts.get((topic, partition), 0))
+                loaded = self._load_partition(directory, topic, partition, starts.get((topic, partition), 0))
             except FileNotFoundError:
+                self._unwatch((topic, partition))
                 continue  # (gone since the listing)
-            if plog is None:
+            if loaded is None:
                 pending[(topic, partition)] = directory  # (Kafka makes the directory, then its first segment)
                 continue
+            plog, txns, ahead = loaded
             with m.lock:
                 m.topics.setdefault(topic, {})
                 m.add_log(plog)
                 m.settings.collisions = {collision_key(t): t for t in m.topics}
-            self.partitions[(topic, partition)] = part = BrokerPartition(directory, plog)
+            self.partitions[(topic, partition)] = part = BrokerPartition(directory, plog, txns, ahead)
             if not initial:
                 part.sync()
             changed = True
+        for key in self.pending.keys() - pending.keys() - self.partitions.keys():
+            self._unwatch(key)  # (a directory that went before its first segment came)
         self.pending = pending
         return changed
+
+    def _move(self, key: tuple[str, int], directory: str) -> bool:
+        """The partition is now in ``directory`` (the broker moved it to another of its directories: Kafka's copy,
+        built as ``-future``, swapped in). When the copy holds the same segments (each base offset there, each file
+        at least as long as what was scanned of it, the last batch scanned with the same CRC at the same place:
+        Kafka's copy appends the same batches, and rolls where the source rolled), the log's segments are pointed
+        at the new files: the same log goes on, open files included. Else False (the caller loads it afresh)."""
+        part = self.partitions[key]
+        plog = part.log
+        try:
+            live = _live_bases(os.listdir(directory))
+            segments = [*plog.segments.as_list(), *part.ahead]
+            moved = []
+            for segment in segments:
+                name = live.get(segment.base_offset)
+                if name is None:
+                    return False
+                path = os.path.join(directory, name)
+                with open(path, "rb") as f:
+                    st = os.fstat(f.fileno())
+                    if st.st_size < segment.scanned or (
+                            segment.last_crc is not None
+                            and os.pread(f.fileno(), 4, segment.last_crc[0] + CRC_AT) != segment.last_crc[1]):
+                        return False
+                moved.append((segment, path, st.st_ino))
+        except OSError:
+            return False
+        with plog.lock:
+            for segment, path, inode in moved:
+                segment.repoint(path, inode)
+        self._unwatch(key)
+        self._watch(key, directory)
+        part.directory = directory
+        part.dir_mtime_ns = -1  # (listed at its next look: segments the copy has beyond these)
+        self.again.add(key)
+        log.info("%s-%d: moved to %s, followed there", key[0], key[1], os.path.dirname(directory))
+        return True
 
     def _drop(self, key: tuple[str, int]) -> None:
         """A partition whose directory the broker removed (or moved) is served no more; a reader of it keeps the
         segments it pinned while their files exist."""
         m = self.manager
         part = self.partitions.pop(key)
+        self._unwatch(key)
         plog = part.log
         with m.lock:
             m.unserve(*key)
             if not m.served.count(key[0]):
                 m.topics.pop(key[0], None)
                 m.settings.collisions = {collision_key(t): t for t in m.topics}
+        renamed = _renamed_to(part.directory, plog.segments.active)
         with plog.lock:
             for segment in plog.segments.as_list():
+                segment.renamed_dir = renamed
                 segment.deleted = segment.purged = True
                 segment.let_go()
                 close_if_unused(segment)
 
-    def _load_partition(self, directory: str, topic: str, partition: int, start: int) -> Log | None:
+    def _load_partition(self, directory: str, topic: str, partition: int,
+                        start: int) -> tuple[Log, TransactionState, list[BrokerSegment]] | None:
+        """The partition's log (its segments scanned in offset order, shown up to the LSO), its transactions, and
+        the segments after the one the LSO is in (shown once the transaction there ends); None without a
+        segment."""
         m = self.manager
         cache = m.data_dir
-        names = os.listdir(directory)
-        live = _live_bases(names)
+        live = _live_bases(os.listdir(directory))
         if not live:
             return None
         config = m.topic_config(topic)
         index_dir = os.path.join(cache, partition_dir_name(topic, partition))
         os.makedirs(index_dir, exist_ok=True)
-        bases = sorted(live)
-        aborted = aborted_by_segment(directory, names, bases)
+        txns = TransactionState()
         segments: list[BrokerSegment] = []
-        for base in bases:
+        nolock = contextlib.nullcontext()  # (no reader sees them yet)
+        waiting = False  # a batch behind an open transaction: every later one waits too
+        for base in sorted(live):
             try:
-                segment = BrokerSegment(os.path.join(directory, live[base]), base, index_dir, config, m.open_files,
-                                        aborted=aborted.get(base))
+                segment = BrokerSegment(os.path.join(directory, live[base]), base, index_dir, config, m.open_files)
             except FileNotFoundError:
                 continue  # (retention took it since the listing)
-            segment.catch_up(contextlib.nullcontext())  # (no reader sees it yet)
+            segment.scan(txns, None if waiting else nolock)
+            waiting = waiting or bool(segment.pending)
             segments.append(segment)
         if not segments:
             return None
+        shown = len(segments)
+        for k, segment in enumerate(segments):
+            segment.publish(txns, nolock)
+            if segment.pending:
+                shown = k + 1
+                break
+        segments, ahead = segments[:shown], segments[shown:]
         for segment in segments[:-1]:
             segment.on_become_inactive()
             segment.release()
@@ -477,19 +751,47 @@ class BrokerLogs:
                    recovery_point=0, clock=m.clock, log_dir=m.dirs[0].log_dir, open_files=m.open_files)
         plog.log_start_offset = min(max(start, segments[0].base_offset), plog.log_end_offset)
         plog.recovery_point = plog.log_end_offset
-        return plog
+        return plog, txns, ahead
 
     def sync_once(self) -> int:
-        """One look at every partition (see the module's docstring); how many showed something new. A partition
-        whose directory the broker removed is left as it was (not followed yet)."""
+        """One look (see the module's docstring): the partitions inotify says changed (and those it cannot say
+        about), or, every ``logfs.broker.full.look.ms`` and after the kernel dropped events, every partition. How
+        many showed something new."""
         self.looks += 1
+        now = time.monotonic()
+        full = self.watch is None or now - self._last_full >= self.full_look_s
+        rescan = full or bool(self.pending)
+        dirty: set[tuple[str, int]] = set()
+        if self.watch is not None:
+            for event in self.watch.drain():
+                if event.mask & IN_Q_OVERFLOW:
+                    full = rescan = True
+                    continue
+                target = self.watched.get(event.wd)
+                if isinstance(target, str):
+                    rescan = rescan or bool(event.mask & (IN_ISDIR | IN_DELETE_SELF | IN_MOVE_SELF))
+                elif target is not None:
+                    dirty.add(target)
+        if full:
+            self._last_full = now
+            self.full_looks += 1
         changed = 0
         failed: Exception | None = None
-        try:
-            changed += self._rescan()
-        except (OSError, LogfsError) as exc:
-            failed = exc
-        for part in list(self.partitions.values()):
+        if rescan:
+            try:
+                changed += self._rescan()
+            except (OSError, LogfsError) as exc:
+                failed = exc
+        if full:
+            keys = list(self.partitions)
+        else:
+            keys = [k for k in (dirty | self.again | self.unwatched) if k in self.partitions]
+        self.again = set()
+        reload = False
+        for key in keys:
+            part = self.partitions.get(key)
+            if part is None:
+                continue
             try:
                 if part.sync():
                     changed += 1
@@ -497,9 +799,22 @@ class BrokerLogs:
                     newest = plog.segments.active.max_timestamp
                     if newest > plog.last_append_ms:
                         plog.last_append_ms = newest
+                if part.dir_mtime_ns == -1:
+                    self.again.add(key)  # (a swap half done: looked at again)
             except FileNotFoundError:
                 continue
+            except BrokerTruncated as exc:
+                log.warning("%s: loaded again (an open file's read of what is gone: ESTALE)", exc)
+                self._drop(key)
+                self.pending[key] = part.directory
+                reload = True
             except (OSError, LogfsError) as exc:  # one partition's trouble stops no other's following
+                self.again.add(key)
+                failed = failed or exc
+        if reload:
+            try:
+                changed += self._rescan()
+            except (OSError, LogfsError) as exc:
                 failed = failed or exc
         if failed is not None:
             raise failed  # (the service logs it, once until following works again)

@@ -254,6 +254,10 @@ BROKER_ONLY: dict[str, Setting] = {
         # indexes of the broker's segments, its state) live here; how often the broker's directory is looked at.
         Setting("logfs.cache.dir", _free_text, ""),
         Setting("logfs.broker.poll.ms", _long(10, INT_MAX), "250"),
+        # ... whether inotify says which partitions changed (else each look stats every partition), and how often
+        # every partition is looked at all the same (a missed or dropped event's bound).
+        Setting("logfs.broker.inotify", _bool, "true"),
+        Setting("logfs.broker.full.look.ms", _long(100, INT_MAX), "30000"),
         # Metrics (logfs.service.metrics): Prometheus's text format, written to this file (none when empty).
         Setting("logfs.metrics.file", _absolute_path, ""),
         Setting("logfs.metrics.interval.ms", _long(100, INT_MAX), "10000"),

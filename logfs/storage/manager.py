@@ -520,6 +520,8 @@ class LogManager:
         checkpoint, no marker): the next mount recovers it as after a crash. The locks are released either way."""
         if self.closed:
             return
+        if self.broker_logs is not None:
+            self.broker_logs.close()
         self.wait_for_moves()
         with self.lock:
             try:

@@ -158,7 +158,7 @@ class KafkaClient:
         return self.call({"cmd": "create_topics", "bootstrap": bootstrap, "topics": topics})["topic_ids"]
 
     def produce(self, bootstrap: str, records: list[dict], producers: dict[str, dict] | None = None,
-                **props: str) -> list[dict]:
+                session: str | None = None, end_session: bool = False, **props: str) -> list[dict]:
         """``records``: {"topic", "partition", "key", "value" (bytes or None), "headers": [(name, bytes|None)],
         "timestamp"}, or {"txn": "begin"|"commit"|"abort"} (with a ``transactional_id`` prop). Props are producer
         settings with '_' for '.' (``enable_idempotence="true"``, ``compression_type="zstd"``). Returns
@@ -167,7 +167,11 @@ class KafkaClient:
         Several producers taking turns: ``producers`` names them, each with its settings over ``props`` (same
         spelling), and an entry's ``"producer": name`` picks one (none: the producer of ``props``). A producer is
         flushed when the next entry names another, so the log holds their records in the order given (a
-        transaction's records among another producer's)."""
+        transaction's records among another producer's).
+
+        With ``session`` the producers outlive the call (a later call of that session uses them: a transaction
+        begun in one call stays open, its records in the log, until a later call commits or aborts it);
+        ``end_session`` closes them after the call."""
         wire = []
         for r in records:
             if "txn" in r:
@@ -179,11 +183,13 @@ class KafkaClient:
             if r.get("producer"):
                 wire[-1]["producer"] = r["producer"]
         settings = {k.replace("_", "."): str(v) for k, v in props.items()}
+        command = {"cmd": "produce", "bootstrap": bootstrap, "props": settings, "records": wire}
+        if session:
+            command.update(session=session, end_session=end_session)
         if producers:
             own = {name: {k.replace("_", "."): str(v) for k, v in given.items()} for name, given in producers.items()}
-            return self.call({"cmd": "produce", "bootstrap": bootstrap, "props": settings, "records": wire,
-                              "producers": own})["sent"]
-        return self.call({"cmd": "produce", "bootstrap": bootstrap, "props": settings, "records": wire})["sent"]
+            command["producers"] = own
+        return self.call(command)["sent"]
 
     def consume(self, bootstrap: str, topic: str, partition: int = 0, offset: int | None = None,
                 isolation: str = "read_committed", timeout_ms: int = 30000, leader_epoch: int | None = None,
@@ -223,6 +229,13 @@ class KafkaClient:
         AlterConsumerGroupOffsets: records in ``__consumer_offsets``; the group must have no active member)."""
         self.call({"cmd": "commit_offsets", "bootstrap": bootstrap, "group": group,
                    "offsets": [[t, p, o] for (t, p), o in offsets.items()]})
+
+    def alter_log_dirs(self, bootstrap: str, moves: dict[tuple[str, int, int], str]) -> None:
+        """Move replicas between a broker's log directories ((topic, partition, broker id) -> the directory):
+        Kafka's admin AlterReplicaLogDirs (the broker copies the log into a ``-future`` directory there, then swaps
+        it in)."""
+        self.call({"cmd": "alter_log_dirs", "bootstrap": bootstrap,
+                   "moves": [[t, p, b, str(d)] for (t, p, b), d in moves.items()]})
 
     def run_main(self, main_class: str, args: list[str], timeout: float = 300) -> dict:
         """A Kafka tool's main run in this JVM: {"stdout", "stderr", "status", "error" (its exception or None)}."""

@@ -28,6 +28,7 @@ HERE = Path(__file__).resolve().parent
 JVM_SOURCES = HERE / "kafka_jvm"
 POM = JVM_SOURCES / "pom.xml"
 SPARK_POM = JVM_SOURCES / "spark-pom.xml"
+TOOLS_POM = JVM_SOURCES / "tools-pom.xml"
 CLIENT_SOURCE = JVM_SOURCES / "KafkaClient.java"
 LOG4J_CONFIG = JVM_SOURCES / "log4j2.properties"
 CHECKOUT = HERE.parents[1]
@@ -185,6 +186,25 @@ def _compile_client(say) -> None:
         raise KafkaError(f"javac failed on {CLIENT_SOURCE}:\n{r.stdout}{r.stderr}")
     _replace_dir(tmp, classes)
     (cache_dir() / "classes.stamp").write_text(_client_stamp() + "\n")
+
+
+def perf_tools_classpath() -> str:
+    """Kafka's jars and its performance tools (``org.apache.kafka:kafka-tools``: ConsumerPerformance,
+    ProducerPerformance), resolved with Maven into ``tools-jars`` on first use: the benchmarks need them, the tests
+    do not, so set-up does not fetch them."""
+    folder, stamp_file = cache_dir() / "tools-jars", cache_dir() / "tools-jars.stamp"
+    stamp = _digest(TOOLS_POM.read_bytes(), COPY_DEPENDENCIES, kafka_version())
+    if not _stamp_ok(stamp_file, stamp):
+        with _locked():
+            if not _stamp_ok(stamp_file, stamp):
+                tmp = Path(tempfile.mkdtemp(prefix="tools-jars.", dir=cache_dir()))
+                r = _mvn_copy(TOOLS_POM, tmp, f"-Dkafka.version={kafka_version()}", "-DincludeArtifactIds=kafka-tools")
+                if r.returncode != 0:
+                    shutil.rmtree(tmp, ignore_errors=True)
+                    raise KafkaError(f"Maven could not resolve {TOOLS_POM}:\n{r.stdout}{r.stderr}")
+                _replace_dir(tmp, folder)
+                stamp_file.write_text(stamp + "\n")
+    return f"{folder}/*{os.pathsep}{kafka_classpath()}"
 
 
 def _pyspark_version() -> str | None:

@@ -301,3 +301,73 @@ def test_a_topic_created_while_mounted_appears(broker, kafka_client, mount_logfs
             fs.read(f"{topic}/{p}") == b"".join(r.value + b"\n" for r in got[(topic, p)]) for p in range(2))
 
     wait_for(shown, 30, interval=0.1, what="the new topic through the mount")
+
+
+def test_transactions_as_a_read_committed_consumer_sees_them(broker, kafka_client, mount_logfs, tmp_path):
+    """Kafka's transactional producer writes while the mount follows: the records of a transaction left open are
+    not shown, nor anything after its first record (the last stable offset); once aborted they never are, once
+    committed they are. A ``tail -f``-style reader sees each committed line once, in order; the file is what a
+    ``read_committed`` consumer reads at each step. The transactions span the broker's rolls (4 KiB segments)."""
+    topic, marks = "txns", "txn-marks"
+    broker.create_topic(topic, 1, CONFIGS)
+    broker.create_topic(marks, 1)
+    fs = mount_broker(mount_logfs, broker.log_dirs[0], tmp_path / "cache")
+    plain = dict(enable_idempotence="true", linger_ms="0", batch_size="600")
+    rounds = iter(range(1000))
+
+    def send(values, **how):
+        return kafka_client.produce(broker.bootstrap, [{"topic": topic, "partition": 0, "value": v} for v in values],
+                                    **how)
+
+    def committed() -> bytes:
+        return b"".join(r.value + b"\n" for r in kafka_client.consume(broker.bootstrap, topic, 0))
+
+    def looked_twice():
+        """Two whole looks of the mount's follower after what was written: a record in another topic, produced
+        after, shows through the mount (twice: a look may have passed this partition before that record came)."""
+        for _ in range(2):
+            value = b"mark %d" % next(rounds)
+            kafka_client.produce(broker.bootstrap, [{"topic": marks, "partition": 0, "value": value}], **plain)
+            wait_for(lambda: fs.read(f"{marks}/0").endswith(value + b"\n"), 30, interval=0.05, what="a mark")
+
+    reader = None
+    try:
+        wait_for(lambda: topic in os.listdir(fs.mnt), 30, interval=0.05, what="the topic")
+        reader = open(fs.path(topic, 0), "rb")
+        seen = b""
+
+        def shows(expected: bytes):
+            def caught_up():
+                nonlocal seen
+                seen += reader.read()
+                return len(seen) >= len(expected) and fs.read(f"{topic}/0") == expected
+            wait_for(caught_up, 30, interval=0.05, what="the committed records through the mount")
+            assert seen == expected  # (each line once, in order)
+
+        send([b"before %d" % i for i in range(30)], **plain)
+        shows(committed())
+        for outcome in ("abort", "commit"):
+            txn = dict(plain, transactional_id=f"h45-{outcome}")
+            session = f"h45-{outcome}"
+            values = [b"%s txn %d %s" % (outcome.encode(), i, b"t" * 40) for i in range(120)]
+            kafka_client.produce(broker.bootstrap, [{"txn": "begin"}] + [
+                {"topic": topic, "partition": 0, "value": v} for v in values], session=session, **txn)  # left open
+            send([b"%s after %d" % (outcome.encode(), i) for i in range(30)], **plain)  # (above the LSO)
+            open_view = committed()
+            assert b"%s txn" % outcome.encode() not in open_view and b"%s after" % outcome.encode() not in open_view
+            looked_twice()
+            assert fs.read(f"{topic}/0") == open_view  # the open transaction and all after its first record: not shown
+            seen += reader.read()
+            assert seen == open_view
+            kafka_client.produce(broker.bootstrap, [{"txn": outcome}], session=session, end_session=True, **txn)
+            # (the coordinator writes the markers after the producer's call returns: wait for the consumer too)
+            wait_for(lambda: b"%s after 29\n" % outcome.encode() in committed(), 30, interval=0.1,
+                     what="the marker, as the consumer sees it")
+            expected = committed()
+            assert (b"%s txn" % outcome.encode() in expected) == (outcome == "commit")
+            shows(expected)
+        assert b"abort txn" not in fs.read(f"{topic}/0")
+        assert len(list((broker.log_dirs[0] / f"{topic}-0").glob("*.log"))) > 3  # (the transactions spanned rolls)
+    finally:
+        if reader is not None:
+            reader.close()

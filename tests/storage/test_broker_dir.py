@@ -1,20 +1,27 @@
 """The engine's half of a broker mount (logfs/storage/broker.py): a log directory that another process writes,
 read in place by a LogManager whose own directory is a cache. The bytes are written here as a broker writes them
-(v2 batches appended to the active ``.log``, a roll, a rename to ``.deleted``), so each case is exact: a batch
-the writer has not finished (short, or its CRC not yet right) is neither shown nor cut, and shows once whole;
-nothing under the directory changes.
+(v2 batches appended to the active ``.log``, a roll, a rename to ``.deleted``, transactional and control
+batches, a truncation, a move between directories), so each case is exact: a batch the writer has not finished
+(short, or its CRC not yet right) is neither shown nor cut, and shows once whole; an open transaction holds the end
+at its first offset; nothing under the directory changes.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
+import struct
 from pathlib import Path
 
+import pytest
+
 from logfs.storage.config import BrokerConfig
+from logfs.storage.errors import StorageIOError
 from logfs.storage.format import records as rec
 from logfs.storage.manager import LogManager
 from logfs.storage.names import filename_prefix
+from logfs.view.text import live_view, open_view
 
 
 def batch(base: int, n: int) -> bytes:
@@ -220,3 +227,216 @@ def test_topics_and_partitions_come_and_go(tmp_path):
         manager.close()
     assert {k: v for k, v in snapshot(broker_dir).items() if "b-0" not in k} == {
         k: v for k, v in before.items() if k != str(broker_dir)}  # (the renames were this test's)
+
+
+def txn_batch(base: int, values: list[bytes], producer_id: int) -> bytes:
+    return rec.build_batch_generic(base, 1_700_000_000_000, values, attributes=rec.ATTR_TRANSACTIONAL,
+                                   producer=(producer_id, 0, base))
+
+
+def marker(offset: int, producer_id: int, commit: bool) -> bytes:
+    return rec.build_batch_generic(offset, 1_700_000_000_000, [struct.pack(">hi", 0, 0)],
+                                   [struct.pack(">hh", 0, 1 if commit else 0)],
+                                   attributes=rec.ATTR_TRANSACTIONAL | rec.ATTR_CONTROL, producer=(producer_id, 0, -1))
+
+
+def plain(base: int, values: list[bytes]) -> bytes:
+    return rec.build_batch(base, 1_700_000_000_000, values)
+
+
+def test_transactions_decide_what_is_shown_as_the_broker_writes_them(tmp_path):
+    """No ``.txnindex`` (the broker writes it with the abort marker, later than the records): the data decides. A
+    transaction left open holds the view's end at its first offset (the LSO), across the broker's roll; its abort
+    hides its records, a commit shows them, and what came after shows then."""
+    broker_dir = tmp_path / "kafka"
+    part = broker_dir / "t-0"
+    part.mkdir(parents=True)
+    first, second = (part / (filename_prefix(base) + ".log") for base in (0, 8))
+    first.write_bytes(plain(0, [b"a0", b"a1", b"a2"]) + txn_batch(3, [b"t7-3", b"t7-4"], 7)
+                      + txn_batch(5, [b"t8-5", b"t8-6"], 8) + plain(7, [b"p7"]))
+    manager = LogManager(str(tmp_path / "cache"), BrokerConfig.from_properties({}), broker_dirs=[str(broker_dir)])
+    key = ("t", 0)
+
+    def shown() -> bytes:
+        return live_view(manager.logs[key]).read(0, 1 << 20)
+
+    try:
+        assert manager.logs[key].log_end_offset == 3 and shown() == b"a0\na1\na2\n"  # producer 7's is open at 3
+        # The broker rolls; producer 7 writes on and aborts; producer 8's transaction (from 5) is still open.
+        second.write_bytes(txn_batch(8, [b"t7-8"], 7) + marker(9, 7, commit=False))
+        manager.broker_logs.sync_once()
+        plog = manager.logs[key]
+        assert plog.log_end_offset == 5 and shown() == b"a0\na1\na2\n"
+        assert [s.base_offset for s in plog.segments.as_list()] == [0]  # (the roll waits: segment 0 is not whole)
+        with open(second, "ab") as f:
+            f.write(marker(10, 8, commit=True) + plain(11, [b"p11", b"p12"]))
+        manager.broker_logs.sync_once()
+        assert plog.log_end_offset == 13 and [s.base_offset for s in plog.segments.as_list()] == [0, 8]
+        assert shown() == b"a0\na1\na2\nt8-5\nt8-6\np7\np11\np12\n"
+        with open(second, "ab") as f:
+            f.write(txn_batch(13, [b"t9-13"], 9) + plain(14, [b"p14"]))
+        manager.broker_logs.sync_once()
+        assert plog.log_end_offset == 13
+        with open(second, "ab") as f:
+            f.write(marker(15, 9, commit=False))
+        manager.broker_logs.sync_once()
+        assert plog.log_end_offset == 16 and shown() == b"a0\na1\na2\nt8-5\nt8-6\np7\np11\np12\np14\n"
+    finally:
+        manager.close()
+
+
+def test_inotify_says_which_partitions_to_look_at(tmp_path):
+    """With inotify (the default), a look reads only the partitions whose directory reported a change, and new
+    topics; a full look comes every ``logfs.broker.full.look.ms``, and after the kernel dropped events (its queue
+    overflowed). Without inotify every look is a full one."""
+    broker_dir = tmp_path / "kafka"
+    for p in range(3):
+        (broker_dir / f"t-{p}").mkdir(parents=True)
+        (broker_dir / f"t-{p}" / (filename_prefix(0) + ".log")).write_bytes(batch(0, 2))
+    config = BrokerConfig.from_properties({"logfs.broker.full.look.ms": str((1 << 31) - 1)})
+    manager = LogManager(str(tmp_path / "cache"), config, broker_dirs=[str(broker_dir)])
+    try:
+        logs = manager.broker_logs
+        assert logs.watch is not None and not logs.unwatched
+        with open(broker_dir / "t-1" / (filename_prefix(0) + ".log"), "ab") as f:
+            f.write(batch(2, 3))
+        logs.sync_once()
+        assert manager.logs[("t", 1)].log_end_offset == 5 and logs.full_looks == 0
+        # A new topic: its directory, then its first segment.
+        (broker_dir / "u-0").mkdir()
+        logs.sync_once()
+        (broker_dir / "u-0" / (filename_prefix(0) + ".log")).write_bytes(batch(0, 4))
+        logs.sync_once()
+        assert manager.logs[("u", 0)].log_end_offset == 4 and logs.full_looks == 0
+        # More events than the kernel queues (fs.inotify.max_queued_events): dropped, so everything is looked at.
+        limit = int(Path("/proc/sys/fs/inotify/max_queued_events").read_text())
+        noise = tmp_path / "kafka" / "t-2"
+        for i in range(limit + 10):
+            (noise / f"leader-epoch-checkpoint.{i}.tmp").write_bytes(b"")
+        with open(broker_dir / "t-0" / (filename_prefix(0) + ".log"), "ab") as f:
+            f.write(batch(2, 1))
+        logs.sync_once()
+        assert logs.full_looks == 1 and manager.logs[("t", 0)].log_end_offset == 3
+    finally:
+        manager.close()
+
+    manager = LogManager(str(tmp_path / "cache2"), BrokerConfig.from_properties({"logfs.broker.inotify": "false"}),
+                         broker_dirs=[str(broker_dir)])
+    try:
+        logs = manager.broker_logs
+        assert logs.watch is None
+        logs.sync_once()
+        logs.sync_once()
+        assert logs.full_looks == 2
+    finally:
+        manager.close()
+
+
+def test_a_truncation_by_the_broker_is_followed(tmp_path):
+    """The broker removed batches the mount showed (its recovery after a crash cut the tail it had not synced; a
+    follower truncates after a leader change) and appended others at the same offsets: the partition is loaded
+    again, a fresh read shows what the files hold, never the bytes that are gone; an open file's read of the
+    truncated segment fails with ESTALE (its view reads whole batches, some gone); later appends are shown."""
+    broker_dir = tmp_path / "kafka"
+    part = broker_dir / "t-0"
+    part.mkdir(parents=True)
+    seg = part / (filename_prefix(0) + ".log")
+    kept = batch(0, 5) + batch(5, 5)
+    seg.write_bytes(kept + batch(10, 5) + batch(15, 5))
+    manager = LogManager(str(tmp_path / "cache"), BrokerConfig.from_properties({}), broker_dirs=[str(broker_dir)])
+    key = ("t", 0)
+    try:
+        assert read_view(manager, key) == lines(0, 20)
+        held = open_view(manager.logs[key])
+        assert held.read(0, 1 << 20) == lines(0, 20)
+        with open(seg, "r+b") as f:
+            f.truncate(len(kept))  # (the broker's recovery: the batches after 10 were lost)
+        manager.broker_logs.sync_once()
+        assert manager.logs[key].log_end_offset == 10 and live_view(manager.logs[key]).read(0, 1 << 20) == lines(0, 10)
+        with pytest.raises(StorageIOError) as info:
+            held.read(0, 1 << 20)
+        assert info.value.errno == errno.ESTALE
+        held.release()
+        # New batches at the same offsets, other records: shown.
+        with open(seg, "ab") as f:
+            f.write(rec.build_batch(10, 1_700_000_000_000, [b"new %d" % i for i in range(3)]))
+        manager.broker_logs.sync_once()
+        assert live_view(manager.logs[key]).read(0, 1 << 20) == lines(0, 10) + b"new 0\nnew 1\nnew 2\n"
+        # Truncated and grown past its old end before a look: the last batch's CRC changed, so it is seen too.
+        with open(seg, "r+b") as f:
+            f.truncate(len(kept))
+            f.seek(len(kept))
+            f.write(rec.build_batch(10, 1_700_000_000_001, [b"again %d" % i for i in range(40)]))
+        manager.broker_logs.sync_once()
+        assert live_view(manager.logs[key]).read(0, 1 << 20) == lines(0, 10) + b"".join(
+            b"again %d\n" % i for i in range(40))
+    finally:
+        manager.close()
+
+
+def test_a_transaction_open_across_a_roll_at_mount(tmp_path):
+    """Mounted while a transaction is open and the broker has rolled since its first record: the log ends at the
+    LSO (in the first segment); the later segment waits, and shows once the transaction commits."""
+    broker_dir = tmp_path / "kafka"
+    part = broker_dir / "t-0"
+    part.mkdir(parents=True)
+    (part / (filename_prefix(0) + ".log")).write_bytes(plain(0, [b"a0", b"a1"]) + txn_batch(2, [b"t5-2"], 5)
+                                                       + plain(3, [b"p3"]))
+    second = part / (filename_prefix(4) + ".log")
+    second.write_bytes(txn_batch(4, [b"t5-4"], 5) + plain(5, [b"p5"]))
+    manager = LogManager(str(tmp_path / "cache"), BrokerConfig.from_properties({}), broker_dirs=[str(broker_dir)])
+    key = ("t", 0)
+    try:
+        plog = manager.logs[key]
+        assert plog.log_end_offset == 2 and [s.base_offset for s in plog.segments.as_list()] == [0]
+        assert live_view(plog).read(0, 1 << 20) == b"a0\na1\n"
+        with open(second, "ab") as f:
+            f.write(marker(6, 5, commit=True))
+        manager.broker_logs.sync_once()
+        assert plog.log_end_offset == 7 and [s.base_offset for s in plog.segments.as_list()] == [0, 4]
+        assert live_view(plog).read(0, 1 << 20) == b"a0\na1\nt5-2\np3\nt5-4\np5\n"
+    finally:
+        manager.close()
+
+
+def test_a_partition_moved_between_the_brokers_directories(tmp_path):
+    """Kafka's move (AlterReplicaLogDirs): a ``-future`` copy in the other directory, then the source renamed
+    ``-delete`` and the copy ``<topic>-<n>``. A copy with the same segments: the log's segments are pointed at it,
+    and a view opened before goes on with the appends after. A copy rolled elsewhere: the partition is loaded from
+    it, and a view opened before reads what it read through the ``-delete`` directory."""
+    d1, d2 = tmp_path / "d1", tmp_path / "d2"
+    for d in (d1, d2):
+        d.mkdir()
+    for topic in ("same", "other"):
+        (d1 / f"{topic}-0").mkdir()
+        (d1 / f"{topic}-0" / (filename_prefix(0) + ".log")).write_bytes(batch(0, 5))
+        (d1 / f"{topic}-0" / (filename_prefix(5) + ".log")).write_bytes(batch(5, 5))
+    manager = LogManager(str(tmp_path / "cache"), BrokerConfig.from_properties({}),
+                         broker_dirs=[str(d1), str(d2)])
+    try:
+        views = {t: open_view(manager.logs[(t, 0)]) for t in ("same", "other")}
+        logs = {t: manager.logs[(t, 0)] for t in ("same", "other")}
+        for topic, copy in (("same", {0: batch(0, 5), 5: batch(5, 5)}), ("other", {0: batch(0, 5) + batch(5, 5)})):
+            future = d2 / f"{topic}-0.{'a' * 32}-future"
+            future.mkdir()
+            for base, data in copy.items():
+                (future / (filename_prefix(base) + ".log")).write_bytes(data)
+            manager.broker_logs.sync_once()  # (a -future copy is not a partition)
+            assert manager.logs[(topic, 0)] is logs[topic]
+            os.rename(d1 / f"{topic}-0", d1 / f"{topic}-0.{'b' * 32}-delete")
+            os.rename(future, d2 / f"{topic}-0")
+        manager.broker_logs.sync_once()
+        for topic in ("same", "other"):
+            with open(d2 / f"{topic}-0" / (filename_prefix(0 if topic == "other" else 5) + ".log"), "ab") as f:
+                f.write(batch(10, 3))
+        manager.broker_logs.sync_once()
+        assert manager.logs[("same", 0)] is logs["same"]  # (followed in place)
+        assert manager.logs[("other", 0)] is not logs["other"]  # (loaded afresh)
+        for topic in ("same", "other"):
+            assert live_view(manager.logs[(topic, 0)]).read(0, 1 << 20) == lines(0, 13)
+        assert views["same"].read(0, 1 << 20) == lines(0, 13)  # the open view goes on
+        assert views["other"].read(0, 1 << 20) == lines(0, 10)  # it reads what it read, from the -delete directory
+        for view in views.values():
+            view.release()
+    finally:
+        manager.close()

@@ -13,7 +13,10 @@ import pytest
 
 from logfs.storage import LogConfig, load_log
 from logfs.storage.format import records as rec
-from logfs.storage.local.txn_index import ENTRY, AbortedRanges, AbortedTxn, read_txn_index
+from logfs.storage.local.txn_index import (
+    ABORT, COMMIT, ENTRY, NO_OPEN_TRANSACTION, AbortedRanges, AbortedTxn, TransactionState, control_type,
+    read_txn_index,
+)
 from logfs.storage.names import filename_prefix
 from logfs.view import text as view_text
 from logfs.view.text import live_view, open_view
@@ -168,3 +171,23 @@ def test_a_transaction_marker_counts_in_time_lookups_as_in_kafka(tmp_path):
         assert view.position_of(2) == view.position_of(3) == len(b"a0\nt7-1\n")
     finally:
         plog.close()
+
+
+def test_transaction_state_from_the_data():
+    """What a running broker's log shows before its ``.txnindex`` says it (storage/broker.py): the aborted ranges
+    and the last stable offset, from the batches alone, in offset order."""
+    state = TransactionState()
+    stables = []
+    for base in sorted(SEGMENTS):
+        for batch in SEGMENTS[base]:
+            state.see(batch, rec.parse_header(batch))
+            stables.append(state.stable())
+    assert stables == [NO_OPEN_TRANSACTION, 3, 3, 3, 3, 5, NO_OPEN_TRANSACTION, NO_OPEN_TRANSACTION, 13,
+                       NO_OPEN_TRANSACTION, NO_OPEN_TRANSACTION, NO_OPEN_TRANSACTION]
+    assert control_type(marker(9, 7, commit=False)) == ABORT and control_type(marker(10, 8, commit=True)) == COMMIT
+    expected = AbortedRanges(TXN[8])
+    for pid, offset in [(7, 3), (7, 8), (7, 9), (7, 10), (8, 5), (9, 13), (9, 14), (9, 15), (7, 2)]:
+        assert state.aborted.covers(pid, offset) == expected.covers(pid, offset), (pid, offset)
+    assert state.aborted.count == 2
+    state.aborted.add(AbortedTxn(7, 3, 9, 3))  # (known already: no change)
+    assert state.aborted.count == 2

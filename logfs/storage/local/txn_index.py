@@ -13,6 +13,12 @@ logfs never writes transactional batches itself (appends and the sink's publish 
 files come with segments a Kafka broker wrote, and logfs keeps each one beside its segment (renamed, moved and
 deleted with it). Ongoing transactions (no marker yet, above Kafka's last stable offset) are not hidden: a stopped
 broker's log rarely has one, and the next broker to load it aborts it.
+
+A RUNNING broker's log (``storage/broker``) is read while its transactions are open, and its ``.txnindex`` entry
+comes after the records it aborts. There :class:`TransactionState` derives both from the data as it is indexed,
+as Kafka's own ``ProducerStateManager`` does: per producer id, the first offset of its open transaction; a control
+batch closes it (an abort adds the range to :class:`AbortedRanges`); the last stable offset (LSO) is the first
+offset of the oldest open transaction, and a ``read_committed`` consumer reads nothing from there on.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import os
 import struct
 from typing import Iterable, NamedTuple
 
+from ..format import records as rec
 from ..names import TXN_INDEX_SUFFIX
 
 ENTRY = struct.Struct(">hqqqq")  # version, producerId, firstOffset, lastOffset, lastStableOffset
@@ -52,8 +59,9 @@ def read_txn_index(path: str) -> list[AbortedTxn]:
 
 
 class AbortedRanges:
-    """The aborted transactions that reach into one segment: ``covers(producer_id, offset)`` in O(log n) per
-    producer. Immutable; shared by the segment's readers on any thread."""
+    """The aborted transactions that reach into one segment (or, on a broker mount, a partition's):
+    ``covers(producer_id, offset)`` in O(log n) per producer. Shared by the segment's readers on any thread;
+    :meth:`add` (one writer) replaces a producer's lists whole, so a reader sees the old ones or the new ones."""
 
     __slots__ = ("_by_producer", "count")
 
@@ -76,6 +84,17 @@ class AbortedRanges:
         firsts, lasts = ranges
         i = bisect.bisect_right(firsts, offset) - 1
         return i >= 0 and offset <= lasts[i]
+
+    def add(self, txn: AbortedTxn) -> None:
+        """One more aborted transaction (learned from an abort marker as the log is read). Copy-on-write: the
+        producer's two lists are rebuilt and swapped in as one tuple."""
+        firsts, lasts = self._by_producer.get(txn.producer_id, ((), ()))
+        i = bisect.bisect_left(firsts, txn.first_offset)
+        if i < len(firsts) and firsts[i] == txn.first_offset:
+            return  # (known already)
+        self._by_producer[txn.producer_id] = ([*firsts[:i], txn.first_offset, *firsts[i:]],
+                                              [*lasts[:i], txn.last_offset, *lasts[i:]])
+        self.count += 1
 
     def __bool__(self) -> bool:
         return self.count > 0
@@ -101,3 +120,63 @@ def aborted_by_segment(directory: str, names: Iterable[str], bases: list[int]) -
         if reaching:
             out[base] = AbortedRanges(reaching)
     return out
+
+
+# Kafka's control record (ControlRecordType): its key is version (int16) and type (int16): 0 ABORT, 1 COMMIT.
+ABORT, COMMIT = 0, 1
+_CONTROL_KEY = struct.Struct(">hh")
+NO_OPEN_TRANSACTION = 1 << 63
+
+
+def _varint(buf, at: int) -> tuple[int, int]:
+    """A zigzag varint at ``at``: (value, position after it)."""
+    shift = raw = 0
+    while True:
+        b = buf[at]
+        at += 1
+        raw |= (b & 0x7F) << shift
+        if not b & 0x80:
+            return (raw >> 1) ^ -(raw & 1), at
+        shift += 7
+
+
+def control_type(batch) -> int:
+    """The type of the control batch ``batch`` (one whole batch, uncompressed as Kafka writes them): ABORT or
+    COMMIT (another value for a type logfs does not know)."""
+    _length, at = _varint(batch, rec.HEADER_SIZE)
+    at += 1  # attributes
+    _, at = _varint(batch, at)  # timestampDelta
+    _, at = _varint(batch, at)  # offsetDelta
+    key_length, at = _varint(batch, at)
+    if key_length < _CONTROL_KEY.size:
+        return -1
+    return _CONTROL_KEY.unpack_from(batch, at)[1]
+
+
+class TransactionState:
+    """A partition's transactions as its batches show them, read in offset order (:meth:`see`, each whole batch
+    once): ``open`` maps a producer id to the first offset of its open transaction; a control batch closes it, an
+    abort adding ``[first, marker]`` to ``aborted``. :meth:`stable` is the last stable offset: what starts there or
+    later is not yet what a ``read_committed`` consumer reads. One writer (the follower); readers use ``aborted``."""
+
+    __slots__ = ("open", "aborted")
+
+    def __init__(self, aborted: AbortedRanges | None = None):
+        self.open: dict[int, int] = {}
+        self.aborted = aborted if aborted is not None else AbortedRanges(())
+
+    def see(self, batch, header) -> None:
+        """Account one whole batch (``batch`` holds it from its first byte; ``header`` its parsed header)."""
+        if not header.attributes & rec.ATTR_TRANSACTIONAL:
+            return
+        pid = header.producer_id
+        if header.attributes & rec.ATTR_CONTROL:  # a control batch: the transaction's end
+            first = self.open.pop(pid, None)
+            if first is not None and control_type(batch) == ABORT:
+                self.aborted.add(AbortedTxn(pid, first, header.base_offset, self.stable()))
+        elif pid not in self.open:
+            self.open[pid] = header.base_offset
+
+    def stable(self) -> int:
+        """The last stable offset: the first offset of the oldest open transaction (NO_OPEN_TRANSACTION: none)."""
+        return min(self.open.values()) if self.open else NO_OPEN_TRANSACTION

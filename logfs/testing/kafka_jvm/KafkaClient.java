@@ -30,11 +30,16 @@
 //     one's settings over "props"), and "producer": "other" on a record or txn entry (none: the producer of "props"
 //     alone). When an entry names another producer than the entry before it, that one is flushed first: records of
 //     producers taking turns land in the log in the order given (a transaction's records among another's).
+//   "produce" with "session": "s": its producers outlive the command (kept by session and name; a later "produce"
+//     of that session uses them), so a transaction begun in one command may stay open and end in a later one;
+//     "end_session": true closes them after this command.
 //   {"cmd": "consume_partitions", "bootstrap": ..., "partitions": [["t", 0], ["u", 2], ...], "isolation": ...,
 //    "timeout_ms": ...}
 //     -> {"by_partition": [{"topic", "partition", "end", "records": [...]}, ...]}   "consume" of each partition from
 //        its log start, by one consumer, in the order given
 //   {"cmd": "commit_offsets", "bootstrap": ..., "group": "g", "offsets": [["t", 0, 12], ...]} -> {}
+//   {"cmd": "alter_log_dirs", "bootstrap": ..., "moves": [["t", 0, 1, "/path/of/a/log/dir"], ...]} -> {}
+//     the admin client's AlterReplicaLogDirs: (topic, partition, broker id) -> the log directory it moves to
 //     the admin client's AlterConsumerGroupOffsets (records in __consumer_offsets)
 //
 // Bytes (keys, values, header values) are base64, null stays null. Every reply has "ok": true, or "ok": false and
@@ -78,6 +83,7 @@ import org.apache.kafka.clients.producer.ProducerRecord;
 import org.apache.kafka.clients.producer.RecordMetadata;
 import org.apache.kafka.common.IsolationLevel;
 import org.apache.kafka.common.TopicPartition;
+import org.apache.kafka.common.TopicPartitionReplica;
 import org.apache.kafka.common.header.Header;
 import org.apache.kafka.common.header.internals.RecordHeader;
 import org.apache.kafka.common.serialization.ByteArrayDeserializer;
@@ -115,6 +121,7 @@ public final class KafkaClient {
     private static Switch outSwitch;
     private static Switch errSwitch;
     private static final Map<String, Admin> ADMINS = new HashMap<>();
+    private static final Map<String, Map<String, KafkaProducer<byte[], byte[]>>> SESSIONS = new HashMap<>();
 
     public static void main(String[] args) throws Exception {
         PrintStream replies = new PrintStream(new FileOutputStream(FileDescriptor.out), true, StandardCharsets.UTF_8);
@@ -156,6 +163,7 @@ public final class KafkaClient {
             case "list_offsets": return listOffsets(cmd);
             case "consume_partitions": return consumePartitions(cmd);
             case "commit_offsets": return commitOffsets(cmd);
+            case "alter_log_dirs": return alterLogDirs(cmd);
             case "run_main": return runMain(cmd);
             default: throw new IllegalArgumentException("unknown command: " + name);
         }
@@ -209,7 +217,10 @@ public final class KafkaClient {
     }
 
     private static ObjectNode produce(JsonNode cmd) throws Exception {
-        Map<String, KafkaProducer<byte[], byte[]>> producers = new HashMap<>();
+        String session = cmd.path("session").asText("");
+        boolean keep = !session.isEmpty() && !cmd.path("end_session").asBoolean(false);
+        Map<String, KafkaProducer<byte[], byte[]>> producers =
+            session.isEmpty() ? new HashMap<>() : SESSIONS.computeIfAbsent(session, s -> new HashMap<>());
         List<Future<RecordMetadata>> futures = new ArrayList<>();
         try {
             String previous = null;
@@ -247,7 +258,10 @@ public final class KafkaClient {
             }
             for (KafkaProducer<byte[], byte[]> producer : producers.values()) producer.flush();
         } finally {
-            for (KafkaProducer<byte[], byte[]> producer : producers.values()) producer.close();
+            if (!keep) {
+                for (KafkaProducer<byte[], byte[]> producer : producers.values()) producer.close();
+                if (!session.isEmpty()) SESSIONS.remove(session);
+            }
         }
         ObjectNode reply = JSON.createObjectNode();
         ArrayNode sent = reply.putArray("sent");
@@ -360,6 +374,14 @@ public final class KafkaClient {
         for (JsonNode o : cmd.path("offsets"))
             offsets.put(new TopicPartition(o.get(0).asText(), o.get(1).asInt()), new OffsetAndMetadata(o.get(2).asLong()));
         admin(cmd).alterConsumerGroupOffsets(cmd.path("group").asText(), offsets).all().get();
+        return JSON.createObjectNode();
+    }
+
+    private static ObjectNode alterLogDirs(JsonNode cmd) throws Exception {
+        Map<TopicPartitionReplica, String> moves = new HashMap<>();
+        for (JsonNode m : cmd.path("moves"))
+            moves.put(new TopicPartitionReplica(m.get(0).asText(), m.get(1).asInt(), m.get(2).asInt()), m.get(3).asText());
+        admin(cmd).alterReplicaLogDirs(moves).all().get();
         return JSON.createObjectNode();
     }
 
