@@ -40,8 +40,36 @@ IGNORED = {
 IGNORED_PREFIXES = ("x-", "comment=", "context=", "fscontext=", "defcontext=", "rootcontext=", "helper=")
 
 
+KAFKA_SCHEME = "kafka://"
+KAFKA_PREFIX = "kafka."  # -o kafka.<name>=<value>: a client setting of a Kafka cluster mount, Kafka's name
+
+
 class UsageError(Exception):
     pass
+
+
+def parse_kafka_source(source: str) -> str | None:
+    """``kafka://HOST:PORT[,HOST:PORT...]`` -> the bootstrap servers (``HOST:PORT,...``); None for other sources."""
+    if not source.startswith(KAFKA_SCHEME):
+        return None
+    hosts = [h.strip() for h in source[len(KAFKA_SCHEME):].rstrip("/").split(",")]
+    for host in hosts:
+        name, sep, port = host.rpartition(":")
+        if not sep or not name or not port.isdigit() or not 0 < int(port) < 65536:
+            raise UsageError(f"{source}: expected kafka://HOST:PORT[,HOST:PORT...], got {host!r}")
+    return ",".join(hosts)
+
+
+def default_kafka_cache_dir(bootstrap: str) -> str:
+    """Where a Kafka cluster mount keeps its replica when ``logfs.remote.cache.dir`` is not set: one directory per
+    cluster under ``$XDG_CACHE_HOME/logfs`` (``/var/cache/logfs`` for root)."""
+    import hashlib
+
+    base = "/var/cache/logfs" if os.geteuid() == 0 else os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "logfs")
+    digest = hashlib.blake2b(bootstrap.encode(), digest_size=6).hexdigest()
+    name = "".join(c if c.isalnum() or c in "-_." else "_" for c in bootstrap)[:80]
+    return os.path.join(base, f"kafka-{name}-{digest}")
 
 
 def parse_properties(text: str, source: str) -> dict[str, str]:
@@ -80,8 +108,8 @@ def split_options(option_strings: list[str]) -> tuple[list[str], dict[str, str],
                     fuse_opts.append(opt)
             elif has_value and key in FUSE_KEYED:
                 fuse_opts.append(opt)
-            elif has_value and key in known:
-                props[key] = value
+            elif has_value and (key in known or key.startswith(KAFKA_PREFIX)):
+                props[key] = value  # (kafka.*: a Kafka cluster mount's client settings, checked by the caller)
             elif key in known:
                 raise UsageError(f"setting {key!r} needs a value ({key}=...)")
             else:
@@ -134,7 +162,13 @@ def main(argv: list[str] | None = None) -> int:
             if unknown:
                 raise UsageError(f"{args.config}: unknown setting {sorted(unknown)[0]!r}")
             props = {**file_props, **props}
-        follow = parse_source(args.data_dir)
+        bootstrap = parse_kafka_source(args.data_dir)
+        kafka = {k[len(KAFKA_PREFIX):]: v for k, v in props.items() if k.startswith(KAFKA_PREFIX)}
+        if kafka and bootstrap is None:
+            raise UsageError(f"unknown option {KAFKA_PREFIX}{next(iter(kafka))!r}: kafka.* settings are for a "
+                             f"kafka://HOST:PORT mount")
+        props = {k: v for k, v in props.items() if not k.startswith(KAFKA_PREFIX)}
+        follow = parse_source(args.data_dir) if bootstrap is None else None
         if follow is not None:  # a follower mount: the bucket is the store, a cache directory the data directory
             bucket, prefix = follow
             props = {**props, "remote.log.storage.system.enable": "true", "logfs.remote.s3.bucket": bucket,
@@ -150,6 +184,13 @@ def main(argv: list[str] | None = None) -> int:
         read_only = True
         if "ro" not in fuse_opts:
             fuse_opts.append("ro")
+    cluster = None
+    if bootstrap is not None:  # a Kafka cluster as the store: the data directory is the cache (its replica)
+        cluster = (bootstrap, kafka)
+        args.data_dir = os.path.abspath(broker.get("logfs.remote.cache.dir") or default_kafka_cache_dir(bootstrap))
+        if read_only:
+            user_error("a kafka:// mount is not read-only yet: remove -o ro")
+            return 2
     mountpoint = os.path.abspath(args.mountpoint)
     try:
         if not stat.S_ISDIR(os.stat(mountpoint).st_mode):
@@ -199,18 +240,19 @@ def main(argv: list[str] | None = None) -> int:
     log.debug("broker settings %s; FUSE options %s", props, fuse_opts)
     if not any(o.startswith("fsname=") for o in fuse_opts):
         # (libfuse splits options at commas: the ones between log directories are escaped)
-        fuse_opts.append("fsname=" + (source if follow is not None or broker_dirs else args.data_dir).replace(
-            ",", "\\,"))
+        fuse_opts.append("fsname=" + (source if follow is not None or broker_dirs or cluster else args.data_dir
+                                      ).replace(",", "\\,"))
     if not any(o.startswith("subtype=") for o in fuse_opts):
         fuse_opts.append("subtype=logfs")
     prefix = follow[1] if follow is not None else None
     if args.foreground:
         return run(args.data_dir, mountpoint, broker, fuse_opts, read_only, ready=None, follow=prefix,
-                   broker_dirs=broker_dirs)
-    return daemonize(args.data_dir, mountpoint, broker, fuse_opts, read_only, prefix, broker_dirs)
+                   broker_dirs=broker_dirs, cluster=cluster)
+    return daemonize(args.data_dir, mountpoint, broker, fuse_opts, read_only, prefix, broker_dirs, cluster)
 
 
-def daemonize(data_dir, mountpoint, broker, fuse_opts, read_only, follow=None, broker_dirs=None) -> int:
+def daemonize(data_dir, mountpoint, broker, fuse_opts, read_only, follow=None, broker_dirs=None,
+              cluster=None) -> int:
     """Fork; the child mounts and serves, the parent waits until the mount answers (or failed)."""
     read_fd, write_fd = os.pipe()
     pid = os.fork()
@@ -245,7 +287,7 @@ def daemonize(data_dir, mountpoint, broker, fuse_opts, read_only, follow=None, b
                 os.dup2(devnull, 2)
 
     code = run(data_dir, mountpoint, broker, fuse_opts, read_only, ready=ready, follow=follow,
-               broker_dirs=broker_dirs)
+               broker_dirs=broker_dirs, cluster=cluster)
     os._exit(code)
 
 

@@ -47,11 +47,14 @@ WORKER_READS = 8
 class PartitionHandle:
     __slots__ = ("log", "counters", "view", "append_mode", "writable", "pending", "skipping", "dropped", "inode",
                  "pid", "uid", "_headers", "_headers_at", "_layout_seen", "readable", "fh", "positions",
-                 "known_length")
+                 "known_length", "sink")
 
     def __init__(self, log: Log, inode: int, flags: int, pid: int = 0, uid: int = 0, fh: int = 0,
-                 view: SegmentView | None = None, ahead_pool: Executor | None = None):
+                 view: SegmentView | None = None, ahead_pool: Executor | None = None, sink=None):
         self.log = log
+        # Where the lines go: the log itself, or on a Kafka cluster mount the partition's producer
+        # (storage/cluster/appends.PartitionAppender: the same append_lines; the log is the replica, read only).
+        self.sink = sink if sink is not None else log
         self.fh = fh
         self.pid, self.uid = pid, uid  # the opener (the FUSE request of open/create)
         self._headers: tuple | None = None  # the writer headers, as last built
@@ -138,9 +141,9 @@ class PartitionHandle:
             if rest:
                 lines.check_partial(config, rest)
             if config.writer_headers:
-                self.log.append_lines(self.pending, data, cut + 1, self.writer_headers())
+                self.sink.append_lines(self.pending, data, cut + 1, self.writer_headers())
             else:
-                self.log.append_lines(self.pending, data, cut + 1)
+                self.sink.append_lines(self.pending, data, cut + 1)
         except (RecordTooLargeError, InvalidRecordError):
             if self.pending:  # is the refused line (also) the held one?
                 try:
@@ -164,7 +167,7 @@ class PartitionHandle:
         if self.pending:
             line, self.pending = self.pending, b""
             headers = self.writer_headers() if self.log.config.writer_headers else None
-            self.log.append_lines(line, b"\n", 1, headers)
+            self.sink.append_lines(line, b"\n", 1, headers)
 
     def writer_headers(self) -> tuple:
         """``((logfs.pid, b"<pid>"), (logfs.uid, b"<uid>"), (logfs.comm, b"<comm>"))``, rebuilt at most once a

@@ -1,0 +1,205 @@
+"""A Kafka cluster as the store: ``logfs kafka://HOST:PORT MNT`` (CONTRACT.md section 15; issue 46, first step).
+
+The session's broker is the cluster; each test makes its own topics. A mount is a real FUSE mount in the foreground
+(its log is checked), its cache directory its own, so two mounts stand for two hosts. What goes in through the mount
+is read back with Kafka's own consumer, and what Kafka's own producer writes is read through the mount:
+
+- ``echo >>`` through the mount, then ``fsync``: a ``read_committed`` consumer reads those lines as records, in
+  order, once each; and the mount's file shows them (through its replica);
+- Kafka's producer writes records (keys, headers, timestamps), and a transaction it aborts: ``cat`` shows the
+  committed values as lines, and ``position.``/``offset.``/``time.``/``log_*_offset`` answer as on a local log;
+- two mounts append to one partition at once: both files are equal, every line is there once, equal to what
+  Kafka's consumer reads, and a ``tail -f`` on one sees the lines written through the other;
+- ``mkdir`` creates a topic (``num.partitions`` from ``-o``), ``rm -r`` deletes it (Kafka's admin says so);
+  an unknown topic is ``ENOENT``; ``kafka.*`` settings are refused on other mounts.
+
+The broker stopped (a broker of this module's own): tests/kafka/test_kafka_store_failures.py.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import subprocess
+import threading
+
+import pytest
+
+from harness import daemon_env as code_env, daemon_pids, expect_errno, logfs_command, sh, wait_for
+
+pytestmark = pytest.mark.mount
+
+
+def kafka_mount(mount_logfs, bootstrap: str, name: str, cache, *options: str):
+    """A foreground ``kafka://`` mount with its own cache directory (``cache``)."""
+    def prepare(m):
+        m.source = f"kafka://{bootstrap}"
+        m.pids = lambda: daemon_pids(m.source, m.mnt)  # (two mounts of one cluster: told apart by mount point)
+
+    return mount_logfs(f"logfs.remote.cache.dir={cache}", "logfs.broker.poll.ms=50", *options, foreground=True,
+                       name=name, prepare=prepare)
+
+
+@pytest.fixture
+def mounts(mount_logfs, kafka_broker, tmp_path):
+    def make(name: str = "m", *options: str):
+        return kafka_mount(mount_logfs, kafka_broker.bootstrap, name, tmp_path / f"{name}-cache", *options)
+
+    return make
+
+
+def read(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def wait_content(path: str, want: bytes, timeout: float = 30) -> None:
+    wait_for(lambda: os.path.exists(path) and read(path) == want, timeout, what=f"{path} to read {want[:80]!r}...")
+
+
+def test_echo_appends_are_kafka_records(mounts, kafka_broker, kafka_client):
+    m = mounts()
+    os.mkdir(m.path("echoed"))
+    assert sorted(os.listdir(m.path("echoed"))) == ["0"]
+    sh(f"echo first >> {m.path('echoed', 0)}")
+    lines = [b"line %d" % i for i in range(500)]
+    fd = os.open(m.path("echoed", 0), os.O_WRONLY | os.O_APPEND)
+    try:
+        for i in range(0, len(lines), 100):
+            chunk = b"".join(line + b"\n" for line in lines[i:i + 100])
+            assert os.write(fd, chunk) == len(chunk)
+        os.write(fd, b"partial ")  # (held until its newline, as on a local mount)
+        os.write(fd, b"line\n")
+        os.fsync(fd)  # returns once every line is acknowledged: a consumer reads them now
+    finally:
+        os.close(fd)
+    records = kafka_client.consume(kafka_broker.bootstrap, "echoed", 0)
+    want = [b"first", *lines, b"partial line"]
+    assert [r.value for r in records] == want
+    assert [r.offset for r in records] == list(range(len(want)))
+    assert all(r.key is None for r in records)
+    wait_content(m.path("echoed", 0), b"".join(v + b"\n" for v in want))
+    assert m.getx("echoed/0", "log_end_offset") == str(len(want))
+
+
+def test_kafka_producer_records_read_through_the_mount(mounts, kafka_broker, kafka_client):
+    kafka_client.create_topics(kafka_broker.bootstrap, [{"name": "produced", "partitions": 2,
+                                                         "replication_factor": 1, "configs": {}}])
+    t0 = 1_700_000_000_000
+    entries = []
+    for i in range(40):
+        entries.append({"topic": "produced", "partition": i % 2, "value": b"value %d" % i, "key": b"k%d" % i,
+                        "headers": [("h", b"x")], "timestamp": t0 + i * 1000})
+    # A transaction that aborts: its records are never shown (read_committed), their offsets are a gap.
+    aborted = [{"txn": "begin"}, *({"topic": "produced", "partition": 0, "value": b"aborted %d" % i,
+                                    "timestamp": t0 + 100_000} for i in range(3)), {"txn": "abort"}]
+    kafka_client.produce(kafka_broker.bootstrap, entries, enable_idempotence="true")
+    kafka_client.produce(kafka_broker.bootstrap, aborted, transactional_id="logfs-test-abort")
+    kafka_client.produce(kafka_broker.bootstrap, [{"topic": "produced", "partition": 0, "value": b"after",
+                                                   "timestamp": t0 + 200_000}])
+    m = mounts()
+    assert sorted(os.listdir(m.path("produced"))) == ["0", "1"]
+    for p in (0, 1):
+        records = kafka_client.consume(kafka_broker.bootstrap, "produced", p)
+        want = b"".join(r.value + b"\n" for r in records)
+        wait_content(m.path("produced", p), want)
+        rel = f"produced/{p}"
+        assert m.getx(rel, "log_start_offset") == "0"
+        position = 0
+        for r in records:
+            assert m.getx(rel, f"position.{r.offset}") == str(position)
+            assert m.getx(rel, f"offset.{position}") == str(r.offset)
+            with open(m.path(rel), "rb") as f:
+                f.seek(position)
+                assert f.readline() == r.value + b"\n"
+            position += len(r.value) + 1
+        assert m.getx(rel, f"time.{t0 + 10_000}") == str(next(r.offset for r in records if r.timestamp >= t0 + 10_000))
+    end = kafka_client.list_offsets(kafka_broker.bootstrap, "produced", 0)["latest"]
+    assert m.getx("produced/0", "log_end_offset") == str(end)  # (past the abort marker, as Kafka's end)
+
+
+def test_two_mounts_one_partition(mounts, kafka_broker, kafka_client):
+    a = mounts("a")
+    os.mkdir(a.path("shared"))
+    b = mounts("b")
+    wait_for(lambda: os.path.exists(b.path("shared", 0)), 10, what="the topic on the second mount")
+    # tail -f on b, started before anything is written
+    tail = subprocess.Popen(["tail", "-c", "+1", "-f", b.path("shared", 0)], stdout=subprocess.PIPE)
+    seen = bytearray()
+
+    def follow() -> None:
+        for chunk in iter(lambda: tail.stdout.read1(65536), b""):
+            seen.extend(chunk)
+
+    reader = threading.Thread(target=follow, daemon=True)
+    reader.start()
+    try:
+        per_writer = 300
+
+        def writer(m, name: bytes) -> None:
+            fd = os.open(m.path("shared", 0), os.O_WRONLY | os.O_APPEND)
+            try:
+                for i in range(per_writer):
+                    line = b"%s %d\n" % (name, i)
+                    assert os.write(fd, line) == len(line)
+                    if i % 50 == 0:
+                        os.fsync(fd)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+        threads = [threading.Thread(target=writer, args=(m, name)) for m, name in
+                   ((a, b"a1"), (a, b"a2"), (b, b"b1"), (b, b"b2"))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        records = kafka_client.consume(kafka_broker.bootstrap, "shared", 0)
+        want = b"".join(r.value + b"\n" for r in records)
+        assert sorted(r.value for r in records) == sorted(b"%s %d" % (n, i) for n in (b"a1", b"a2", b"b1", b"b2")
+                                                          for i in range(per_writer))
+        for name in (b"a1", b"a2", b"b1", b"b2"):  # each writer's lines in its order
+            assert [r.value for r in records if r.value.startswith(name + b" ")] == [
+                b"%s %d" % (name, i) for i in range(per_writer)]
+        wait_content(a.path("shared", 0), want)
+        wait_content(b.path("shared", 0), want)
+        wait_for(lambda: bytes(seen) == want, 30, what="tail -f on b to see every line")
+    finally:
+        tail.terminate()
+        tail.wait()
+
+
+def test_mkdir_and_rm_r(mounts, kafka_broker, kafka_client):
+    m = mounts("m", "num.partitions=3")
+    os.mkdir(m.path("made"))
+    assert sorted(os.listdir(m.path("made"))) == ["0", "1", "2"]
+    assert "made" in os.listdir(m.path())
+    expect_errno(errno.EEXIST, os.mkdir, m.path("made"))
+    meta = kafka_client.list_offsets(kafka_broker.bootstrap, "made", 2)
+    assert meta["latest"] == 0
+    sh(f"echo x >> {m.path('made', 1)}")
+    sh(f"rm -r {m.path('made')}")
+    assert "made" not in os.listdir(m.path())
+    expect_errno(errno.ENOENT, os.stat, m.path("made"))
+    with pytest.raises(Exception):
+        kafka_client.list_offsets(kafka_broker.bootstrap, "made", 0)
+
+
+def test_unknown_topic_and_refused_creations(mounts):
+    m = mounts()
+    expect_errno(errno.ENOENT, os.stat, m.path("no-such-topic"))
+    expect_errno(errno.ENOENT, open, m.path("no-such-topic", 0), "ab")
+    os.mkdir(m.path("one"))
+    expect_errno(errno.ENOENT, os.stat, m.path("one", 1))
+    expect_errno(errno.EPERM, open, m.path("one", 5), "ab")  # a partition comes with its topic, not by a create
+    expect_errno(errno.EINVAL, os.mkdir, m.path("bad name!"))
+
+
+def test_kafka_settings_only_on_a_kafka_mount(tmp_path):
+    (tmp_path / "mnt").mkdir()
+    r = subprocess.run(logfs_command(tmp_path / "data", tmp_path / "mnt", ["kafka.acks=1"], True),
+                       capture_output=True, text=True, env=code_env(), timeout=60)
+    assert r.returncode == 2 and "kafka://" in r.stderr, r.stderr
+    r = subprocess.run(logfs_command("kafka://nohost", tmp_path / "mnt", [], True), capture_output=True, text=True,
+                       env=code_env(), timeout=60)
+    assert r.returncode == 2 and "HOST:PORT" in r.stderr, r.stderr
