@@ -135,6 +135,7 @@ def run(data_dir, mountpoint, broker, fuse_opts, read_only, ready, follow: str |
         except ClusterError as exc:
             return fail(str(exc))
         broker_dirs = [clients.replica_dir]
+        data_dir = clients.logs_dir
     try:
         manager = LogManager(data_dir, broker, progress=progress.partition_done,
                              segment_progress=progress.segment_done, broker_dirs=broker_dirs)

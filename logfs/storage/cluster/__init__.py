@@ -31,24 +31,26 @@ from ..names import validate_topic_name
 from .appends import ClusterAppends, PartitionAppender
 from .replica import Replica
 
-__all__ = ["Cluster", "ClusterAppends", "PartitionAppender", "Replica", "REPLICA_DIR"]
+__all__ = ["Cluster", "ClusterAppends", "PartitionAppender", "Replica", "REPLICA_DIR", "LOGS_DIR"]
 
 log = logging.getLogger(__name__)
 
-REPLICA_DIR = "replica"  # under the cache directory
+REPLICA_DIR = "replica"  # under the cache directory: the fetched segments
+LOGS_DIR = "logs"  # under the cache directory: the mount's data directory (logfs's indexes of the replica)
 ADMIN_TIMEOUT_S = 30.0
 SHOWN_TIMEOUT_S = 15.0  # how long mkdir/rmdir wait for the mount to show what the cluster did
 
 
 class _ClientLog:
-    """librdkafka's log lines into logfs's log, at WARNING at most: a broker that does not answer is the cluster's
-    state, reported by the calls that fail (EIO), not an error of the daemon's."""
+    """librdkafka's log lines into logfs's log, at INFO at most: a broker that does not answer makes it log a line
+    per connection attempt, several a second; what matters reaches the log once through logfs's own lines (the
+    replica cannot fetch, a delivery failed: EIO), and librdkafka's are there for the details."""
 
     def __init__(self):
         self.logger = logging.getLogger("logfs.kafka")
 
     def log(self, level, message, *args):
-        self.logger.log(min(level, logging.WARNING), message, *args)
+        self.logger.log(min(level, logging.INFO), message, *args)
 
 
 def _refusal(err, what: str) -> ClusterError:
@@ -78,6 +80,9 @@ class Cluster:
         common = {"bootstrap.servers": bootstrap, **self.client_settings}
         self.common = common
         self.replica_dir = os.path.join(cache_dir, REPLICA_DIR)
+        # The manager's data directory (its lock, checkpoints, and the indexes of the replica's segments): beside
+        # the replica, not above it, so that its loader finds only its own entries.
+        self.logs_dir = os.path.join(cache_dir, LOGS_DIR)
         self.replica = Replica(self.replica_dir, {**common, "logger": _ClientLog()},
                                broker.get("logfs.remote.cache.bytes"))
         self.appends = ClusterAppends({**common, "logger": _ClientLog()})
