@@ -128,10 +128,14 @@ def build_parser() -> argparse.ArgumentParser:
                                "credentials from the AWS chain). A running Kafka broker's log directory: logfs -o "
                                "ro,logfs.cache.dir=CACHE KAFKA_LOG_DIR MOUNTPOINT mounts it read-only, never writing "
                                "under it (logfs's indexes go to CACHE), and follows the broker's appends, rolls and "
-                               "retention (logfs.broker.poll.ms).")
+                               "retention (logfs.broker.poll.ms). A Kafka cluster as the store: logfs "
+                               "kafka://HOST:PORT[,HOST:PORT...] MOUNTPOINT [-o kafka.<name>=<value>,"
+                               "logfs.remote.cache.dir=DIR,logfs.remote.cache.bytes=N] appends through an "
+                               "idempotent producer and reads through a local replica of the topics.")
     p.add_argument("data_dir", help="Kafka log directory (created if missing); DIR1,DIR2,... for several, as "
                                     "Kafka's log.dirs (one namespace, each partition in one of them); or "
-                                    "s3://BUCKET[/PREFIX] for a read-only follower mount of a writer's tiered log")
+                                    "s3://BUCKET[/PREFIX] for a read-only follower mount of a writer's tiered log; "
+                                    "or kafka://HOST:PORT[,HOST:PORT...] for a Kafka cluster as the store")
     p.add_argument("mountpoint")
     p.add_argument("-f", "--foreground", action="store_true", help="stay in the foreground")
     p.add_argument("-o", dest="options", action="append", default=[], metavar="OPTS",

@@ -25,6 +25,8 @@ import threading
 
 import pytest
 
+from logfs.testing.kafka import free_port
+
 from harness import daemon_env as code_env, daemon_pids, expect_errno, logfs_command, sh, wait_for
 
 pytestmark = pytest.mark.mount
@@ -178,6 +180,8 @@ def test_mkdir_and_rm_r(mounts, kafka_broker, kafka_client):
     meta = kafka_client.list_offsets(kafka_broker.bootstrap, "made", 2)
     assert meta["latest"] == 0
     sh(f"echo x >> {m.path('made', 1)}")
+    expect_errno(errno.ENOTEMPTY, os.rmdir, m.path("made"))  # (its partition files first, as on a local mount)
+    expect_errno(errno.EOPNOTSUPP, os.setxattr, m.path("made"), "user.logfs.config.retention.ms", b"1000")
     sh(f"rm -r {m.path('made')}")
     assert "made" not in os.listdir(m.path())
     expect_errno(errno.ENOENT, os.stat, m.path("made"))
@@ -203,3 +207,9 @@ def test_kafka_settings_only_on_a_kafka_mount(tmp_path):
     r = subprocess.run(logfs_command("kafka://nohost", tmp_path / "mnt", [], True), capture_output=True, text=True,
                        env=code_env(), timeout=60)
     assert r.returncode == 2 and "HOST:PORT" in r.stderr, r.stderr
+    # No broker answers: a one-line error, nothing mounted.
+    r = subprocess.run(logfs_command(f"kafka://127.0.0.1:{free_port()}", tmp_path / "mnt",
+                                     [f"logfs.remote.cache.dir={tmp_path / 'cache'}"], True),
+                       capture_output=True, text=True, env=code_env(), timeout=60)
+    assert r.returncode == 1 and "cannot reach the Kafka cluster" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
