@@ -105,8 +105,11 @@ class PartitionHandle:
 
     def write(self, offset: int, data: bytes, *, reading: bool = False) -> int:
         """``reading``: a read of this handle runs in a worker thread (its view is that thread's meanwhile)."""
-        if not self.append_mode and offset != self.length() + len(self.pending) + self.dropped:
-            fail(errno.EPERM)  # only appends: a write must land at the end of the file
+        if not self.append_mode and self.sink is self.log and (
+                offset != self.length() + len(self.pending) + self.dropped):
+            # Only appends: a write must land at the end of the file. (On a Kafka cluster mount every write is an
+            # append to the partition: the file's end there is the replica's, behind the lines still in flight.)
+            fail(errno.EPERM)
         if self.log.layout_version != self._layout_seen and not reading:
             self.release_passed()  # (a writer that keeps its file open pins nothing retention removed)
         if not self.skipping:

@@ -213,3 +213,26 @@ def test_kafka_settings_only_on_a_kafka_mount(tmp_path):
                        capture_output=True, text=True, env=code_env(), timeout=60)
     assert r.returncode == 1 and "cannot reach the Kafka cluster" in r.stderr, r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_the_cache_bound(mounts, tmp_path):
+    """Past ``logfs.remote.cache.bytes`` the replica's oldest sealed segments are removed: the file starts later
+    (its log start offset moves up), and shows every line from there."""
+    bound = 4 << 20
+    m = mounts("m", f"logfs.remote.cache.bytes={bound}")
+    os.mkdir(m.path("bounded"))
+    lines = [b"line %07d " % i + b"x" * 86 for i in range(100_000)]  # 100 bytes with the newline: 10 MB
+    with open(m.path("bounded", 0), "wb") as f:  # (no O_APPEND: every write of a Kafka cluster mount appends)
+        for i in range(0, len(lines), 10_000):
+            f.write(b"".join(line + b"\n" for line in lines[i:i + 10_000]))
+            f.flush()
+        os.fsync(f.fileno())
+
+    def caught_up():
+        start = int(m.getx("bounded/0", "log_start_offset"))
+        return start > 0 and read(m.path("bounded", 0)) == b"".join(line + b"\n" for line in lines[start:])
+
+    wait_for(caught_up, 60, what="the replica to hold the newest lines only")
+    replica = tmp_path / "m-cache" / "replica" / "bounded-0"
+    live = [p for p in replica.iterdir() if p.name.endswith(".log")]
+    assert len(live) >= 2 and sum(p.stat().st_size for p in live) <= bound

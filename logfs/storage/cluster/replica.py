@@ -130,6 +130,7 @@ class Replica:
         self._refresh_now = threading.Event()
         self.fetched_records = 0
         self.error: str | None = None  # the last fetch or metadata error, for the log and the metrics
+        self._message_error: str | None = None  # the last error the consumer returned for one partition
 
     # -- lifecycle ------------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -248,7 +249,13 @@ class Replica:
         by_partition: dict[tuple[str, int], list] = {}
         for m in messages:
             if m.error() is not None:
-                raise RuntimeError(m.error().str())
+                # One partition's error (its topic deleted meanwhile, a leader moving): the others' records of the
+                # same call are written all the same (the consumer's positions moved past them).
+                err = f"{m.topic()}-{m.partition()}: {m.error().str()}"
+                if err != self._message_error:  # (logged when it changes, not at every fetch)
+                    log.warning("the replica's fetch of %s", err)
+                    self._message_error = err
+                continue
             by_partition.setdefault((m.topic(), m.partition()), []).append(m)
         for key, group in by_partition.items():
             part = self.partitions.get(key)
