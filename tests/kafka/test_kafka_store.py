@@ -173,9 +173,12 @@ def test_two_mounts_one_partition(mounts, kafka_broker, kafka_client):
 
 def test_mkdir_and_rm_r(mounts, kafka_broker, kafka_client):
     m = mounts("m", "num.partitions=3")
+    other = mounts("other")  # another host: it sees the topic come and go through the cluster's metadata
     os.mkdir(m.path("made"))
     assert sorted(os.listdir(m.path("made"))) == ["0", "1", "2"]
     assert "made" in os.listdir(m.path())
+    wait_for(lambda: os.path.isdir(other.path("made")) and sorted(os.listdir(other.path("made"))) == ["0", "1", "2"],
+             10, what="the topic on the other mount")
     expect_errno(errno.EEXIST, os.mkdir, m.path("made"))
     meta = kafka_client.list_offsets(kafka_broker.bootstrap, "made", 2)
     assert meta["latest"] == 0
@@ -185,6 +188,7 @@ def test_mkdir_and_rm_r(mounts, kafka_broker, kafka_client):
     sh(f"rm -r {m.path('made')}")
     assert "made" not in os.listdir(m.path())
     expect_errno(errno.ENOENT, os.stat, m.path("made"))
+    wait_for(lambda: not os.path.exists(other.path("made")), 10, what="the topic to leave the other mount")
     with pytest.raises(Exception):
         kafka_client.list_offsets(kafka_broker.bootstrap, "made", 0)
 

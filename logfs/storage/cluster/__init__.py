@@ -119,12 +119,18 @@ class Cluster:
         return self.appends.appender(topic, partition, self.manager.topic_config(topic))
 
     # -- administration (worker threads) --------------------------------------------------------------------
-    def _shown(self, topic: str, present: bool) -> None:
-        """Wait until the mount shows ``topic`` (or no longer does)."""
+    def _shown(self, topic: str, partitions: int) -> None:
+        """Wait until the mount shows ``topic`` with ``partitions`` partitions (0: no longer shows it)."""
         past = self.replica.refresh_soon()
         self.replica.wait_refreshed(past, SHOWN_TIMEOUT_S)
         deadline = time.monotonic() + SHOWN_TIMEOUT_S
-        while (topic in self.manager.topics) != present:
+        m = self.manager
+
+        def shown() -> int:
+            with m.lock:
+                return m.partition_count(topic) if topic in m.topics else -1
+
+        while (shown() < partitions) if partitions else (shown() >= 0):
             if time.monotonic() > deadline:
                 raise ClusterError(f"topic {topic!r}: the cluster did it, but the mount did not show it in "
                                    f"{SHOWN_TIMEOUT_S:.0f} s", errno.EIO)
@@ -139,7 +145,7 @@ class Cluster:
                        replication_factor=self.broker.get("default.replication.factor"))
         future = self.admin.create_topics([new], request_timeout=ADMIN_TIMEOUT_S)[topic]
         self._await(future, f"creating topic {topic!r}")
-        self._shown(topic, True)
+        self._shown(topic, self.broker.get("num.partitions"))
 
     def delete_topic(self, topic: str) -> None:
         """``rmdir``: Kafka's DeleteTopics, once every partition file of the topic was unlinked on this mount
@@ -148,7 +154,7 @@ class Cluster:
             raise TopicNotEmptyError(f"topic {topic!r} still has partitions")
         future = self.admin.delete_topics([topic], request_timeout=ADMIN_TIMEOUT_S)[topic]
         self._await(future, f"deleting topic {topic!r}")
-        self._shown(topic, False)
+        self._shown(topic, 0)
 
     def unlink_partition(self, topic: str, partition: int) -> None:
         """``unlink``: the partition is no longer shown on this mount (Kafka deletes no single partition)."""

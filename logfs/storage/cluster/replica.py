@@ -216,7 +216,12 @@ class Replica:
             self._drop(key)
         assign = []
         for topic, n in new:
-            low, _ = self.consumer.get_watermark_offsets(TopicPartition(topic, n), timeout=timeout, cached=False)
+            try:
+                low, _ = self.consumer.get_watermark_offsets(TopicPartition(topic, n), timeout=timeout,
+                                                             cached=False)
+            except Exception as exc:  # (a new partition without a leader yet: the next refresh tries again)
+                log.debug("%s-%d: no log start offset yet: %s", topic, n, exc)
+                continue
             low = max(low, 0)
             part = ReplicaPartition(os.path.join(self.directory, partition_dir_name(topic, n)), next_offset=low)
             os.makedirs(part.directory, exist_ok=True)
