@@ -58,6 +58,7 @@ class ReplicaPartition:
     segments: dict[int, int] = field(default_factory=dict)
     active_base: int = 0
     next_offset: int = 0  # the offset after the last record written
+    last_timestamp: int = 0  # the last record's
     fd: int = -1
 
     def open_segment(self, base: int) -> None:
@@ -131,6 +132,7 @@ class Replica:
         self.fetched_records = 0
         self.error: str | None = None  # the last fetch or metadata error, for the log and the metrics
         self._message_error: str | None = None  # the last error the consumer returned for one partition
+        self._lags: dict[tuple[str, int], int] = {}  # (metrics) noted by the fetcher's thread at each refresh
 
     # -- lifecycle ------------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -188,6 +190,7 @@ class Replica:
                 if time.monotonic() >= next_refresh or self._refresh_now.is_set():
                     self._refresh_now.clear()
                     self._refresh(1.0)
+                    self._note_lags()
                     next_refresh = time.monotonic() + REFRESH_S
                 self._fetch()
                 self._bound()
@@ -273,7 +276,26 @@ class Replica:
                 part.open_segment(part.next_offset)  # (roll: the next batches start at or after it)
             part.write(b"".join(encode_batches(group)))
             part.next_offset = group[-1].offset() + 1
+            part.last_timestamp = group[-1].timestamp()[1]
             self.fetched_records += len(group)
+
+    def _past_markers(self) -> None:
+        """A partition whose consumer position is past the replica's next offset (the last records fetched were
+        transaction markers or aborted records, which a read_committed consumer does not return) gets an empty
+        batch up to it, as Kafka's cleaner leaves one: the replica's log end offset is then the cluster's, and an
+        open file's next lines keep their offsets. Its timestamps are the last record's (time lookups see none)."""
+        from confluent_kafka import TopicPartition
+
+        keys = list(self.partitions)
+        if not keys:
+            return
+        for tp in self.consumer.position([TopicPartition(*k) for k in keys]):
+            part = self.partitions.get((tp.topic, tp.partition))
+            if part is None or tp.error is not None or tp.offset <= part.next_offset:
+                continue
+            part.write(rec.build_batch_generic(part.next_offset, part.last_timestamp, [],
+                                               last_offset_delta=tp.offset - 1 - part.next_offset))
+            part.next_offset = tp.offset
 
     def _bound(self) -> None:
         """Remove the oldest sealed segments while the replica holds more than the cache's bound."""
@@ -312,4 +334,24 @@ class Replica:
                     pass
 
     def cache_used(self) -> int:
-        return sum(p.size for p in list(self.partitions.values()))
+        """Bytes of the replica's live segments (from any thread: the thread may change them meanwhile)."""
+        return sum(sum(list(p.segments.values())) for p in list(self.partitions.values()))
+
+    def lags(self) -> dict[tuple[str, int], int]:
+        """(topic, partition) -> the high watermark the fetches last saw less the replica's next offset, -1 when
+        not known yet (from any thread: a copy of what the fetcher's thread noted at its last metadata refresh;
+        the consumer itself is never called from another thread, where its calls wait for the fetcher's)."""
+        return dict(self._lags)
+
+    def _note_lags(self) -> None:
+        from confluent_kafka import TopicPartition
+
+        self._past_markers()
+        lags = {}
+        for key, part in self.partitions.items():
+            try:
+                _, high = self.consumer.get_watermark_offsets(TopicPartition(*key), cached=True)
+            except Exception:
+                high = -1
+            lags[key] = max(0, high - part.next_offset) if high >= 0 else -1
+        self._lags = lags
