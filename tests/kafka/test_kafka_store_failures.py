@@ -5,13 +5,15 @@ A broker of this module's own (it is stopped and started again), a ``kafka://`` 
 stops; a write and ``fsync`` then fail with ``EIO`` (the call returns: bounded by ``delivery.timeout.ms``, no hang),
 and the next ``write`` of the same partition works again (the failure is reported once); the cached lines are read as
 before; the broker starts again and appends go on, the failed line never reaching the cluster; the unmount works, also
-with the broker stopped.
+with the broker stopped; a stop signal ends an ``fsync`` waiting for no broker, and the daemon.
 """
 
 from __future__ import annotations
 
 import errno
 import os
+import signal
+import threading
 
 import pytest
 
@@ -74,4 +76,44 @@ def test_broker_stopped(mount_logfs, broker, kafka_client, tmp_path):
     try:
         m.unmount()
     finally:
+        broker.start()
+
+
+@pytest.mark.daemon_errors(r"fsync: .*not acknowledged before the mount stopped")
+def test_stop_signal_during_a_waiting_fsync(mount_logfs, broker, tmp_path):
+    """A stop signal while an ``fsync`` waits for a cluster that does not answer (``delivery.timeout.ms`` of a
+    minute): the ``fsync`` fails with ``EIO`` and the daemon exits, without waiting for the timeout."""
+    def prepare(m):
+        m.source = f"kafka://{broker.bootstrap}"
+        m.pids = lambda: daemon_pids(m.source, m.mnt)
+
+    m = mount_logfs(f"logfs.remote.cache.dir={tmp_path / 'cache'}", "kafka.delivery.timeout.ms=60000",
+                    foreground=True, name="m", prepare=prepare)
+    os.mkdir(m.path("stopping"))
+    fd = os.open(m.path("stopping", 0), os.O_WRONLY | os.O_APPEND)
+    failed: list[int] = []
+
+    def fsync() -> None:
+        try:
+            os.fsync(fd)
+        except OSError as exc:
+            failed.append(exc.errno)
+
+    broker.stop()
+    try:
+        os.write(fd, b"never acknowledged\n")
+        waiting = threading.Thread(target=fsync)
+        waiting.start()
+        waiting.join(1.0)  # (it waits: nothing answers)
+        assert waiting.is_alive()
+        m.proc.send_signal(signal.SIGTERM)
+        m.wait_exit([m.proc.pid])  # (well before delivery.timeout.ms)
+        waiting.join(30)
+        assert not waiting.is_alive()
+        assert failed and failed[0] in (errno.EIO, errno.ENOTCONN), failed
+    finally:
+        try:
+            os.close(fd)
+        except OSError as exc:  # (the daemon is gone: the descriptor is closed all the same)
+            assert exc.errno == errno.ENOTCONN
         broker.start()

@@ -104,6 +104,7 @@ class Cluster:
 
     def attach(self, manager) -> None:
         self.manager = manager
+        self.appends.stopping = manager.stopping  # (set, from any thread, when the daemon stops)
 
     def close(self) -> None:
         if self.closed:
@@ -131,7 +132,7 @@ class Cluster:
                 return m.partition_count(topic) if topic in m.topics else -1
 
         while (shown() < partitions) if partitions else (shown() >= 0):
-            if time.monotonic() > deadline:
+            if time.monotonic() > deadline or m.stopping.is_set():
                 raise ClusterError(f"topic {topic!r}: the cluster did it, but the mount did not show it in "
                                    f"{SHOWN_TIMEOUT_S:.0f} s", errno.EIO)
             time.sleep(0.02)

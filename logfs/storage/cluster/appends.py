@@ -37,6 +37,7 @@ log = logging.getLogger(__name__)
 
 QUEUE_MESSAGES = 4_000_000  # librdkafka's queue.buffering.max.messages here
 ROOM = 2_000_000  # a write() starts only while fewer messages than this are queued (one write brings < 600k lines)
+CLOSE_STALL_S = 5.0  # at unmount, how long queued lines are waited for without any acknowledgement
 SYNC_MARGIN_S = 5.0  # beyond delivery.timeout.ms, how long a sync waits before it calls the delivery failed
 DEFAULT_DELIVERY_TIMEOUT_MS = 120_000  # Kafka's delivery.timeout.ms
 
@@ -95,7 +96,7 @@ class PartitionAppender:
         """Wait (a worker thread) until the producer's queue has room for a write's lines."""
         deadline = time.monotonic() + self.appends.delivery_timeout_s + SYNC_MARGIN_S
         while self.appends.queued() >= ROOM:
-            if time.monotonic() > deadline:
+            if time.monotonic() > deadline or self.appends.stopping.is_set():
                 raise ClusterError("the producer's queue did not drain in time", errno.EIO)
             time.sleep(0.01)
 
@@ -108,7 +109,11 @@ class PartitionAppender:
             target = state.queued
             while state.done < target:
                 remaining = deadline - time.monotonic()
-                if remaining <= 0 or appends.closed:
+                if appends.stopping.is_set() or appends.closed:
+                    # (the daemon stops: a stop signal waits for this worker thread, not for delivery.timeout.ms)
+                    raise ClusterError(f"{self.topic}-{self.partition}: lines not acknowledged before the mount "
+                                       f"stopped", errno.EIO)
+                if remaining <= 0:
                     raise ClusterError(f"{self.topic}-{self.partition}: lines not acknowledged in {timeout:.0f} s",
                                        errno.EIO)
                 appends.cond.wait(min(remaining, 0.5))
@@ -143,6 +148,8 @@ class ClusterAppends:
         self.partitions: dict[tuple[str, int], PartitionAppender] = {}
         self.broken = False  # a delivery failed: the producer is replaced (its queue purged first)
         self.closed = False
+        # Set when the daemon stops (the manager's ``stopping``, given at attach): waits in worker threads end.
+        self.stopping = threading.Event()
         self.acked = self.failed_deliveries = self.produced = 0
         self._producer = None
         self._thread: threading.Thread | None = None
@@ -220,13 +227,19 @@ class ClusterAppends:
             self.cond.notify_all()
 
     def close(self, timeout: float | None = None) -> None:
-        """Wait (at most ``timeout``, by default ``delivery.timeout.ms``) for what is queued, then stop."""
+        """Wait for what is queued while the cluster acknowledges it (at most ``timeout``, by default
+        ``delivery.timeout.ms``, and at most :data:`CLOSE_STALL_S` without an acknowledgement: with no broker
+        answering, an unmount or a stop takes seconds, not the delivery timeout), then stop."""
         if self._producer is None:
             return
         timeout = self.delivery_timeout_s if timeout is None else timeout
-        deadline = time.monotonic() + timeout
-        while len(self._producer) and time.monotonic() < deadline:
+        now = time.monotonic()
+        deadline, progress_at, reported = now + timeout, now, self.acked + self.failed_deliveries
+        while len(self._producer) and now < deadline and now - progress_at < CLOSE_STALL_S:
             time.sleep(0.02)
+            now = time.monotonic()
+            if self.acked + self.failed_deliveries != reported:
+                progress_at, reported = now, self.acked + self.failed_deliveries
         left = len(self._producer)
         if left:
             log.warning("%d lines were not acknowledged at unmount: they may not be in the cluster", left)
