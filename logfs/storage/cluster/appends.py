@@ -67,6 +67,7 @@ class PartitionAppender:
         self.topic = topic
         self.partition = partition
         self.config = config  # the topic's LogConfig: its line format and max.message.bytes
+        self._format = None  # its LineFormat, made at the first append
         self.state = PartitionState()
 
     def check(self) -> None:
@@ -81,9 +82,16 @@ class PartitionAppender:
     def append_lines(self, prefix: bytes, data, end: int, headers=None):
         self.check()
         text = prefix + bytes(data[: end - 1])
-        values, keys = line_format.LineFormat.of(self.config).parse_lines(text.split(b"\n"))
-        longest = max((len(v or b"") + len((keys[i] if keys else None) or b"") for i, v in enumerate(values)),
-                      default=0)
+        fmt = self._format
+        if fmt is None:
+            fmt = self._format = line_format.LineFormat.of(self.config)
+        lines = text.split(b"\n")
+        if fmt.plain:  # (the common case: each line is the value)
+            values, keys = lines, None
+            longest = max(map(len, lines))
+        else:
+            values, keys = fmt.parse_lines(lines)
+            longest = max(len(v or b"") + len((keys[i] if keys else None) or b"") for i, v in enumerate(values))
         line_format.check_record_size(self.config, longest)
         line_format.check_keys(self.config, keys)
         self.appends.produce(self, values, keys, list(headers) if headers else None)
