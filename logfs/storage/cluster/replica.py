@@ -122,7 +122,6 @@ class Replica:
         self.cache_bytes = cache_bytes
         self.segment_bytes = max(1 << 20, min(SEGMENT_BYTES, cache_bytes // 8)) if cache_bytes else SEGMENT_BYTES
         self.partitions: dict[tuple[str, int], ReplicaPartition] = {}
-        self.topics: dict[str, int] = {}  # topic -> partition count, as the last metadata said
         self.refreshed = threading.Event()  # set after each metadata refresh (creations and deletions wait on it)
         self.generation = 0  # metadata refreshes done
         self._deleted: list[tuple[float, str]] = []  # (when, path) of segments and directories to remove
@@ -208,15 +207,21 @@ class Replica:
         from confluent_kafka import TopicPartition
 
         metadata = self.consumer.list_topics(timeout=timeout)
-        topics = {name: sorted(t.partitions) for name, t in metadata.topics.items()
-                  if not name.startswith("__") and t.error is None}
+        topics, unsure = {}, set()
+        for name, t in metadata.topics.items():
+            if name.startswith("__"):
+                continue  # (Kafka's internal topics)
+            if t.error is not None:
+                unsure.add(name)  # (a leader being elected, an authorization: nothing changes for it now)
+                continue
+            topics[name] = sorted(t.partitions)
         new = []
         for topic, numbers in topics.items():
             for n in numbers:
                 if (topic, n) not in self.partitions:
                     new.append((topic, n))
-        for key in [k for k in self.partitions if k[1] not in topics.get(k[0], ())]:
-            self._drop(key)
+        for key in [k for k in self.partitions if k[0] not in unsure and k[1] not in topics.get(k[0], ())]:
+            self._drop(key)  # (its topic deleted)
         assign = []
         for topic, n in new:
             try:
@@ -233,7 +238,6 @@ class Replica:
             assign.append(TopicPartition(topic, n, low))
         if assign:
             self.consumer.incremental_assign(assign)
-        self.topics = {t: len(n) for t, n in topics.items()}
         self.generation += 1
         self.refreshed.set()
 
