@@ -6,12 +6,15 @@ is read back with Kafka's own consumer, and what Kafka's own producer writes is 
 
 - ``echo >>`` through the mount, then ``fsync``: a ``read_committed`` consumer reads those lines as records, in
   order, once each; and the mount's file shows them (through its replica);
-- Kafka's producer writes records (keys, headers, timestamps), and a transaction it aborts: ``cat`` shows the
-  committed values as lines, and ``position.``/``offset.``/``time.``/``log_*_offset`` answer as on a local log;
+- Kafka's producer writes records (keys, headers, timestamps), and transactions it aborts (one in the middle, one
+  last): ``cat`` shows the committed values as lines, ``position.``/``offset.``/``time.``/``log_*_offset`` answer as
+  on a local log (the end past the last marker), and the replica's segments decode to the consumer's records;
 - two mounts append to one partition at once: both files are equal, every line is there once, equal to what
   Kafka's consumer reads, and a ``tail -f`` on one sees the lines written through the other;
-- ``mkdir`` creates a topic (``num.partitions`` from ``-o``), ``rm -r`` deletes it (Kafka's admin says so);
-  an unknown topic is ``ENOENT``; ``kafka.*`` settings are refused on other mounts.
+- ``mkdir`` creates a topic (``num.partitions`` from ``-o``), ``rm -r`` deletes it (Kafka's admin says so), and
+  another mount sees both; an unknown topic is ``ENOENT``; ``kafka.*`` settings are refused on other mounts, and a
+  cluster that does not answer fails the mount in one line;
+- the cache's bound: the replica's oldest segments go, the file starts later; the metrics count what went through.
 
 The broker stopped (a broker of this module's own): tests/kafka/test_kafka_store_failures.py.
 """
@@ -25,6 +28,7 @@ import threading
 
 import pytest
 
+from logfs.storage.format import records as rec
 from logfs.testing.kafka import free_port
 
 from harness import daemon_env as code_env, daemon_pids, expect_errno, logfs_command, sh, wait_for
@@ -99,7 +103,7 @@ def test_echo_appends_are_kafka_records(mounts, kafka_broker, kafka_client, tmp_
     assert int(metric("logfs_kafka_replica_bytes")) > 0
 
 
-def test_kafka_producer_records_read_through_the_mount(mounts, kafka_broker, kafka_client):
+def test_kafka_producer_records_read_through_the_mount(mounts, kafka_broker, kafka_client, tmp_path):
     kafka_client.create_topics(kafka_broker.bootstrap, [{"name": "produced", "partitions": 2,
                                                          "replication_factor": 1, "configs": {}}])
     t0 = 1_700_000_000_000
@@ -134,6 +138,17 @@ def test_kafka_producer_records_read_through_the_mount(mounts, kafka_broker, kaf
                 assert f.readline() == r.value + b"\n"
             position += len(r.value) + 1
         assert m.getx(rel, f"time.{t0 + 10_000}") == str(next(r.offset for r in records if r.timestamp >= t0 + 10_000))
+    # The replica's segments hold the consumer's records as Kafka wrote them: offsets, timestamps, keys, headers.
+    for p in (0, 1):
+        replica = tmp_path / "m-cache" / "replica" / f"produced-{p}"
+        held = []
+        for segment in sorted(replica.glob("*.log")):
+            buf = segment.read_bytes()
+            for pos, header in rec.iter_headers(buf):
+                held += [(r.offset, r.timestamp, r.key, r.value, [(k, v) for k, v in r.headers])
+                         for r in rec.decode(buf, pos, header.size)]
+        assert held == [(r.offset, r.timestamp, r.key, r.value, r.headers)
+                        for r in kafka_client.consume(kafka_broker.bootstrap, "produced", p)]
     end = kafka_client.list_offsets(kafka_broker.bootstrap, "produced", 0)["latest"]
     wait_for(lambda: m.getx("produced/0", "log_end_offset") == str(end), 10,  # (past the last marker, as Kafka's)
              what="the replica's log end offset to be the cluster's")
