@@ -42,6 +42,9 @@ IGNORED_PREFIXES = ("x-", "comment=", "context=", "fscontext=", "defcontext=", "
 
 KAFKA_SCHEME = "kafka://"
 KAFKA_PREFIX = "kafka."  # -o kafka.<name>=<value>: a client setting of a Kafka cluster mount, Kafka's name
+# Client settings the mount's promises rest on (CONTRACT section 15): not the user's to change.
+KAFKA_OWN = {"enable.idempotence", "acks", "enable.gapless.guarantee", "isolation.level", "group.id",
+             "enable.auto.commit", "bootstrap.servers", "transactional.id"}
 
 
 class UsageError(Exception):
@@ -171,6 +174,10 @@ def main(argv: list[str] | None = None) -> int:
         if kafka and bootstrap is None:
             raise UsageError(f"unknown option {KAFKA_PREFIX}{next(iter(kafka))!r}: kafka.* settings are for a "
                              f"kafka://HOST:PORT mount")
+        own = sorted(KAFKA_OWN & set(kafka))
+        if own:
+            raise UsageError(f"{KAFKA_PREFIX}{own[0]} is set by logfs (an idempotent producer with acks=all, a "
+                             f"read_committed replica): remove it")
         props = {k: v for k, v in props.items() if not k.startswith(KAFKA_PREFIX)}
         follow = parse_source(args.data_dir) if bootstrap is None else None
         if follow is not None:  # a follower mount: the bucket is the store, a cache directory the data directory

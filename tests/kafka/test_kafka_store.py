@@ -246,6 +246,9 @@ def test_kafka_settings_only_on_a_kafka_mount(tmp_path):
     r = subprocess.run(logfs_command("kafka://nohost", tmp_path / "mnt", [], True), capture_output=True, text=True,
                        env=code_env(), timeout=60)
     assert r.returncode == 2 and "HOST:PORT" in r.stderr, r.stderr
+    r = subprocess.run(logfs_command("kafka://127.0.0.1:9092", tmp_path / "mnt", ["kafka.acks=1"], True),
+                       capture_output=True, text=True, env=code_env(), timeout=60)
+    assert r.returncode == 2 and "kafka.acks is set by logfs" in r.stderr, r.stderr
     # No broker answers: a one-line error, nothing mounted.
     r = subprocess.run(logfs_command(f"kafka://127.0.0.1:{free_port()}", tmp_path / "mnt",
                                      [f"logfs.remote.cache.dir={tmp_path / 'cache'}"], True),
