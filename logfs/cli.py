@@ -199,9 +199,6 @@ def main(argv: list[str] | None = None) -> int:
     if bootstrap is not None:  # a Kafka cluster as the store: the data directory is the cache (its replica)
         cluster = (bootstrap, kafka)
         args.data_dir = os.path.abspath(broker.get("logfs.remote.cache.dir") or default_kafka_cache_dir(bootstrap))
-        if read_only:
-            user_error("a kafka:// mount is not read-only yet: remove -o ro")
-            return 2
     mountpoint = os.path.abspath(args.mountpoint)
     try:
         if not stat.S_ISDIR(os.stat(mountpoint).st_mode):
@@ -233,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     args.data_dir = ",".join(data_dirs)
     broker_dirs = None
-    if follow is None and read_only and broker.get("logfs.cache.dir"):
+    if follow is None and cluster is None and read_only and broker.get("logfs.cache.dir"):
         # A running Kafka broker's log directories (CONTRACT section 14): read in place, never written; logfs's own
         # files live in the cache, which is the mount's data directory.
         broker_dirs, source = data_dirs, args.data_dir

@@ -108,6 +108,8 @@ class Namespace:
 
     @translate
     async def rmdir(self, parent_inode, name, ctx):
+        if self.read_only:
+            fail(errno.EROFS)
         text = decode_name(name)
         if parent_inode != ROOT:
             fail(errno.ENOTDIR)

@@ -129,7 +129,7 @@ def run(data_dir, mountpoint, broker, fuse_opts, read_only, ready, follow: str |
         from ..storage.errors import ClusterError
 
         os.makedirs(data_dir, exist_ok=True)
-        clients = Cluster(cluster[0], cluster[1], data_dir, broker)
+        clients = Cluster(cluster[0], cluster[1], data_dir, broker, read_only=read_only)
         try:
             clients.start()
         except ClusterError as exc:

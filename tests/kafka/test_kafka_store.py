@@ -228,6 +228,20 @@ def test_mkdir_and_rm_r(mounts, kafka_broker, kafka_client):
         kafka_client.list_offsets(kafka_broker.bootstrap, "made", 0)
 
 
+def test_read_only(mounts, kafka_broker, kafka_client):
+    """``-o ro``: the replica alone; every writing call is ``EROFS``."""
+    kafka_client.create_topics(kafka_broker.bootstrap, [{"name": "only-read", "partitions": 1,
+                                                         "replication_factor": 1, "configs": {}}])
+    kafka_client.produce(kafka_broker.bootstrap, [{"topic": "only-read", "partition": 0, "value": b"v%d" % i}
+                                                  for i in range(3)])
+    m = mounts("m", "ro")
+    wait_content(m.path("only-read", 0), b"v0\nv1\nv2\n")
+    expect_errno(errno.EROFS, open, m.path("only-read", 0), "ab")
+    expect_errno(errno.EROFS, os.mkdir, m.path("other"))
+    expect_errno(errno.EROFS, os.unlink, m.path("only-read", 0))
+    expect_errno(errno.EROFS, os.rmdir, m.path("only-read"))
+
+
 def test_unknown_topic_and_refused_creations(mounts):
     m = mounts()
     expect_errno(errno.ENOENT, os.stat, m.path("no-such-topic"))

@@ -73,8 +73,11 @@ class Cluster:
     """The clients of a ``kafka://`` mount (see the module's docstring): made by the service, started before the
     manager loads (the replica's directory must exist), attached to the manager, closed after it."""
 
-    def __init__(self, bootstrap: str, client_settings: dict[str, str], cache_dir: str, broker):
+    def __init__(self, bootstrap: str, client_settings: dict[str, str], cache_dir: str, broker, *,
+                 read_only: bool = False):
+        """``read_only`` (``-o ro``): the replica alone, no producer and no admin client."""
         self.bootstrap = bootstrap
+        self.read_only = read_only
         self.client_settings = dict(client_settings)
         self.broker = broker
         common = {"bootstrap.servers": bootstrap, **self.client_settings}
@@ -99,8 +102,9 @@ class Cluster:
             self.replica.start()
         except KafkaException as exc:
             raise ClusterError(f"cannot reach the Kafka cluster at {self.bootstrap}: {exc}", errno.EIO) from None
-        self.appends.start()
-        self.admin = AdminClient({**self.common, "logger": _ClientLog()})
+        if not self.read_only:
+            self.appends.start()
+            self.admin = AdminClient({**self.common, "logger": _ClientLog()})
 
     def attach(self, manager) -> None:
         self.manager = manager
