@@ -40,8 +40,39 @@ IGNORED = {
 IGNORED_PREFIXES = ("x-", "comment=", "context=", "fscontext=", "defcontext=", "rootcontext=", "helper=")
 
 
+KAFKA_SCHEME = "kafka://"
+KAFKA_PREFIX = "kafka."  # -o kafka.<name>=<value>: a client setting of a Kafka cluster mount, Kafka's name
+# Client settings the mount's promises rest on (CONTRACT section 15): not the user's to change.
+KAFKA_OWN = {"enable.idempotence", "acks", "enable.gapless.guarantee", "isolation.level", "group.id",
+             "enable.auto.commit", "bootstrap.servers", "transactional.id"}
+
+
 class UsageError(Exception):
     pass
+
+
+def parse_kafka_source(source: str) -> str | None:
+    """``kafka://HOST:PORT[,HOST:PORT...]`` -> the bootstrap servers (``HOST:PORT,...``); None for other sources."""
+    if not source.startswith(KAFKA_SCHEME):
+        return None
+    hosts = [h.strip() for h in source[len(KAFKA_SCHEME):].rstrip("/").split(",")]
+    for host in hosts:
+        name, sep, port = host.rpartition(":")
+        if not sep or not name or not port.isdigit() or not 0 < int(port) < 65536:
+            raise UsageError(f"{source}: expected kafka://HOST:PORT[,HOST:PORT...], got {host!r}")
+    return ",".join(hosts)
+
+
+def default_kafka_cache_dir(bootstrap: str) -> str:
+    """Where a Kafka cluster mount keeps its replica when ``logfs.remote.cache.dir`` is not set: one directory per
+    cluster under ``$XDG_CACHE_HOME/logfs`` (``/var/cache/logfs`` for root)."""
+    import hashlib
+
+    base = "/var/cache/logfs" if os.geteuid() == 0 else os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "logfs")
+    digest = hashlib.blake2b(bootstrap.encode(), digest_size=6).hexdigest()
+    name = "".join(c if c.isalnum() or c in "-_." else "_" for c in bootstrap)[:80]
+    return os.path.join(base, f"kafka-{name}-{digest}")
 
 
 def parse_properties(text: str, source: str) -> dict[str, str]:
@@ -80,8 +111,8 @@ def split_options(option_strings: list[str]) -> tuple[list[str], dict[str, str],
                     fuse_opts.append(opt)
             elif has_value and key in FUSE_KEYED:
                 fuse_opts.append(opt)
-            elif has_value and key in known:
-                props[key] = value
+            elif has_value and (key in known or key.startswith(KAFKA_PREFIX)):
+                props[key] = value  # (kafka.*: a Kafka cluster mount's client settings, checked by the caller)
             elif key in known:
                 raise UsageError(f"setting {key!r} needs a value ({key}=...)")
             else:
@@ -101,10 +132,14 @@ def build_parser() -> argparse.ArgumentParser:
                                "ro,logfs.cache.dir=CACHE KAFKA_LOG_DIR MOUNTPOINT mounts it read-only, never writing "
                                "under it (logfs's indexes go to CACHE), and follows the broker's appends, rolls, "
                                "retention, transactions, restarts and moves (logfs.broker.poll.ms; inotify, "
-                               "logfs.broker.inotify, logfs.broker.full.look.ms).")
+                               "logfs.broker.inotify, logfs.broker.full.look.ms). A Kafka cluster as the store: logfs "
+                               "kafka://HOST:PORT[,HOST:PORT...] MOUNTPOINT [-o kafka.<name>=<value>,"
+                               "logfs.remote.cache.dir=DIR,logfs.remote.cache.bytes=N] appends through an "
+                               "idempotent producer and reads through a local replica of the topics.")
     p.add_argument("data_dir", help="Kafka log directory (created if missing); DIR1,DIR2,... for several, as "
                                     "Kafka's log.dirs (one namespace, each partition in one of them); or "
-                                    "s3://BUCKET[/PREFIX] for a read-only follower mount of a writer's tiered log")
+                                    "s3://BUCKET[/PREFIX] for a read-only follower mount of a writer's tiered log; "
+                                    "or kafka://HOST:PORT[,HOST:PORT...] for a Kafka cluster as the store")
     p.add_argument("mountpoint")
     p.add_argument("-f", "--foreground", action="store_true", help="stay in the foreground")
     p.add_argument("-o", dest="options", action="append", default=[], metavar="OPTS",
@@ -135,7 +170,17 @@ def main(argv: list[str] | None = None) -> int:
             if unknown:
                 raise UsageError(f"{args.config}: unknown setting {sorted(unknown)[0]!r}")
             props = {**file_props, **props}
-        follow = parse_source(args.data_dir)
+        bootstrap = parse_kafka_source(args.data_dir)
+        kafka = {k[len(KAFKA_PREFIX):]: v for k, v in props.items() if k.startswith(KAFKA_PREFIX)}
+        if kafka and bootstrap is None:
+            raise UsageError(f"unknown option {KAFKA_PREFIX}{next(iter(kafka))!r}: kafka.* settings are for a "
+                             f"kafka://HOST:PORT mount")
+        own = sorted(KAFKA_OWN & set(kafka))
+        if own:
+            raise UsageError(f"{KAFKA_PREFIX}{own[0]} is set by logfs (an idempotent producer with acks=all, a "
+                             f"read_committed replica): remove it")
+        props = {k: v for k, v in props.items() if not k.startswith(KAFKA_PREFIX)}
+        follow = parse_source(args.data_dir) if bootstrap is None else None
         if follow is not None:  # a follower mount: the bucket is the store, a cache directory the data directory
             bucket, prefix = follow
             props = {**props, "remote.log.storage.system.enable": "true", "logfs.remote.s3.bucket": bucket,
@@ -151,6 +196,10 @@ def main(argv: list[str] | None = None) -> int:
         read_only = True
         if "ro" not in fuse_opts:
             fuse_opts.append("ro")
+    cluster = None
+    if bootstrap is not None:  # a Kafka cluster as the store: the data directory is the cache (its replica)
+        cluster = (bootstrap, kafka)
+        args.data_dir = os.path.abspath(broker.get("logfs.remote.cache.dir") or default_kafka_cache_dir(bootstrap))
     mountpoint = os.path.abspath(args.mountpoint)
     try:
         if not stat.S_ISDIR(os.stat(mountpoint).st_mode):
@@ -182,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     args.data_dir = ",".join(data_dirs)
     broker_dirs = None
-    if follow is None and read_only and broker.get("logfs.cache.dir"):
+    if follow is None and cluster is None and read_only and broker.get("logfs.cache.dir"):
         # A running Kafka broker's log directories (CONTRACT section 14): read in place, never written; logfs's own
         # files live in the cache, which is the mount's data directory.
         broker_dirs, source = data_dirs, args.data_dir
@@ -200,18 +249,19 @@ def main(argv: list[str] | None = None) -> int:
     log.debug("broker settings %s; FUSE options %s", props, fuse_opts)
     if not any(o.startswith("fsname=") for o in fuse_opts):
         # (libfuse splits options at commas: the ones between log directories are escaped)
-        fuse_opts.append("fsname=" + (source if follow is not None or broker_dirs else args.data_dir).replace(
-            ",", "\\,"))
+        fuse_opts.append("fsname=" + (source if follow is not None or broker_dirs or cluster else args.data_dir
+                                      ).replace(",", "\\,"))
     if not any(o.startswith("subtype=") for o in fuse_opts):
         fuse_opts.append("subtype=logfs")
     prefix = follow[1] if follow is not None else None
     if args.foreground:
         return run(args.data_dir, mountpoint, broker, fuse_opts, read_only, ready=None, follow=prefix,
-                   broker_dirs=broker_dirs)
-    return daemonize(args.data_dir, mountpoint, broker, fuse_opts, read_only, prefix, broker_dirs)
+                   broker_dirs=broker_dirs, cluster=cluster)
+    return daemonize(args.data_dir, mountpoint, broker, fuse_opts, read_only, prefix, broker_dirs, cluster)
 
 
-def daemonize(data_dir, mountpoint, broker, fuse_opts, read_only, follow=None, broker_dirs=None) -> int:
+def daemonize(data_dir, mountpoint, broker, fuse_opts, read_only, follow=None, broker_dirs=None,
+              cluster=None) -> int:
     """Fork; the child mounts and serves, the parent waits until the mount answers (or failed)."""
     read_fd, write_fd = os.pipe()
     pid = os.fork()
@@ -246,7 +296,7 @@ def daemonize(data_dir, mountpoint, broker, fuse_opts, read_only, follow=None, b
                 os.dup2(devnull, 2)
 
     code = run(data_dir, mountpoint, broker, fuse_opts, read_only, ready=ready, follow=follow,
-               broker_dirs=broker_dirs)
+               broker_dirs=broker_dirs, cluster=cluster)
     os._exit(code)
 
 

@@ -53,6 +53,8 @@ ERRNO_OF: list[tuple[type[BaseException], int]] = [
 
 
 def errno_for(exc: BaseException) -> int:
+    if isinstance(exc, e.ClusterError):
+        return exc.errno  # (the cluster's answer, not a disk's)
     # An error of the disk is EIO or ENOSPC, whatever the disk said (storage/failure.disk_errno): on a logfs file
     # EFBIG means a line too long and EINVAL a keyless line on a compacted topic, not a disk's EFBIG or EINVAL.
     if isinstance(exc, (e.StorageIOError, OSError)):

@@ -47,11 +47,14 @@ WORKER_READS = 8
 class PartitionHandle:
     __slots__ = ("log", "counters", "view", "append_mode", "writable", "pending", "skipping", "dropped", "inode",
                  "pid", "uid", "_headers", "_headers_at", "_layout_seen", "readable", "fh", "positions",
-                 "known_length")
+                 "known_length", "sink")
 
     def __init__(self, log: Log, inode: int, flags: int, pid: int = 0, uid: int = 0, fh: int = 0,
-                 view: SegmentView | None = None, ahead_pool: Executor | None = None):
+                 view: SegmentView | None = None, ahead_pool: Executor | None = None, sink=None):
         self.log = log
+        # Where the lines go: the log itself, or on a Kafka cluster mount the partition's producer
+        # (storage/cluster/appends.PartitionAppender: the same append_lines; the log is the replica, read only).
+        self.sink = sink if sink is not None else log
         self.fh = fh
         self.pid, self.uid = pid, uid  # the opener (the FUSE request of open/create)
         self._headers: tuple | None = None  # the writer headers, as last built
@@ -102,8 +105,11 @@ class PartitionHandle:
 
     def write(self, offset: int, data: bytes, *, reading: bool = False) -> int:
         """``reading``: a read of this handle runs in a worker thread (its view is that thread's meanwhile)."""
-        if not self.append_mode and offset != self.length() + len(self.pending) + self.dropped:
-            fail(errno.EPERM)  # only appends: a write must land at the end of the file
+        if not self.append_mode and self.sink is self.log and (
+                offset != self.length() + len(self.pending) + self.dropped):
+            # Only appends: a write must land at the end of the file. (On a Kafka cluster mount every write is an
+            # append to the partition: the file's end there is the replica's, behind the lines still in flight.)
+            fail(errno.EPERM)
         if self.log.layout_version != self._layout_seen and not reading:
             self.release_passed()  # (a writer that keeps its file open pins nothing retention removed)
         if not self.skipping:
@@ -138,9 +144,9 @@ class PartitionHandle:
             if rest:
                 lines.check_partial(config, rest)
             if config.writer_headers:
-                self.log.append_lines(self.pending, data, cut + 1, self.writer_headers())
+                self.sink.append_lines(self.pending, data, cut + 1, self.writer_headers())
             else:
-                self.log.append_lines(self.pending, data, cut + 1)
+                self.sink.append_lines(self.pending, data, cut + 1)
         except (RecordTooLargeError, InvalidRecordError):
             if self.pending:  # is the refused line (also) the held one?
                 try:
@@ -164,7 +170,7 @@ class PartitionHandle:
         if self.pending:
             line, self.pending = self.pending, b""
             headers = self.writer_headers() if self.log.config.writer_headers else None
-            self.log.append_lines(line, b"\n", 1, headers)
+            self.sink.append_lines(line, b"\n", 1, headers)
 
     def writer_headers(self) -> tuple:
         """``((logfs.pid, b"<pid>"), (logfs.uid, b"<uid>"), (logfs.comm, b"<comm>"))``, rebuilt at most once a

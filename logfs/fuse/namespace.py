@@ -102,11 +102,14 @@ class Namespace:
         if parent_inode != ROOT:
             self._resolve(parent_inode)
             fail(errno.EINVAL)  # topics hold only partition files
-        await self.run_blocking(self.manager.create_topic, text)
+        cluster = self.manager.cluster
+        await self.run_blocking(cluster.create_topic if cluster is not None else self.manager.create_topic, text)
         return self._attrs(self.inodes.topic(text))
 
     @translate
     async def rmdir(self, parent_inode, name, ctx):
+        if self.read_only:
+            fail(errno.EROFS)
         text = decode_name(name)
         if parent_inode != ROOT:
             fail(errno.ENOTDIR)
@@ -114,7 +117,8 @@ class Namespace:
             fail(errno.EPERM)
         if text not in self.manager.topics:
             fail(errno.ENOENT)
-        await self.run_blocking(self.manager.delete_topic, text)
+        cluster = self.manager.cluster
+        await self.run_blocking(cluster.delete_topic if cluster is not None else self.manager.delete_topic, text)
         self.inodes.forget_topic(text)
 
     @translate
@@ -136,7 +140,12 @@ class Namespace:
         number = parse_partition_number(text)
         if number is None or (topic, number) not in self.manager.logs:
             fail(errno.ENOENT)
-        await self.run_blocking(self.manager.delete_partition, topic, number)
+        cluster = self.manager.cluster
+        if cluster is not None:
+            # (hidden on this mount: Kafka deletes topics, not partitions)
+            await self.run_blocking(cluster.unlink_partition, topic, number)
+        else:
+            await self.run_blocking(self.manager.delete_partition, topic, number)
         self.inodes.forget_partition(topic, number)
 
     # -- refused operations ----------------------------------------------------------------------------

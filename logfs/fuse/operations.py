@@ -336,6 +336,8 @@ class Operations(pyfuse3.Operations):
         number = parse_partition_number(text)
         if number is None:
             fail(errno.EINVAL)
+        if self.manager.cluster is not None:
+            fail(errno.EPERM)  # a Kafka cluster's partitions are its topics' (mkdir, num.partitions)
         await self.run_blocking(self.manager.create_partition, topic, number)
         inode = self.inodes.partition(topic, number)
         info = self._open_handle(inode, topic, number, flags & ~os.O_TRUNC, ctx)
@@ -362,7 +364,11 @@ class Operations(pyfuse3.Operations):
         pid, uid = (ctx.pid, ctx.uid) if ctx is not None else (os.getpid(), os.getuid())
         fh = next(self._next_fh)
         plog = self.manager.logs[(topic, partition)]
-        handle = PartitionHandle(plog, inode, flags, pid, uid, fh, ahead_pool=self.decompress_pool)
+        sink = None
+        cluster = self.manager.cluster
+        if cluster is not None and (flags & os.O_ACCMODE) in (os.O_WRONLY, os.O_RDWR):
+            sink = cluster.appender(topic, partition)  # (a Kafka cluster mount: lines go to its producer)
+        handle = PartitionHandle(plog, inode, flags, pid, uid, fh, ahead_pool=self.decompress_pool, sink=sink)
         if not self.inodes.opened(inode, handle):
             # Its view has other positions than the readers open on this inode (retention, DeleteRecords or a
             # compaction ran since the kernel looked the name up): it gets a twin of theirs, the file it looked up
@@ -373,7 +379,8 @@ class Operations(pyfuse3.Operations):
             twin = reader.view.clone() if reader is not None else None
             if twin is None:
                 fail(errno.ESTALE)
-            handle = PartitionHandle(plog, inode, flags, pid, uid, fh, view=twin, ahead_pool=self.decompress_pool)
+            handle = PartitionHandle(plog, inode, flags, pid, uid, fh, view=twin, ahead_pool=self.decompress_pool,
+                                     sink=sink)
             if not self.inodes.opened(inode, handle):  # (cannot be: the same positions)
                 handle.release()
                 fail(errno.ESTALE)
@@ -416,13 +423,32 @@ class Operations(pyfuse3.Operations):
         if handle.log.closed:
             fail(errno.ENOENT)  # the partition was deleted while open
         handle.log.log_dir.check()
+        sink = handle.sink
+        if sink is not handle.log:  # a Kafka cluster mount: a failed delivery fails this write; a full queue waits
+            sink.check()
+            if sink.needs_room():
+                await self.run_blocking(sink.wait_room)
         written = handle.write(off, buf, reading=fh in self.handles.fetching)
         handle.counters.appended_bytes += written
         if handle.log.flush_due:  # flush.messages: durable before the write() returns, as Kafka's flush
             await self.run_blocking(handle.log.flush)
         return written
 
-    # No flush(): pyfuse3's default answers ENOSYS, after which the kernel stops sending FLUSH on this mount.
+    async def flush(self, fh):
+        """A Kafka cluster mount: close() returns once every line written through the open file is acknowledged
+        (CONTRACT section 15), and a failed delivery is its EIO. Every other mount: ENOSYS, below."""
+        if self.manager.cluster is None:
+            raise pyfuse3.FUSEError(errno.ENOSYS)
+        await self.flush_appends(fh)
+
+    @translate
+    async def flush_appends(self, fh):
+        handle = self.handles.open.get(fh)
+        if handle is not None and handle.sink is not handle.log:
+            await self.run_blocking(handle.sink.sync)
+
+    # No flush() but on a Kafka cluster mount: pyfuse3's default answers ENOSYS, after which the kernel stops
+    # sending FLUSH on this mount.
     # FLUSH would not be a commit point anyway: the kernel sends it for every close() of any descriptor sharing
     # an open file, including a forked child's (exit, exec of a CLOEXEC fd). The held partial line belongs to
     # the handle and is appended when the handle itself is released (below), which the kernel queues before
@@ -470,6 +496,9 @@ class Operations(pyfuse3.Operations):
         if handle.log.closed:
             return
         handle.log.log_dir.check()  # (never a success over bytes whose fsync failed: the directory is offline)
+        if handle.sink is not handle.log:  # a Kafka cluster mount: every line written before is acknowledged
+            await self.run_blocking(handle.sink.sync)
+            return
         await self.run_blocking(handle.log.flush)
 
     # -- handled by the collaborators ----------------------------------------------------------------------

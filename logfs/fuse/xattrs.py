@@ -308,11 +308,15 @@ class Xattrs:
                 fail(partition_set_error(text))
             if self.read_only:
                 fail(errno.EROFS)
+            if self.manager.cluster is not None:
+                fail(errno.EOPNOTSUPP)  # (a Kafka cluster mount: DeleteRecords through the cluster, not yet)
             await self.run_blocking(delete_records if text == WRITABLE_LOG_START else move, self.manager, topic,
                                     partition, value)
             return
         if self.read_only:
             fail(errno.EROFS)
+        if self.manager.cluster is not None:
+            fail(errno.EOPNOTSUPP)  # (a Kafka cluster mount: the topic's config through AlterConfigs, not yet)
         await self.run_blocking(topic_set, self.manager, topic, text, value)
 
     @translate
@@ -325,4 +329,6 @@ class Xattrs:
             fail(errno.EPERM if partition_set_error(text) == errno.EPERM else errno.ENODATA)
         if self.read_only:
             fail(errno.EROFS)
+        if self.manager.cluster is not None:
+            fail(errno.EOPNOTSUPP)
         await self.run_blocking(topic_set, self.manager, topic, text, None)

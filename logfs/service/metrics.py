@@ -217,6 +217,28 @@ class Metrics:
                    "object store for reads (on demand and read-ahead).", [("", cache.requests)])
             family("logfs_remote_fetched_bytes_total", "counter", "Bytes those GETs fetched.",
                    [("", cache.fetched_bytes)])
+        cluster = self.manager.cluster
+        if cluster is not None:  # a Kafka cluster as the store (storage/cluster)
+            appends, replica = cluster.appends, cluster.replica
+            family("logfs_kafka_produced_records_total", "counter", "Lines queued to the cluster's producer.",
+                   [("", appends.produced)])
+            family("logfs_kafka_acknowledged_records_total", "counter", "Lines the cluster acknowledged.",
+                   [("", appends.acked)])
+            family("logfs_kafka_failed_deliveries_total", "counter", "Lines whose delivery failed (each fails the "
+                   "next call of its partition with EIO; those after it on the producer fail with it).",
+                   [("", appends.failed_deliveries)])
+            family("logfs_kafka_queued_records", "gauge", "Lines queued and not acknowledged yet.",
+                   [("", appends.queued())])
+            family("logfs_kafka_fetched_records_total", "counter", "Records the replica fetched.",
+                   [("", replica.fetched_records)])
+            family("logfs_kafka_replica_bytes", "gauge", "Bytes of the replica's segments (bounded by "
+                   "logfs.remote.cache.bytes, active segments excepted).", [("", replica.cache_used())])
+            family("logfs_kafka_replica_lag_offsets", "gauge", "Per partition, the cluster's high watermark as "
+                   "the replica's fetches saw it (noted every second), less the offset after the replica's last record "
+                   "then (-1 when unknown).", [(f'{{topic="{t}",partition="{p}"}}', lag)
+                                 for (t, p), lag in sorted(replica.lags().items())])
+            family("logfs_kafka_fetch_failing", "gauge", "1 while the replica cannot fetch (no broker answers).",
+                   [("", int(replica.error is not None))])
         startup = self.startup
         if startup:
             family("logfs_startup_duration_seconds", "gauge", "Time the daemon took to load (or, after an unclean "

@@ -82,14 +82,19 @@ class StartupProgress:
 
 
 def run(data_dir, mountpoint, broker, fuse_opts, read_only, ready, follow: str | None = None,
-        broker_dirs: list[str] | None = None) -> int:
+        broker_dirs: list[str] | None = None, cluster: tuple[str, dict[str, str]] | None = None) -> int:
     """``follow``: a follower mount of the tiered log under this bucket prefix (data_dir is its cache).
-    ``broker_dirs``: a running Kafka broker's log directories, mounted read-only (data_dir is logfs's cache)."""
+    ``broker_dirs``: a running Kafka broker's log directories, mounted read-only (data_dir is logfs's cache).
+    ``cluster``: (bootstrap servers, client settings) of a Kafka cluster as the store (data_dir is the cache)."""
     import trio  # here, with the daemon, so that `logfs --help` and option errors do not load pyfuse3 and trio
 
     from .daemon import serve
 
+    clients = None  # a Kafka cluster's (storage/cluster), when it is the store
+
     def fail(message: str) -> int:
+        if clients is not None:
+            clients.close()
         log.error("%s", message, extra={"user_error": True})
         if ready:
             ready(message)
@@ -118,10 +123,25 @@ def run(data_dir, mountpoint, broker, fuse_opts, read_only, ready, follow: str |
     # is merely in use by another daemon has no marker either, and is refused before anything is said of it.)
     progress = StartupProgress(recovering, partitions, announce=data_dir)
     notify(f"STATUS={'recovering logs' if recovering else 'loading logs'}")
+    if cluster is not None:
+        # The cluster's clients first: the replica's directory is what the manager serves (storage/cluster).
+        from ..storage.cluster import Cluster
+        from ..storage.errors import ClusterError
+
+        os.makedirs(data_dir, exist_ok=True)
+        clients = Cluster(cluster[0], cluster[1], data_dir, broker, read_only=read_only)
+        try:
+            clients.start()
+        except ClusterError as exc:
+            return fail(str(exc))
+        broker_dirs = [clients.replica_dir]
+        data_dir = clients.logs_dir
     try:
         manager = LogManager(data_dir, broker, progress=progress.partition_done,
                              segment_progress=progress.segment_done, broker_dirs=broker_dirs)
     except _StopBeforeServing as stopped:
+        if clients is not None:
+            clients.close()
         notify("STOPPING=1\nSTATUS=stopped while loading")
         log.info("received %s while loading; stopped before mounting", signal.Signals(stopped.args[0]).name)
         return 0
@@ -136,6 +156,9 @@ def run(data_dir, mountpoint, broker, fuse_opts, read_only, ready, follow: str |
         for s in previous:
             signal.signal(s, stop_after_loading)
     startup = progress.summary()  # loading or recovery, before the store check below
+    if clients is not None:
+        manager.cluster = clients
+        clients.attach(manager)
     from .tiering import RemoteSetupError, setup
 
     try:
@@ -159,3 +182,5 @@ def run(data_dir, mountpoint, broker, fuse_opts, read_only, ready, follow: str |
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
+        if clients is not None:
+            clients.close()  # (after the unmount: the last lines the handles held are produced by then)

@@ -213,6 +213,9 @@ BROKER_ONLY: dict[str, Setting] = {
     s.name: s
     for s in [
         Setting("num.partitions", _long(1, MAX_NUM_PARTITIONS), "1"),
+        # A Kafka cluster as the store (logfs.storage.cluster): the replication factor of a topic mkdir creates
+        # there; -1 is the cluster's own default.replication.factor (KIP-464).
+        Setting("default.replication.factor", _long(-1, 32767), "-1"),
         Setting("log.retention.check.interval.ms", _long(1), "300000"),
         Setting("log.flush.offset.checkpoint.interval.ms", _long(0, INT_MAX), "60000"),
         Setting("log.flush.start.offset.checkpoint.interval.ms", _long(0, INT_MAX), "60000"),

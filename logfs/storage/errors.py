@@ -69,6 +69,16 @@ class ShuttingDownError(LogfsError):
     """A long operation (creating a topic's partitions) was abandoned, and undone, because the daemon stops."""
 
 
+class ClusterError(LogfsError):
+    """What a Kafka cluster (the store of a ``kafka://`` mount, :mod:`logfs.storage.cluster`) refused or failed to
+    do: a delivery that failed or was not acknowledged in time (``EIO``), an authorization refused (``EACCES``), an
+    unknown topic (``ENOENT``), a topic that exists (``EEXIST``). ``errno`` is the one the caller sees."""
+
+    def __init__(self, message: str, errno: int):
+        super().__init__(message)
+        self.errno = errno
+
+
 class StorageIOError(LogfsError):
     """An OS-level I/O failure while reading or writing the store; ``errno`` is kept."""
 

@@ -116,6 +116,9 @@ class LogManager:
             raise
         # A running broker's directories (read in place, followed by the service): none of their files is written.
         self.broker_logs: BrokerLogs | None = None
+        # A Kafka cluster as the store (storage/cluster): its clients, attached by the service; the logs are then
+        # the replica's, served as a broker's directory (broker_logs over CACHE/replica).
+        self.cluster = None
         try:
             if broker_dirs:
                 clear_cache(self.data_dir)

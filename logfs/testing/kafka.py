@@ -332,17 +332,27 @@ class KafkaBroker:
 
     def start(self, timeout: float = 120) -> "KafkaBroker":
         """Format (first start only), start, and wait until the node says it serves."""
+        self.launch()
+        return self.wait_started(timeout)
+
+    def launch(self) -> None:
+        """Format (first start only) and start the process, without waiting: the nodes of a cluster are launched
+        together (each waits for a quorum of controllers), then waited for (:meth:`wait_started`)."""
         if self.proc is not None and self.proc.poll() is None:
             raise KafkaError("the broker is already running")
-        started = time.monotonic()
+        self._started = time.monotonic()
         if not self.formatted():
             self.format()
         config = self._write_config()
-        seen = self.log_file.stat().st_size if self.log_file.exists() else 0
+        self._seen = self.log_file.stat().st_size if self.log_file.exists() else 0
         with open(self.directory / "kafka.out", "ab") as out:
             self.proc = subprocess.Popen(
                 [*_jvm(self.heap, self.log_file, "INFO"), "-cp", kafka_classpath(), "kafka.Kafka", str(config)],
                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
+
+    def wait_started(self, timeout: float = 120) -> "KafkaBroker":
+        """Wait until the node :meth:`launch` started says it serves."""
+        started, seen = self._started, self._seen
         deadline = time.monotonic() + timeout
         while True:
             if self.log_file.exists():
@@ -399,6 +409,53 @@ class KafkaBroker:
         return self.client.create_topics(self.bootstrap, [{"name": name, "partitions": partitions,
                                                            "replication_factor": 1,
                                                            "configs": dict(configs or {})}])[name]
+
+
+class ClusterNode(KafkaBroker):
+    """One node (broker and controller) of a KRaft cluster of several (:func:`running_cluster`): the quorum is every
+    node's controller listener, formatted with ``--initial-controllers``."""
+
+    def __init__(self, directory, *, node_id: int, client: KafkaClient, settings: dict[str, str] | None = None):
+        super().__init__(directory, node_id=node_id, client=client, settings=settings)
+        self.directory_id = random_uuid()  # its metadata log directory's, named in --initial-controllers
+        self.peers: list["ClusterNode"] = [self]
+
+    def properties(self) -> dict[str, str]:
+        props = super().properties()
+        props["controller.quorum.bootstrap.servers"] = ",".join(
+            f"127.0.0.1:{n.controller_port}" for n in self.peers)
+        return props
+
+    def format_args(self) -> list[str]:
+        return ["--initial-controllers", ",".join(
+            f"{n.node_id}@127.0.0.1:{n.controller_port}:{n.directory_id}" for n in self.peers)]
+
+
+@contextlib.contextmanager
+def running_cluster(directory, client: KafkaClient, nodes: int = 3, settings: dict[str, str] | None = None):
+    """``nodes`` :class:`ClusterNode` s under ``directory``, launched together and waited for; every one killed on
+    exit (a clean stop of the last nodes waits for a quorum that the first ones to stop took away: a minute each).
+    Yields the list; ``bootstrap_of(nodes)`` names them all."""
+    directory = Path(directory)
+    members = [ClusterNode(directory / f"node{i}", node_id=i, client=client, settings=settings)
+               for i in range(1, nodes + 1)]
+    cluster_id = random_uuid()
+    for n in members:
+        n.peers = members
+        n.cluster_id = cluster_id
+    try:
+        for n in members:
+            n.launch()
+        for n in members:
+            n.wait_started(240)
+        yield members
+    finally:
+        for n in members:
+            n.kill()
+
+
+def bootstrap_of(nodes: list[KafkaBroker]) -> str:
+    return ",".join(n.bootstrap for n in nodes)
 
 
 @contextlib.contextmanager

@@ -1,0 +1,179 @@
+"""A Kafka cluster as the store: ``logfs kafka://HOST:PORT[,HOST:PORT...] MOUNTPOINT`` (CONTRACT.md section 15,
+issue 46).
+
+:class:`Cluster` holds the three clients of the cluster, one idea each:
+
+- :class:`~.replica.Replica`: a consumer that copies every partition into ``CACHE/replica/`` in Kafka's on-disk
+  format; the mount's :class:`~logfs.storage.manager.LogManager` serves that directory as it serves a running
+  broker's (:class:`~logfs.storage.broker.BrokerLogs`, ``broker_dirs=[CACHE/replica]``), so reads, positions, xattrs
+  and ``tail -f`` are the local mount's;
+- :class:`~.appends.ClusterAppends`: the idempotent producer a partition file's writes go through;
+- the admin client: ``mkdir`` creates a topic, ``rmdir`` deletes it (each returns once the replica and the mount show
+  the change).
+
+Kafka deletes topics, not partitions: ``unlink`` of a partition file hides it on this mount (``rm -r`` of a topic
+unlinks its files, then removes the directory, which deletes the topic); a hidden partition comes back at the
+next mount if its topic was not deleted.
+
+Client settings are Kafka's names (``-o kafka.<name>=<value>``), passed to librdkafka, which reads the same names
+for the common ones (``security.protocol``, ``sasl.*``, ``ssl.*``, ``delivery.timeout.ms``, ...).
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import time
+
+from ..errors import ClusterError, TopicNotEmptyError
+from ..names import validate_topic_name
+from .appends import ClusterAppends, PartitionAppender
+from .replica import Replica
+
+__all__ = ["Cluster", "ClusterAppends", "PartitionAppender", "Replica", "REPLICA_DIR", "LOGS_DIR"]
+
+log = logging.getLogger(__name__)
+
+REPLICA_DIR = "replica"  # under the cache directory: the fetched segments
+LOGS_DIR = "logs"  # under the cache directory: the mount's data directory (logfs's indexes of the replica)
+ADMIN_TIMEOUT_S = 30.0
+SHOWN_TIMEOUT_S = 15.0  # how long mkdir/rmdir wait for the mount to show what the cluster did
+
+
+class _ClientLog:
+    """librdkafka's log lines into logfs's log, at INFO at most: a broker that does not answer makes it log a line
+    per connection attempt, several a second; what matters reaches the log once through logfs's own lines (the
+    replica cannot fetch, a delivery failed: EIO), and librdkafka's are there for the details."""
+
+    def __init__(self):
+        self.logger = logging.getLogger("logfs.kafka")
+
+    def log(self, level, message, *args):
+        self.logger.log(min(level, logging.INFO), message, *args)
+
+
+def _refusal(err, what: str) -> ClusterError:
+    """A KafkaError of the admin API as the errno a caller sees."""
+    name = err.name() if hasattr(err, "name") else ""
+    if "AUTHORIZATION" in name:
+        code = errno.EACCES
+    elif name == "TOPIC_ALREADY_EXISTS":
+        code = errno.EEXIST
+    elif name == "UNKNOWN_TOPIC_OR_PART":
+        code = errno.ENOENT
+    elif name.startswith("INVALID_") or name == "POLICY_VIOLATION":
+        code = errno.EINVAL
+    else:
+        code = errno.EIO
+    return ClusterError(f"{what}: {err.str() if hasattr(err, 'str') else err}", code)
+
+
+class Cluster:
+    """The clients of a ``kafka://`` mount (see the module's docstring): made by the service, started before the
+    manager loads (the replica's directory must exist), attached to the manager, closed after it."""
+
+    def __init__(self, bootstrap: str, client_settings: dict[str, str], cache_dir: str, broker, *,
+                 read_only: bool = False):
+        """``read_only`` (``-o ro``): the replica alone, no producer and no admin client."""
+        self.bootstrap = bootstrap
+        self.read_only = read_only
+        self.client_settings = dict(client_settings)
+        self.broker = broker
+        common = {"bootstrap.servers": bootstrap, **self.client_settings}
+        self.common = common
+        self.replica_dir = os.path.join(cache_dir, REPLICA_DIR)
+        # The manager's data directory (its lock, checkpoints, and the indexes of the replica's segments): beside
+        # the replica, not above it, so that its loader finds only its own entries.
+        self.logs_dir = os.path.join(cache_dir, LOGS_DIR)
+        self.replica = Replica(self.replica_dir, {**common, "logger": _ClientLog()},
+                               broker.get("logfs.remote.cache.bytes"))
+        self.appends = ClusterAppends({**common, "logger": _ClientLog()})
+        self.manager = None
+        self.admin = None
+        self.closed = False
+
+    def start(self) -> None:
+        """Connect (the metadata once: an unreachable cluster fails here, with a ClusterError)."""
+        from confluent_kafka import KafkaException
+        from confluent_kafka.admin import AdminClient
+
+        try:
+            self.replica.start()
+        except KafkaException as exc:
+            raise ClusterError(f"cannot reach the Kafka cluster at {self.bootstrap}: {exc}", errno.EIO) from None
+        if not self.read_only:
+            self.appends.start()
+            self.admin = AdminClient({**self.common, "logger": _ClientLog()})
+
+    def attach(self, manager) -> None:
+        self.manager = manager
+        self.appends.stopping = manager.stopping  # (set, from any thread, when the daemon stops)
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            self.appends.close()
+        finally:
+            self.replica.close()
+
+    # -- appends ------------------------------------------------------------------------------------------
+    def appender(self, topic: str, partition: int) -> PartitionAppender:
+        return self.appends.appender(topic, partition, self.manager.topic_config(topic))
+
+    # -- administration (worker threads) --------------------------------------------------------------------
+    def _shown(self, topic: str, partitions: int) -> None:
+        """Wait until the mount shows ``topic`` with ``partitions`` partitions (0: no longer shows it)."""
+        past = self.replica.refresh_soon()
+        self.replica.wait_refreshed(past, SHOWN_TIMEOUT_S)
+        deadline = time.monotonic() + SHOWN_TIMEOUT_S
+        m = self.manager
+
+        def shown() -> int:
+            with m.lock:
+                return m.partition_count(topic) if topic in m.topics else -1
+
+        while (shown() < partitions) if partitions else (shown() >= 0):
+            if time.monotonic() > deadline or m.stopping.is_set():
+                raise ClusterError(f"topic {topic!r}: the cluster did it, but the mount did not show it in "
+                                   f"{SHOWN_TIMEOUT_S:.0f} s", errno.EIO)
+            time.sleep(0.02)
+
+    def create_topic(self, topic: str) -> None:
+        """``mkdir``: Kafka's CreateTopics with ``num.partitions`` and ``default.replication.factor`` of ``-o``."""
+        from confluent_kafka.admin import NewTopic
+
+        validate_topic_name(topic)
+        new = NewTopic(topic, num_partitions=self.broker.get("num.partitions"),
+                       replication_factor=self.broker.get("default.replication.factor"))
+        future = self.admin.create_topics([new], request_timeout=ADMIN_TIMEOUT_S)[topic]
+        self._await(future, f"creating topic {topic!r}")
+        self._shown(topic, self.broker.get("num.partitions"))
+
+    def delete_topic(self, topic: str) -> None:
+        """``rmdir``: Kafka's DeleteTopics, once every partition file of the topic was unlinked on this mount
+        (else ``ENOTEMPTY``, as on a local mount)."""
+        if self.manager.partition_count(topic):
+            raise TopicNotEmptyError(f"topic {topic!r} still has partitions")
+        future = self.admin.delete_topics([topic], request_timeout=ADMIN_TIMEOUT_S)[topic]
+        self._await(future, f"deleting topic {topic!r}")
+        self._shown(topic, 0)
+
+    def unlink_partition(self, topic: str, partition: int) -> None:
+        """``unlink``: the partition is no longer shown on this mount (Kafka deletes no single partition)."""
+        m = self.manager
+        with m.lock:
+            m.unserve(topic, partition)
+
+    @staticmethod
+    def _await(future, what: str) -> None:
+        from confluent_kafka import KafkaException
+
+        try:
+            future.result(timeout=ADMIN_TIMEOUT_S + 5)
+        except KafkaException as exc:
+            raise _refusal(exc.args[0], what) from None
+        except Exception as exc:  # (a timeout of the future itself)
+            raise ClusterError(f"{what}: {exc}", errno.EIO) from None

@@ -1,0 +1,268 @@
+"""Appends to a Kafka cluster: one record a line, through one idempotent producer (CONTRACT.md section 15,
+"Appending").
+
+The producer is librdkafka's (``confluent-kafka``, chosen by measurement: README, "Dependencies"), with
+``enable.idempotence``, ``acks=all`` and ``enable.gapless.guarantee``: the broker keeps each partition's records in
+the order they were produced, never twice, and a delivery that fails makes the producer fail every message queued
+after it (librdkafka raises a fatal error rather than leave a gap). Its own threads send; one thread here serves
+its delivery reports (``poll``) and replaces the producer after a failure.
+
+Per partition (:class:`PartitionAppender`, one per (topic, partition), shared by every handle of the mount):
+
+- ``append_lines`` queues the lines of one ``write()`` in order, on the calling thread (a ``produce`` call copies
+  the value into librdkafka's queue and returns), so a ``write()`` returns once its lines are queued and the lines
+  of two writes never interleave. The queue holds far more than one ``write()`` can bring (:data:`ROOM`): while it
+  is fuller than that, :meth:`PartitionAppender.wait_room` (called in a worker thread) waits for it to drain.
+- ``sync`` returns once every line queued before it is acknowledged (delivery reports come in order per partition,
+  so a count is enough), bounded by ``delivery.timeout.ms`` plus :data:`SYNC_MARGIN_S`.
+- A failed delivery is kept until the next ``append_lines``, ``check`` or ``sync`` of the partition, which raises
+  it (``EIO``) once and forgets it. The lines queued after the failed one were failed with it by the producer
+  (never sent); the producer is then replaced (:meth:`ClusterAppends._replace`: its queue purged first), so what
+  the writer writes after the error goes out on a new producer, after everything the old one delivered.
+
+The engine's rule holds: no trio, no pyfuse3.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import threading
+import time
+
+from ..errors import ClusterError
+from ..format import lines as line_format
+
+log = logging.getLogger(__name__)
+
+QUEUE_MESSAGES = 4_000_000  # librdkafka's queue.buffering.max.messages here
+ROOM = 2_000_000  # a write() starts only while fewer messages than this are queued (one write brings < 600k lines)
+TIMEOUT_SCAN_MS = 1000  # how often librdkafka looks for messages past message.timeout.ms
+CLOSE_STALL_S = 5.0  # at unmount, how long queued lines are waited for without any acknowledgement
+SYNC_MARGIN_S = 5.0  # beyond delivery.timeout.ms, how long a sync waits before it calls the delivery failed
+DEFAULT_DELIVERY_TIMEOUT_MS = 120_000  # Kafka's delivery.timeout.ms
+
+
+def _authorization(err) -> bool:
+    return "AUTHORIZATION" in err.name()
+
+
+class PartitionState:
+    """One partition's deliveries: queued and reported counts, and the failure not yet raised."""
+
+    __slots__ = ("queued", "done", "failed", "failed_errno")
+
+    def __init__(self):
+        self.queued = 0
+        self.done = 0
+        self.failed: str | None = None
+        self.failed_errno = errno.EIO
+
+
+class PartitionAppender:
+    """A partition's appends (see the module's docstring). ``append_lines`` has the signature of
+    :meth:`Log.append_lines`, so a file handle appends through either."""
+
+    def __init__(self, appends: "ClusterAppends", topic: str, partition: int, config):
+        self.appends = appends
+        self.topic = topic
+        self.partition = partition
+        self.config = config  # the topic's LogConfig: its line format and max.message.bytes
+        self._format = None  # its LineFormat, made at the first append
+        self.state = PartitionState()
+
+    def check(self) -> None:
+        """Raise the failed delivery not raised yet (once)."""
+        state = self.state
+        if state.failed is not None:
+            with self.appends.cond:
+                message, code, state.failed = state.failed, state.failed_errno, None
+            if message is not None:
+                raise ClusterError(f"{self.topic}-{self.partition}: a line was not delivered: {message}", code)
+
+    def append_lines(self, prefix: bytes, data, end: int, headers=None):
+        self.check()
+        text = prefix + bytes(data[: end - 1])
+        fmt = self._format
+        if fmt is None:
+            fmt = self._format = line_format.LineFormat.of(self.config)
+        lines = text.split(b"\n")
+        if fmt.plain:  # (the common case: each line is the value)
+            values, keys = lines, None
+            longest = max(map(len, lines))
+        else:
+            values, keys = fmt.parse_lines(lines)
+            longest = max(len(v or b"") + len((keys[i] if keys else None) or b"") for i, v in enumerate(values))
+        line_format.check_record_size(self.config, longest)
+        line_format.check_keys(self.config, keys)
+        self.appends.produce(self, values, keys, list(headers) if headers else None)
+        return None
+
+    def needs_room(self) -> bool:
+        return self.appends.queued() >= ROOM
+
+    def wait_room(self) -> None:
+        """Wait (a worker thread) until the producer's queue has room for a write's lines."""
+        deadline = time.monotonic() + self.appends.delivery_timeout_s + SYNC_MARGIN_S
+        while self.appends.queued() >= ROOM:
+            if time.monotonic() > deadline or self.appends.stopping.is_set():
+                raise ClusterError("the producer's queue did not drain in time", errno.EIO)
+            time.sleep(0.01)
+
+    def sync(self) -> None:
+        """Return once every line queued before is acknowledged; raise a failed delivery (``EIO``)."""
+        appends, state = self.appends, self.state
+        timeout = appends.delivery_timeout_s + SYNC_MARGIN_S
+        deadline = time.monotonic() + timeout
+        with appends.cond:
+            target = state.queued
+            while state.done < target:
+                remaining = deadline - time.monotonic()
+                if appends.stopping.is_set() or appends.closed:
+                    # (the daemon stops: a stop signal waits for this worker thread, not for delivery.timeout.ms)
+                    raise ClusterError(f"{self.topic}-{self.partition}: lines not acknowledged before the mount "
+                                       f"stopped", errno.EIO)
+                if remaining <= 0:
+                    raise ClusterError(f"{self.topic}-{self.partition}: lines not acknowledged in {timeout:.0f} s",
+                                       errno.EIO)
+                appends.cond.wait(min(remaining, 0.5))
+        self.check()
+
+    def delivered(self, err, _msg) -> None:
+        """librdkafka's delivery report of one of this partition's lines (on the poll thread)."""
+        appends = self.appends
+        with appends.cond:
+            state = self.state
+            state.done += 1
+            if err is not None:
+                if state.failed is None:
+                    state.failed = err.str()
+                    state.failed_errno = errno.EACCES if _authorization(err) else errno.EIO
+                appends.broken = True
+                appends.failed_deliveries += 1
+            else:
+                appends.acked += 1
+            appends.cond.notify_all()
+
+
+class ClusterAppends:
+    """The mount's producer, its poll thread, and the partitions' appenders."""
+
+    def __init__(self, config: dict):
+        self.config = {"enable.idempotence": True, "acks": "all", "enable.gapless.guarantee": True,
+                       "linger.ms": 5, "queue.buffering.max.messages": QUEUE_MESSAGES, **config}
+        timeout = int(self.config.pop("delivery.timeout.ms", None) or self.config.pop("message.timeout.ms", None)
+                      or DEFAULT_DELIVERY_TIMEOUT_MS)
+        self.delivery_timeout_s = timeout / 1000
+        # librdkafka looks at its messages' timeouts about once a second: a message times out up to a second after
+        # message.timeout.ms. Given that much less, a write waits at most delivery.timeout.ms, as Kafka's Java
+        # producer promises (measured: EIO 4.2 s after the broker stopped with 3000 given as it is).
+        self.config["message.timeout.ms"] = max(timeout - TIMEOUT_SCAN_MS, min(timeout, TIMEOUT_SCAN_MS))
+        self.cond = threading.Condition()
+        self.partitions: dict[tuple[str, int], PartitionAppender] = {}
+        self.broken = False  # a delivery failed: the producer is replaced (its queue purged first)
+        self.closed = False
+        # Set when the daemon stops (the manager's ``stopping``, given at attach): waits in worker threads end.
+        self.stopping = threading.Event()
+        self.acked = self.failed_deliveries = self.produced = 0
+        self._producer = None
+        self._thread: threading.Thread | None = None
+
+    def _new_producer(self):
+        from confluent_kafka import Producer  # (only a cluster mount loads the client)
+
+        return Producer({**self.config, "error_cb": self._error})
+
+    def _error(self, err) -> None:
+        if err.fatal():
+            log.warning("the producer failed: %s (it is replaced)", err.str())
+            with self.cond:
+                self.broken = True
+        else:
+            log.debug("producer: %s", err.str())
+
+    def start(self) -> None:
+        self._producer = self._new_producer()
+        self._thread = threading.Thread(target=self._run, name="logfs-producer", daemon=True)
+        self._thread.start()
+
+    def appender(self, topic: str, partition: int, config) -> PartitionAppender:
+        with self.cond:
+            found = self.partitions.get((topic, partition))
+            if found is None:
+                found = self.partitions[(topic, partition)] = PartitionAppender(self, topic, partition, config)
+            return found
+
+    def queued(self) -> int:
+        return len(self._producer)
+
+    def produce(self, appender: PartitionAppender, values, keys, headers) -> None:
+        from confluent_kafka import KafkaException
+
+        producer, topic, partition = self._producer, appender.topic, appender.partition
+        report = appender.delivered
+        try:
+            for i, value in enumerate(values):
+                producer.produce(topic, value, keys[i] if keys else None, partition, on_delivery=report,
+                                 headers=headers)
+                appender.state.queued += 1
+        except (KafkaException, BufferError) as exc:
+            # (a fatal producer, being replaced: what this write queued before is failed with it)
+            with self.cond:
+                self.broken = True
+            raise ClusterError(f"{topic}-{partition}: the producer refused a line: {exc}", errno.EIO) from None
+        self.produced += len(values)
+
+    def _run(self) -> None:
+        while True:
+            producer = self._producer
+            producer.poll(0.05)
+            if self.broken:
+                self._replace()
+            if self.closed and len(producer) == 0:
+                return
+
+    def _replace(self) -> None:
+        """A new producer after a failed delivery: the old one's queue is purged (those lines are never sent; their
+        reports fail them), its reports served, and the next line goes out on the new one."""
+        old = self._producer
+        try:
+            old.purge(True, True, False)
+        except Exception as exc:
+            log.debug("purging the failed producer: %s", exc)
+        old.poll(0)
+        try:
+            old.flush(1.0)
+        except Exception:
+            pass
+        with self.cond:
+            self.broken = False
+            self._producer = self._new_producer()
+            self.cond.notify_all()
+
+    def close(self, timeout: float | None = None) -> None:
+        """Wait for what is queued while the cluster acknowledges it (at most ``timeout``, by default
+        ``delivery.timeout.ms``, and at most :data:`CLOSE_STALL_S` without an acknowledgement: with no broker
+        answering, an unmount or a stop takes seconds, not the delivery timeout), then stop."""
+        if self._producer is None:
+            return
+        timeout = self.delivery_timeout_s if timeout is None else timeout
+        now = time.monotonic()
+        deadline, progress_at, reported = now + timeout, now, self.acked + self.failed_deliveries
+        while len(self._producer) and now < deadline and now - progress_at < CLOSE_STALL_S:
+            time.sleep(0.02)
+            now = time.monotonic()
+            if self.acked + self.failed_deliveries != reported:
+                progress_at, reported = now, self.acked + self.failed_deliveries
+        left = len(self._producer)
+        if left:
+            log.warning("%d lines were not acknowledged at unmount: they may not be in the cluster", left)
+            try:
+                self._producer.purge(True, True, False)
+            except Exception:
+                pass
+        with self.cond:
+            self.closed = True
+            self.cond.notify_all()
+        if self._thread is not None:
+            self._thread.join(2.0)

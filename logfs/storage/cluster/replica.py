@@ -1,0 +1,361 @@
+"""The local replica of a Kafka cluster's partitions: what the mount reads (CONTRACT.md section 15, "Reading").
+
+One consumer (``isolation.level=read_committed``, partitions assigned, no group membership) in one thread of its
+own fetches every partition of every topic the cluster's metadata lists, from its log start offset, and writes the
+records into ``CACHE/replica/<topic>-<n>/`` as Kafka-format segments: batches re-encoded with the records' own
+offsets (with the gaps aborted records and transaction markers leave), timestamps (and their type), keys and
+headers. That directory is a log directory as a broker writes it, and the mount serves it exactly as it serves a
+running broker's (:class:`~logfs.storage.broker.BrokerLogs`: logfs's indexes beside it, appends, rolls and removals
+followed by polling). So positions, the ``offset.``/``position.``/``time.`` xattrs, ``tail -f`` and the Spark source
+work as on a local mount, with no second reader of the format.
+
+- **Namespace.** Every :data:`REFRESH_S` the metadata is asked for: a partition new to it gets a directory with an
+  empty segment at the partition's log start offset (a broker's new partition looks the same), and is fetched from
+  there; a topic gone from it (deleted) has its directories renamed ``-delete`` (the mount serves them no more) and
+  removed. Kafka's internal topics (``__consumer_offsets``, ...) are not listed.
+- **A first open of a large partition.** The replica starts at the log start offset (positions need the length of
+  everything before them) and is filled in the background from the mount's start: a partition file shows what has
+  been fetched so far and grows as the fetcher catches up, as a ``tail -f`` would see it. A remount fetches again
+  (the replica is emptied at mount).
+- **The cache's bound** (``logfs.remote.cache.bytes``): a segment rolls at :data:`SEGMENT_BYTES` (or an eighth of
+  the bound, if smaller); when the replica holds more than the bound, the oldest sealed segments (of any partition)
+  are removed, as retention would: renamed ``.deleted`` (a reader that pinned one keeps reading it) and unlinked
+  :data:`DELETE_DELAY_S` later. The partition's file then starts at its first remaining segment: the log start
+  offset the mount shows moves up, and the lines before it are read through a Kafka consumer, not the mount.
+
+The engine's rule holds: no trio, no pyfuse3. Only this thread writes under the replica directory.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from ..format import records as rec
+from ..names import DELETED_SUFFIX, LOG_SUFFIX, filename_prefix, partition_dir_name
+
+log = logging.getLogger(__name__)
+
+REFRESH_S = 1.0  # how often the cluster's metadata is asked for (topics created and deleted elsewhere)
+SEGMENT_BYTES = 64 << 20
+DELETE_DELAY_S = 30.0  # a segment removed for the cache's bound is unlinked this long after its rename
+BATCH_RECORDS = 2048  # at most this many records per re-encoded batch
+BATCH_BYTES = 256 << 10  # ... and about this many bytes of values
+METADATA_TIMEOUT_S = 5.0
+LOG_APPEND_TIME = 2  # confluent_kafka.TIMESTAMP_LOG_APPEND_TIME (1: CreateTime)
+ATTR_LOG_APPEND_TIME = 0x08
+
+
+@dataclass
+class ReplicaPartition:
+    """One partition's directory in the replica: its segments (base offset -> size) and the active one's file."""
+    directory: str
+    segments: dict[int, int] = field(default_factory=dict)
+    active_base: int = 0
+    next_offset: int = 0  # the offset after the last record written
+    last_timestamp: int = 0  # the last record's
+    fd: int = -1
+
+    def open_segment(self, base: int) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+        path = os.path.join(self.directory, filename_prefix(base) + LOG_SUFFIX)
+        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self.segments[base] = 0
+        self.active_base = base
+
+    def write(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(self.fd, view):]
+        self.segments[self.active_base] += len(data)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    @property
+    def size(self) -> int:
+        return sum(self.segments.values())
+
+
+def encode_batches(messages) -> list[bytes]:
+    """Kafka v2 batches of ``messages`` (one partition's, ascending offsets, confluent_kafka Messages): their own
+    offsets (gaps kept as offset deltas), timestamps, keys and headers, cut at :data:`BATCH_RECORDS` records or about
+    :data:`BATCH_BYTES`. A batch holds one timestamp type (the topic's): a change of type starts a new batch."""
+    out = []
+    i = 0
+    while i < len(messages):
+        first = messages[i]
+        kind = first.timestamp()[0]
+        group, size = [], 0
+        while i < len(messages) and len(group) < BATCH_RECORDS and size < BATCH_BYTES:
+            m = messages[i]
+            if m.timestamp()[0] != kind:
+                break
+            group.append(m)
+            size += len(m.value() or b"") + len(m.key() or b"")
+            i += 1
+        base = group[0].offset()
+        stamps = [m.timestamp()[1] for m in group]
+        out.append(rec.build_batch_generic(
+            base, stamps[0], [m.value() for m in group], keys=[m.key() for m in group],
+            headers=[tuple(m.headers() or ()) for m in group], timestamps=stamps,
+            offset_deltas=[m.offset() - base for m in group],
+            attributes=ATTR_LOG_APPEND_TIME if kind == LOG_APPEND_TIME else 0))
+    return out
+
+
+class Replica:
+    """The fetcher and its directory (see the module's docstring). ``start`` asks for the metadata once (an
+    unreachable cluster fails the mount there) and starts the thread; ``close`` stops it."""
+
+    def __init__(self, directory: str, consumer_config: dict, cache_bytes: int):
+        self.directory = directory
+        self.consumer_config = dict(consumer_config)
+        self.cache_bytes = cache_bytes
+        self.segment_bytes = max(1 << 20, min(SEGMENT_BYTES, cache_bytes // 8)) if cache_bytes else SEGMENT_BYTES
+        self.partitions: dict[tuple[str, int], ReplicaPartition] = {}
+        self.refreshed = threading.Event()  # set after each metadata refresh (creations and deletions wait on it)
+        self.generation = 0  # metadata refreshes done
+        self._deleted: list[tuple[float, str]] = []  # (when, path) of segments and directories to remove
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._refresh_now = threading.Event()
+        self.fetched_records = 0
+        self.error: str | None = None  # the last fetch or metadata error, for the log and the metrics
+        self._message_error: str | None = None  # the last error the consumer returned for one partition
+        self._lags: dict[tuple[str, int], int] = {}  # (metrics) noted by the fetcher's thread at each refresh
+
+    # -- lifecycle ------------------------------------------------------------------------------------------
+    def start(self) -> None:
+        from confluent_kafka import Consumer  # (only a cluster mount loads the client)
+
+        if os.path.isdir(self.directory):
+            shutil.rmtree(self.directory)  # (rebuilt each mount: see the module's docstring)
+        os.makedirs(self.directory)
+        config = {"group.id": f"logfs-replica-{uuid.uuid4().hex}", "enable.auto.commit": False,
+                  "isolation.level": "read_committed", "auto.offset.reset": "earliest",
+                  "enable.partition.eof": False, "fetch.wait.max.ms": 100, **self.consumer_config}
+        self.consumer = Consumer(config)
+        self._refresh(METADATA_TIMEOUT_S)  # (raises when the cluster does not answer: the mount fails)
+        self._thread = threading.Thread(target=self._run, name="logfs-replica", daemon=True)
+        self._thread.start()
+
+    def close(self, timeout: float = 10.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            if self._thread.is_alive():
+                log.warning("the replica's fetcher did not stop in %.0f s", timeout)
+                return
+        consumer = getattr(self, "consumer", None)
+        if consumer is None:
+            return  # (never started)
+        try:
+            consumer.close()
+        except Exception as exc:  # (a cluster that went away: nothing to commit, nothing to lose)
+            log.debug("closing the replica's consumer: %s", exc)
+        for part in self.partitions.values():
+            part.close()
+
+    def refresh_soon(self) -> int:
+        """Ask for the metadata at the fetcher's next turn; returns the generation to wait past."""
+        generation = self.generation
+        self._refresh_now.set()
+        return generation
+
+    def wait_refreshed(self, past: int, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while self.generation <= past + 1:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            self.refreshed.wait(min(remaining, 0.05))
+            self.refreshed.clear()
+        return True
+
+    # -- the thread ------------------------------------------------------------------------------------------
+    def _run(self) -> None:
+        next_refresh = time.monotonic() + REFRESH_S
+        while not self._stop.is_set():
+            try:
+                if time.monotonic() >= next_refresh or self._refresh_now.is_set():
+                    self._refresh_now.clear()
+                    self._refresh(1.0)
+                    self._note_lags()
+                    next_refresh = time.monotonic() + REFRESH_S
+                self._fetch()
+                self._bound()
+                self._purge()
+                if self.error is not None:
+                    log.info("the replica fetches again")
+                    self.error = None
+            except Exception as exc:  # (a cluster that does not answer: reported once, tried again)
+                if self.error is None:
+                    log.warning("the replica cannot fetch: %s", exc)
+                self.error = str(exc)
+                self._stop.wait(0.5)
+
+    def _refresh(self, timeout: float) -> None:
+        from confluent_kafka import TopicPartition
+
+        metadata = self.consumer.list_topics(timeout=timeout)
+        topics, unsure = {}, set()
+        for name, t in metadata.topics.items():
+            if name.startswith("__"):
+                continue  # (Kafka's internal topics)
+            if t.error is not None:
+                unsure.add(name)  # (a leader being elected, an authorization: nothing changes for it now)
+                continue
+            topics[name] = sorted(t.partitions)
+        new = []
+        for topic, numbers in topics.items():
+            for n in numbers:
+                if (topic, n) not in self.partitions:
+                    new.append((topic, n))
+        for key in [k for k in self.partitions if k[0] not in unsure and k[1] not in topics.get(k[0], ())]:
+            self._drop(key)  # (its topic deleted)
+        assign = []
+        for topic, n in new:
+            try:
+                low, _ = self.consumer.get_watermark_offsets(TopicPartition(topic, n), timeout=timeout,
+                                                             cached=False)
+            except Exception as exc:  # (a new partition without a leader yet: the next refresh tries again)
+                log.debug("%s-%d: no log start offset yet: %s", topic, n, exc)
+                continue
+            low = max(low, 0)
+            part = ReplicaPartition(os.path.join(self.directory, partition_dir_name(topic, n)), next_offset=low)
+            os.makedirs(part.directory, exist_ok=True)
+            part.open_segment(low)
+            self.partitions[(topic, n)] = part
+            assign.append(TopicPartition(topic, n, low))
+        if assign:
+            self.consumer.incremental_assign(assign)
+        self.generation += 1
+        self.refreshed.set()
+
+    def _drop(self, key: tuple[str, int]) -> None:
+        from confluent_kafka import TopicPartition
+
+        part = self.partitions.pop(key)
+        part.close()
+        try:
+            self.consumer.incremental_unassign([TopicPartition(*key)])
+        except Exception as exc:
+            log.debug("unassigning %s-%d: %s", *key, exc)
+        gone = f"{part.directory}.{uuid.uuid4().hex}-delete"
+        os.rename(part.directory, gone)
+        self._deleted.append((time.monotonic() + DELETE_DELAY_S, gone))
+
+    def _fetch(self) -> None:
+        messages = self.consumer.consume(num_messages=10000, timeout=0.1)
+        if not messages:
+            return
+        by_partition: dict[tuple[str, int], list] = {}
+        for m in messages:
+            if m.error() is not None:
+                # One partition's error (its topic deleted meanwhile, a leader moving): the others' records of the
+                # same call are written all the same (the consumer's positions moved past them).
+                err = f"{m.topic()}-{m.partition()}: {m.error().str()}"
+                if err != self._message_error:  # (logged when it changes, not at every fetch)
+                    log.warning("the replica's fetch of %s", err)
+                    self._message_error = err
+                continue
+            by_partition.setdefault((m.topic(), m.partition()), []).append(m)
+        for key, group in by_partition.items():
+            part = self.partitions.get(key)
+            if part is None:
+                continue  # (deleted since)
+            group = [m for m in group if m.offset() >= part.next_offset]  # (a re-fetch after a reset)
+            if not group:
+                continue
+            if part.segments[part.active_base] >= self.segment_bytes:
+                part.open_segment(part.next_offset)  # (roll: the next batches start at or after it)
+            part.write(b"".join(encode_batches(group)))
+            part.next_offset = group[-1].offset() + 1
+            part.last_timestamp = group[-1].timestamp()[1]
+            self.fetched_records += len(group)
+
+    def _past_markers(self) -> None:
+        """A partition whose consumer position is past the replica's next offset (the last records fetched were
+        transaction markers or aborted records, which a read_committed consumer does not return) gets an empty
+        batch up to it, as Kafka's cleaner leaves one: the replica's log end offset is then the cluster's, and an
+        open file's next lines keep their offsets. Its timestamps are the last record's (time lookups see none)."""
+        from confluent_kafka import TopicPartition
+
+        keys = list(self.partitions)
+        if not keys:
+            return
+        for tp in self.consumer.position([TopicPartition(*k) for k in keys]):
+            part = self.partitions.get((tp.topic, tp.partition))
+            if part is None or tp.error is not None or tp.offset <= part.next_offset:
+                continue
+            part.write(rec.build_batch_generic(part.next_offset, part.last_timestamp, [],
+                                               last_offset_delta=tp.offset - 1 - part.next_offset))
+            part.next_offset = tp.offset
+
+    def _bound(self) -> None:
+        """Remove the oldest sealed segments while the replica holds more than the cache's bound."""
+        if not self.cache_bytes:
+            return
+        total = sum(p.size for p in self.partitions.values())
+        while total > self.cache_bytes:
+            oldest = None
+            for part in self.partitions.values():
+                sealed = [b for b in part.segments if b != part.active_base]
+                if sealed:
+                    path = os.path.join(part.directory, filename_prefix(min(sealed)) + LOG_SUFFIX)
+                    mtime = os.stat(path).st_mtime_ns
+                    if oldest is None or mtime < oldest[0]:
+                        oldest = (mtime, part, min(sealed), path)
+            if oldest is None:
+                return  # only active segments: nothing sealed to remove
+            _, part, base, path = oldest
+            os.rename(path, path + DELETED_SUFFIX)
+            total -= part.segments.pop(base)
+            self._deleted.append((time.monotonic() + DELETE_DELAY_S, path + DELETED_SUFFIX))
+
+    def _purge(self) -> None:
+        now = time.monotonic()
+        due = [p for when, p in self._deleted if when <= now]
+        if not due:
+            return
+        self._deleted = [(w, p) for w, p in self._deleted if w > now]
+        for path in due:
+            if os.path.isdir(path):
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                try:
+                    os.unlink(path)
+                except FileNotFoundError:
+                    pass
+
+    def cache_used(self) -> int:
+        """Bytes of the replica's live segments (from any thread: the thread may change them meanwhile)."""
+        return sum(sum(list(p.segments.values())) for p in list(self.partitions.values()))
+
+    def lags(self) -> dict[tuple[str, int], int]:
+        """(topic, partition) -> the high watermark the fetches last saw less the replica's next offset, -1 when
+        not known yet (from any thread: a copy of what the fetcher's thread noted at its last metadata refresh;
+        the consumer itself is never called from another thread, where its calls wait for the fetcher's)."""
+        return dict(self._lags)
+
+    def _note_lags(self) -> None:
+        from confluent_kafka import TopicPartition
+
+        self._past_markers()
+        lags = {}
+        for key, part in self.partitions.items():
+            try:
+                _, high = self.consumer.get_watermark_offsets(TopicPartition(*key), cached=True)
+            except Exception:
+                high = -1
+            lags[key] = max(0, high - part.next_offset) if high >= 0 else -1
+        self._lags = lags

@@ -1,0 +1,294 @@
+"""A Kafka cluster as the store: ``logfs kafka://HOST:PORT MNT`` (CONTRACT.md section 15; issue 46, first step).
+
+The session's broker is the cluster; each test makes its own topics. A mount is a real FUSE mount in the foreground
+(its log is checked), its cache directory its own, so two mounts stand for two hosts. What goes in through the mount
+is read back with Kafka's own consumer, and what Kafka's own producer writes is read through the mount:
+
+- ``echo >>`` through the mount, then ``fsync``: a ``read_committed`` consumer reads those lines as records, in
+  order, once each; and the mount's file shows them (through its replica);
+- Kafka's producer writes records (keys, headers, timestamps), and transactions it aborts (one in the middle, one
+  last): ``cat`` shows the committed values as lines, ``position.``/``offset.``/``time.``/``log_*_offset`` answer as
+  on a local log (the end past the last marker), and the replica's segments decode to the consumer's records;
+- two mounts append to one partition at once: both files are equal, every line is there once, equal to what
+  Kafka's consumer reads, and a ``tail -f`` on one sees the lines written through the other;
+- ``mkdir`` creates a topic (``num.partitions`` from ``-o``), ``rm -r`` deletes it (Kafka's admin says so), and
+  another mount sees both; an unknown topic is ``ENOENT``; ``kafka.*`` settings are refused on other mounts, and a
+  cluster that does not answer fails the mount in one line;
+- the cache's bound: the replica's oldest segments go, the file starts later; the metrics count what went through.
+
+The broker stopped (a broker of this module's own): tests/kafka/test_kafka_store_failures.py.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import subprocess
+import threading
+
+import pytest
+
+from logfs.storage.format import records as rec
+from logfs.testing.kafka import free_port
+
+from harness import daemon_env as code_env, daemon_pids, expect_errno, logfs_command, sh, wait_for
+
+pytestmark = pytest.mark.mount
+
+
+def kafka_mount(mount_logfs, bootstrap: str, name: str, cache, *options: str):
+    """A foreground ``kafka://`` mount with its own cache directory (``cache``)."""
+    def prepare(m):
+        m.source = f"kafka://{bootstrap}"
+        m.pids = lambda: daemon_pids(m.source, m.mnt)  # (two mounts of one cluster: told apart by mount point)
+
+    return mount_logfs(f"logfs.remote.cache.dir={cache}", "logfs.broker.poll.ms=50", *options, foreground=True,
+                       name=name, prepare=prepare)
+
+
+@pytest.fixture
+def mounts(mount_logfs, kafka_broker, tmp_path):
+    def make(name: str = "m", *options: str):
+        return kafka_mount(mount_logfs, kafka_broker.bootstrap, name, tmp_path / f"{name}-cache", *options)
+
+    return make
+
+
+def read(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def wait_content(path: str, want: bytes, timeout: float = 30) -> None:
+    wait_for(lambda: os.path.exists(path) and read(path) == want, timeout, what=f"{path} to read {want[:80]!r}...")
+
+
+def test_echo_appends_are_kafka_records(mounts, kafka_broker, kafka_client, tmp_path):
+    metrics = tmp_path / "metrics.prom"
+    m = mounts("m", f"logfs.metrics.file={metrics}", "logfs.metrics.interval.ms=100")
+    os.mkdir(m.path("echoed"))
+    assert sorted(os.listdir(m.path("echoed"))) == ["0"]
+    sh(f"echo first >> {m.path('echoed', 0)}")
+    lines = [b"line %d" % i for i in range(500)]
+    fd = os.open(m.path("echoed", 0), os.O_WRONLY | os.O_APPEND)
+    try:
+        for i in range(0, len(lines), 100):
+            chunk = b"".join(line + b"\n" for line in lines[i:i + 100])
+            assert os.write(fd, chunk) == len(chunk)
+        os.write(fd, b"partial ")  # (held until its newline, as on a local mount)
+        os.write(fd, b"line\n")
+        os.fsync(fd)  # returns once every line is acknowledged: a consumer reads them now
+    finally:
+        os.close(fd)
+    records = kafka_client.consume(kafka_broker.bootstrap, "echoed", 0)
+    want = [b"first", *lines, b"partial line"]
+    assert [r.value for r in records] == want
+    assert [r.offset for r in records] == list(range(len(want)))
+    assert all(r.key is None for r in records)
+    wait_content(m.path("echoed", 0), b"".join(v + b"\n" for v in want))
+    assert m.getx("echoed/0", "log_end_offset") == str(len(want))
+
+    def metric(name: str) -> str | None:
+        for line in metrics.read_text().splitlines():
+            if line.startswith(name + " "):
+                return line.split()[1]
+        return None
+
+    wait_for(lambda: metric('logfs_kafka_replica_lag_offsets{topic="echoed",partition="0"}') == "0", 10,
+             what="the metrics of the caught-up replica")
+    assert metric("logfs_kafka_produced_records_total") == metric("logfs_kafka_acknowledged_records_total") == str(
+        len(want))
+    assert metric("logfs_kafka_failed_deliveries_total") == "0"
+    assert int(metric("logfs_kafka_fetched_records_total")) == len(want)
+    assert int(metric("logfs_kafka_replica_bytes")) > 0
+
+
+def test_kafka_producer_records_read_through_the_mount(mounts, kafka_broker, kafka_client, tmp_path):
+    kafka_client.create_topics(kafka_broker.bootstrap, [{"name": "produced", "partitions": 2,
+                                                         "replication_factor": 1, "configs": {}}])
+    t0 = 1_700_000_000_000
+    entries = []
+    for i in range(40):
+        entries.append({"topic": "produced", "partition": i % 2, "value": b"value %d" % i, "key": b"k%d" % i,
+                        "headers": [("h", b"x")], "timestamp": t0 + i * 1000})
+    # A transaction that aborts: its records are never shown (read_committed), their offsets are a gap.
+    aborted = [{"txn": "begin"}, *({"topic": "produced", "partition": 0, "value": b"aborted %d" % i,
+                                    "timestamp": t0 + 100_000} for i in range(3)), {"txn": "abort"}]
+    kafka_client.produce(kafka_broker.bootstrap, entries, enable_idempotence="true")
+    kafka_client.produce(kafka_broker.bootstrap, aborted, transactional_id="logfs-test-abort")
+    kafka_client.produce(kafka_broker.bootstrap, [{"topic": "produced", "partition": 0, "value": b"after",
+                                                   "timestamp": t0 + 200_000}])
+    # ... and one last: the partition ends with a marker, which the consumer does not return (the replica learns the
+    # end from its position)
+    kafka_client.produce(kafka_broker.bootstrap, aborted, transactional_id="logfs-test-abort")
+    m = mounts()
+    assert sorted(os.listdir(m.path("produced"))) == ["0", "1"]
+    for p in (0, 1):
+        records = kafka_client.consume(kafka_broker.bootstrap, "produced", p)
+        want = b"".join(r.value + b"\n" for r in records)
+        wait_content(m.path("produced", p), want)
+        rel = f"produced/{p}"
+        assert m.getx(rel, "log_start_offset") == "0"
+        position = 0
+        for r in records:
+            assert m.getx(rel, f"position.{r.offset}") == str(position)
+            assert m.getx(rel, f"offset.{position}") == str(r.offset)
+            with open(m.path(rel), "rb") as f:
+                f.seek(position)
+                assert f.readline() == r.value + b"\n"
+            position += len(r.value) + 1
+        assert m.getx(rel, f"time.{t0 + 10_000}") == str(next(r.offset for r in records if r.timestamp >= t0 + 10_000))
+    # The replica's segments hold the consumer's records as Kafka wrote them: offsets, timestamps, keys, headers.
+    for p in (0, 1):
+        replica = tmp_path / "m-cache" / "replica" / f"produced-{p}"
+        held = []
+        for segment in sorted(replica.glob("*.log")):
+            buf = segment.read_bytes()
+            for pos, header in rec.iter_headers(buf):
+                held += [(r.offset, r.timestamp, r.key, r.value, [(k, v) for k, v in r.headers])
+                         for r in rec.decode(buf, pos, header.size)]
+        assert held == [(r.offset, r.timestamp, r.key, r.value, r.headers)
+                        for r in kafka_client.consume(kafka_broker.bootstrap, "produced", p)]
+    end = kafka_client.list_offsets(kafka_broker.bootstrap, "produced", 0)["latest"]
+    wait_for(lambda: m.getx("produced/0", "log_end_offset") == str(end), 10,  # (past the last marker, as Kafka's)
+             what="the replica's log end offset to be the cluster's")
+    assert read(m.path("produced", 0)).endswith(b"value 38\nafter\n")
+
+
+def test_two_mounts_one_partition(mounts, kafka_broker, kafka_client):
+    a = mounts("a")
+    os.mkdir(a.path("shared"))
+    b = mounts("b")
+    wait_for(lambda: os.path.exists(b.path("shared", 0)), 10, what="the topic on the second mount")
+    # tail -f on b, started before anything is written
+    tail = subprocess.Popen(["tail", "-c", "+1", "-f", b.path("shared", 0)], stdout=subprocess.PIPE)
+    seen = bytearray()
+
+    def follow() -> None:
+        for chunk in iter(lambda: tail.stdout.read1(65536), b""):
+            seen.extend(chunk)
+
+    reader = threading.Thread(target=follow, daemon=True)
+    reader.start()
+    try:
+        per_writer = 300
+
+        def writer(m, name: bytes) -> None:
+            fd = os.open(m.path("shared", 0), os.O_WRONLY | os.O_APPEND)
+            try:
+                for i in range(per_writer):
+                    line = b"%s %d\n" % (name, i)
+                    assert os.write(fd, line) == len(line)
+                    if i % 50 == 0:
+                        os.fsync(fd)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+        threads = [threading.Thread(target=writer, args=(m, name)) for m, name in
+                   ((a, b"a1"), (a, b"a2"), (b, b"b1"), (b, b"b2"))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        records = kafka_client.consume(kafka_broker.bootstrap, "shared", 0)
+        want = b"".join(r.value + b"\n" for r in records)
+        assert sorted(r.value for r in records) == sorted(b"%s %d" % (n, i) for n in (b"a1", b"a2", b"b1", b"b2")
+                                                          for i in range(per_writer))
+        for name in (b"a1", b"a2", b"b1", b"b2"):  # each writer's lines in its order
+            assert [r.value for r in records if r.value.startswith(name + b" ")] == [
+                b"%s %d" % (name, i) for i in range(per_writer)]
+        wait_content(a.path("shared", 0), want)
+        wait_content(b.path("shared", 0), want)
+        wait_for(lambda: bytes(seen) == want, 30, what="tail -f on b to see every line")
+    finally:
+        tail.terminate()
+        tail.wait()
+
+
+def test_mkdir_and_rm_r(mounts, kafka_broker, kafka_client):
+    m = mounts("m", "num.partitions=3")
+    other = mounts("other")  # another host: it sees the topic come and go through the cluster's metadata
+    os.mkdir(m.path("made"))
+    assert sorted(os.listdir(m.path("made"))) == ["0", "1", "2"]
+    assert "made" in os.listdir(m.path())
+    wait_for(lambda: os.path.isdir(other.path("made")) and sorted(os.listdir(other.path("made"))) == ["0", "1", "2"],
+             10, what="the topic on the other mount")
+    expect_errno(errno.EEXIST, os.mkdir, m.path("made"))
+    meta = kafka_client.list_offsets(kafka_broker.bootstrap, "made", 2)
+    assert meta["latest"] == 0
+    sh(f"echo x >> {m.path('made', 1)}")
+    expect_errno(errno.ENOTEMPTY, os.rmdir, m.path("made"))  # (its partition files first, as on a local mount)
+    expect_errno(errno.EOPNOTSUPP, os.setxattr, m.path("made"), "user.logfs.config.retention.ms", b"1000")
+    sh(f"rm -r {m.path('made')}")
+    assert "made" not in os.listdir(m.path())
+    expect_errno(errno.ENOENT, os.stat, m.path("made"))
+    wait_for(lambda: not os.path.exists(other.path("made")), 10, what="the topic to leave the other mount")
+    with pytest.raises(Exception):
+        kafka_client.list_offsets(kafka_broker.bootstrap, "made", 0)
+
+
+def test_read_only(mounts, kafka_broker, kafka_client):
+    """``-o ro``: the replica alone; every writing call is ``EROFS``."""
+    kafka_client.create_topics(kafka_broker.bootstrap, [{"name": "only-read", "partitions": 1,
+                                                         "replication_factor": 1, "configs": {}}])
+    kafka_client.produce(kafka_broker.bootstrap, [{"topic": "only-read", "partition": 0, "value": b"v%d" % i}
+                                                  for i in range(3)])
+    m = mounts("m", "ro")
+    wait_content(m.path("only-read", 0), b"v0\nv1\nv2\n")
+    expect_errno(errno.EROFS, open, m.path("only-read", 0), "ab")
+    expect_errno(errno.EROFS, os.mkdir, m.path("other"))
+    expect_errno(errno.EROFS, os.unlink, m.path("only-read", 0))
+    expect_errno(errno.EROFS, os.rmdir, m.path("only-read"))
+
+
+def test_unknown_topic_and_refused_creations(mounts):
+    m = mounts()
+    expect_errno(errno.ENOENT, os.stat, m.path("no-such-topic"))
+    expect_errno(errno.ENOENT, open, m.path("no-such-topic", 0), "ab")
+    os.mkdir(m.path("one"))
+    expect_errno(errno.ENOENT, os.stat, m.path("one", 1))
+    expect_errno(errno.EPERM, open, m.path("one", 5), "ab")  # a partition comes with its topic, not by a create
+    expect_errno(errno.EINVAL, os.mkdir, m.path("bad name!"))
+
+
+def test_kafka_settings_only_on_a_kafka_mount(tmp_path):
+    (tmp_path / "mnt").mkdir()
+    r = subprocess.run(logfs_command(tmp_path / "data", tmp_path / "mnt", ["kafka.acks=1"], True),
+                       capture_output=True, text=True, env=code_env(), timeout=60)
+    assert r.returncode == 2 and "kafka://" in r.stderr, r.stderr
+    r = subprocess.run(logfs_command("kafka://nohost", tmp_path / "mnt", [], True), capture_output=True, text=True,
+                       env=code_env(), timeout=60)
+    assert r.returncode == 2 and "HOST:PORT" in r.stderr, r.stderr
+    r = subprocess.run(logfs_command("kafka://127.0.0.1:9092", tmp_path / "mnt", ["kafka.acks=1"], True),
+                       capture_output=True, text=True, env=code_env(), timeout=60)
+    assert r.returncode == 2 and "kafka.acks is set by logfs" in r.stderr, r.stderr
+    # No broker answers: a one-line error, nothing mounted.
+    r = subprocess.run(logfs_command(f"kafka://127.0.0.1:{free_port()}", tmp_path / "mnt",
+                                     [f"logfs.remote.cache.dir={tmp_path / 'cache'}"], True),
+                       capture_output=True, text=True, env=code_env(), timeout=60)
+    assert r.returncode == 1 and "cannot reach the Kafka cluster" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_the_cache_bound(mounts, tmp_path):
+    """Past ``logfs.remote.cache.bytes`` the replica's oldest sealed segments are removed: the file starts later
+    (its log start offset moves up), and shows every line from there."""
+    bound = 4 << 20
+    m = mounts("m", f"logfs.remote.cache.bytes={bound}")
+    os.mkdir(m.path("bounded"))
+    lines = [b"line %07d " % i + b"x" * 86 for i in range(100_000)]  # 100 bytes with the newline: 10 MB
+    with open(m.path("bounded", 0), "wb") as f:  # (no O_APPEND: every write of a Kafka cluster mount appends)
+        for i in range(0, len(lines), 10_000):
+            f.write(b"".join(line + b"\n" for line in lines[i:i + 10_000]))
+            f.flush()
+        os.fsync(f.fileno())
+
+    def caught_up():
+        start = int(m.getx("bounded/0", "log_start_offset"))
+        return start > 0 and read(m.path("bounded", 0)) == b"".join(line + b"\n" for line in lines[start:])
+
+    wait_for(caught_up, 60, what="the replica to hold the newest lines only")
+    replica = tmp_path / "m-cache" / "replica" / "bounded-0"
+    live = [p for p in replica.iterdir() if p.name.endswith(".log")]
+    assert len(live) >= 2 and sum(p.stat().st_size for p in live) <= bound
