@@ -86,7 +86,14 @@ def test_a_partition_moved_between_the_brokers_directories(broker, kafka_client,
         assert seen == expected
         with open(broker.log_file, "rb") as f:
             f.seek(log_at)
-            errors = [line for line in f.read().decode(errors="replace").splitlines() if " ERROR " in line]
+            text = f.read().decode(errors="replace")
+        errors = [line for line in text.splitlines() if " ERROR " in line]
+        if "ReplicaAlterLogDirsThread.updateReassignmentState" in text:
+            # Kafka's own race in promoting the future replica (the controller's answer to the directory
+            # assignment arrives after the promotion: an NullPointerException in its callback, logged by the
+            # AssignmentsManager; the move completes). Seen once in a loaded run; nothing of the mount's.
+            errors = [line for line in errors if "[AssignmentsManager" not in line
+                      or "unexpected callback exception" not in line]
         assert not errors, errors
     finally:
         reader.close()
