@@ -210,6 +210,63 @@ def topic_list() -> list[bytes]:
     return [n.encode() for n in names]
 
 
+# -- a Kafka cluster mount (storage/cluster, CONTRACT section 15 "Administration"): a topic's config names are its
+# config on the cluster (every name DescribeConfigs gives, Kafka's own), set and removed through
+# IncrementalAlterConfigs; the cluster judges names and values (its INVALID_CONFIG is EINVAL, as a local mount answers
+# an unknown name or a bad value). The ``logfs.*`` settings (how this mount shows lines) are no topic config of the
+# cluster's: they read as on a local mount and are not set through a cluster mount. Each call runs in a worker thread.
+
+def _cluster_config_name(name: str) -> bool:
+    """Whether ``name`` is a topic config name the cluster answers (not one of logfs's own settings)."""
+    return name.startswith(PREFIX + CONFIG_PREFIX) and not name.startswith(PREFIX + CONFIG_PREFIX + "logfs.")
+
+
+_UNSET = object()
+
+
+def cluster_topic_get(cluster, topic: str, name: str) -> bytes:
+    value = cluster.topic_configs(topic).get(name[len(PREFIX + CONFIG_PREFIX):], _UNSET)
+    if value is _UNSET:
+        fail(errno.ENODATA)
+    return b"" if value is None else value.encode()
+
+
+def cluster_topic_list(cluster, topic: str) -> list[bytes]:
+    names = [PREFIX + "partitions"] + [PREFIX + CONFIG_PREFIX + k for k in sorted(cluster.topic_configs(topic))]
+    return [n.encode() for n in names]
+
+
+def cluster_topic_set(cluster, topic: str, name: str, value: bytes | None) -> None:
+    """Set (``value``) or remove (None) the topic's config ``name`` on the cluster; the refusals of the other names
+    are a local mount's (:func:`topic_set`)."""
+    if not _cluster_config_name(name):
+        if name.startswith(PREFIX + CONFIG_PREFIX):
+            fail(errno.EOPNOTSUPP)  # (logfs.*: this mount's view settings, not the cluster's)
+        if value is None:
+            fail(errno.ENODATA)
+        if not name.startswith(PREFIX):
+            fail(errno.ENOTSUP)
+        fail(errno.EPERM if name == PREFIX + "partitions" else errno.EINVAL)
+    setting = name[len(PREFIX + CONFIG_PREFIX):]
+    text = None
+    if value is not None:
+        try:
+            text = value.decode("utf-8")
+        except UnicodeDecodeError:
+            fail(errno.EINVAL)
+    cluster.alter_topic_config(topic, setting, text)
+
+
+def cluster_delete_records(manager: LogManager, topic: str, partition: int, value: bytes) -> None:
+    """``setfattr -n user.logfs.log_start_offset -v N`` on a cluster mount: DeleteRecords on the cluster (the value
+    parsed as on a local mount: an ASCII decimal or -1, else EINVAL), then the file starts there."""
+    text = value.decode("ascii", "replace").strip()
+    if text != "-1" and (not (text.isascii() and text.isdigit()) or len(text) > 19):
+        fail(errno.EINVAL)
+    manager.cluster.delete_records(topic, partition, int(text))
+    measure_start(manager.get_log(topic, partition))
+
+
 class Xattrs:
     """The extended attributes of the mount's entries, for :class:`~logfs.fuse.operations.Operations` (its handlers
     of the same names call these): the names and values are the functions above; a lookup that needs the store or
@@ -232,6 +289,8 @@ class Xattrs:
             fail(errno.ENODATA)
         topic, partition = self._resolve(inode)
         if partition is None:
+            if self.manager.cluster is not None and _cluster_config_name(text):
+                return await self.run_blocking(cluster_topic_get, self.manager.cluster, topic, text)
             return topic_get(self.manager, topic, text)
         if text == FUTURE_LOG_DIR:  # the directory a move under way goes to (not listed: only while moving)
             target = self.manager.moving.get((topic, partition))
@@ -294,7 +353,9 @@ class Xattrs:
             return [SINK_PROTOCOL_XATTR.encode()]
         if self.control.is_control(inode):
             return []
-        _, partition = self._resolve(inode)
+        topic, partition = self._resolve(inode)
+        if partition is None and self.manager.cluster is not None:
+            return await self.run_blocking(cluster_topic_list, self.manager.cluster, topic)
         return topic_list() if partition is None else partition_list()
 
     @translate
@@ -308,15 +369,20 @@ class Xattrs:
                 fail(partition_set_error(text))
             if self.read_only:
                 fail(errno.EROFS)
-            if self.manager.cluster is not None:
-                fail(errno.EOPNOTSUPP)  # (a Kafka cluster mount: DeleteRecords through the cluster, not yet)
+            cluster = self.manager.cluster
+            if cluster is not None:
+                if text != WRITABLE_LOG_START:
+                    fail(errno.EOPNOTSUPP)  # (the cluster places its replicas: AlterReplicaLogDirs is Kafka's tool's)
+                await self.run_blocking(cluster_delete_records, self.manager, topic, partition, value)
+                return
             await self.run_blocking(delete_records if text == WRITABLE_LOG_START else move, self.manager, topic,
                                     partition, value)
             return
         if self.read_only:
             fail(errno.EROFS)
         if self.manager.cluster is not None:
-            fail(errno.EOPNOTSUPP)  # (a Kafka cluster mount: the topic's config through AlterConfigs, not yet)
+            await self.run_blocking(cluster_topic_set, self.manager.cluster, topic, text, value)
+            return
         await self.run_blocking(topic_set, self.manager, topic, text, value)
 
     @translate
@@ -330,5 +396,6 @@ class Xattrs:
         if self.read_only:
             fail(errno.EROFS)
         if self.manager.cluster is not None:
-            fail(errno.EOPNOTSUPP)
+            await self.run_blocking(cluster_topic_set, self.manager.cluster, topic, text, None)
+            return
         await self.run_blocking(topic_set, self.manager, topic, text, None)

@@ -14,6 +14,9 @@ is read back with Kafka's own consumer, and what Kafka's own producer writes is 
 - ``mkdir`` creates a topic (``num.partitions`` from ``-o``), ``rm -r`` deletes it (Kafka's admin says so), and
   another mount sees both; an unknown topic is ``ENOENT``; ``kafka.*`` settings are refused on other mounts, and a
   cluster that does not answer fails the mount in one line;
+- a topic's ``user.logfs.config.*`` xattrs are its config on the cluster (Kafka's ConfigCommand shows what
+  ``setfattr`` set and ``setfattr -x`` removed; an unknown name or a bad value is ``EINVAL``), and writing
+  ``user.logfs.log_start_offset`` is DeleteRecords (Kafka's ListOffsets says the new start; the file starts there);
 - the cache's bound: the replica's oldest segments go, the file starts later; the metrics count what went through.
 
 The broker stopped (a broker of this module's own): tests/kafka/test_kafka_store_failures.py.
@@ -220,13 +223,88 @@ def test_mkdir_and_rm_r(mounts, kafka_broker, kafka_client):
     assert meta["latest"] == 0
     sh(f"echo x >> {m.path('made', 1)}")
     expect_errno(errno.ENOTEMPTY, os.rmdir, m.path("made"))  # (its partition files first, as on a local mount)
-    expect_errno(errno.EOPNOTSUPP, os.setxattr, m.path("made"), "user.logfs.config.retention.ms", b"1000")
     sh(f"rm -r {m.path('made')}")
     assert "made" not in os.listdir(m.path())
     expect_errno(errno.ENOENT, os.stat, m.path("made"))
     wait_for(lambda: not os.path.exists(other.path("made")), 10, what="the topic to leave the other mount")
     with pytest.raises(Exception):
         kafka_client.list_offsets(kafka_broker.bootstrap, "made", 0)
+
+
+def kafka_topic_configs(kafka_client, bootstrap: str, topic: str) -> dict[str, str]:
+    """The topic's own config (its overrides), as Kafka's ConfigCommand (``kafka-configs --describe``) prints it."""
+    out = kafka_client.run_main("kafka.admin.ConfigCommand", ["--bootstrap-server", bootstrap, "--entity-type",
+                                                               "topics", "--entity-name", topic, "--describe"])
+    assert out["status"] == 0 and out["error"] is None, out
+    configs = {}
+    for line in out["stdout"].splitlines():
+        line = line.strip()
+        if "=" in line and not line.startswith(("Dynamic", "All ")):
+            name, _, rest = line.partition("=")
+            configs[name] = rest.split(" ", 1)[0]
+    return configs
+
+
+def test_topic_config_through_kafkas_admin_api(mounts, kafka_broker, kafka_client):
+    m = mounts()
+    os.mkdir(m.path("configured"))
+    path = m.path("configured")
+    names = os.listxattr(path)
+    # every topic config the broker describes is listed, with the partitions
+    assert "user.logfs.partitions" in names and "user.logfs.config.retention.ms" in names
+    assert "user.logfs.config.cleanup.policy" in names and "user.logfs.config.max.message.bytes" in names
+    assert os.getxattr(path, "user.logfs.config.cleanup.policy") == b"delete"  # (the broker's default)
+    default_retention = os.getxattr(path, "user.logfs.config.retention.ms")  # (the test broker's)
+    assert default_retention != b"3600000"
+    os.setxattr(path, "user.logfs.config.retention.ms", b"3600000")
+    os.setxattr(path, "user.logfs.config.max.message.bytes", b"200000")
+    assert os.getxattr(path, "user.logfs.config.retention.ms") == b"3600000"
+    own = kafka_topic_configs(kafka_client, kafka_broker.bootstrap, "configured")
+    assert own.get("retention.ms") == "3600000" and own.get("max.message.bytes") == "200000", own
+    os.removexattr(path, "user.logfs.config.retention.ms")  # back to the cluster's default
+    own = kafka_topic_configs(kafka_client, kafka_broker.bootstrap, "configured")
+    assert "retention.ms" not in own and own.get("max.message.bytes") == "200000", own
+    assert os.getxattr(path, "user.logfs.config.retention.ms") == default_retention
+    # another mount (host) reads the same config from the cluster
+    other = mounts("other")
+    wait_for(lambda: os.path.isdir(other.path("configured")), 10, what="the topic on the other mount")
+    assert os.getxattr(other.path("configured"), "user.logfs.config.max.message.bytes") == b"200000"
+    # refusals, as a local mount answers them: the cluster judges names and values
+    expect_errno(errno.EINVAL, os.setxattr, path, "user.logfs.config.no.such.config", b"1")
+    expect_errno(errno.EINVAL, os.setxattr, path, "user.logfs.config.retention.ms", b"soon")
+    expect_errno(errno.EINVAL, os.setxattr, path, "user.logfs.config.cleanup.policy", b"shred")
+    expect_errno(errno.ENODATA, os.getxattr, path, "user.logfs.config.no.such.config")
+    expect_errno(errno.EPERM, os.setxattr, path, "user.logfs.partitions", b"4")
+    expect_errno(errno.EINVAL, os.setxattr, path, "user.logfs.no_such_name", b"1")
+    assert kafka_topic_configs(kafka_client, kafka_broker.bootstrap, "configured") == own  # nothing changed
+
+
+def test_delete_records_through_kafkas_admin_api(mounts, kafka_broker, kafka_client):
+    m = mounts()
+    os.mkdir(m.path("trimmed"))
+    lines = [b"line %d" % i for i in range(100)]
+    with open(m.path("trimmed", 0), "ab") as f:
+        f.write(b"".join(line + b"\n" for line in lines))
+    wait_content(m.path("trimmed", 0), b"".join(line + b"\n" for line in lines))
+    rel = "trimmed/0"
+    assert m.getx(rel, "log_start_offset") == "0"
+    os.setxattr(m.path(rel), "user.logfs.log_start_offset", b"40")
+    assert kafka_client.list_offsets(kafka_broker.bootstrap, "trimmed", 0)["earliest"] == 40  # Kafka's ListOffsets
+    assert [r.offset for r in kafka_client.consume(kafka_broker.bootstrap, "trimmed", 0)] == list(range(40, 100))
+    assert m.getx(rel, "log_start_offset") == "40"
+    assert read(m.path(rel)) == b"".join(line + b"\n" for line in lines[40:])  # the file starts there
+    assert m.getx(rel, "position.40") == "0"
+    os.setxattr(m.path(rel), "user.logfs.log_start_offset", b"10")  # below the start: nothing changes
+    assert m.getx(rel, "log_start_offset") == "40"
+    expect_errno(errno.EINVAL, os.setxattr, m.path(rel), "user.logfs.log_start_offset", b"101")  # past the end
+    expect_errno(errno.EINVAL, os.setxattr, m.path(rel), "user.logfs.log_start_offset", b"ten")
+    os.setxattr(m.path(rel), "user.logfs.log_start_offset", b"-1")  # -1: the log end offset
+    assert kafka_client.list_offsets(kafka_broker.bootstrap, "trimmed", 0)["earliest"] == 100
+    assert m.getx(rel, "log_start_offset") == "100" and read(m.path(rel)) == b""
+    # a new mount (host) starts its replica at the cluster's new log start offset
+    other = mounts("other")
+    wait_for(lambda: os.path.exists(other.path(rel)), 10, what="the partition on the other mount")
+    assert other.getx(rel, "log_start_offset") == "100"
 
 
 def test_read_only(mounts, kafka_broker, kafka_client):
@@ -293,3 +371,18 @@ def test_the_cache_bound(mounts, tmp_path):
     replica = tmp_path / "m-cache" / "replica" / "bounded-0"
     live = [p for p in replica.iterdir() if p.name.endswith(".log")]
     assert len(live) >= 2 and sum(p.stat().st_size for p in live) <= bound
+
+
+def test_the_clusters_refusals_as_errno():
+    """The admin API's errors as a caller sees them (storage/cluster ``_refusal``): an authorization refused is
+    EACCES (the session's broker has no authorizer: librdkafka's own error codes stand for its answers here)."""
+    from confluent_kafka import KafkaError
+
+    from logfs.storage.cluster import _refusal
+
+    for code, want in ((KafkaError.TOPIC_AUTHORIZATION_FAILED, errno.EACCES),
+                       (KafkaError.CLUSTER_AUTHORIZATION_FAILED, errno.EACCES),
+                       (KafkaError.INVALID_CONFIG, errno.EINVAL), (KafkaError.POLICY_VIOLATION, errno.EINVAL),
+                       (KafkaError.OFFSET_OUT_OF_RANGE, errno.EINVAL), (KafkaError.TOPIC_ALREADY_EXISTS, errno.EEXIST),
+                       (KafkaError.UNKNOWN_TOPIC_OR_PART, errno.ENOENT), (KafkaError.REQUEST_TIMED_OUT, errno.EIO)):
+        assert _refusal(KafkaError(code), "altering").errno == want, KafkaError(code).name()

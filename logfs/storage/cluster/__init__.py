@@ -9,7 +9,9 @@ issue 46).
   and ``tail -f`` are the local mount's;
 - :class:`~.appends.ClusterAppends`: the idempotent producer a partition file's writes go through;
 - the admin client: ``mkdir`` creates a topic, ``rmdir`` deletes it (each returns once the replica and the mount show
-  the change).
+  the change); a topic's ``user.logfs.config.<name>`` xattrs are its config on the cluster (DescribeConfigs, and
+  IncrementalAlterConfigs to set or remove one: the cluster judges names and values), and writing a partition's
+  ``user.logfs.log_start_offset`` is DeleteRecords (the mount's file then starts there).
 
 Kafka deletes topics, not partitions: ``unlink`` of a partition file hides it on this mount (``rm -r`` of a topic
 unlinks its files, then removes the directory, which deletes the topic); a hidden partition comes back at the
@@ -39,6 +41,9 @@ REPLICA_DIR = "replica"  # under the cache directory: the fetched segments
 LOGS_DIR = "logs"  # under the cache directory: the mount's data directory (logfs's indexes of the replica)
 ADMIN_TIMEOUT_S = 30.0
 SHOWN_TIMEOUT_S = 15.0  # how long mkdir/rmdir wait for the mount to show what the cluster did
+# How long a topic's described config answers getxattr: ``getfattr -d`` asks for every name in turn, one
+# DescribeConfigs for all of them rather than one each. A change through this mount forgets it at once.
+CONFIG_FRESH_S = 1.0
 
 
 class _ClientLog:
@@ -62,7 +67,7 @@ def _refusal(err, what: str) -> ClusterError:
         code = errno.EEXIST
     elif name == "UNKNOWN_TOPIC_OR_PART":
         code = errno.ENOENT
-    elif name.startswith("INVALID_") or name == "POLICY_VIOLATION":
+    elif name.startswith("INVALID_") or name in ("POLICY_VIOLATION", "OFFSET_OUT_OF_RANGE"):
         code = errno.EINVAL
     else:
         code = errno.EIO
@@ -92,6 +97,7 @@ class Cluster:
         self.manager = None
         self.admin = None
         self.closed = False
+        self._configs: dict[str, tuple[float, dict[str, str | None]]] = {}  # topic -> (when described, config)
 
     def start(self) -> None:
         """Connect (the metadata once: an unreachable cluster fails here, with a ClusterError)."""
@@ -167,12 +173,65 @@ class Cluster:
         with m.lock:
             m.unserve(topic, partition)
 
+    def topic_configs(self, topic: str) -> dict[str, str | None]:
+        """The topic's config on the cluster, name -> value (None: a sensitive value, not shown): Kafka's
+        DescribeConfigs, every name the broker knows (its defaults included), kept :data:`CONFIG_FRESH_S`."""
+        from confluent_kafka.admin import ConfigResource, ResourceType
+
+        held = self._configs.get(topic)
+        if held is not None and time.monotonic() - held[0] < CONFIG_FRESH_S:
+            return held[1]
+        resource = ConfigResource(ResourceType.TOPIC, topic)
+        future = self.admin.describe_configs([resource], request_timeout=ADMIN_TIMEOUT_S)[resource]
+        entries = self._await(future, f"describing the config of topic {topic!r}")
+        config = {name: (None if entry.is_sensitive else entry.value) for name, entry in entries.items()}
+        self._configs[topic] = (time.monotonic(), config)
+        return config
+
+    def alter_topic_config(self, topic: str, name: str, value: str | None) -> None:
+        """Set the topic's ``name`` to ``value`` (None: remove the topic's own value, back to the cluster's default):
+        Kafka's IncrementalAlterConfigs. An unknown name or a bad value is the cluster's INVALID_CONFIG: EINVAL."""
+        from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
+
+        op = AlterConfigOpType.DELETE if value is None else AlterConfigOpType.SET
+        resource = ConfigResource(ResourceType.TOPIC, topic, incremental_configs=[
+            ConfigEntry(name, value, incremental_operation=op)])
+        self._configs.pop(topic, None)
+        future = self.admin.incremental_alter_configs([resource], request_timeout=ADMIN_TIMEOUT_S)[resource]
+        self._await(future, f"{'setting' if value is not None else 'removing'} {name} of topic {topic!r}")
+        self._configs.pop(topic, None)
+
+    def delete_records(self, topic: str, partition: int, offset: int) -> int:
+        """``setfattr -n user.logfs.log_start_offset -v N``: Kafka's DeleteRecords below ``offset`` (-1: the high
+        watermark); an offset past the end is the cluster's OFFSET_OUT_OF_RANGE (EINVAL, as on a local mount).
+        Returns the partition's new log start offset once the mount's file starts there: the replica has fetched up
+        to it (waited for, at most :data:`SHOWN_TIMEOUT_S`) and its log's start is moved up (the replica keeps the
+        records below until its cache's bound removes them; a remount fetches from the new start)."""
+        from confluent_kafka import TopicPartition
+
+        tp = TopicPartition(topic, partition, offset)
+        future = self.admin.delete_records([tp], request_timeout=ADMIN_TIMEOUT_S)[tp]
+        deleted = self._await(future, f"deleting records of {topic}-{partition} below {offset}")
+        start = deleted.low_watermark
+        m = self.manager
+        plog = m.get_log(topic, partition)
+        deadline = time.monotonic() + SHOWN_TIMEOUT_S
+        while plog.log_end_offset < start:  # (the replica fetches what the cluster has up to the new start)
+            if time.monotonic() > deadline or m.stopping.is_set():
+                raise ClusterError(f"{topic}-{partition}: records below {start} deleted on the cluster, but the "
+                                   f"replica did not reach offset {start} in {SHOWN_TIMEOUT_S:.0f} s", errno.EIO)
+            time.sleep(0.02)
+        with plog.lock:
+            plog.increment_log_start_offset(start)
+        log.info("%s-%d: records below offset %d deleted on the cluster (DeleteRecords)", topic, partition, start)
+        return start
+
     @staticmethod
-    def _await(future, what: str) -> None:
+    def _await(future, what: str):
         from confluent_kafka import KafkaException
 
         try:
-            future.result(timeout=ADMIN_TIMEOUT_S + 5)
+            return future.result(timeout=ADMIN_TIMEOUT_S + 5)
         except KafkaException as exc:
             raise _refusal(exc.args[0], what) from None
         except Exception as exc:  # (a timeout of the future itself)
