@@ -107,6 +107,55 @@ def test_echo_appends_are_kafka_records(mounts, kafka_broker, kafka_client, tmp_
     assert int(metric("logfs_kafka_replica_bytes")) > 0
 
 
+def test_one_line_per_write(mounts, kafka_broker, kafka_client, tmp_path):
+    """One delivery report stands for a ``write()``'s lines (storage/cluster/appends.py): many writes of one line,
+    of several lines, and an fsync every so often, from two open files at once: every line is acknowledged (the
+    metrics' counts agree), once, each file's in its order, and ``fsync`` waits for all of them."""
+    metrics = tmp_path / "metrics.prom"
+    m = mounts("m", f"logfs.metrics.file={metrics}", "logfs.metrics.interval.ms=100")
+    os.mkdir(m.path("lines"))
+    per_writer = 3000
+    written = {}
+
+    def writer(name: bytes) -> None:
+        fd = os.open(m.path("lines", 0), os.O_WRONLY | os.O_APPEND)
+        try:
+            i = 0
+            while i < per_writer:
+                count = 1 if i % 7 else 3  # (mostly one line a write, some writes of three)
+                data = b"".join(b"%s %d\n" % (name, i + j) for j in range(count))
+                assert os.write(fd, data) == len(data)
+                i += count
+                if i % 500 < count:
+                    os.fsync(fd)
+            os.fsync(fd)
+            written[name] = i
+        finally:
+            os.close(fd)
+
+    threads = [threading.Thread(target=writer, args=(name,)) for name in (b"a", b"b")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    records = kafka_client.consume(kafka_broker.bootstrap, "lines", 0)
+    assert len(records) == sum(written.values())
+    for name in (b"a", b"b"):
+        mine = [r.value for r in records if r.value.startswith(name + b" ")]
+        assert mine == [b"%s %d" % (name, i) for i in range(written[name])]
+
+    def metric(name: str) -> str | None:
+        for line in metrics.read_text().splitlines():
+            if line.startswith(name + " "):
+                return line.split()[1]
+        return None
+
+    wait_for(lambda: metric("logfs_kafka_acknowledged_records_total") == str(len(records)), 10,
+             what="the metrics of every acknowledged line")
+    assert metric("logfs_kafka_produced_records_total") == str(len(records))
+    assert metric("logfs_kafka_failed_deliveries_total") == "0"
+
+
 def test_kafka_producer_records_read_through_the_mount(mounts, kafka_broker, kafka_client, tmp_path):
     kafka_client.create_topics(kafka_broker.bootstrap, [{"name": "produced", "partitions": 2,
                                                          "replication_factor": 1, "configs": {}}])

@@ -15,6 +15,14 @@ Per partition (:class:`PartitionAppender`, one per (topic, partition), shared by
   is fuller than that, :meth:`PartitionAppender.wait_room` (called in a worker thread) waits for it to drain.
 - ``sync`` returns once every line queued before it is acknowledged (delivery reports come in order per partition,
   so a count is enough), bounded by ``delivery.timeout.ms`` plus :data:`SYNC_MARGIN_S`.
+- **One delivery report per ``write()``**, not per line: only a write's last line is produced with a callback, which
+  stands for the write's lines. A Python callback per line cost the mount's poll thread a call, a lock and a wake-up
+  per line, each taking the GIL from the thread that serves ``write()`` (profiled: README, "A Kafka cluster as the
+  store"). It is enough because, with idempotence, one partition's deliveries are in order: the broker appends a
+  partition's batches in sequence, so the last line acknowledged means the lines before it are; and a line that
+  fails takes the lines queued after it down with it (the gapless guarantee's fatal error, or the purge when the
+  producer is replaced; a write's lines are queued together and time out together), so the last line's report
+  carries the failure.
 - A failed delivery is kept until the next ``append_lines``, ``check`` or ``sync`` of the partition, which raises
   it (``EIO``) once and forgets it. The lines queued after the failed one were failed with it by the producer
   (never sent); the producer is then replaced (:meth:`ClusterAppends._replace`: its queue purged first), so what
@@ -26,6 +34,7 @@ The engine's rule holds: no trio, no pyfuse3.
 from __future__ import annotations
 
 import errno
+import functools
 import logging
 import threading
 import time
@@ -50,11 +59,12 @@ def _authorization(err) -> bool:
 class PartitionState:
     """One partition's deliveries: queued and reported counts, and the failure not yet raised."""
 
-    __slots__ = ("queued", "done", "failed", "failed_errno")
+    __slots__ = ("queued", "done", "failed", "failed_errno", "waiting")
 
     def __init__(self):
         self.queued = 0
         self.done = 0
+        self.waiting = 0  # syncs waiting for reports (none: a report wakes nobody)
         self.failed: str | None = None
         self.failed_errno = errno.EIO
 
@@ -116,33 +126,39 @@ class PartitionAppender:
         deadline = time.monotonic() + timeout
         with appends.cond:
             target = state.queued
-            while state.done < target:
-                remaining = deadline - time.monotonic()
-                if appends.stopping.is_set() or appends.closed:
-                    # (the daemon stops: a stop signal waits for this worker thread, not for delivery.timeout.ms)
-                    raise ClusterError(f"{self.topic}-{self.partition}: lines not acknowledged before the mount "
-                                       f"stopped", errno.EIO)
-                if remaining <= 0:
-                    raise ClusterError(f"{self.topic}-{self.partition}: lines not acknowledged in {timeout:.0f} s",
-                                       errno.EIO)
-                appends.cond.wait(min(remaining, 0.5))
+            state.waiting += 1
+            try:
+                while state.done < target:
+                    remaining = deadline - time.monotonic()
+                    if appends.stopping.is_set() or appends.closed:
+                        # (the daemon stops: a stop signal waits for this worker thread, not for delivery.timeout.ms)
+                        raise ClusterError(f"{self.topic}-{self.partition}: lines not acknowledged before the mount "
+                                           f"stopped", errno.EIO)
+                    if remaining <= 0:
+                        raise ClusterError(f"{self.topic}-{self.partition}: lines not acknowledged in "
+                                           f"{timeout:.0f} s", errno.EIO)
+                    appends.cond.wait(min(remaining, 0.5))
+            finally:
+                state.waiting -= 1
         self.check()
 
-    def delivered(self, err, _msg) -> None:
-        """librdkafka's delivery report of one of this partition's lines (on the poll thread)."""
+    def delivered(self, lines: int, err, _msg) -> None:
+        """librdkafka's delivery report of the last line of a ``write()``, for its ``lines`` lines (on the poll
+        thread; see the module's docstring)."""
         appends = self.appends
         with appends.cond:
             state = self.state
-            state.done += 1
+            state.done += lines
             if err is not None:
                 if state.failed is None:
                     state.failed = err.str()
                     state.failed_errno = errno.EACCES if _authorization(err) else errno.EIO
                 appends.broken = True
-                appends.failed_deliveries += 1
+                appends.failed_deliveries += lines
             else:
-                appends.acked += 1
-            appends.cond.notify_all()
+                appends.acked += lines
+            if state.waiting:
+                appends.cond.notify_all()
 
 
 class ClusterAppends:
@@ -166,11 +182,13 @@ class ClusterAppends:
         self.stopping = threading.Event()
         self.acked = self.failed_deliveries = self.produced = 0
         self._producer = None
+        self._refused: tuple = (BufferError,)
         self._thread: threading.Thread | None = None
 
     def _new_producer(self):
-        from confluent_kafka import Producer  # (only a cluster mount loads the client)
+        from confluent_kafka import KafkaException, Producer  # (only a cluster mount loads the client)
 
+        self._refused = (KafkaException, BufferError)  # what produce() raises for a line it does not take
         return Producer({**self.config, "error_cb": self._error})
 
     def _error(self, err) -> None:
@@ -197,20 +215,28 @@ class ClusterAppends:
         return len(self._producer)
 
     def produce(self, appender: PartitionAppender, values, keys, headers) -> None:
-        from confluent_kafka import KafkaException
-
+        """Queue one ``write()``'s lines, in order; only the last has a delivery report, for all of them (see the
+        module's docstring)."""
         producer, topic, partition = self._producer, appender.topic, appender.partition
-        report = appender.delivered
+        produce = producer.produce
+        last = len(values) - 1
+        report = functools.partial(appender.delivered, len(values))
         try:
-            for i, value in enumerate(values):
-                producer.produce(topic, value, keys[i] if keys else None, partition, on_delivery=report,
-                                 headers=headers)
-                appender.state.queued += 1
-        except (KafkaException, BufferError) as exc:
-            # (a fatal producer, being replaced: what this write queued before is failed with it)
+            if keys is None and headers is None:  # (the common case, kept lean: it runs once a line)
+                for i in range(last):
+                    produce(topic, values[i], None, partition)
+                produce(topic, values[last], None, partition, report)
+            else:
+                for i in range(last):
+                    produce(topic, values[i], keys[i] if keys else None, partition, headers=headers)
+                produce(topic, values[last], keys[last] if keys else None, partition, report, headers=headers)
+        except self._refused as exc:
+            # (a fatal producer, being replaced: what this write queued before is failed with it, and no report
+            # counts it: the write fails here)
             with self.cond:
                 self.broken = True
             raise ClusterError(f"{topic}-{partition}: the producer refused a line: {exc}", errno.EIO) from None
+        appender.state.queued += len(values)
         self.produced += len(values)
 
     def _run(self) -> None:
