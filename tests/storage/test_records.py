@@ -119,3 +119,23 @@ def test_iter_headers_stops_at_a_partial_batch():
     buf = a + b + rec.build_batch(3, 1, [b"d"])[:30]
     got = [(pos, h.base_offset, h.last_offset) for pos, h in rec.iter_headers(buf)]
     assert got == [(0, 0, 0), (len(a), 1, 2)]
+
+
+def test_build_batch_plain_records_is_build_batch_generic():
+    """The replica's encoder (storage/cluster/replica.py) gives build_batch_generic's bytes: values and keys of
+    every size class (null, empty, one- to three-byte varint lengths), timestamps before and after the first, offset
+    gaps, both timestamp types. Seeded."""
+    rnd = random.Random(46)
+    for _ in range(200):
+        n = rnd.randint(1, 200)
+        values = [None if rnd.random() < 0.05 else rnd.randbytes(rnd.choice([0, 1, 63, 64, 99, 9000, 20000]))
+                  for _ in range(n)]
+        keys = [None if rnd.random() < 0.5 else rnd.randbytes(rnd.choice([0, 3, 70, 10000])) for _ in range(n)]
+        first = rnd.randint(0, 2 ** 41)
+        stamps = [first + rnd.randint(-5000, 100_000) for _ in range(n)]
+        offsets = sorted(rnd.sample(range(n * 3 if rnd.random() < 0.5 else 20_000), n))
+        deltas = [o - offsets[0] for o in offsets]
+        attributes = rnd.choice([0, 0x08])
+        assert rec.build_batch_plain_records(77, values, keys, stamps, deltas, attributes=attributes) == \
+            rec.build_batch_generic(77, stamps[0], values, keys=keys, headers=[()] * n, timestamps=stamps,
+                                    offset_deltas=deltas, attributes=attributes)

@@ -88,27 +88,40 @@ class ReplicaPartition:
 def encode_batches(messages) -> list[bytes]:
     """Kafka v2 batches of ``messages`` (one partition's, ascending offsets, confluent_kafka Messages): their own
     offsets (gaps kept as offset deltas), timestamps, keys and headers, cut at :data:`BATCH_RECORDS` records or about
-    :data:`BATCH_BYTES`. A batch holds one timestamp type (the topic's): a change of type starts a new batch."""
+    :data:`BATCH_BYTES`. A batch holds one timestamp type (the topic's): a change of type starts a new batch. Each
+    message's fields are read once (every call is a C call that makes an object), and batches without headers take
+    the table-driven encoder (``build_batch_plain_records``, the same bytes): this runs once a record fetched."""
     out = []
-    i = 0
-    while i < len(messages):
-        first = messages[i]
-        kind = first.timestamp()[0]
-        group, size = [], 0
-        while i < len(messages) and len(group) < BATCH_RECORDS and size < BATCH_BYTES:
+    i, n = 0, len(messages)
+    while i < n:
+        kind = messages[i].timestamp()[0]
+        values, keys, stamps, offsets, headers = [], [], [], [], []
+        any_headers = False
+        size = 0
+        while i < n and len(values) < BATCH_RECORDS and size < BATCH_BYTES:
             m = messages[i]
-            if m.timestamp()[0] != kind:
+            stamp_kind, stamp = m.timestamp()
+            if stamp_kind != kind:
                 break
-            group.append(m)
-            size += len(m.value() or b"") + len(m.key() or b"")
+            value, key, record_headers = m.value(), m.key(), m.headers()
+            values.append(value)
+            keys.append(key)
+            stamps.append(stamp)
+            offsets.append(m.offset())
+            headers.append(record_headers)
+            if record_headers:
+                any_headers = True
+            size += (len(value) if value is not None else 0) + (len(key) if key is not None else 0)
             i += 1
-        base = group[0].offset()
-        stamps = [m.timestamp()[1] for m in group]
-        out.append(rec.build_batch_generic(
-            base, stamps[0], [m.value() for m in group], keys=[m.key() for m in group],
-            headers=[tuple(m.headers() or ()) for m in group], timestamps=stamps,
-            offset_deltas=[m.offset() - base for m in group],
-            attributes=ATTR_LOG_APPEND_TIME if kind == LOG_APPEND_TIME else 0))
+        base = offsets[0]
+        deltas = [o - base for o in offsets]
+        attributes = ATTR_LOG_APPEND_TIME if kind == LOG_APPEND_TIME else 0
+        if any_headers:
+            out.append(rec.build_batch_generic(
+                base, stamps[0], values, keys=keys, headers=[tuple(h or ()) for h in headers], timestamps=stamps,
+                offset_deltas=deltas, attributes=attributes))
+        else:
+            out.append(rec.build_batch_plain_records(base, values, keys, stamps, deltas, attributes=attributes))
     return out
 
 

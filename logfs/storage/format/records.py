@@ -244,6 +244,49 @@ def build_batch_generic(
     return _PREFIX.pack(base_offset, len(after_crc) + 9, leader_epoch, MAGIC, _crc32c.crc32c(after_crc)) + after_crc
 
 
+def build_batch_plain_records(base_offset: int, values: Sequence[bytes | None], keys: Sequence[bytes | None],
+                              timestamps: Sequence[int], offset_deltas: Sequence[int], *, attributes: int = 0) -> bytes:
+    """:func:`build_batch_generic`'s bytes for records without headers (what a Kafka cluster mount's replica
+    re-encodes: storage/cluster/replica.py), in about a third of its time: each record's small varints come from a
+    table rather than a loop. At least one record."""
+    base_ts = timestamps[0]
+    parts = []
+    append = parts.append
+    small = _SMALL_VARINTS
+    limit = len(small)
+    for i, value in enumerate(values):
+        key = keys[i]
+        delta = timestamps[i] - base_ts
+        offset_delta = offset_deltas[i]
+        head = (small[delta] if 0 <= delta < limit else _varint_bytes(delta)) + (
+            small[offset_delta] if offset_delta < limit else _varint_bytes(offset_delta))
+        if key is None:
+            head += b"\x01"
+        else:
+            head += (small[len(key)] if len(key) < limit else _varint_bytes(len(key))) + key
+        if value is None:
+            record_length = 1 + len(head) + 1 + 1
+            append(_varint_bytes(record_length) + b"\x00" + head + b"\x01\x00")
+        else:
+            size = len(value)
+            size_bytes = small[size] if size < limit else _varint_bytes(size)
+            record_length = 1 + len(head) + len(size_bytes) + size + 1
+            append((small[record_length] if record_length < limit else _varint_bytes(record_length)) + b"\x00" +
+                   head + size_bytes)
+            append(value)
+            append(b"\x00")
+    n = len(values)
+    after_crc = _AFTER_CRC.pack(attributes & ~ATTR_COMPRESSION_MASK, offset_deltas[-1], base_ts, max(timestamps),
+                                -1, -1, -1, n) + b"".join(parts)
+    return _PREFIX.pack(base_offset, len(after_crc) + 9, 0, MAGIC, _crc32c.crc32c(after_crc)) + after_crc
+
+
+def _varint_bytes(value: int) -> bytes:
+    out = bytearray()
+    _varint(value, out)
+    return bytes(out)
+
+
 def _varint(value: int, out: bytearray) -> None:
     """Kafka's zigzag varint."""
     v = (value << 1) ^ (value >> 63)
@@ -251,6 +294,9 @@ def _varint(value: int, out: bytearray) -> None:
         out.append((v & 0x7F) | 0x80)
         v >>= 7
     out.append(v)
+
+
+_SMALL_VARINTS = [_varint_bytes(i) for i in range(1 << 13)]  # (non-negative values below 8192: 1-2 bytes)
 
 
 def _varbytes(field: bytes | None, out: bytearray) -> None:
