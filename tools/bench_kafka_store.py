@@ -1,121 +1,312 @@
-"""A Kafka cluster as the store (issue 46): bulk appends through a ``kafka://`` mount and the replica's catch-up,
-against one real broker (logfs.testing.kafka), in one run.
+"""A Kafka cluster as the store (issue 46): its acceptance figures, against one real broker (logfs.testing.kafka)
+and Kafka's own performance tools, in one run.
 
-    PYTHONPATH=$PWD /work/main/.venv/bin/python tools/bench_kafka_store.py [--mb 20]
+    PYTHONPATH=$PWD /work/main/.venv/bin/python tools/bench_kafka_store.py [--only bulk,small,read,tail]
+                                                                          [--mb 20] [--small 10000] [--rounds 2]
 
-- appends: ``--mb`` MB of 100-byte lines written to one partition file in 1 MiB ``write()``s, then ``fsync`` (every
-  line acknowledged by the broker): MB/s and lines/s from the first write to the fsync's return;
-- replica: from the fsync's return until the mount's file shows every line (the fetcher's copy and the mount's
-  following), and from a second mount's start until its file shows every line (a cold replica of the partition);
-- small writes: ``--small`` writes of one 100-byte line each, then fsync, on the ``kafka://`` mount and on a local
-  mount (issue 46's second acceptance figure: at least 0.8 of the local mount).
+- **bulk** (target: at least 0.5 of Kafka's): ``cat`` of a file of ``--mb`` MB of 100-byte lines into a partition
+  file of a ``kafka://`` mount (``close()`` returns once the broker acknowledged every line), against Kafka's
+  ``kafka-producer-perf-test`` (``org.apache.kafka.tools.ProducerPerformance``, in a JVM of its own: its start is not
+  counted, its own figure is) sending as many 100-byte records, ``acks=all``, ``enable.idempotence=true``, to
+  another topic of the same broker. Figure: records/s (a line is a record).
+- **small** (target: at least 0.8 of a local mount): ``--small`` writes of one 100-byte line each, then ``fsync``, on
+  the ``kafka://`` mount and on a local logfs mount, alternated ``--rounds`` times; medians.
+- **read** (target: at least 0.5 of Kafka's): a cold sequential read of the bulk partition: a new ``kafka://`` mount
+  (its own empty cache), then ``cat``-sized 1 MiB reads of the file from its start, reading on at its end until every
+  line is read (the file grows as the replica fetches: section 15), timed from the mount command; against
+  ``kafka-consumer-perf-test`` (``ConsumerPerformance``) reading the same partition (its fetch rate: its group join
+  is not counted). Figure: records/s.
+- **tail** (target: p99 under 1 s): a writer appends a line every 10 ms through one mount for ``--tail-s`` seconds;
+  a reader at the end of the same partition's file on another mount (its own cache: another host) notes when each
+  line shows. Figure: the delay from the ``write()``'s start to its line read, p50/p99/max.
 
-Issue 46's acceptance figures compare with kafka-producer-perf-test and kafka-consumer-perf-test in the same run:
-not done here yet.
+Prints one line per figure and a markdown table. Kafka's tools jar is resolved by logfs/testing/kafka_setup.py on
+first use (``.cache/kafka/tools-jars``).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
+import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
+from logfs.testing.benchlib import table
 from logfs.testing.kafka import KafkaClient, running_broker
+from logfs.testing.kafka_setup import java, perf_tools_classpath
 from logfs.testing.mounts import code_env, logfs_command, mounted_at, unmount_fuse, wait_for
 
-LINE = b"x" * 99 + b"\n"
+LINE = b"x" * 99 + b"\n"  # 100 bytes with its newline: a record of 99 bytes of value
+MiB = 1 << 20
 
 
-def mount(bootstrap: str | None, root: str, name: str) -> tuple[subprocess.Popen, str]:
-    """A ``kafka://`` mount of ``bootstrap``; a local mount of a data directory of its own when None."""
-    mnt = os.path.join(root, name, "mnt")
-    os.makedirs(mnt)
-    if bootstrap is None:
-        cmd = logfs_command(os.path.join(root, name, "data"), mnt, [], True)
-    else:
-        cmd = logfs_command(f"kafka://{bootstrap}", mnt, [f"logfs.remote.cache.dir={os.path.join(root, name, 'cache')}",
-                                                          "logfs.broker.poll.ms=50"], True)
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(os.path.join(root, name, "log"), "wb"),
-                            env=code_env())
-    wait_for(lambda: mounted_at(mnt) and os.stat(mnt).st_ino == 1, 60, what="the mount")
-    return proc, mnt
+class Mounts:
+    """The run's mounts (each a foreground daemon with its log beside it), unmounted at the end."""
+
+    def __init__(self, root: str, kafka_options: list[str]):
+        self.root = root
+        self.kafka_options = kafka_options  # -o options of every kafka:// mount (an A/B of client settings)
+        self.procs: list[tuple[subprocess.Popen, str]] = []
+
+    def mount(self, bootstrap: str | None, name: str) -> str:
+        """A ``kafka://`` mount of ``bootstrap`` with a cache of its own; a local mount of its own data directory
+        when None."""
+        mnt = os.path.join(self.root, name, "mnt")
+        os.makedirs(mnt)
+        if bootstrap is None:
+            cmd = logfs_command(os.path.join(self.root, name, "data"), mnt, [], True)
+        else:
+            cache = os.path.join(self.root, name, "cache")
+            cmd = logfs_command(f"kafka://{bootstrap}", mnt, [f"logfs.remote.cache.dir={cache}",
+                                                              "logfs.broker.poll.ms=50", *self.kafka_options], True)
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(os.path.join(self.root, name, "log"), "wb"),
+                                env=code_env())
+        self.procs.append((proc, mnt))
+        wait_for(lambda: mounted_at(mnt) and os.stat(mnt).st_ino == 1, 60, what="the mount")
+        return mnt
+
+    def pid(self, mnt: str) -> int:
+        return next(p.pid for p, m in self.procs if m == mnt)
+
+    def close(self) -> None:
+        for proc, mnt in self.procs:
+            unmount_fuse(mnt)
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        self.procs = []
 
 
-def size(path: str) -> int:
-    try:
-        return os.stat(path).st_size
-    except FileNotFoundError:
-        return -1
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of the process (all its threads)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def perf_tool(main_class: str, args: list[str]) -> str:
+    """One of Kafka's performance tools in a JVM of its own; its stdout."""
+    done = subprocess.run([java(), "-Xmx512m", "-cp", perf_tools_classpath(), main_class, *args],
+                          capture_output=True, text=True, timeout=1800)
+    if done.returncode != 0:
+        raise RuntimeError(f"{main_class} failed: {done.stdout[-2000:]}{done.stderr[-2000:]}")
+    return done.stdout
+
+
+def producer_perf(bootstrap: str, topic: str, records: int) -> float:
+    """kafka-producer-perf-test: ``records`` records of 100 bytes, acks=all, idempotent; its records/s."""
+    out = perf_tool("org.apache.kafka.tools.ProducerPerformance", [
+        "--topic", topic, "--num-records", str(records), "--record-size", "100", "--throughput", "-1",
+        "--producer-props", f"bootstrap.servers={bootstrap}", "acks=all", "enable.idempotence=true"])
+    # the last line: "N records sent, X records/sec (Y MB/sec), ... ms avg latency, ..."
+    found = re.findall(r"(\d+) records sent, ([\d.]+) records/sec", out)
+    if not found:
+        raise RuntimeError(f"ProducerPerformance printed no summary: {out[-2000:]}")
+    return float(found[-1][1])
+
+
+def consumer_perf(bootstrap: str, topic: str, records: int, run: int) -> float:
+    """kafka-consumer-perf-test of the topic's ``records`` records: its fetch rate, records/s (its group join not
+    counted, as tools/bench_broker.py)."""
+    out = perf_tool("org.apache.kafka.tools.ConsumerPerformance", [
+        "--bootstrap-server", bootstrap, "--topic", topic, "--messages", str(records), "--timeout", "120000",
+        "--group", f"bench-kafka-store-{run}", "--hide-header"])
+    row = [x.strip() for x in out.strip().splitlines()[-1].split(",")]
+    # start.time, end.time, data.consumed.in.MB, MB.sec, data.consumed.in.nMsg, nMsg.sec, rebalance.time.ms,
+    # fetch.time.ms, fetch.MB.sec, fetch.nMsg.sec
+    if int(row[4]) < records:
+        raise RuntimeError(f"ConsumerPerformance read {row[4]} of {records} records")
+    return float(row[9])
+
+
+def make_lines(path: str, count: int) -> None:
+    chunk = LINE * 10_000
+    with open(path, "wb") as f:
+        for _ in range(count // 10_000):
+            f.write(chunk)
+        f.write(LINE * (count % 10_000))
+
+
+def bulk(mnt: str, src: str, topic: str) -> float:
+    """``cat src >> mnt/topic/0``: records/s, to close()'s return (every line acknowledged)."""
+    os.mkdir(os.path.join(mnt, topic))
+    lines = os.stat(src).st_size // len(LINE)
+    started = time.perf_counter()
+    subprocess.run(["sh", "-c", f'cat "{src}" >> "{os.path.join(mnt, topic, "0")}"'], check=True)
+    return lines / (time.perf_counter() - started)
 
 
 def small_writes(mnt: str, topic: str, count: int) -> float:
     """``count`` writes of one 100-byte line each to ``mnt/topic/0``, then fsync: lines/s."""
     os.mkdir(os.path.join(mnt, topic))
     fd = os.open(os.path.join(mnt, topic, "0"), os.O_WRONLY | os.O_APPEND)
-    started = time.perf_counter()
-    for _ in range(count):
-        os.write(fd, LINE)
-    os.fsync(fd)
-    elapsed = time.perf_counter() - started
-    os.close(fd)
-    return count / elapsed
+    try:
+        started = time.perf_counter()
+        for _ in range(count):
+            os.write(fd, LINE)
+        os.fsync(fd)
+        return count / (time.perf_counter() - started)
+    finally:
+        os.close(fd)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--mb", type=int, default=20)
-    parser.add_argument("--small", type=int, default=20_000, help="writes of one line each")
-    opts = parser.parse_args()
-    chunk = LINE * ((1 << 20) // len(LINE))
-    chunks = opts.mb * (1 << 20) // len(chunk)
-    total = chunks * len(chunk)
+def read_through(path: str, size: int, started: float, timeout: float = 600) -> float:
+    """Read ``path`` from its start with 1 MiB reads, on at its end (it grows), until ``size`` bytes were read:
+    the seconds since ``started``."""
+    deadline = time.perf_counter() + timeout
+    while not os.path.exists(path):
+        if time.perf_counter() > deadline:
+            raise RuntimeError(f"{path} did not show")
+        time.sleep(0.005)
+    done = 0
+    with open(path, "rb", buffering=0) as f:
+        while done < size:
+            chunk = f.read(MiB)
+            if chunk:
+                done += len(chunk)
+            elif time.perf_counter() > deadline:
+                raise RuntimeError(f"read {done} of {size} bytes of {path}")
+            else:
+                time.sleep(0.002)
+    return time.perf_counter() - started
+
+
+def tail(writer_mnt: str, reader_mnt: str, topic: str, seconds: float) -> dict:
+    """A line every 10 ms through ``writer_mnt``; the delays to its read on ``reader_mnt``."""
+    os.mkdir(os.path.join(writer_mnt, topic))
+    path = os.path.join(reader_mnt, topic, "0")
+    wait_for(lambda: os.path.exists(path), 30, what="the topic on the other mount")
+    seen: dict[int, float] = {}
+    stop = threading.Event()
+
+    def reader() -> None:
+        with open(path, "rb", buffering=0) as f:
+            rest = b""
+            while not stop.is_set():
+                chunk = f.read(MiB)
+                if not chunk:
+                    time.sleep(0.005)
+                    continue
+                now = time.perf_counter()
+                *whole, rest = (rest + chunk).split(b"\n")
+                for line in whole:
+                    seen[int(line.split()[1])] = now
+
+    thread = threading.Thread(target=reader, daemon=True)
+    thread.start()
+    sent: dict[int, float] = {}
+    fd = os.open(os.path.join(writer_mnt, topic, "0"), os.O_WRONLY | os.O_APPEND)
+    try:
+        start = time.perf_counter()
+        seq = 0
+        while time.perf_counter() - start < seconds:
+            sent[seq] = time.perf_counter()
+            os.write(fd, (b"tail %d " % seq).ljust(99, b"x") + b"\n")
+            seq += 1
+            time.sleep(max(0.0, start + seq * 0.01 - time.perf_counter()))
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    deadline = time.perf_counter() + 30
+    while len(seen) < len(sent) and time.perf_counter() < deadline:
+        time.sleep(0.05)
+    stop.set()
+    thread.join(5)
+    delays = sorted(seen[s] - sent[s] for s in seen if s in sent)
+    q = statistics.quantiles(delays, n=100)
+    return {"lines": len(sent), "missing": len(sent) - len(seen), "p50": q[49], "p99": q[98], "max": delays[-1]}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--only", default="bulk,small,read,tail")
+    ap.add_argument("--mb", type=int, default=20, help="MB of 100-byte lines for bulk and read")
+    ap.add_argument("--small", type=int, default=10_000, help="writes of one line each, per round")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--tail-s", type=float, default=15)
+    ap.add_argument("-o", dest="kafka_options", action="append", default=[],
+                    help="a mount option of the kafka:// mounts (e.g. kafka.fetch.min.bytes=262144), for an A/B")
+    args = ap.parse_args(argv)
+    only = set(args.only.split(","))
+    records = args.mb * 1_000_000 // len(LINE)
+    rows = []
     with tempfile.TemporaryDirectory(prefix="bench-kafka-store.") as tmp:
         client = KafkaClient(f"{tmp}/client").start()
-        procs = []
+        mounts = Mounts(tmp, args.kafka_options)
         try:
             with running_broker(f"{tmp}/broker", client) as broker:
-                proc, mnt = mount(broker.bootstrap, tmp, "a")
-                procs.append((proc, mnt))
-                os.mkdir(os.path.join(mnt, "bench"))
-                path = os.path.join(mnt, "bench", "0")
-                fd = os.open(path, os.O_WRONLY | os.O_APPEND)
-                started = time.perf_counter()
-                for _ in range(chunks):
-                    os.write(fd, chunk)
-                os.fsync(fd)
-                appended = time.perf_counter() - started
-                os.close(fd)
-                wait_for(lambda: size(path) == total, 600, interval=0.01, what="the replica")
-                shown = time.perf_counter() - started - appended
-                print(f"appends: {total / appended / 1e6:.1f} MB/s, {total // len(LINE) / appended:,.0f} lines/s "
-                      f"({total / 1e6:.0f} MB of 100-byte lines, 1 MiB writes, fsync)")
-                print(f"replica: every line shown {shown:.2f} s after the fsync returned")
-                started = time.perf_counter()
-                proc, mnt2 = mount(broker.bootstrap, tmp, "b")
-                procs.append((proc, mnt2))
-                path2 = os.path.join(mnt2, "bench", "0")
-                wait_for(lambda: size(path2) == total, 600, interval=0.01, what="the cold replica")
-                cold = time.perf_counter() - started
-                print(f"cold replica: {total / cold / 1e6:.1f} MB/s ({cold:.2f} s from the mount command to every "
-                      f"line shown, mount included)")
-                proc, local = mount(None, tmp, "local")
-                procs.append((proc, local))
-                on_kafka = small_writes(mnt, "small", opts.small)
-                on_local = small_writes(local, "small", opts.small)
-                print(f"one 100-byte line per write(), {opts.small:,} writes then fsync: kafka:// mount "
-                      f"{on_kafka:,.0f} lines/s, local mount {on_local:,.0f} lines/s ({on_kafka / on_local:.2f})")
-                for proc, mnt in procs:
-                    unmount_fuse(mnt)
-                    proc.wait(60)
-                procs = []
+                bootstrap = broker.bootstrap
+                a = mounts.mount(bootstrap, "a")
+                if only & {"bulk", "read"}:
+                    src = os.path.join(tmp, "lines")
+                    make_lines(src, records)
+                    on_mount = bulk(a, src, "bulk")
+                    os.unlink(src)
+                    broker.create_topic("perf-produced", 1)
+                    on_kafka = producer_perf(bootstrap, "perf-produced", records)
+                    print(f"bulk: cat of {records:,} 100-byte lines: mount {on_mount:,.0f} lines/s, "
+                          f"kafka-producer-perf-test {on_kafka:,.0f} records/s ({on_mount / on_kafka:.2f})",
+                          flush=True)
+                    rows.append([f"bulk appends (`cat`, {records:,} 100-byte lines), of kafka-producer-perf-test",
+                                 f"{on_mount:,.0f} / {on_kafka:,.0f} records/s", f"**{on_mount / on_kafka:.2f}**",
+                                 "≥ 0.5", "yes" if on_mount / on_kafka >= 0.5 else "no"])
+                if "small" in only:
+                    local = mounts.mount(None, "local")
+                    on_kafka, on_local = [], []
+                    pids = {"kafka:// daemon": mounts.pid(a), "broker": broker.proc.pid, "local daemon": mounts.pid(local)}
+                    cpu = dict.fromkeys(pids, 0.0)
+                    for r in range(args.rounds):
+                        before = {k: cpu_seconds(p) for k, p in pids.items()}
+                        on_kafka.append(small_writes(a, f"small-{r}", args.small))
+                        for k in ("kafka:// daemon", "broker"):
+                            cpu[k] += cpu_seconds(pids[k]) - before[k]
+                        before = cpu_seconds(pids["local daemon"])
+                        on_local.append(small_writes(local, f"small-{r}", args.small))
+                        cpu["local daemon"] += cpu_seconds(pids["local daemon"]) - before
+                    k, lo = statistics.median(on_kafka), statistics.median(on_local)
+                    print("small: CPU per line: " + ", ".join(f"{name} {1e6 * sec / (args.small * args.rounds):.0f} us"
+                                                             for name, sec in cpu.items()), flush=True)
+                    print(f"small: one 100-byte line per write(), {args.small:,} writes then fsync, "
+                          f"{args.rounds} rounds alternated: kafka:// {', '.join(f'{x:,.0f}' for x in on_kafka)}; "
+                          f"local {', '.join(f'{x:,.0f}' for x in on_local)} lines/s (medians: {k / lo:.2f})",
+                          flush=True)
+                    rows.append(["one 100-byte line per `write()`, of a local mount", f"{k:,.0f} / {lo:,.0f} lines/s",
+                                 f"**{k / lo:.2f}**", "≥ 0.8", "yes" if k / lo >= 0.8 else "no"])
+                if "read" in only:
+                    on_kafka = consumer_perf(bootstrap, "bulk", records, 0)
+                    started = time.perf_counter()
+                    b = mounts.mount(bootstrap, "cold")
+                    mounted = time.perf_counter() - started
+                    elapsed = read_through(os.path.join(b, "bulk", "0"), records * len(LINE), started)
+                    on_mount = records / elapsed
+                    print(f"read: cold sequential read of {records:,} lines: mount {on_mount:,.0f} lines/s "
+                          f"({elapsed:.2f} s from the mount command, the mount {mounted:.2f} s of it), "
+                          f"kafka-consumer-perf-test {on_kafka:,.0f} records/s ({on_mount / on_kafka:.2f})", flush=True)
+                    rows.append([f"cold sequential read of {records:,} lines, new mount, of kafka-consumer-perf-test",
+                                 f"{on_mount:,.0f} / {on_kafka:,.0f} records/s", f"**{on_mount / on_kafka:.2f}**",
+                                 "≥ 0.5", "yes" if on_mount / on_kafka >= 0.5 else "no"])
+                if "tail" in only:
+                    other = mounts.mount(bootstrap, "other")
+                    r = tail(a, other, "tail", args.tail_s)
+                    print(f"tail: {r['lines']} lines at 100/s through one mount, read on another: p50 "
+                          f"{1000 * r['p50']:.0f} ms, p99 {1000 * r['p99']:.0f} ms, max {1000 * r['max']:.0f} ms; "
+                          f"{r['missing']} not seen", flush=True)
+                    rows.append(["`tail -f` on another mount, write() to line read", f"{r['lines']} lines, 100/s",
+                                 f"p99 **{1000 * r['p99']:.0f} ms** (p50 {1000 * r['p50']:.0f}, max "
+                                 f"{1000 * r['max']:.0f}, {r['missing']} missing)", "p99 < 1 s",
+                                 "yes" if r["p99"] < 1 and not r["missing"] else "no"])
+                mounts.close()
         finally:
-            for proc, mnt in procs:
-                unmount_fuse(mnt)
-                proc.kill()
+            mounts.close()
             client.close()
+    print("\n".join(table(["figure", "mount / Kafka's", "ratio", "target", "met?"], rows)))
+    return 0
 
 
 if __name__ == "__main__":
