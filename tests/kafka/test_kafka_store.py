@@ -435,3 +435,38 @@ def test_the_clusters_refusals_as_errno():
                        (KafkaError.OFFSET_OUT_OF_RANGE, errno.EINVAL), (KafkaError.TOPIC_ALREADY_EXISTS, errno.EEXIST),
                        (KafkaError.UNKNOWN_TOPIC_OR_PART, errno.ENOENT), (KafkaError.REQUEST_TIMED_OUT, errno.EIO)):
         assert _refusal(KafkaError(code), "altering").errno == want, KafkaError(code).name()
+
+
+def test_the_units_exec_start_serves_a_kafka_mount(kafka_broker, kafka_client, tmp_path):
+    """README's systemd example: the template service's ``ExecStart`` with ``DATA_DIR=kafka://...`` and the cache in
+    ``LOGFS_OPTIONS``, under the unit's own restrictions (its seccomp filter, address families, no new privileges:
+    logfs/testing/unit_sandbox.py), mounts, says ``READY=1``, appends to the cluster, and stops cleanly on SIGTERM."""
+    import platform
+    import shutil
+    import sys
+
+    from service.service_helpers import SERVICE_UNIT, NotifySocket, ServiceDaemon
+
+    if platform.machine() != "x86_64" or shutil.which("systemd-analyze") is None or not os.path.exists(
+            "/usr/include/x86_64-linux-gnu/asm/unistd_64.h"):
+        pytest.skip("logfs.testing.unit_sandbox needs x86-64, systemd-analyze and the kernel headers")
+    svc = ServiceDaemon(tmp_path / "svc")
+    svc.data = f"kafka://{kafka_broker.bootstrap}"
+    sock = NotifySocket(tmp_path)
+    try:
+        proc = svc.start(sock, f"logfs.remote.cache.dir={tmp_path / 'unit-cache'},num.partitions=2",
+                         wrapper=[sys.executable, "-m", "logfs.testing.unit_sandbox", str(SERVICE_UNIT), "--"])
+        assert sock.wait_for("READY", proc=proc).mounted
+        status = open(f"/proc/{proc.pid}/status").read()
+        assert "Seccomp:\t2" in status and "NoNewPrivs:\t1" in status, "the daemon is not running sandboxed"
+        os.mkdir(svc.mnt / "from-the-unit")
+        assert sorted(os.listdir(svc.mnt / "from-the-unit")) == ["0", "1"]
+        with open(svc.mnt / "from-the-unit" / "1", "ab") as f:
+            f.write(b"appended under the unit\n")
+        assert [r.value for r in kafka_client.consume(kafka_broker.bootstrap, "from-the-unit", 1)] == [
+            b"appended under the unit"]
+        assert svc.stop() == 0
+        assert "Traceback" not in svc.stderr(), svc.stderr()
+    finally:
+        svc.cleanup()
+        sock.close()
