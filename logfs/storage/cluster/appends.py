@@ -80,6 +80,7 @@ class PartitionAppender:
         self.config = config  # the topic's LogConfig: its line format and max.message.bytes
         self._format = None  # its LineFormat, made at the first append
         self.state = PartitionState()
+        self.report_one = functools.partial(self.delivered, 1)  # (the delivery report of a one-line write)
 
     def check(self) -> None:
         """Raise the failed delivery not raised yet (once)."""
@@ -91,11 +92,21 @@ class PartitionAppender:
                 raise ClusterError(f"{self.topic}-{self.partition}: a line was not delivered: {message}", code)
 
     def append_lines(self, prefix: bytes, data, end: int, headers=None):
-        self.check()
-        text = prefix + bytes(data[: end - 1])
+        if self.state.failed is not None:
+            self.check()
+        text = prefix + bytes(data[: end - 1]) if prefix else bytes(data[: end - 1])
         fmt = self._format
         if fmt is None:
             fmt = self._format = line_format.LineFormat.of(self.config)
+        if headers is None and fmt.plain and b"\n" not in text:
+            # One plain line (a write() of one line, the shell's and most loggers'): the checks and the produce
+            # without the lists of the general case.
+            config = self.config
+            line_format.check_record_size(config, len(text))
+            if config.compact:
+                line_format.check_keys(config, None)
+            self.appends.produce_one(self, text)
+            return None
         lines = text.split(b"\n")
         if fmt.plain:  # (the common case: each line is the value)
             values, keys = lines, None
@@ -238,6 +249,18 @@ class ClusterAppends:
             raise ClusterError(f"{topic}-{partition}: the producer refused a line: {exc}", errno.EIO) from None
         appender.state.queued += len(values)
         self.produced += len(values)
+
+    def produce_one(self, appender: PartitionAppender, value: bytes) -> None:
+        """:meth:`produce` of a write() of one line without key or headers (the per-line path of small writes)."""
+        try:
+            self._producer.produce(appender.topic, value, None, appender.partition, appender.report_one)
+        except self._refused as exc:
+            with self.cond:
+                self.broken = True
+            raise ClusterError(f"{appender.topic}-{appender.partition}: the producer refused a line: {exc}",
+                               errno.EIO) from None
+        appender.state.queued += 1
+        self.produced += 1
 
     def _run(self) -> None:
         while True:
