@@ -156,20 +156,24 @@ class PartitionAppender:
     def delivered(self, lines: int, err, _msg) -> None:
         """librdkafka's delivery report of the last line of a ``write()``, for its ``lines`` lines (on the poll
         thread; see the module's docstring)."""
-        appends = self.appends
-        with appends.cond:
-            state = self.state
+        appends, state = self.appends, self.state
+        if err is None:
+            # (no lock: only this thread changes these counts; a sync counts itself ``waiting`` under the lock
+            # before it reads ``done``, so a report that finds nobody waiting was counted before the sync looked)
             state.done += lines
-            if err is not None:
-                if state.failed is None:
-                    state.failed = err.str()
-                    state.failed_errno = errno.EACCES if _authorization(err) else errno.EIO
-                appends.broken = True
-                appends.failed_deliveries += lines
-            else:
-                appends.acked += lines
+            appends.acked += lines
             if state.waiting:
-                appends.cond.notify_all()
+                with appends.cond:
+                    appends.cond.notify_all()
+            return
+        with appends.cond:
+            state.done += lines
+            if state.failed is None:
+                state.failed = err.str()
+                state.failed_errno = errno.EACCES if _authorization(err) else errno.EIO
+            appends.broken = True
+            appends.failed_deliveries += lines
+            appends.cond.notify_all()
 
 
 class ClusterAppends:
