@@ -48,7 +48,8 @@ quiet_pip .venv/bin/pip install -q -e '.[test]'
 
 case "$action" in
   test)
-    exec .venv/bin/python -m pytest -q -p no:cacheprovider --durations=25 "$@"
+    # (.cache/last-test-run.xml: every test's duration, for trimming the suite to its budget)
+    exec .venv/bin/python -m pytest -q -p no:cacheprovider --durations=25 --junitxml=.cache/last-test-run.xml "$@"
     ;;
   demo)
     exec .venv/bin/python tools/demo.py "$@"

@@ -769,7 +769,11 @@ class BrokerLogs:
                     continue
                 target = self.watched.get(event.wd)
                 if isinstance(target, str):
-                    rescan = rescan or bool(event.mask & (IN_ISDIR | IN_DELETE_SELF | IN_MOVE_SELF))
+                    if event.mask & (IN_ISDIR | IN_DELETE_SELF | IN_MOVE_SELF):
+                        # Listed whatever its mtime says: a directory made in the same clock tick as the last
+                        # listing leaves the mtime it had, and a look more than RACY_NS later would trust it.
+                        rescan = True
+                        self.dir_mtimes[target] = -1
                 elif target is not None:
                     dirty.add(target)
         if full:

@@ -31,8 +31,11 @@ def processes_naming(root: str) -> list[str]:
 def interrupt_bench(only: str, ready, sig: int) -> tuple[str, subprocess.CompletedProcess]:
     """Start ``bench.py --quick --only ONLY`` (its own /var/tmp workdir), wait until ``ready(workdir)``, send
     ``sig``; returns the workdir and the finished process."""
+    # (SIGINT as a terminal's Ctrl-C finds it: a run started in the background by a non-interactive shell, as a
+    # CI script may be, inherits SIGINT ignored, and Python then keeps ignoring it)
     proc = subprocess.Popen([sys.executable, BENCH, "--quick", "--only", only], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=daemon_env())
+                            stderr=subprocess.PIPE, text=True, env=daemon_env(),
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         first = proc.stdout.readline()
         assert first.startswith("workdir /var/tmp/logfs-bench-"), first + proc.stderr.read()

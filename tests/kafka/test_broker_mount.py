@@ -24,6 +24,7 @@ import pytest
 from logfs.testing.kafka import running_broker
 
 from harness import mounted_at, wait_for
+from open_reader import OpenReader, produce_lines
 
 pytestmark = pytest.mark.mount
 
@@ -185,28 +186,17 @@ def test_retention_under_the_mount(broker, kafka_client, mount_logfs, tmp_path):
     log_dir = broker.log_dirs[0]
     part = log_dir / f"{topic}-0"
     fs = mount_broker(mount_logfs, log_dir, tmp_path / "cache")
-    reader = open(fs.path(topic, 0), "rb")
-    seen, sent = b"", b""
+    reader = OpenReader(fs.path(topic, 0))
+    sent = b""
     deleted_seen = False
     try:
         for round_ in range(8):
-            values = [f"{topic} round {round_} line {i} {'x' * 40}".encode() for i in range(40)]
-            got = kafka_client.produce(broker.bootstrap, [{"topic": topic, "partition": 0, "value": v}
-                                                           for v in values],
-                                       enable_idempotence="true", linger_ms="0", batch_size="600")
-            assert len(got) == len(values)
-            sent += b"".join(v + b"\n" for v in values)
-
-            def caught_up():
-                nonlocal seen
-                seen += reader.read()
-                return len(seen) >= len(sent)
-
-            wait_for(caught_up, 30, interval=0.05, what=f"round {round_}")
+            sent += produce_lines(kafka_client, broker, topic,
+                                  [f"{topic} round {round_} line {i} {'x' * 40}".encode() for i in range(40)])
+            reader.reaches(sent, 30, what=f"round {round_}")  # each line once, in order, across rolls and retention
             fs.read(f"{topic}/0")  # a fresh read, whatever retention is doing (never an error)
             deleted_seen = deleted_seen or any(p.name.endswith(".deleted") for p in part.iterdir())
             time.sleep(1)  # (records age: retention.ms is 3 s)
-        assert seen == sent  # each line once, in order, across rolls and retention
         assert deleted_seen  # (the broker's retention ran meanwhile)
 
         # Retention takes every sealed segment in the end (their records are older than retention.ms).
@@ -327,16 +317,11 @@ def test_transactions_as_a_read_committed_consumer_sees_them(broker, kafka_clien
     reader = None
     try:
         wait_for(lambda: topic in os.listdir(fs.mnt), 30, interval=0.05, what="the topic")
-        reader = open(fs.path(topic, 0), "rb")
-        seen = b""
+        reader = OpenReader(fs.path(topic, 0))
 
         def shows(expected: bytes):
-            def caught_up():
-                nonlocal seen
-                seen += reader.read()
-                return len(seen) >= len(expected) and fs.read(f"{topic}/0") == expected
-            wait_for(caught_up, 30, interval=0.05, what="the committed records through the mount")
-            assert seen == expected  # (each line once, in order)
+            reader.reaches(expected, 30, also=lambda: fs.read(f"{topic}/0") == expected,
+                           what="the committed records through the mount")
 
         send([b"before %d" % i for i in range(30)], **plain)
         shows(committed())
@@ -351,8 +336,8 @@ def test_transactions_as_a_read_committed_consumer_sees_them(broker, kafka_clien
             assert b"%s txn" % outcome.encode() not in open_view and b"%s after" % outcome.encode() not in open_view
             looked_twice()
             assert fs.read(f"{topic}/0") == open_view  # the open transaction and all after its first record: not shown
-            seen += reader.read()
-            assert seen == open_view
+            reader.read()
+            assert reader.seen == open_view
             kafka_client.produce(broker.bootstrap, [{"txn": outcome}], session=session, end_session=True, **txn)
             # (the coordinator writes the markers after the producer's call returns: wait for the consumer too)
             wait_for(lambda: b"%s after 29\n" % outcome.encode() in committed(), 30, interval=0.1,

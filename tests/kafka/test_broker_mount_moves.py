@@ -19,6 +19,7 @@ import pytest
 from logfs.testing.kafka import KafkaBroker
 
 from harness import mounted_at, wait_for
+from open_reader import OpenReader, produce_lines
 
 pytestmark = pytest.mark.mount
 
@@ -41,11 +42,8 @@ def broker(tmp_path_factory, kafka_client):
 
 
 def produce(client, broker, start: int, count: int) -> bytes:
-    values = [f"{TOPIC} line {i} {'m' * 30}".encode() for i in range(start, start + count)]
-    sent = client.produce(broker.bootstrap, [{"topic": TOPIC, "partition": 0, "value": v} for v in values],
-                          enable_idempotence="true", linger_ms="0", batch_size="600")
-    assert len(sent) == count
-    return b"".join(v + b"\n" for v in values)
+    return produce_lines(client, broker, TOPIC, [f"{TOPIC} line {i} {'m' * 30}".encode()
+                                                 for i in range(start, start + count)])
 
 
 def test_a_partition_moved_between_the_brokers_directories(broker, kafka_client, mount_logfs, tmp_path):
@@ -56,7 +54,7 @@ def test_a_partition_moved_between_the_brokers_directories(broker, kafka_client,
     log_at = broker.log_file.stat().st_size
     fs = mount_logfs("ro", f"logfs.cache.dir={tmp_path / 'cache'}", "logfs.broker.poll.ms=100",
                      prepare=lambda m: setattr(m, "source", f"{d1},{d2}"))
-    reader = open(fs.path(TOPIC, 0), "rb")
+    reader = OpenReader(fs.path(TOPIC, 0))
     try:
         assert reader.read() == sent
         before = kafka_client.consume(broker.bootstrap, TOPIC, 0)
@@ -75,15 +73,8 @@ def test_a_partition_moved_between_the_brokers_directories(broker, kafka_client,
 
         wait_for(shown, 30, interval=0.1, what="the moved partition, served from its new directory")
         # The file opened before the move goes on: Kafka's copy holds the same segments, and the log follows them.
-        seen = b"".join(r.value + b"\n" for r in before)  # (what it read before the move)
-
-        def followed():
-            nonlocal seen
-            seen += reader.read()
-            return len(seen) >= len(expected)
-
-        wait_for(followed, 30, interval=0.05, what="the open file, after the move")
-        assert seen == expected
+        assert reader.seen == b"".join(r.value + b"\n" for r in before)  # (what it read before the move)
+        reader.reaches(expected, 30, what="the open file, after the move")
         with open(broker.log_file, "rb") as f:
             f.seek(log_at)
             text = f.read().decode(errors="replace")

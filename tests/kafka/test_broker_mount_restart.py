@@ -21,6 +21,7 @@ from logfs.storage.format import records as rec
 from logfs.testing.kafka import running_broker
 
 from harness import mounted_at, wait_for
+from open_reader import OpenReader, produce_lines
 
 pytestmark = pytest.mark.mount
 
@@ -35,11 +36,8 @@ def broker(tmp_path_factory, kafka_client):
 
 
 def produce(client, broker, start: int, count: int) -> bytes:
-    values = [f"{TOPIC} line {i} {'r' * 30}".encode() for i in range(start, start + count)]
-    sent = client.produce(broker.bootstrap, [{"topic": TOPIC, "partition": 0, "value": v} for v in values],
-                          enable_idempotence="true", linger_ms="0", batch_size="600")
-    assert len(sent) == count
-    return b"".join(v + b"\n" for v in values)
+    return produce_lines(client, broker, TOPIC, [f"{TOPIC} line {i} {'r' * 30}".encode()
+                                                 for i in range(start, start + count)])
 
 
 def consumed(client, broker) -> list:
@@ -63,17 +61,8 @@ def test_a_clean_restart_then_a_crash_that_lost_a_tail(broker, kafka_client, mou
     log_at = broker.log_file.stat().st_size
     fs = mount_logfs("ro", f"logfs.cache.dir={tmp_path / 'cache'}", "logfs.broker.poll.ms=100",
                      prepare=lambda m: setattr(m, "source", str(log_dir)))
-    reader = open(fs.path(TOPIC, 0), "rb")
-    seen = b""
-
-    def caught_up(want: bytes):
-        def check():
-            nonlocal seen
-            seen += reader.read()
-            return len(seen) >= len(want)
-        wait_for(check, 60, interval=0.05, what="the reader")
-        assert seen == want  # each line once, in order
-
+    reader = OpenReader(fs.path(TOPIC, 0))
+    caught_up = reader.reaches
     try:
         caught_up(sent)
         before = consumed(kafka_client, broker)
@@ -110,7 +99,7 @@ def test_a_clean_restart_then_a_crash_that_lost_a_tail(broker, kafka_client, mou
         wait_for(shown, 60, interval=0.1, what="the recovered log and the later appends through the mount")
         # The open file had read past what is gone: its next read fails (ESTALE), or shows only lines the log holds.
         try:
-            tail = reader.read()
+            tail = reader.file.read()
             assert set(tail.splitlines()) <= set(expected.splitlines()), tail[:200]
         except OSError as exc:
             assert exc.errno == errno.ESTALE, exc
