@@ -280,9 +280,9 @@ def test_a_topic_created_while_mounted_appears(broker, kafka_client, mount_logfs
     assert len(kafka_client.produce(broker.bootstrap, entries, enable_idempotence="true", linger_ms="0")) == 100
     got = kafka_client.consume_partitions(broker.bootstrap, [(topic, p) for p in range(2)])
 
-    def shown():
-        return topic in os.listdir(fs.mnt) and all(
-            fs.read(f"{topic}/{p}") == b"".join(r.value + b"\n" for r in got[(topic, p)]) for p in range(2))
+    def shown():  # (the broker makes a topic's partition directories one by one: the mount shows each when it is)
+        return (topic in os.listdir(fs.mnt) and sorted(os.listdir(fs.path(topic))) == ["0", "1"] and all(
+            fs.read(f"{topic}/{p}") == b"".join(r.value + b"\n" for r in got[(topic, p)]) for p in range(2)))
 
     wait_for(shown, 30, interval=0.1, what="the new topic through the mount")
 
