@@ -3,8 +3,11 @@
 ``setup`` (``python -m logfs.testing.kafka setup``, which tools/dev.sh runs) resolves with Maven the Kafka of
 ``kafka_jvm/pom.xml`` (its version, and why, are said there) into ``<checkout>/.cache/kafka/jars`` (an ignored
 folder; ``LOGFS_KAFKA_CACHE`` moves it), compiles ``kafka_jvm/KafkaClient.java`` against them into ``classes``, and
-tries Spark's Kafka connector at the installed PySpark's version into ``spark-kafka-<version>`` (when the registry
-does not serve it, a ``.unavailable`` note says why, set-up goes on, and it is asked for again a day later). Each
+tries Spark's Kafka connector for the installed PySpark into ``spark-kafka-<version>``: its own version, else the
+newest release of the same major version below it that Maven Central lists (PySpark 4.3.0 reaches PyPI before its
+connector reaches Maven Central; the 4.2.0 connector, loaded into PySpark 4.3.0, reads topics: the tests show it).
+When no candidate is served, a ``.unavailable`` note says why, set-up goes on, and it is asked for again a day
+later. Each
 step writes a stamp (a hash of what it was made from) and is skipped while its stamp is current: a second set-up
 costs a fraction of a second. :func:`jars_dir` and :func:`client_classpath` raise :class:`KafkaNotSetUp`, saying
 what to run, when set-up was not run (or was run for another POM).
@@ -37,6 +40,8 @@ COPY_DEPENDENCIES = "org.apache.maven.plugins:maven-dependency-plugin:3.8.1:copy
 SPARK_CONNECTOR_ARTIFACTS = ("spark-sql-kafka-0-10_2.13", "spark-token-provider-kafka-0-10_2.13", "kafka-clients",
                              "commons-pool2")
 RETRY_UNSERVED_S = 24 * 3600  # a connector the registry did not serve is asked for again a day later
+CONNECTOR_METADATA = "https://repo.maven.apache.org/maven2/org/apache/spark/spark-sql-kafka-0-10_2.13/maven-metadata.xml"
+CONNECTOR_VERSION_FILE = "connector-version"  # in spark-kafka-<pyspark version>: the connector's own version
 
 
 class KafkaNotSetUp(RuntimeError):
@@ -118,6 +123,15 @@ def spark_connector_jars() -> list[Path]:
     return sorted(folder.glob("*.jar"))
 
 
+def spark_connector_version() -> str | None:
+    """The version of the connector :func:`spark_connector_jars` holds (PySpark's own, or an earlier release of its
+    major version), or None."""
+    if not spark_connector_jars():
+        return None
+    marker = cache_dir() / f"spark-kafka-{_pyspark_version()}" / CONNECTOR_VERSION_FILE
+    return marker.read_text().strip() if marker.exists() else _pyspark_version()
+
+
 def spark_connector_status() -> str:
     """Why :func:`spark_connector_jars` is empty (or where the jars are)."""
     version = _pyspark_version()
@@ -125,7 +139,7 @@ def spark_connector_status() -> str:
         return "PySpark is not installed"
     folder = cache_dir() / f"spark-kafka-{version}"
     if spark_connector_jars():
-        return f"resolved in {folder}"
+        return f"connector {spark_connector_version()} for PySpark {version}, resolved in {folder}"
     note = cache_dir() / f"spark-kafka-{version}.unavailable"
     if note.exists():
         return note.read_text().strip()
@@ -220,6 +234,31 @@ def _spark_stamp(version: str) -> str:
     return _digest(SPARK_POM.read_bytes(), COPY_DEPENDENCIES, version)
 
 
+def _release_key(version: str) -> tuple[int, ...] | None:
+    """``4.2.0`` -> (4, 2, 0); a preview or other qualified version -> None (never a fallback)."""
+    return tuple(int(part) for part in version.split(".")) if re.fullmatch(r"\d+(\.\d+)*", version) else None
+
+
+def connector_candidates(installed: str, listed: list[str]) -> list[str]:
+    """The connector versions to ask for, in order: PySpark's own, then the newest release of the same major
+    version below it among ``listed`` (Maven Central's versions of the connector). A connector is not taken from
+    another major version, nor from a newer release than PySpark, nor from a preview."""
+    mine = _release_key(installed)
+    older = [v for v in listed if (key := _release_key(v)) is not None and mine is not None
+             and key[0] == mine[0] and key < mine]
+    return [installed] + sorted(older, key=_release_key, reverse=True)[:1]
+
+
+def _listed_connector_versions() -> list[str]:
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(CONNECTOR_METADATA, timeout=30) as response:
+            return re.findall(r"<version>([^<]+)</version>", response.read().decode())
+    except OSError:
+        return []
+
+
 def _resolve_spark_connector(say) -> None:
     version = _pyspark_version()
     if version is None:
@@ -233,24 +272,27 @@ def _resolve_spark_connector(say) -> None:
             note.read_text().startswith(f"[{_spark_stamp(version)[:12]}]"):
         say(f"note: {note.read_text().strip()}")
         return
-    say(f"resolving Spark's Kafka connector for PySpark {version} into {folder} ...")
-    tmp = Path(tempfile.mkdtemp(prefix="spark-kafka.", dir=cache_dir()))
-    r = _mvn_copy(SPARK_POM, tmp, "-U", f"-Dspark.version={version}",
-                  f"-DincludeArtifactIds={','.join(SPARK_CONNECTOR_ARTIFACTS)}")
-    if r.returncode != 0:
+    reasons = []
+    for candidate in connector_candidates(version, _listed_connector_versions()):
+        say(f"resolving Spark's Kafka connector {candidate} for PySpark {version} into {folder} ...")
+        tmp = Path(tempfile.mkdtemp(prefix="spark-kafka.", dir=cache_dir()))
+        r = _mvn_copy(SPARK_POM, tmp, "-U", f"-Dspark.version={candidate}",
+                      f"-DincludeArtifactIds={','.join(SPARK_CONNECTOR_ARTIFACTS)}")
+        if r.returncode == 0:
+            (tmp / CONNECTOR_VERSION_FILE).write_text(candidate + "\n")
+            _replace_dir(tmp, folder)
+            note.unlink(missing_ok=True)
+            stamp_file.write_text(_spark_stamp(version) + "\n")
+            return
         shutil.rmtree(tmp, ignore_errors=True)
         output = re.sub(r"\x1b\[[0-9;]*m", "", r.stdout + r.stderr)
         reason = next((line for line in output.splitlines() if "ERROR" in line), "Maven failed")
         reason = re.sub(r"^\[ERROR\] (Failed to execute goal on project [^:]*: )?", "", reason)
-        reason = re.sub(r" *\(https?://[^)]*\)| -> \[Help 1\]", "", reason)
-        note.write_text(f"[{_spark_stamp(version)[:12]}] Spark's Kafka connector "
-                        f"org.apache.spark:spark-sql-kafka-0-10_2.13:{version} (the installed PySpark's version) "
-                        f"could not be resolved: {reason[:300]}\n")
-        say(f"note: {note.read_text().strip()} (set-up goes on without it; asked again in a day)")
-        return
-    _replace_dir(tmp, folder)
-    note.unlink(missing_ok=True)
-    stamp_file.write_text(_spark_stamp(version) + "\n")
+        reasons.append(re.sub(r" *\(https?://[^)]*\)| -> \[Help 1\]", "", reason)[:300])
+    note.write_text(f"[{_spark_stamp(version)[:12]}] Spark's Kafka connector "
+                    f"org.apache.spark:spark-sql-kafka-0-10_2.13 for PySpark {version} could not be resolved: "
+                    f"{'; '.join(reasons)}\n")
+    say(f"note: {note.read_text().strip()} (set-up goes on without it; asked again in a day)")
 
 
 def setup(say=print, spark: bool = True) -> None:

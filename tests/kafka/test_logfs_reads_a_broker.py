@@ -9,6 +9,8 @@ are recorded, and the broker stops (the module's fixture ``written``). Then:
 
 - the ``logfs`` Spark source over the broker's directory returns the consumer's records (a test of its own: the
   Spark session, shared with tests/spark, is what takes time here);
+- Spark's own Kafka source, from the broker started again on the directory, returns the rows the ``logfs`` source
+  returns over it (where set-up resolved Spark's Kafka connector: tests/kafka/spark_kafka.py);
 - logfs mounts the directory and, through real syscalls on the mount: the topics and partitions are listed
   (Kafka's internal topics are not); each partition file is the consumer's records as lines;
   ``user.logfs.log_start_offset``/``log_end_offset`` are Kafka's earliest and latest offsets; ``position.`` of
@@ -24,7 +26,6 @@ are recorded, and the broker stops (the module's fixture ``written``). Then:
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import os
 import struct
 import time
@@ -36,6 +37,7 @@ import pytest
 from logfs.testing.kafka import running_broker
 
 from harness import mounted_at, wait_for
+from spark_kafka import logfs_source_rows
 
 pytestmark = pytest.mark.mount
 
@@ -216,33 +218,9 @@ def truth_by_time(dumped: list[dict], earliest: int, timestamp: int) -> int | No
     return min(found) if found else None
 
 
-# -- the Spark part: tests/spark's session (one SparkSession per test session), when PySpark and Java are here ---
-def _spark_suite_fixture():
-    """tests/spark's ``spark`` fixture (session-scoped; it skips without PySpark or Java). Its SparkSession is
-    the one of tests/spark too (``getOrCreate``): started once per test session, whichever suite asks first."""
-    spec = importlib.util.spec_from_file_location("spark_suite_conftest",
-                                                  Path(__file__).resolve().parents[1] / "spark" / "conftest.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.spark
-
-
-spark = _spark_suite_fixture()
-
-
+# -- the Spark part (tests/kafka/conftest.py: tests/spark's session, and Spark's own Kafka source) ----------
 def spark_rows(session, log_dir: Path) -> dict[tuple[str, int], list]:
-    from pyspark.sql import functions as F
-
-    df = (session.read.format("logfs").option("subscribe", ",".join(TOPICS)).option("includeHeaders", "true")
-          .load(str(log_dir)))
-    out: dict[tuple[str, int], list] = {}
-    for r in df.select("topic", "partition", "offset", F.expr("unix_millis(timestamp)").alias("ts"),
-                       "timestampType", "key", "value", "headers").collect():
-        headers = [(h.key, None if h.value is None else bytes(h.value)) for h in r.headers or ()]
-        out.setdefault((r.topic, r.partition), []).append(
-            (r.offset, r.ts, ["CreateTime", "LogAppendTime"][r.timestampType],
-             None if r.key is None else bytes(r.key), None if r.value is None else bytes(r.value), headers))
-    return {k: sorted(v) for k, v in out.items()}
+    return logfs_source_rows(session, log_dir, TOPICS)
 
 
 def as_rows(records) -> list:
@@ -496,3 +474,21 @@ def figures(kafka: dict, dumped: dict) -> str:
             f"{aborted} aborted records and {markers.count('ABORT')} ABORT + {markers.count('COMMIT')} COMMIT markers "
             f"in the log; {removed} records removed by Kafka's cleaner; "
             f"{sum(1 for v in kafka.values() for r in v.records if r.value is None)} tombstones")
+
+
+def test_sparks_kafka_source_reads_what_the_logfs_source_reads(written, spark, kafka_source):
+    """Spark's own Kafka source (``read_committed``) from the broker, started again on its directory, gives the
+    rows that ``spark.read.format("logfs")`` gives over that directory while the broker was stopped: offsets,
+    timestamps and their types, keys, values, headers (CONTRACT.md section 13, "Spark's own Kafka source
+    agrees"). Last in the module: it stops and starts the broker, whose clean-shutdown marker
+    test_logfs_mounts_a_brokers_log_directory compares with the one the fixture recorded."""
+    if written.broker.running:
+        written.broker.stop()
+    from_logfs = spark_rows(spark, written.log_dir)
+    written.broker.start()  # (the session's broker: the tests after this one find it running)
+    from_kafka = kafka_source.rows(written.broker.bootstrap, TOPICS)
+    assert set(from_kafka) <= set(written.partitions) and set(from_logfs) <= set(written.partitions)
+    for tp in written.partitions:
+        assert from_kafka.get(tp, []) == from_logfs.get(tp, []), tp
+    assert sum(len(rows) for rows in from_kafka.values()) == sum(len(written.kafka[tp].records)
+                                                                for tp in written.partitions) > 0

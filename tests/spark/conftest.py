@@ -39,8 +39,14 @@ def spark():
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     from pyspark.sql import SparkSession
 
+    from logfs.testing.kafka_setup import spark_connector_jars
+
+    # Spark's Kafka connector, when set-up resolved one (tests/kafka compare Spark's Kafka source with logfs's): on
+    # the session's classpath from its start, as --jars would put it.
+    connector = ",".join(str(jar) for jar in spark_connector_jars())
     session = (
         SparkSession.builder.master("local[2]").appName("logfs-tests")
+        .config("spark.jars", connector)
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", "2")
