@@ -27,16 +27,14 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 
 from logfs.storage.format import records as rec
 from logfs.storage.names import filename_prefix
-from logfs.testing.benchlib import daemon_pid, leave_nothing, mount_logfs, rss_kb, table, unmount
+from logfs.testing.benchlib import TailWatcher, daemon_pid, leave_nothing, mount_logfs, rss_kb, table, unmount
 from logfs.testing.kafka import KafkaClient, running_broker
 from logfs.testing.kafka_setup import java, perf_tools_classpath
 
@@ -190,27 +188,7 @@ def bench_tail(work: str, client: KafkaClient, seconds: float, rate: int) -> dic
         log_dir = str(broker.log_dirs[0])
         mnt, cache = os.path.join(work, "mnt-tail"), os.path.join(work, "cache-tail")
         mount_logfs(log_dir, mnt, "ro", f"logfs.cache.dir={cache}")
-        seen: dict[int, float] = {}
-        stop = threading.Event()
-        path = os.path.join(mnt, topic, "0")
-
-        def reader():
-            while not os.path.exists(path):
-                time.sleep(0.01)
-            with open(path, "rb", buffering=0) as f:
-                rest = b""
-                while not stop.is_set():
-                    chunk = f.read(MiB)
-                    if not chunk:
-                        time.sleep(0.01)
-                        continue
-                    now = time.time()
-                    *whole, rest = (rest + chunk).split(b"\n")
-                    for line in whole:
-                        seen[int(line.split()[1])] = now
-
-        thread = threading.Thread(target=reader, daemon=True)
-        thread.start()
+        watcher = TailWatcher(os.path.join(mnt, topic, "0"), clock=time.time, idle=0.01)
         try:
             session, sent, seq = "bench-tail", {}, 0
             per_call, interval = max(1, rate // 20), 0.05
@@ -228,18 +206,11 @@ def bench_tail(work: str, client: KafkaClient, seconds: float, rate: int) -> dic
                 next_at += interval
                 time.sleep(max(0.0, next_at - time.perf_counter()))
             client.produce(broker.bootstrap, [], session=session, end_session=True)
-            deadline = time.perf_counter() + 30
-            while len(seen) < len(sent) and time.perf_counter() < deadline:
-                time.sleep(0.05)
+            figures = watcher.finish(sent)
         finally:
-            stop.set()
-            thread.join(5)
+            watcher.stop()
             unmount(mnt, log_dir)
-    missing = len(sent) - len(seen)
-    delays = sorted(seen[s] - sent[s] for s in seen if s in sent)
-    q = statistics.quantiles(delays, n=100)
-    return {"records": len(sent), "missing": missing, "p50": q[49], "p99": q[98], "max": delays[-1],
-            "rate": len(sent) / seconds}
+    return {"records": figures.pop("lines"), **figures, "rate": len(sent) / seconds}
 
 
 def main(argv=None) -> int:

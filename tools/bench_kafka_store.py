@@ -33,10 +33,9 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 
-from logfs.testing.benchlib import table
+from logfs.testing.benchlib import TailWatcher, table
 from logfs.testing.kafka import KafkaClient, running_broker
 from logfs.testing.kafka_setup import java, perf_tools_classpath
 from logfs.testing.mounts import code_env, logfs_command, mounted_at, unmount_fuse, wait_for
@@ -182,24 +181,7 @@ def tail(writer_mnt: str, reader_mnt: str, topic: str, seconds: float) -> dict:
     os.mkdir(os.path.join(writer_mnt, topic))
     path = os.path.join(reader_mnt, topic, "0")
     wait_for(lambda: os.path.exists(path), 30, what="the topic on the other mount")
-    seen: dict[int, float] = {}
-    stop = threading.Event()
-
-    def reader() -> None:
-        with open(path, "rb", buffering=0) as f:
-            rest = b""
-            while not stop.is_set():
-                chunk = f.read(MiB)
-                if not chunk:
-                    time.sleep(0.005)
-                    continue
-                now = time.perf_counter()
-                *whole, rest = (rest + chunk).split(b"\n")
-                for line in whole:
-                    seen[int(line.split()[1])] = now
-
-    thread = threading.Thread(target=reader, daemon=True)
-    thread.start()
+    watcher = TailWatcher(path)
     sent: dict[int, float] = {}
     fd = os.open(os.path.join(writer_mnt, topic, "0"), os.O_WRONLY | os.O_APPEND)
     try:
@@ -213,14 +195,7 @@ def tail(writer_mnt: str, reader_mnt: str, topic: str, seconds: float) -> dict:
         os.fsync(fd)
     finally:
         os.close(fd)
-    deadline = time.perf_counter() + 30
-    while len(seen) < len(sent) and time.perf_counter() < deadline:
-        time.sleep(0.05)
-    stop.set()
-    thread.join(5)
-    delays = sorted(seen[s] - sent[s] for s in seen if s in sent)
-    q = statistics.quantiles(delays, n=100)
-    return {"lines": len(sent), "missing": len(sent) - len(seen), "p50": q[49], "p99": q[98], "max": delays[-1]}
+    return watcher.finish(sent)
 
 
 def main(argv=None) -> int:

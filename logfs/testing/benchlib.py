@@ -162,6 +162,56 @@ def line_writers(path: str, writers: int, count: int, length: int) -> float:
     return max(end for _, end, _ in spans) - min(start for start, _, _ in spans)
 
 
+class TailWatcher:
+    """A ``tail -f`` for the latency benchmarks: a thread reads on at the end of ``path`` (when nothing came, it
+    sleeps ``idle`` seconds) and notes when each line shows, by the number that is the line's second word
+    (``tail <seq> ...``). ``clock`` is the writer's clock (``time.perf_counter`` for a writer in this process,
+    ``time.time`` for a record's CreateTime)."""
+
+    def __init__(self, path: str, clock=time.perf_counter, idle: float = 0.005, chunk: int = 1 << 20):
+        import threading
+
+        self.path, self.clock, self.idle, self.chunk = path, clock, idle, chunk
+        self.seen: dict[int, float] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not os.path.exists(self.path):
+            if self._stop.wait(0.01):
+                return
+        with open(self.path, "rb", buffering=0) as f:
+            rest = b""
+            while not self._stop.is_set():
+                chunk = f.read(self.chunk)
+                if not chunk:
+                    time.sleep(self.idle)
+                    continue
+                now = self.clock()
+                *whole, rest = (rest + chunk).split(b"\n")
+                for line in whole:
+                    self.seen[int(line.split()[1])] = now
+
+    def finish(self, sent: dict[int, float], timeout: float = 30) -> dict:
+        """Waits (at most ``timeout`` s) for every line of ``sent`` (seq -> when its write started), stops, and
+        returns the delays: lines sent, missing, p50/p99/max in seconds."""
+        deadline = time.perf_counter() + timeout
+        while len(self.seen) < len(sent) and time.perf_counter() < deadline:
+            time.sleep(0.05)
+        self.stop()
+        import statistics
+
+        delays = sorted(self.seen[s] - sent[s] for s in self.seen if s in sent)
+        q = statistics.quantiles(delays, n=100)
+        return {"lines": len(sent), "missing": len(sent) - len(self.seen), "p50": q[49], "p99": q[98],
+                "max": delays[-1]}
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+
 def rss_kb(pid: int) -> int:
     with open(f"/proc/{pid}/status") as f:
         for line in f:
