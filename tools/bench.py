@@ -2,7 +2,11 @@
 """logfs benchmarks, side by side with the two references that bound it, in the same run:
 
 - ext4: the same operations on plain files in a directory on the same disk;
-- nullfs (logfs/testing/nullfs.py): a do-nothing pyfuse3 filesystem, the ceiling for any Python FUSE filesystem here.
+- nullfs (logfs/testing/nullfs.py): a do-nothing pyfuse3 filesystem, the ceiling for any Python FUSE filesystem here;
+- the raw store: SeaweedFS's own GETs of the objects tiered reads fetch (scenario tiered);
+- Apache Kafka: a broker given the same records, with its own producer and consumer performance tools (scenario
+  kafka, tools/bench_kafka.py; the kafka:// mount and a broker's directory have benchmarks of their own,
+  tools/bench_kafka_store.py and tools/bench_broker.py).
 
 Ratios within one run matter, not absolute figures (shared 2-core machines).
 
@@ -21,7 +25,9 @@ small writes with the metrics file off and on), writer_headers (the same with lo
 against the store's own GETs; random reads' GETs; the cache bound; starts its own SeaweedFS), spark_cluster
 (tools/bench_cluster.py: the Spark source on a 2-worker standalone cluster, count and groupBy of a tiered log from
 the bucket against the same offsets from the local DATA_DIR), many_partitions (tools/bench_scale.py at 20,000
-partitions: mkdir, first append, listing, descriptors, maps, remount; 500 with --quick). Naming any of a group in
+partitions: mkdir, first append, listing, descriptors, maps, remount; 500 with --quick), kafka (appends and a cold
+sequential read of 100-byte records against Kafka's kafka-producer-perf-test and kafka-consumer-perf-test on a
+broker started for it; needs the set-up's Kafka jars, else skipped). Naming any of a group in
 --only runs the whole group.
 
 The issue-15 write-path figures alone (bulk append, sequential read, small writes), best of 3, ~4 minutes:
@@ -391,6 +397,7 @@ SCENARIOS = {
     "spark_time": "bench_spark_time.spark_time",
     "many_partitions": "many_partitions",
     "compression": "bench_compression.compression",
+    "kafka": "bench_kafka.kafka",
 }
 
 

@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -36,7 +35,7 @@ from logfs.storage.format import records as rec
 from logfs.storage.names import filename_prefix
 from logfs.testing.benchlib import TailWatcher, daemon_pid, leave_nothing, mount_logfs, rss_kb, table, unmount
 from logfs.testing.kafka import KafkaClient, running_broker
-from logfs.testing.kafka_setup import java, perf_tools_classpath
+from logfs.testing.kafka_perf import consumer_perf, producer_perf
 
 MiB = 1 << 20
 TICK = os.sysconf("SC_CLK_TCK")
@@ -105,27 +104,6 @@ def bench_idle(work: str, partitions: int, seconds: float, opts: list[str]) -> d
             "mount_s": mount_s, "append_shown_s": shown_s, "rss_mib": rss / 1024}
 
 
-def perf_tool(main_class: str, args: list[str]) -> str:
-    """One of Kafka's performance tools in a JVM of its own; its stdout."""
-    done = subprocess.run([java(), "-Xmx512m", "-cp", perf_tools_classpath(), main_class, *args],
-                          capture_output=True, text=True, timeout=1800)
-    if done.returncode != 0:
-        raise RuntimeError(f"{main_class} failed: {done.stdout[-2000:]}{done.stderr[-2000:]}")
-    return done.stdout
-
-
-def consumer_perf(bootstrap: str, topic: str, records: int, run: int) -> dict:
-    """kafka-consumer-perf-test on the topic (one partition): its own figures (MB = MiB, of record values)."""
-    out = perf_tool("org.apache.kafka.tools.ConsumerPerformance", [
-        "--bootstrap-server", bootstrap, "--topic", topic, "--messages", str(records), "--timeout", "120000",
-        "--group", f"bench-perf-{run}", "--hide-header"])
-    row = [x.strip() for x in out.strip().splitlines()[-1].split(",")]
-    # start.time, end.time, data.consumed.in.MB, MB.sec, data.consumed.in.nMsg, nMsg.sec, rebalance.time.ms,
-    # fetch.time.ms, fetch.MB.sec, fetch.nMsg.sec
-    return {"mib": float(row[2]), "mib_s": float(row[3]), "records": int(row[4]), "fetch_mib_s": float(row[8]),
-            "fetch_s": float(row[7]) / 1000}
-
-
 def mount_read(log_dir: str, cache: str, mnt: str, topic: str) -> dict:
     """A fresh mount (its indexes built at mount: timed apart), then ``cat``'s 1 MiB reads of the partition."""
     shutil.rmtree(cache, ignore_errors=True)
@@ -152,15 +130,12 @@ def bench_read(work: str, client: KafkaClient, read_mib: int, runs: int) -> dict
         broker.create_topic(topic, 1)
         records = read_mib * MiB // 100
         start = time.perf_counter()
-        perf_tool("org.apache.kafka.tools.ProducerPerformance", [
-            "--topic", topic, "--num-records", str(records), "--record-size", "100", "--throughput", "-1",
-            "--producer-props", f"bootstrap.servers={broker.bootstrap}", "acks=1", "linger.ms=20",
-            "batch.size=262144"])
+        producer_perf(broker.bootstrap, topic, records, 100, "acks=1", "linger.ms=20", "batch.size=262144")
         produce_s = time.perf_counter() - start
         log_dir = str(broker.log_dirs[0])
         kafka, mount = [], []
         for run in range(runs):
-            kafka.append(consumer_perf(broker.bootstrap, topic, records, run))
+            kafka.append(consumer_perf(broker.bootstrap, topic, records, f"bench-perf-{run}"))
             mount.append(mount_read(log_dir, os.path.join(work, "cache"), os.path.join(work, "mnt"), topic))
             k, m = kafka[-1], mount[-1]
             assert m["records"] == records == k["records"], (m["records"], k["records"], records)

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -37,7 +36,7 @@ import time
 
 from logfs.testing.benchlib import TailWatcher, table
 from logfs.testing.kafka import KafkaClient, running_broker
-from logfs.testing.kafka_setup import java, perf_tools_classpath
+from logfs.testing.kafka_perf import consumer_perf, producer_perf
 from logfs.testing.mounts import code_env, logfs_command, mounted_at, unmount_fuse, wait_for
 
 LINE = b"x" * 99 + b"\n"  # 100 bytes with its newline: a record of 99 bytes of value
@@ -87,41 +86,6 @@ def cpu_seconds(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def perf_tool(main_class: str, args: list[str]) -> str:
-    """One of Kafka's performance tools in a JVM of its own; its stdout."""
-    done = subprocess.run([java(), "-Xmx512m", "-cp", perf_tools_classpath(), main_class, *args],
-                          capture_output=True, text=True, timeout=1800)
-    if done.returncode != 0:
-        raise RuntimeError(f"{main_class} failed: {done.stdout[-2000:]}{done.stderr[-2000:]}")
-    return done.stdout
-
-
-def producer_perf(bootstrap: str, topic: str, records: int) -> float:
-    """kafka-producer-perf-test: ``records`` records of 100 bytes, acks=all, idempotent; its records/s."""
-    out = perf_tool("org.apache.kafka.tools.ProducerPerformance", [
-        "--topic", topic, "--num-records", str(records), "--record-size", "100", "--throughput", "-1",
-        "--producer-props", f"bootstrap.servers={bootstrap}", "acks=all", "enable.idempotence=true"])
-    # the last line: "N records sent, X records/sec (Y MB/sec), ... ms avg latency, ..."
-    found = re.findall(r"(\d+) records sent, ([\d.]+) records/sec", out)
-    if not found:
-        raise RuntimeError(f"ProducerPerformance printed no summary: {out[-2000:]}")
-    return float(found[-1][1])
-
-
-def consumer_perf(bootstrap: str, topic: str, records: int, run: int) -> float:
-    """kafka-consumer-perf-test of the topic's ``records`` records: its fetch rate, records/s (its group join not
-    counted, as tools/bench_broker.py)."""
-    out = perf_tool("org.apache.kafka.tools.ConsumerPerformance", [
-        "--bootstrap-server", bootstrap, "--topic", topic, "--messages", str(records), "--timeout", "120000",
-        "--group", f"bench-kafka-store-{run}", "--hide-header"])
-    row = [x.strip() for x in out.strip().splitlines()[-1].split(",")]
-    # start.time, end.time, data.consumed.in.MB, MB.sec, data.consumed.in.nMsg, nMsg.sec, rebalance.time.ms,
-    # fetch.time.ms, fetch.MB.sec, fetch.nMsg.sec
-    if int(row[4]) < records:
-        raise RuntimeError(f"ConsumerPerformance read {row[4]} of {records} records")
-    return float(row[9])
 
 
 def make_lines(path: str, count: int) -> None:
@@ -224,7 +188,8 @@ def main(argv=None) -> int:
                     on_mount = bulk(a, src, "bulk")
                     os.unlink(src)
                     broker.create_topic("perf-produced", 1)
-                    on_kafka = producer_perf(bootstrap, "perf-produced", records)
+                    on_kafka = producer_perf(bootstrap, "perf-produced", records, 100, "acks=all",
+                                             "enable.idempotence=true")["records_s"]
                     print(f"bulk: cat of {records:,} 100-byte lines: mount {on_mount:,.0f} lines/s, "
                           f"kafka-producer-perf-test {on_kafka:,.0f} records/s ({on_mount / on_kafka:.2f})",
                           flush=True)
@@ -254,7 +219,7 @@ def main(argv=None) -> int:
                     rows.append(["one 100-byte line per `write()`, of a local mount", f"{k:,.0f} / {lo:,.0f} lines/s",
                                  f"**{k / lo:.2f}**", "≥ 0.8", "yes" if k / lo >= 0.8 else "no"])
                 if "read" in only:
-                    on_kafka = consumer_perf(bootstrap, "bulk", records, 0)
+                    on_kafka = consumer_perf(bootstrap, "bulk", records, "bench-kafka-store-0")["fetch_records_s"]
                     started = time.perf_counter()
                     b = mounts.mount(bootstrap, "cold")
                     mounted = time.perf_counter() - started

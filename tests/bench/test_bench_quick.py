@@ -77,6 +77,10 @@ RANGES = {
                         "listing_us_per_partition": (0.1, 1e6), "fds": (500, 600), "maps": (10, 5000),
                         "rss_mb": (1, 1000), "remount_s": (0.01, 300), "fds_after_remount": (1, 100),
                         "second_append_ms": (0.001, 10_000)},
+    # logfs and Kafka's broker on the same 8 MiB of 100-byte records (tools/bench_kafka.py).
+    "kafka": {"records": (83_886, 83_886), "value_bytes": (100, 100), "append_per_s_logfs": (100, 1e8),
+              "append_per_s_kafka": (100, 1e8), "append_ratio": (0.001, 1000), "read_per_s_logfs": (100, 1e9),
+              "read_per_s_kafka": (100, 1e9), "read_ratio": (0.001, 1000), "page_cache_dropped": bool},
     **{f"compression_{data}": {
         "mb": (4, 4.3), "segment_mb": (1, 1), "best_of": (1, 1), "corpus": str, "copies": (1, 1),
         "segments": (2, 10), "sealed_text_mb": (1, 4.3), "mb_plain": (1, 5), "mb_zstd": (0.01, 2),
@@ -107,12 +111,13 @@ RANGES = {
         "s_count_plain": (0.01, 900), "s_count_zstd": (0.01, 900), "spark_bucket_ratio": (0.001, 1000),
         "target_spark_bucket": (1, 1), "best_of": (1, 1)} for data in ("lines", "real")},
 }
-# Reported as skipped (with the reason) where what they need is missing: pyspark, logfs/testing/seaweed.py, the corpus.
-MAY_SKIP = {"spark", "spark_cluster", *(name for name in RANGES if name.startswith("compression_"))}
+# Reported as skipped (with the reason) where what they need is missing: pyspark, logfs/testing/seaweed.py, the corpus,
+# Kafka's jars.
+MAY_SKIP = {"spark", "spark_cluster", "kafka", *(name for name in RANGES if name.startswith("compression_"))}
 
 SCENARIOS = {"bulk_append", "bulk_append_fsync", "sequential_read", "sequential_read_warm", "small_writes",
              "shell_appends", "read_at_offset", "mount_time", "memory", "responsiveness", "spark", "spark_sink", "metrics",
-             "writer_headers", "tiered", "spark_cluster", "many_partitions", "spark_time",
+             "writer_headers", "tiered", "spark_cluster", "many_partitions", "spark_time", "kafka",
              *(name for name in RANGES if name.startswith("compression_"))}
 SMALL_CASES = {(writers, length) for writers in (1, 4) for length in (25, 100, 1000)}
 NUMBER = re.compile(r"^-?[\d,]+(\.\d+)?(e[+-]?\d+)?$")
