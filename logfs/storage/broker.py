@@ -375,7 +375,9 @@ class BrokerPartition:
     the data shows them, the segments the broker rolled to that the log does not show yet (``ahead``: behind an
     open transaction), and what the last look saw."""
 
-    def __init__(self, directory: str, plog: Log, txns: TransactionState, ahead: list[BrokerSegment]):
+    def __init__(self, directory: str, plog: Log, txns: TransactionState | None, ahead: list[BrokerSegment]):
+        """``txns`` None: the topic's ``logfs.isolation.level`` is read_uncommitted, and every whole batch shows as
+        it is scanned, up to the log end offset, aborted or not (what such a consumer reads)."""
         self.directory = directory
         self.log = plog
         self.txns = txns
@@ -456,7 +458,7 @@ class BrokerPartition:
                 continue
             end = bases[i + 1] if i + 1 < len(bases) else None
             old = [s for s in segments[:-1] if s.base_offset >= base and (end is None or s.base_offset < end)]
-            new = _open(self.directory, base, plog, self.txns.aborted or None)
+            new = _open(self.directory, base, plog, (self.txns.aborted or None) if self.txns is not None else None)
             if new is None:
                 continue
             new.scan(None, contextlib.nullcontext())  # (no reader sees it yet)
@@ -723,7 +725,10 @@ class BrokerLogs:
         config = m.topic_config(topic)
         index_dir = os.path.join(cache, partition_dir_name(topic, partition))
         os.makedirs(index_dir, exist_ok=True)
-        txns = TransactionState()
+        # read_uncommitted (logfs.isolation.level): no transaction decides what shows, every whole batch does (as a
+        # segment of the past's: ``txns`` None), to the log end offset. Fixed for the mount: its settings are
+        # read-only (setfattr answers EROFS), so -o sets it.
+        txns = None if config.read_uncommitted else TransactionState()
         segments: list[BrokerSegment] = []
         nolock = contextlib.nullcontext()  # (no reader sees them yet)
         waiting = False  # a batch behind an open transaction: every later one waits too
