@@ -40,7 +40,9 @@ is ever created, changed, renamed or removed, and its ``.lock`` is never taken: 
   does, and a batch behind it waits in its segment's ``pending`` (position, header and lines; no bytes). An open
   transaction across a roll: the segments the broker rolled to are scanned (``BrokerPartition.ahead``) but the log
   rolls to one only once its predecessor is shown whole. The ``.txnindex`` files are not read: the data says the
-  same, sooner.
+  same, sooner. With ``logfs.isolation.level=read_uncommitted`` (``-o``: this mount's settings are read-only) a
+  partition has no TransactionState: every whole batch is published as it is scanned, to the log end offset, as a
+  ``read_uncommitted`` consumer's fetch reads.
 - **Retention.** A segment the broker renamed ``.deleted`` leaves the log (which then starts at its first
   remaining segment); a reader still reading it reads it by its new name, opening it for each read and closing it
   after (no descriptor is held on a file the broker deletes). A file that is no longer the segment's inode is
@@ -713,10 +715,10 @@ class BrokerLogs:
                 close_if_unused(segment)
 
     def _load_partition(self, directory: str, topic: str, partition: int,
-                        start: int) -> tuple[Log, TransactionState, list[BrokerSegment]] | None:
-        """The partition's log (its segments scanned in offset order, shown up to the LSO), its transactions, and
-        the segments after the one the LSO is in (shown once the transaction there ends); None without a
-        segment."""
+                        start: int) -> tuple[Log, TransactionState | None, list[BrokerSegment]] | None:
+        """The partition's log (its segments scanned in offset order, shown up to the LSO), its transactions (None
+        at read_uncommitted: everything shown), and the segments after the one the LSO is in (shown once the
+        transaction there ends); None without a segment."""
         m = self.manager
         cache = m.data_dir
         live = _live_bases(os.listdir(directory))

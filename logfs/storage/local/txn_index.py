@@ -19,6 +19,10 @@ comes after the records it aborts. There :class:`TransactionState` derives both 
 as Kafka's own ``ProducerStateManager`` does: per producer id, the first offset of its open transaction; a control
 batch closes it (an abort adds the range to :class:`AbortedRanges`); the last stable offset (LSO) is the first
 offset of the oldest open transaction, and a ``read_committed`` consumer reads nothing from there on.
+
+``logfs.isolation.level=read_uncommitted`` shows the aborted records too: :class:`AbortedBatches` is what a segment
+measures of its aborted batches (positions, lines) so that its one ``.viewindex`` serves both levels
+(:mod:`logfs.view.isolation`); a running broker's partition at that level keeps no :class:`TransactionState`.
 """
 
 from __future__ import annotations
