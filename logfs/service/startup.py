@@ -123,6 +123,10 @@ def run(data_dir, mountpoint, broker, fuse_opts, read_only, ready, follow: str |
     # is merely in use by another daemon has no marker either, and is refused before anything is said of it.)
     progress = StartupProgress(recovering, partitions, announce=data_dir)
     notify(f"STATUS={'recovering logs' if recovering else 'loading logs'}")
+    if cluster is not None and broker.topic_defaults.get("logfs.isolation.level") != "read_committed":
+        # The replica is a read_committed consumer's (storage/cluster/replica): aborted records never reach it.
+        return fail("logfs.isolation.level=read_uncommitted is not available on a Kafka cluster mount (its "
+                    "replica is read by a read_committed consumer)")
     if cluster is not None:
         # The cluster's clients first: the replica's directory is what the manager serves (storage/cluster).
         from ..storage.cluster import Cluster

@@ -151,8 +151,8 @@ def _read_batches(options: SourceOptions, r: OffsetRange, schema: StructType, re
 
     fast = _speedups is not None and not with_headers
     for header, data in reader.batches(r.start, r.end, fail_on_data_loss=options.fail_on_data_loss):
-        if header.is_control or reader.is_aborted(header):  # (what a read_committed consumer reads)
-            continue
+        if header.is_control or (not options.read_uncommitted and reader.is_aborted(header)):
+            continue  # (what a consumer of kafka.isolation.level reads: control batches never are records)
         if fast:
             if offsets:
                 yield flush()

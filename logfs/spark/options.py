@@ -27,6 +27,8 @@ PartitionOffsets = dict[TopicPartition, int]
 
 STRATEGY_ERROR = "error"
 STRATEGY_LATEST = "latest"
+ISOLATION_COMMITTED = "read_committed"
+ISOLATION_UNCOMMITTED = "read_uncommitted"
 
 
 @dataclass(frozen=True)
@@ -66,6 +68,10 @@ class SourceOptions:
     ending_timestamp: int | None = None
     ending_by_timestamp: dict[TopicPartition, int] | None = None
     starting_strategy: str = STRATEGY_ERROR  # startingOffsetsByTimestampStrategy: no offset for the timestamp
+    # kafka.isolation.level (the consumer setting Spark's Kafka source passes on): read_uncommitted gives the
+    # records of Kafka's aborted transactions too, as the mount's logfs.isolation.level does. The default is the
+    # mount's, read_committed (a Kafka consumer's own default is read_uncommitted).
+    read_uncommitted: bool = False
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> "SourceOptions":
@@ -115,6 +121,10 @@ class SourceOptions:
         if strategy not in (STRATEGY_ERROR, STRATEGY_LATEST):
             raise OptionError("option startingOffsetsByTimestampStrategy must be error or latest, not "
                               f"{options.get('startingOffsetsByTimestampStrategy')!r}")
+        isolation = str(options.get("kafka.isolation.level") or ISOLATION_COMMITTED).strip().lower()
+        if isolation not in (ISOLATION_COMMITTED, ISOLATION_UNCOMMITTED):
+            raise OptionError("option kafka.isolation.level must be read_committed or read_uncommitted, not "
+                              f"{options.get('kafka.isolation.level')!r}")
         return cls(
             data_dir=str(data_dir),
             subscribe=topics,
@@ -138,6 +148,7 @@ class SourceOptions:
             ending_by_timestamp=timestamps_spec(options.get("endingOffsetsByTimestamp"),
                                                       "endingOffsetsByTimestamp"),
             starting_strategy=strategy,
+            read_uncommitted=isolation == ISOLATION_UNCOMMITTED,
         )
 
     @property

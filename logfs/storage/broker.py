@@ -40,7 +40,9 @@ is ever created, changed, renamed or removed, and its ``.lock`` is never taken: 
   does, and a batch behind it waits in its segment's ``pending`` (position, header and lines; no bytes). An open
   transaction across a roll: the segments the broker rolled to are scanned (``BrokerPartition.ahead``) but the log
   rolls to one only once its predecessor is shown whole. The ``.txnindex`` files are not read: the data says the
-  same, sooner.
+  same, sooner. With ``logfs.isolation.level=read_uncommitted`` (``-o``: this mount's settings are read-only) a
+  partition has no TransactionState: every whole batch is published as it is scanned, to the log end offset, as a
+  ``read_uncommitted`` consumer's fetch reads.
 - **Retention.** A segment the broker renamed ``.deleted`` leaves the log (which then starts at its first
   remaining segment); a reader still reading it reads it by its new name, opening it for each read and closing it
   after (no descriptor is held on a file the broker deletes). A file that is no longer the segment's inode is
@@ -375,7 +377,9 @@ class BrokerPartition:
     the data shows them, the segments the broker rolled to that the log does not show yet (``ahead``: behind an
     open transaction), and what the last look saw."""
 
-    def __init__(self, directory: str, plog: Log, txns: TransactionState, ahead: list[BrokerSegment]):
+    def __init__(self, directory: str, plog: Log, txns: TransactionState | None, ahead: list[BrokerSegment]):
+        """``txns`` None: the topic's ``logfs.isolation.level`` is read_uncommitted, and every whole batch shows as
+        it is scanned, up to the log end offset, aborted or not (what such a consumer reads)."""
         self.directory = directory
         self.log = plog
         self.txns = txns
@@ -456,7 +460,7 @@ class BrokerPartition:
                 continue
             end = bases[i + 1] if i + 1 < len(bases) else None
             old = [s for s in segments[:-1] if s.base_offset >= base and (end is None or s.base_offset < end)]
-            new = _open(self.directory, base, plog, self.txns.aborted or None)
+            new = _open(self.directory, base, plog, (self.txns.aborted or None) if self.txns is not None else None)
             if new is None:
                 continue
             new.scan(None, contextlib.nullcontext())  # (no reader sees it yet)
@@ -711,10 +715,10 @@ class BrokerLogs:
                 close_if_unused(segment)
 
     def _load_partition(self, directory: str, topic: str, partition: int,
-                        start: int) -> tuple[Log, TransactionState, list[BrokerSegment]] | None:
-        """The partition's log (its segments scanned in offset order, shown up to the LSO), its transactions, and
-        the segments after the one the LSO is in (shown once the transaction there ends); None without a
-        segment."""
+                        start: int) -> tuple[Log, TransactionState | None, list[BrokerSegment]] | None:
+        """The partition's log (its segments scanned in offset order, shown up to the LSO), its transactions (None
+        at read_uncommitted: everything shown), and the segments after the one the LSO is in (shown once the
+        transaction there ends); None without a segment."""
         m = self.manager
         cache = m.data_dir
         live = _live_bases(os.listdir(directory))
@@ -723,7 +727,10 @@ class BrokerLogs:
         config = m.topic_config(topic)
         index_dir = os.path.join(cache, partition_dir_name(topic, partition))
         os.makedirs(index_dir, exist_ok=True)
-        txns = TransactionState()
+        # read_uncommitted (logfs.isolation.level): no transaction decides what shows, every whole batch does (as a
+        # segment of the past's: ``txns`` None), to the log end offset. Fixed for the mount: its settings are
+        # read-only (setfattr answers EROFS), so -o sets it.
+        txns = None if config.read_uncommitted else TransactionState()
         segments: list[BrokerSegment] = []
         nolock = contextlib.nullcontext()  # (no reader sees them yet)
         waiting = False  # a batch behind an open transaction: every later one waits too

@@ -131,6 +131,18 @@ def _level(codec: int) -> Callable[[str], int]:
 
     return parse
 
+ISOLATION_LEVELS = ("read_committed", "read_uncommitted")
+
+
+def _isolation(text: str) -> str:
+    # Kafka's consumer setting isolation.level: one of the two names, trimmed, in any case (Kafka's
+    # CaseInsensitiveValidString); stored in lower case.
+    value = _trim(text).lower()
+    if value not in ISOLATION_LEVELS:
+        raise InvalidConfigError(f"expected read_committed or read_uncommitted, got {text!r}")
+    return value
+
+
 def _absolute_path(text: str) -> str:
     path = _free_text(text)
     if path and (not path.startswith("/") or "\0" in path or path.endswith("/")):
@@ -203,6 +215,10 @@ TOPIC_SETTINGS: dict[str, tuple[Setting, str | None]] = {
         (Setting("logfs.key.separator", _text, None), "logfs.key.separator"),
         (Setting("logfs.null.marker", _text, None), "logfs.null.marker"),
         (Setting("logfs.writer.headers", _bool, "false"), "logfs.writer.headers"),
+        # What a partition file shows of Kafka's transactions, as a consumer of that isolation.level reads them
+        # (CONTRACT section 13): read_uncommitted shows the records of aborted transactions too, and on a running
+        # broker's directory goes to its log end offset rather than the last stable offset.
+        (Setting("logfs.isolation.level", _isolation, "read_committed"), "logfs.isolation.level"),
     ]
 }
 
@@ -400,6 +416,7 @@ class LogConfig:
     key_separator: bytes | None = None
     null_marker: bytes | None = None
     writer_headers: bool = False  # records appended through the mount carry logfs.pid/uid/comm headers
+    isolation_level: str = "read_committed"  # logfs.isolation.level: what the files show of Kafka's transactions
 
     @property
     def compact(self) -> bool:
@@ -408,6 +425,11 @@ class LogConfig:
     @property
     def delete(self) -> bool:
         return "delete" in self.cleanup_policy
+
+    @property
+    def read_uncommitted(self) -> bool:
+        """Whether records of aborted (and, on a running broker, open) transactions are shown."""
+        return self.isolation_level == "read_uncommitted"
 
     @property
     def codec(self) -> int:

@@ -123,6 +123,9 @@ class LogManager:
             if broker_dirs:
                 clear_cache(self.data_dir)
             LogDirsLoader(self).load(progress, segment_progress)
+            for plog in self.logs.values():
+                if plog.config.read_uncommitted:  # (its aborted batches measured now, not on a request)
+                    plog.measure_aborted()
             if broker_dirs:
                 self.broker_logs = BrokerLogs(self, broker_dirs)
                 self.broker_logs.load()

@@ -163,6 +163,10 @@ class TopicSettings:
         """Make ``overrides`` the topic's, persisted, and ``config`` its logs' at once. Under the lock."""
         self.topics[topic] = overrides
         self.save()
+        if config.read_uncommitted:
+            # (before the config shows: a view made once it does finds every aborted batch measured)
+            for partition_log in list(self.topic_logs.get(topic, {}).values()):
+                partition_log.measure_aborted()
         for partition_log in list(self.topic_logs.get(topic, {}).values()):
             with partition_log.lock:
                 partition_log.config = config

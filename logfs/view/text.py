@@ -43,6 +43,7 @@ from ..storage.local.log import Log
 from ..storage.local.segment import LogSegment
 from ..storage.local.segments import LogSnapshot
 from ..storage.tiered.remote_segment import RemoteLogSegment
+from .isolation import uncommitted, unwrapped
 from .readahead import READ_SLACK, ReadAhead, decompress, plain_batches, whole_compressed
 
 
@@ -78,6 +79,8 @@ class SegmentView:
         # Segments wholly below the start offset are not part of the view (but stay pinned until release).
         kept = [s for s in segments if s.next_offset > start_offset]
         self.segments = kept if kept else list(segments[-1:])
+        if fmt.uncommitted:  # (logfs.isolation.level=read_uncommitted: aborted records have lines, view/isolation)
+            self.segments = [uncommitted(s) for s in self.segments]
         self.start_offset = start_offset
         self.fmt = fmt
         self._starts: list[int] = [0]  # view start of segments[0..k]; extended lazily
@@ -183,7 +186,7 @@ class SegmentView:
         if self._snapshot is None:
             return False
         newer = self._snapshot.extend()
-        self.segments.extend(newer)
+        self.segments.extend(map(uncommitted, newer) if self.fmt.uncommitted else newer)
         return bool(newer)
 
     def release_passed(self, *, everything: bool = False) -> int:
@@ -200,7 +203,7 @@ class SegmentView:
         self._start(upto)  # (lengths up to there known: a view position never moves)
         dropped = 0
         for j in range(upto):
-            if j not in self._dropped and self.segments[j].deleted and snapshot.drop(self.segments[j]):
+            if j not in self._dropped and self.segments[j].deleted and snapshot.drop(unwrapped(self.segments[j])):
                 self._dropped.add(j)
                 dropped += 1
         return dropped

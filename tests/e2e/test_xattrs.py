@@ -23,7 +23,7 @@ TOPIC_KEYS = [
     "min.cleanable.dirty.ratio", "min.compaction.lag.ms", "max.compaction.lag.ms", "max.message.bytes",
     "flush.messages", "flush.ms", "remote.storage.enable", "local.retention.ms", "local.retention.bytes",
     "compression.type", "compression.zstd.level", "compression.lz4.level", "compression.gzip.level",
-    "logfs.key.separator", "logfs.null.marker", "logfs.writer.headers",
+    "logfs.key.separator", "logfs.null.marker", "logfs.writer.headers", "logfs.isolation.level",
 ]
 
 

@@ -25,10 +25,11 @@ def kafka_source_missing_reason() -> str | None:
     return None
 
 
-def logfs_source_rows(session, data_dir, topics) -> dict[tuple[str, int], list]:
-    """``spark.read.format("logfs")`` over a log directory, in the shape of :meth:`KafkaSource.rows`."""
+def logfs_source_rows(session, data_dir, topics, **options: str) -> dict[tuple[str, int], list]:
+    """``spark.read.format("logfs")`` over a log directory (with ``options``), in the shape of
+    :meth:`KafkaSource.rows`."""
     return _rows(session.read.format("logfs").option("subscribe", ",".join(topics)).option("includeHeaders", "true")
-                 .load(str(data_dir)))
+                 .options(**options).load(str(data_dir)))
 
 
 def _rows(df) -> dict[tuple[str, int], list]:

@@ -8,7 +8,9 @@ producer. Then, through real syscalls on ``logfs -o ro,logfs.cache.dir=CACHE LOG
   hash of every name, size, content and mtime under the log directory (the broker's own metadata log and the
   times of the checkpoint files it rewrites on its own aside) is the same before the mount and after its unmount;
 - while the broker appends and rolls, a ``tail -f``-style reader (one open file, read on at its end) sees every
-  line once, in order, and the file then equals the consumer's read.
+  line once, in order, and the file then equals the consumer's read;
+- with ``-o logfs.isolation.level=read_uncommitted`` the file goes to the log end offset, open and aborted
+  transactions' records shown, as a ``read_uncommitted`` consumer reads them.
 """
 
 from __future__ import annotations
@@ -346,6 +348,80 @@ def test_transactions_as_a_read_committed_consumer_sees_them(broker, kafka_clien
             assert (b"%s txn" % outcome.encode() in expected) == (outcome == "commit")
             shows(expected)
         assert b"abort txn" not in fs.read(f"{topic}/0")
+        assert len(list((broker.log_dirs[0] / f"{topic}-0").glob("*.log"))) > 3  # (the transactions spanned rolls)
+    finally:
+        if reader is not None:
+            reader.close()
+
+
+def test_transactions_as_a_read_uncommitted_consumer_sees_them(broker, kafka_client, mount_logfs, tmp_path):
+    """``-o logfs.isolation.level=read_uncommitted`` (CONTRACT sections 13 and 14): the file goes to the broker's log
+    end offset, not the last stable offset. A transaction left open shows its records as the broker appends them,
+    and the records after it; aborted, they stay; the markers are never lines. At each step the file is what a
+    ``read_uncommitted`` consumer reads, and a ``tail -f``-style reader sees each line once, in order. The mount's
+    settings are read-only (EROFS), so ``-o`` is how it is set."""
+    topic = "txns-uncommitted"
+    broker.create_topic(topic, 1, CONFIGS)
+    fs = mount_logfs("ro", f"logfs.cache.dir={tmp_path / 'cache'}", "logfs.broker.poll.ms=100",
+                     "logfs.isolation.level=read_uncommitted",
+                     prepare=lambda m: setattr(m, "source", str(broker.log_dirs[0])))
+    plain = dict(enable_idempotence="true", linger_ms="0", batch_size="600")
+    name = "user.logfs.config.logfs.isolation.level"
+
+    def send(values, **how):
+        return kafka_client.produce(broker.bootstrap, [{"topic": topic, "partition": 0, "value": v} for v in values],
+                                    **how)
+
+    def uncommitted() -> bytes:
+        return b"".join(r.value + b"\n" for r in kafka_client.consume(broker.bootstrap, topic, 0,
+                                                                      isolation="read_uncommitted"))
+
+    def agrees():
+        """The xattrs agree with the consumer: the log end offset is ListOffsets' latest for read_uncommitted (the
+        open transaction's records below it), and position./offset. lead to each record's line."""
+        rel = f"{topic}/0"
+        latest = kafka_client.list_offsets(broker.bootstrap, topic, 0, isolation="read_uncommitted")["latest"]
+        assert int(fs.getx(rel, "log_end_offset")) == latest
+        at = 0
+        for r in kafka_client.consume(broker.bootstrap, topic, 0, isolation="read_uncommitted"):
+            assert int(fs.getx(rel, f"position.{r.offset}")) == at, r.offset
+            assert int(fs.getx(rel, f"offset.{at}")) == r.offset, at
+            at += len(r.value) + 1
+
+    reader = None
+    try:
+        wait_for(lambda: topic in os.listdir(fs.mnt), 30, interval=0.05, what="the topic")
+        assert os.getxattr(fs.path(topic), name) == b"read_uncommitted"
+        with pytest.raises(OSError) as refused:
+            os.setxattr(fs.path(topic), name, b"read_committed")
+        assert refused.value.errno == errno.EROFS
+        reader = OpenReader(fs.path(topic, 0))
+
+        def shows(expected: bytes):
+            reader.reaches(expected, 30, also=lambda: fs.read(f"{topic}/0") == expected,
+                           what="a read_uncommitted consumer's records through the mount")
+
+        send([b"before %d" % i for i in range(30)], **plain)
+        shows(uncommitted())
+        for outcome in ("abort", "commit"):
+            txn = dict(plain, transactional_id=f"riu-{outcome}")
+            session = f"riu-{outcome}"
+            values = [b"%s txn %d %s" % (outcome.encode(), i, b"t" * 40) for i in range(120)]
+            kafka_client.produce(broker.bootstrap, [{"txn": "begin"}] + [
+                {"topic": topic, "partition": 0, "value": v} for v in values], session=session, **txn)  # left open
+            send([b"%s after %d" % (outcome.encode(), i) for i in range(30)], **plain)
+            open_view = uncommitted()
+            assert b"%s txn 119" % outcome.encode() in open_view and b"%s after 29" % outcome.encode() in open_view
+            shows(open_view)  # the open transaction's records and those after them, before any marker
+            agrees()
+            kafka_client.produce(broker.bootstrap, [{"txn": outcome}], session=session, end_session=True, **txn)
+            # (the marker: no line; the records after it show as they come)
+            send([b"%s then %d" % (outcome.encode(), i) for i in range(5)], **plain)
+            expected = uncommitted()
+            assert expected.startswith(open_view) and expected.endswith(b"%s then 4\n" % outcome.encode())
+            shows(expected)
+            agrees()
+        assert fs.read(f"{topic}/0").count(b"abort txn") == 120
         assert len(list((broker.log_dirs[0] / f"{topic}-0").glob("*.log"))) > 3  # (the transactions spanned rolls)
     finally:
         if reader is not None:

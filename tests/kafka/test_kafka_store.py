@@ -399,6 +399,13 @@ def test_kafka_settings_only_on_a_kafka_mount(tmp_path):
                        capture_output=True, text=True, env=code_env(), timeout=60)
     assert r.returncode == 1 and "cannot reach the Kafka cluster" in r.stderr, r.stderr
     assert "Traceback" not in r.stderr
+    # The replica is a read_committed consumer's: logfs.isolation.level=read_uncommitted could not be honoured.
+    r = subprocess.run(logfs_command(f"kafka://127.0.0.1:{free_port()}", tmp_path / "mnt",
+                                     [f"logfs.remote.cache.dir={tmp_path / 'cache'}",
+                                      "logfs.isolation.level=read_uncommitted"], True),
+                       capture_output=True, text=True, env=code_env(), timeout=60)
+    assert r.returncode == 1 and "not available on a Kafka cluster mount" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
 
 
 def test_the_cache_bound(mounts, tmp_path):

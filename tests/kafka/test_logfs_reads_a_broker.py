@@ -8,7 +8,8 @@ What a ``read_committed`` consumer reads from each partition, and ListOffsets by
 are recorded, and the broker stops (the module's fixture ``written``). Then:
 
 - the ``logfs`` Spark source over the broker's directory returns the consumer's records (a test of its own: the
-  Spark session, shared with tests/spark, is what takes time here);
+  Spark session, shared with tests/spark, is what takes time here), and with ``kafka.isolation.level`` set to
+  ``read_uncommitted`` a ``read_uncommitted`` consumer's;
 - Spark's own Kafka source, from the broker started again on the directory, returns the rows the ``logfs`` source
   returns over it (where set-up resolved Spark's Kafka connector: tests/kafka/spark_kafka.py);
 - logfs mounts the directory and, through real syscalls on the mount: the topics and partitions are listed
@@ -17,6 +18,10 @@ are recorded, and the broker stops (the module's fixture ``written``). Then:
   every offset leads to its record's line (or the next line, for an aborted record, a marker or a record the
   cleaner removed) and ``offset.`` of every byte of a line back to its record; ``time.<ts>`` is Kafka's ListOffsets
   by timestamp (a transaction marker is a record with the coordinator's time, and counts, as in Kafka);
+- the topic setting ``logfs.isolation.level=read_uncommitted`` (by ``setfattr``, kept across a remount, or for the
+  whole mount by ``-o``) shows what a ``read_uncommitted`` consumer reads (the aborted records too, never the
+  markers), with the same xattr checks; set back to ``read_committed`` the files are the committed records again;
+  any other value is ``EINVAL``;
 - after the unmount, the checkpoint files still name every partition the broker named (Kafka's internal topics,
   which logfs does not serve, included), the clean-shutdown marker still holds the broker's epoch, the indexes
   logfs rebuilt pass Kafka's DumpLogSegments checks, and the broker, started again on the directory, serves the
@@ -25,6 +30,8 @@ are recorded, and the broker stops (the module's fixture ``written``). Then:
 
 from __future__ import annotations
 
+import dataclasses
+import errno
 import hashlib
 import os
 import struct
@@ -219,8 +226,8 @@ def truth_by_time(dumped: list[dict], earliest: int, timestamp: int) -> int | No
 
 
 # -- the Spark part (tests/kafka/conftest.py: tests/spark's session, and Spark's own Kafka source) ----------
-def spark_rows(session, log_dir: Path) -> dict[tuple[str, int], list]:
-    return logfs_source_rows(session, log_dir, TOPICS)
+def spark_rows(session, log_dir: Path, **options: str) -> dict[tuple[str, int], list]:
+    return logfs_source_rows(session, log_dir, TOPICS, **options)
 
 
 def as_rows(records) -> list:
@@ -234,6 +241,7 @@ class Written:
     broker: object
     partitions: list
     kafka: dict  # (topic, partition) -> Partition
+    uncommitted: dict  # (topic, partition) -> Partition, what a read_uncommitted consumer read
     dumped: dict  # (topic, partition) -> Kafka's DumpLogSegments records, every kind, in offset order
     checkpoints: dict  # checkpoint file -> its entries
     marker: bytes  # .kafka_cleanshutdown
@@ -291,6 +299,7 @@ def written(module_broker, kafka_client, kafka_dump):
 
     wait_for(cleaned, 60, interval=0.1, what="Kafka's cleaner")
     consumed = client.consume_partitions(broker.bootstrap, partitions)
+    everything = client.consume_partitions(broker.bootstrap, partitions, isolation="read_uncommitted")
     kafka = {}
     for t, p in partitions:
         kafka[(t, p)] = view = Partition(t, p, consumed[(t, p)])
@@ -311,8 +320,11 @@ def written(module_broker, kafka_client, kafka_dump):
         assert not dump.problems, dump.problems
         dumped = {tp: sorted((r for f in files[tp] for r in dump.files[f].records), key=lambda r: r["offset"])
                   for tp in partitions}
-        check_what_was_written(kafka, dumped, log_dir)
-        yield Written(broker, partitions, kafka, dumped, checkpoints, marker, time.monotonic() - began)
+        # A read_uncommitted consumer: the same offsets, times and ListOffsets answers (nothing is open in a stopped
+        # broker's log, so the last stable offset is the log end), and the aborted records too.
+        uncommitted = {tp: dataclasses.replace(kafka[tp], records=everything[tp]) for tp in partitions}
+        check_what_was_written(kafka, dumped, log_dir, uncommitted)
+        yield Written(broker, partitions, kafka, uncommitted, dumped, checkpoints, marker, time.monotonic() - began)
     finally:
         if not broker.running:
             broker.start()
@@ -326,6 +338,89 @@ def test_the_spark_source_reads_what_kafkas_consumer_reads(written, spark):
     rows = spark_rows(spark, written.log_dir)
     for tp in written.partitions:
         assert rows.get(tp, []) == as_rows(written.kafka[tp].records), tp
+
+
+def test_the_spark_source_reads_uncommitted_as_kafkas_consumer_does(written, spark):
+    """The ``logfs`` source's option ``kafka.isolation.level`` (Spark's Kafka source passes it to its consumer):
+    ``read_uncommitted`` gives a ``read_uncommitted`` consumer's rows (aborted records too), ``read_committed`` the
+    default's; another value fails the query."""
+    if written.broker.running:
+        written.broker.stop()
+    rows = spark_rows(spark, written.log_dir, **{"kafka.isolation.level": "read_uncommitted"})
+    for tp in written.partitions:
+        assert rows.get(tp, []) == as_rows(written.uncommitted[tp].records), tp
+    rows = spark_rows(spark, written.log_dir, **{"kafka.isolation.level": "READ_COMMITTED"})
+    assert rows[("bd-txn", 0)] == as_rows(written.kafka[("bd-txn", 0)].records)
+    with pytest.raises(Exception, match="kafka.isolation.level must be read_committed or read_uncommitted"):
+        spark_rows(spark, written.log_dir, **{"kafka.isolation.level": "committed"})
+
+
+ISOLATION = "user.logfs.config.logfs.isolation.level"
+
+
+def test_the_isolation_level_setting(written, mount_logfs):
+    """``logfs.isolation.level`` on a broker's log directory (CONTRACT section 13): ``read_uncommitted`` shows what
+    a ``read_uncommitted`` consumer reads, in the files and the ``offset.``/``position.``/``time.`` xattrs, set per
+    topic (``setfattr``, kept across a remount) or for the whole mount (``-o``); ``read_committed`` shows the
+    committed records again; any other value is EINVAL and changes nothing."""
+    broker, kafka, uncommitted = written.broker, written.kafka, written.uncommitted
+    if broker.running:
+        broker.stop()
+    txn_topics = sorted({t for t, _ in TRANSACTIONAL})
+    fs = mount_logfs("log.retention.ms=-1", prepare=lambda m: setattr(m, "source", str(written.log_dir)))
+    try:
+        for t in TOPICS:
+            os.setxattr(fs.path(t), "user.logfs.config.logfs.key.separator", SEP)
+            os.setxattr(fs.path(t), "user.logfs.config.logfs.null.marker", NULL)
+        assert os.getxattr(fs.path("bd-txn"), ISOLATION) == b"read_committed"  # (the default)
+        before = fs.read("bd-txn/0")
+        for bad in (b"", b"read_committed_x", b"uncommitted", b"read uncommitted", b"\xff"):
+            with pytest.raises(OSError) as refused:
+                os.setxattr(fs.path("bd-txn"), ISOLATION, bad)
+            assert refused.value.errno == errno.EINVAL, bad
+        assert os.getxattr(fs.path("bd-txn"), ISOLATION) == b"read_committed" and fs.read("bd-txn/0") == before
+        held = open(fs.path("bd-txn", 0), "rb")  # (open across the change)
+        began = time.monotonic()
+        for t in txn_topics:
+            os.setxattr(fs.path(t), ISOLATION, b" Read_Uncommitted")  # (trimmed, any case: Kafka's parsing)
+            assert os.getxattr(fs.path(t), ISOLATION) == b"read_uncommitted"
+        switched = time.monotonic() - began
+        with held:  # a file open before the change keeps the view it opened with; a new open has the new one
+            assert held.read() == before and os.fstat(held.fileno()).st_size == len(before)
+        for tp in TRANSACTIONAL:
+            check_partition(fs, uncommitted[tp], written.dumped[tp])
+        assert fs.read("bd-txn/0") != before
+        for tp in written.partitions:  # (topics without transactions, or without the setting: as before)
+            if tp[0] not in txn_topics:
+                assert fs.read(f"{tp[0]}/{tp[1]}") == b"".join(line(r) for r in kafka[tp].records), tp
+
+        fs.remount()  # the setting is kept, as the other topic settings
+        assert os.getxattr(fs.path("bd-txn"), ISOLATION) == b"read_uncommitted"
+        check_partition(fs, uncommitted[("bd-txn", 1)], written.dumped[("bd-txn", 1)])
+        for t in txn_topics:  # back to read_committed: the committed records again
+            os.setxattr(fs.path(t), ISOLATION, b"read_committed")
+        for tp in TRANSACTIONAL:
+            check_partition(fs, kafka[tp], written.dumped[tp])
+        for t in txn_topics:
+            os.removexattr(fs.path(t), ISOLATION)
+
+        # For the whole mount: -o (a topic's own setting would win).
+        fs.remount("log.retention.ms=-1", "logfs.isolation.level=read_uncommitted")
+        assert os.getxattr(fs.path("bd-txn"), ISOLATION) == b"read_uncommitted"
+        for tp in TRANSACTIONAL:
+            check_partition(fs, uncommitted[tp], written.dumped[tp])
+        os.setxattr(fs.path("bd-txn"), ISOLATION, b"read_committed")
+        check_partition(fs, kafka[("bd-txn", 0)], written.dumped[("bd-txn", 0)])
+        os.removexattr(fs.path("bd-txn"), ISOLATION)
+    finally:
+        if mounted_at(fs.mnt):
+            fs.unmount()
+    counts = ", ".join(f"{t}/{p} {len(uncommitted[(t, p)].records)} records ({len(kafka[(t, p)].records)} "
+                       f"read_committed)" for t, p in TRANSACTIONAL)
+    print(f"\nread_uncommitted: {counts}; setfattr of {len(txn_topics)} topics (their aborted batches measured): "
+          f"{switched:.2f} s")
+    # (The broker stays stopped: the next test checks the clean-shutdown marker its stop wrote; the fixture starts
+    # it again at the end.)
 
 
 def test_logfs_mounts_a_brokers_log_directory(written, kafka_client, kafka_dump, mount_logfs):
@@ -395,7 +490,7 @@ def test_logfs_mounts_a_brokers_log_directory(written, kafka_client, kafka_dump,
           f"{restarted - checked:.1f}; consume and ListOffsets again {ended - restarted:.1f}")
 
 
-def check_what_was_written(kafka: dict, dumped: dict, log_dir: Path) -> None:
+def check_what_was_written(kafka: dict, dumped: dict, log_dir: Path, uncommitted: dict) -> None:
     """The broker's log holds every kind this test is about (else the checks through the mount prove little)."""
     for p in range(2):
         records, log = kafka[("bd-txn", p)].records, dumped[("bd-txn", p)]
@@ -403,6 +498,10 @@ def check_what_was_written(kafka: dict, dumped: dict, log_dir: Path) -> None:
         assert markers.count("ABORT") == 2 and markers.count("COMMIT") == 2, markers
         aborted = [r["offset"] for r in log if r["payload"] and "ABORTED" in r["payload"]]
         assert len(aborted) > 15 and not {r.offset for r in records} & set(aborted)
+        # read_uncommitted: the aborted records too, and every committed one, in offset order
+        everything = uncommitted[("bd-txn", p)].records
+        assert {r.offset for r in everything} == {r.offset for r in records} | set(aborted)
+        assert [r.offset for r in everything] == sorted(r.offset for r in everything)
         directory = log_dir / f"bd-txn-{p}"
         txns = read_txn_indexes(directory)
         assert len(txns) == 2

@@ -275,10 +275,21 @@ def test_the_partition_deleted_while_reading_ends_the_read(manager):
     ({"path": "/x", "subscribe": "a", "endingOffsetsByTimestamp": "[1]"}, "must be JSON"),
     ({"path": "/x", "subscribe": "a", "startingOffsetsByTimestampStrategy": "earliest"}, "error or latest"),
     ({"path": "/x", "assign": "[1]"}, "option assign"),
+    ({"path": "/x", "subscribe": "a", "kafka.isolation.level": "committed"}, "read_committed or read_uncommitted"),
 ])
 def test_invalid_options(bad, message):
     with pytest.raises(OptionError, match=message):
         SourceOptions.parse(bad)
+
+
+def test_isolation_level_option():
+    """``kafka.isolation.level`` as Kafka's consumer reads it (trimmed, any case); read_committed by default, as the
+    mount's ``logfs.isolation.level``."""
+    def parse(**o):
+        return SourceOptions.parse({"path": "/x", "subscribe": "a", **o}).read_uncommitted
+
+    assert not parse() and not parse(**{"kafka.isolation.level": "read_committed"})
+    assert parse(**{"kafka.isolation.level": " READ_UNCOMMITTED "})
 
 
 def test_offsets_specs_and_topic_selection(manager):

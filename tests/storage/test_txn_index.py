@@ -191,3 +191,58 @@ def test_transaction_state_from_the_data():
     assert state.aborted.count == 2
     state.aborted.add(AbortedTxn(7, 3, 9, 3))  # (known already: no change)
     assert state.aborted.count == 2
+
+
+# read_uncommitted (logfs.isolation.level): every record but the markers, in offset order
+UNCOMMITTED = [b"a0", b"a1", b"a2", b"t7-3", b"t7-4", b"t8-5", b"t8-6", b"p7", b"t7-8", b"p11", b"p12", b"t9-13" * 50,
+               b"p15", b"p16"]
+UNCOMMITTED_OFFSETS = [0, 1, 2, 3, 4, 5, 6, 7, 8, 11, 12, 13, 15, 16]
+
+
+def test_view_shows_what_read_uncommitted_reads(tmp_path, speedups):
+    """``logfs.isolation.level=read_uncommitted``: the aborted records are lines too (the markers never are), in the
+    length, every read (sequential, and each byte located afresh through the view index: one entry per batch here),
+    ``position.`` and ``offset.``; the log's own view index is the read_committed one, and the config set back
+    shows that again."""
+    plog = load(tmp_path)
+    try:
+        committed = plog.config
+        plog.measure_aborted()  # (the loader's or the setting's worker does it: a walk over the segments)
+        assert [s.uncommitted is not None for s in plog.segments.as_list()] == [True, True, False]
+        plog.config = LogConfig.for_tests(index_interval_bytes=1, isolation_level="read_uncommitted")
+        text = b"".join(v + b"\n" for v in UNCOMMITTED)
+        assert live_view(plog).length() == len(text)
+        handle_view = open_view(plog)
+        try:
+            assert handle_view.read(0, 1 << 20) == text
+            assert b"".join(handle_view.read(i, 1) for i in range(len(text))) == text
+            for i in reversed(range(len(text))):  # (no cursor: each read locates its byte)
+                assert live_view(plog).read(i, 3) == text[i : i + 3], i
+            at = 0
+            for value, offset in zip(UNCOMMITTED, UNCOMMITTED_OFFSETS):
+                assert handle_view.position_of(offset) == at
+                assert handle_view.offset_at(at) == offset
+                assert handle_view.offset_at(at + len(value)) == offset
+                at += len(value) + 1
+            assert handle_view.position_of(9) == handle_view.position_of(11)  # (a marker: the next line's)
+            assert handle_view.position_of(14) == handle_view.position_of(15)
+            assert handle_view.position_of(17) == len(text)
+        finally:
+            handle_view.release()
+        plog.config = committed
+        assert live_view(plog).read(0, 1 << 20) == b"".join(v + b"\n" for v in COMMITTED)
+    finally:
+        plog.close()
+
+
+def test_a_segment_not_measured_yet_is_measured_by_the_view(tmp_path):
+    """A read_uncommitted view of a segment whose aborted batches were not measured (a partition that came in
+    after the setting, as by a move between log directories) measures it itself, once, rather than show the
+    committed lines."""
+    plog = load(tmp_path)
+    try:
+        plog.config = LogConfig.for_tests(index_interval_bytes=1, isolation_level="read_uncommitted")
+        assert live_view(plog).read(0, 1 << 20) == b"".join(v + b"\n" for v in UNCOMMITTED)
+        assert plog.segments.as_list()[0].uncommitted is not None
+    finally:
+        plog.close()

@@ -54,10 +54,14 @@ ZERO_STATS = LineStats()
 class LineFormat:
     separator: bytes | None = None
     null_marker: bytes | None = None
+    # Which records have lines: with ``uncommitted`` (``logfs.isolation.level=read_uncommitted``) those of Kafka's
+    # aborted transactions too, as a read_uncommitted consumer reads them; control batches never. Part of the
+    # format because it changes the view's positions as a separator does (view/text.py keys its views by it).
+    uncommitted: bool = False
 
     @classmethod
     def of(cls, config) -> "LineFormat":
-        return cls(config.key_separator, config.null_marker)
+        return cls(config.key_separator, config.null_marker, config.read_uncommitted)
 
     @property
     def plain(self) -> bool:

@@ -464,6 +464,16 @@ class Log:
         return [s for s in self.remote_segments if s.next_offset <= first] + local
 
     # -- reading -----------------------------------------------------------------------------------
+    def measure_aborted(self) -> None:
+        """Ready the ``read_uncommitted`` view (``logfs.isolation.level``): each segment that Kafka's aborted
+        transactions reach into counts the lines of their batches (:meth:`LogSegment.measure_aborted`), through a
+        snapshot that pins them. It reads those segments whole: the loader calls it, or a worker thread before the
+        setting is applied, never a request."""
+        with self.snapshot() as snapshot:
+            for segment in snapshot.segments:
+                if segment.aborted is not None:
+                    segment.measure_aborted()
+
     def snapshot(self, *, sealed_only: bool = False, tiers: bool = False, follow: bool = False,
                  write_only: bool = False) -> LogSnapshot:
         """The segments now (only the sealed ones with ``sealed_only``; tiered ones too with ``tiers``), pinned

@@ -26,6 +26,7 @@ from .index import OffsetIndex, TimeIndex, ViewIndex
 from .open_files import OpenFiles, open_unit, release_unit
 from .segment_file import SegmentFile, find_offset_by_timestamp, translate_offset
 from .tail_batch import TailBatch
+from .txn_index import AbortedBatches
 from .segment_recovery import SegmentRecovery, batch_stats  # noqa: F401  (batch_stats: its callers import it here)
 
 from ..names import (  # noqa: F401 (re-exported: the segment's own file names)
@@ -40,6 +41,9 @@ class LogSegment(SegmentFile):
     seam, as a tiered segment is."""
 
     aborted = None  # AbortedRanges of Kafka's aborted transactions reaching into this segment (txn_index.py)
+    # AbortedBatches: the batches those transactions hold in it and their lines, once measured
+    # (:meth:`measure_aborted`, for a read_uncommitted view)
+    uncommitted = None
     has_txn_index = False  # a .txnindex of its own beside it (a Kafka broker wrote it; the loader says so)
     # The lowest position whose bytes were rewritten other than by a tail batch's growth (an undone append, a
     # truncation) since a copy of the segment last looked (storage/moves.py, which resets it): it copies again from
@@ -379,6 +383,17 @@ class LogSegment(SegmentFile):
         """Whether the batch holds records of an aborted transaction (a ``read_committed`` reader skips it)."""
         return (self.aborted is not None and bool(header.attributes & rec.ATTR_TRANSACTIONAL)
                 and self.aborted.covers(header.producer_id, header.base_offset))
+
+    def measure_aborted(self) -> None:
+        """Find the batches of aborted transactions in this segment and count their lines (:attr:`uncommitted`:
+        what a ``read_uncommitted`` view adds to its view index). A walk over the whole segment: the loader's, or a
+        worker thread's when the topic's ``logfs.isolation.level`` changes, never a request's. Once: the
+        segment's aborted ranges are fixed when it is loaded. Readers pin it or hold its log's lock."""
+        if self.aborted is None or self.uncommitted is not None:
+            return
+        self.uncommitted = AbortedBatches((position, batch_stats(buf, at, header.size))
+                                          for position, header, buf, at in self.batches_from(0)
+                                          if not header.is_control and self.is_aborted(header))
 
     def visible_stats(self, buf, pos: int, header: rec.BatchHeader) -> LineStats:
         """The LineStats of the batch's lines in the text view: none for an aborted transaction's batch."""

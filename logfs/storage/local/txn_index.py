@@ -19,6 +19,10 @@ comes after the records it aborts. There :class:`TransactionState` derives both 
 as Kafka's own ``ProducerStateManager`` does: per producer id, the first offset of its open transaction; a control
 batch closes it (an abort adds the range to :class:`AbortedRanges`); the last stable offset (LSO) is the first
 offset of the oldest open transaction, and a ``read_committed`` consumer reads nothing from there on.
+
+``logfs.isolation.level=read_uncommitted`` shows the aborted records too: :class:`AbortedBatches` is what a segment
+measures of its aborted batches (positions, lines) so that its one ``.viewindex`` serves both levels
+(:mod:`logfs.view.isolation`); a running broker's partition at that level keeps no :class:`TransactionState`.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import struct
 from typing import Iterable, NamedTuple
 
 from ..format import records as rec
+from ..format.lines import ZERO_STATS, LineStats
 from ..names import TXN_INDEX_SUFFIX
 
 ENTRY = struct.Struct(">hqqqq")  # version, producerId, firstOffset, lastOffset, lastStableOffset
@@ -101,6 +106,33 @@ class AbortedRanges:
 
     def __repr__(self) -> str:
         return f"AbortedRanges({self.count})"
+
+
+class AbortedBatches:
+    """The batches of one segment that Kafka's aborted transactions hold, by position, with the
+    :class:`~logfs.storage.format.lines.LineStats` of their records: what a ``read_uncommitted`` view
+    (``logfs.isolation.level``, :mod:`logfs.view.isolation`) adds to the segment's view index, whose entries and
+    totals count these batches as no lines. So one ``.viewindex`` serves both isolation levels: an entry's stats
+    for read_uncommitted are its own plus :meth:`before` its position. Immutable (a segment's aborted ranges are
+    fixed once it is loaded); shared by any thread."""
+
+    __slots__ = ("positions", "_before", "total")
+
+    def __init__(self, found: Iterable[tuple[int, LineStats]]):
+        positions, before = [], [ZERO_STATS]
+        for position, stats in found:
+            positions.append(position)
+            before.append(before[-1] + stats)
+        self.positions = positions
+        self._before = before
+        self.total = before[-1]  # (the lines of all of them)
+
+    def before(self, position: int) -> LineStats:
+        """The stats of the aborted batches that start before ``position`` (O(log n))."""
+        return self._before[bisect.bisect_left(self.positions, position)]
+
+    def __repr__(self) -> str:
+        return f"AbortedBatches({len(self.positions)})"
 
 
 def aborted_by_segment(directory: str, names: Iterable[str], bases: list[int]) -> dict[int, AbortedRanges]:
