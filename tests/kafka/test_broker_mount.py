@@ -289,6 +289,42 @@ def test_a_topic_created_while_mounted_appears(broker, kafka_client, mount_logfs
     wait_for(shown, 30, interval=0.1, what="the new topic through the mount")
 
 
+class Transactions:
+    """Kafka's producers writing one partition for the transaction tests: plain (idempotent) records, and
+    transactions left open with plain records after them, then ended; what a consumer of either isolation level
+    reads."""
+
+    PLAIN = dict(enable_idempotence="true", linger_ms="0", batch_size="600")
+
+    def __init__(self, client, broker, topic: str, prefix: str):
+        self.client, self.broker, self.topic, self.prefix = client, broker, topic, prefix
+
+    def send(self, values: list[bytes]) -> None:
+        self.client.produce(self.broker.bootstrap, [{"topic": self.topic, "partition": 0, "value": v} for v in values],
+                            **self.PLAIN)
+
+    def consumed(self, isolation: str = "read_committed") -> bytes:
+        return b"".join(r.value + b"\n" for r in self.client.consume(self.broker.bootstrap, self.topic, 0,
+                                                                     isolation=isolation))
+
+    def _txn(self, outcome: str) -> dict:
+        return dict(self.PLAIN, transactional_id=f"{self.prefix}-{outcome}")
+
+    def open(self, outcome: str) -> None:
+        """A transaction of 120 records left open (it spans the broker's rolls), then 30 plain records above it
+        (``<outcome> txn i``, ``<outcome> after i``)."""
+        values = [b"%s txn %d %s" % (outcome.encode(), i, b"t" * 40) for i in range(120)]
+        self.client.produce(self.broker.bootstrap, [{"txn": "begin"}] + [
+            {"topic": self.topic, "partition": 0, "value": v} for v in values],
+            session=f"{self.prefix}-{outcome}", **self._txn(outcome))
+        self.send([b"%s after %d" % (outcome.encode(), i) for i in range(30)])
+
+    def end(self, outcome: str) -> None:
+        """Commits or aborts the transaction :meth:`open` left open (``outcome``: "commit" or "abort")."""
+        self.client.produce(self.broker.bootstrap, [{"txn": outcome}], session=f"{self.prefix}-{outcome}",
+                            end_session=True, **self._txn(outcome))
+
+
 def test_transactions_as_a_read_committed_consumer_sees_them(broker, kafka_client, mount_logfs, tmp_path):
     """Kafka's transactional producer writes while the mount follows: the records of a transaction left open are
     not shown, nor anything after its first record (the last stable offset); once aborted they never are, once
@@ -298,22 +334,17 @@ def test_transactions_as_a_read_committed_consumer_sees_them(broker, kafka_clien
     broker.create_topic(topic, 1, CONFIGS)
     broker.create_topic(marks, 1)
     fs = mount_broker(mount_logfs, broker.log_dirs[0], tmp_path / "cache")
-    plain = dict(enable_idempotence="true", linger_ms="0", batch_size="600")
+    txns = Transactions(kafka_client, broker, topic, "h45")
+    committed = txns.consumed
     rounds = iter(range(1000))
-
-    def send(values, **how):
-        return kafka_client.produce(broker.bootstrap, [{"topic": topic, "partition": 0, "value": v} for v in values],
-                                    **how)
-
-    def committed() -> bytes:
-        return b"".join(r.value + b"\n" for r in kafka_client.consume(broker.bootstrap, topic, 0))
 
     def looked_twice():
         """Two whole looks of the mount's follower after what was written: a record in another topic, produced
         after, shows through the mount (twice: a look may have passed this partition before that record came)."""
         for _ in range(2):
             value = b"mark %d" % next(rounds)
-            kafka_client.produce(broker.bootstrap, [{"topic": marks, "partition": 0, "value": value}], **plain)
+            kafka_client.produce(broker.bootstrap, [{"topic": marks, "partition": 0, "value": value}],
+                                 **Transactions.PLAIN)
             wait_for(lambda: fs.read(f"{marks}/0").endswith(value + b"\n"), 30, interval=0.05, what="a mark")
 
     reader = None
@@ -325,22 +356,17 @@ def test_transactions_as_a_read_committed_consumer_sees_them(broker, kafka_clien
             reader.reaches(expected, 30, also=lambda: fs.read(f"{topic}/0") == expected,
                            what="the committed records through the mount")
 
-        send([b"before %d" % i for i in range(30)], **plain)
+        txns.send([b"before %d" % i for i in range(30)])
         shows(committed())
         for outcome in ("abort", "commit"):
-            txn = dict(plain, transactional_id=f"h45-{outcome}")
-            session = f"h45-{outcome}"
-            values = [b"%s txn %d %s" % (outcome.encode(), i, b"t" * 40) for i in range(120)]
-            kafka_client.produce(broker.bootstrap, [{"txn": "begin"}] + [
-                {"topic": topic, "partition": 0, "value": v} for v in values], session=session, **txn)  # left open
-            send([b"%s after %d" % (outcome.encode(), i) for i in range(30)], **plain)  # (above the LSO)
+            txns.open(outcome)  # (the records after it: above the LSO)
             open_view = committed()
             assert b"%s txn" % outcome.encode() not in open_view and b"%s after" % outcome.encode() not in open_view
             looked_twice()
             assert fs.read(f"{topic}/0") == open_view  # the open transaction and all after its first record: not shown
             reader.read()
             assert reader.seen == open_view
-            kafka_client.produce(broker.bootstrap, [{"txn": outcome}], session=session, end_session=True, **txn)
+            txns.end(outcome)
             # (the coordinator writes the markers after the producer's call returns: wait for the consumer too)
             wait_for(lambda: b"%s after 29\n" % outcome.encode() in committed(), 30, interval=0.1,
                      what="the marker, as the consumer sees it")
@@ -365,16 +391,11 @@ def test_transactions_as_a_read_uncommitted_consumer_sees_them(broker, kafka_cli
     fs = mount_logfs("ro", f"logfs.cache.dir={tmp_path / 'cache'}", "logfs.broker.poll.ms=100",
                      "logfs.isolation.level=read_uncommitted",
                      prepare=lambda m: setattr(m, "source", str(broker.log_dirs[0])))
-    plain = dict(enable_idempotence="true", linger_ms="0", batch_size="600")
     name = "user.logfs.config.logfs.isolation.level"
-
-    def send(values, **how):
-        return kafka_client.produce(broker.bootstrap, [{"topic": topic, "partition": 0, "value": v} for v in values],
-                                    **how)
+    txns = Transactions(kafka_client, broker, topic, "riu")
 
     def uncommitted() -> bytes:
-        return b"".join(r.value + b"\n" for r in kafka_client.consume(broker.bootstrap, topic, 0,
-                                                                      isolation="read_uncommitted"))
+        return txns.consumed("read_uncommitted")
 
     def agrees():
         """The xattrs agree with the consumer: the log end offset is ListOffsets' latest for read_uncommitted (the
@@ -401,22 +422,17 @@ def test_transactions_as_a_read_uncommitted_consumer_sees_them(broker, kafka_cli
             reader.reaches(expected, 30, also=lambda: fs.read(f"{topic}/0") == expected,
                            what="a read_uncommitted consumer's records through the mount")
 
-        send([b"before %d" % i for i in range(30)], **plain)
+        txns.send([b"before %d" % i for i in range(30)])
         shows(uncommitted())
         for outcome in ("abort", "commit"):
-            txn = dict(plain, transactional_id=f"riu-{outcome}")
-            session = f"riu-{outcome}"
-            values = [b"%s txn %d %s" % (outcome.encode(), i, b"t" * 40) for i in range(120)]
-            kafka_client.produce(broker.bootstrap, [{"txn": "begin"}] + [
-                {"topic": topic, "partition": 0, "value": v} for v in values], session=session, **txn)  # left open
-            send([b"%s after %d" % (outcome.encode(), i) for i in range(30)], **plain)
+            txns.open(outcome)
             open_view = uncommitted()
             assert b"%s txn 119" % outcome.encode() in open_view and b"%s after 29" % outcome.encode() in open_view
             shows(open_view)  # the open transaction's records and those after them, before any marker
             agrees()
-            kafka_client.produce(broker.bootstrap, [{"txn": outcome}], session=session, end_session=True, **txn)
+            txns.end(outcome)
             # (the marker: no line; the records after it show as they come)
-            send([b"%s then %d" % (outcome.encode(), i) for i in range(5)], **plain)
+            txns.send([b"%s then %d" % (outcome.encode(), i) for i in range(5)])
             expected = uncommitted()
             assert expected.startswith(open_view) and expected.endswith(b"%s then 4\n" % outcome.encode())
             shows(expected)
