@@ -319,6 +319,10 @@ class Transactions:
             session=f"{self.prefix}-{outcome}", **self._txn(outcome))
         self.send([b"%s after %d" % (outcome.encode(), i) for i in range(30)])
 
+    def shows(self, fs, reader, expected: bytes, what: str) -> None:
+        """Waits until the open ``reader`` (a ``tail -f``) has read ``expected`` and a new read of the file is it."""
+        reader.reaches(expected, 30, also=lambda: fs.read(f"{self.topic}/0") == expected, what=what)
+
     def end(self, outcome: str) -> None:
         """Commits or aborts the transaction :meth:`open` left open (``outcome``: "commit" or "abort")."""
         self.client.produce(self.broker.bootstrap, [{"txn": outcome}], session=f"{self.prefix}-{outcome}",
@@ -353,8 +357,7 @@ def test_transactions_as_a_read_committed_consumer_sees_them(broker, kafka_clien
         reader = OpenReader(fs.path(topic, 0))
 
         def shows(expected: bytes):
-            reader.reaches(expected, 30, also=lambda: fs.read(f"{topic}/0") == expected,
-                           what="the committed records through the mount")
+            txns.shows(fs, reader, expected, "the committed records through the mount")
 
         txns.send([b"before %d" % i for i in range(30)])
         shows(committed())
@@ -417,12 +420,11 @@ def test_transactions_as_a_read_uncommitted_consumer_sees_them(broker, kafka_cli
             os.setxattr(fs.path(topic), name, b"read_committed")
         assert refused.value.errno == errno.EROFS
         reader = OpenReader(fs.path(topic, 0))
+        txns.send([b"before %d" % i for i in range(30)])
 
         def shows(expected: bytes):
-            reader.reaches(expected, 30, also=lambda: fs.read(f"{topic}/0") == expected,
-                           what="a read_uncommitted consumer's records through the mount")
+            txns.shows(fs, reader, expected, "a read_uncommitted consumer's records through the mount")
 
-        txns.send([b"before %d" % i for i in range(30)])
         shows(uncommitted())
         for outcome in ("abort", "commit"):
             txns.open(outcome)
