@@ -426,7 +426,7 @@ def test_the_cache_bound(mounts, tmp_path):
 
 def test_the_clusters_refusals_as_errno():
     """The admin API's errors as a caller sees them (storage/cluster ``_refusal``): an authorization refused is
-    EACCES (the session's broker has no authorizer: librdkafka's own error codes stand for its answers here)."""
+    EACCES (librdkafka's own error codes; a broker that refuses: tests/kafka/test_kafka_store_authorization.py)."""
     from confluent_kafka import KafkaError
 
     from logfs.storage.cluster import _refusal
