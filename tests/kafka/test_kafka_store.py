@@ -34,7 +34,10 @@ import pytest
 from logfs.storage.format import records as rec
 from logfs.testing.kafka import free_port
 
-from harness import daemon_env as code_env, daemon_pids, expect_errno, logfs_command, sh, wait_for
+from harness import (
+    daemon_env as code_env, daemon_pids, expect_errno, logfs_command, mount_fstype, mounted_at, needs_mount_helper, sh,
+    wait_for,
+)
 
 pytestmark = pytest.mark.mount
 
@@ -472,3 +475,49 @@ def test_the_units_exec_start_serves_a_kafka_mount(kafka_broker, kafka_client, t
     finally:
         svc.cleanup()
         sock.close()
+
+
+@needs_mount_helper
+def test_mount_t_fuse_logfs_and_an_fstab_line(kafka_broker, kafka_client, logfs_on_default_path, tmp_path):
+    """CONTRACT section 15's first paragraph: ``mount -t fuse.logfs kafka://HOST:PORT MNT -o ...`` and the same source
+    in an fstab line (``mount -T FSTAB MNT``): mount(8) hands the source to mount.fuse3 as given, which runs ``logfs``
+    with it; the mount serves the cluster (the mount table names the source), and ``umount`` ends the daemon."""
+    source = f"kafka://{kafka_broker.bootstrap}"
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    cache = tmp_path / "cache"
+
+    def mounted(cmd: list[str]) -> None:
+        r = subprocess.run(cmd, capture_output=True, timeout=60, env=code_env())
+        assert r.returncode == 0, r.stderr.decode()
+        assert mounted_at(mnt) and mount_fstype(mnt) == "fuse.logfs"
+        with open("/proc/self/mounts") as f:
+            assert any(line.split()[:2] == [source, str(mnt)] for line in f)
+
+    def unmounted() -> None:
+        pids = daemon_pids(source, mnt)
+        sh(f"umount {mnt}")
+        wait_for(lambda: not mounted_at(mnt) and not daemon_pids(source, mnt), 30, what="the daemon to exit")
+        assert pids
+
+    try:
+        mounted(["mount", "-t", "fuse.logfs", source, str(mnt), "-o",
+                 f"logfs.remote.cache.dir={cache},num.partitions=2"])
+        os.mkdir(mnt / "via-mount")
+        assert sorted(os.listdir(mnt / "via-mount")) == ["0", "1"]
+        with open(mnt / "via-mount" / "1", "ab") as f:
+            f.write(b"through mount(8)\n")
+        unmounted()
+        fstab = tmp_path / "fstab"
+        fstab.write_text(f"# a Kafka cluster\n{source} {mnt} fuse.logfs defaults,_netdev,noauto,nofail,"
+                         f"x-systemd.after=network-online.target,logfs.remote.cache.dir={cache} 0 0\n")
+        mounted(["mount", "-T", str(fstab), str(mnt)])
+        with open(mnt / "via-mount" / "1", "ab") as f:
+            f.write(b"through fstab\n")
+        wait_content(str(mnt / "via-mount" / "1"), b"through mount(8)\nthrough fstab\n")
+        unmounted()
+    finally:
+        if mounted_at(mnt):
+            subprocess.run(["umount", "-l", str(mnt)], capture_output=True, timeout=30)
+    assert [r.value for r in kafka_client.consume(kafka_broker.bootstrap, "via-mount", 1)] == [
+        b"through mount(8)", b"through fstab"]

@@ -25,9 +25,10 @@ Per partition (:class:`PartitionAppender`, one per (topic, partition), shared by
   producer is replaced; a write's lines are queued together and time out together), so the last line's report
   carries the failure.
 - A failed delivery is kept until the next ``append_lines``, ``check`` or ``sync`` of the partition, which raises
-  it (``EIO``; ``EACCES`` when the cluster refused the partition's lines to this user) once and forgets it. The lines queued after the failed one were failed with it by the producer
-  (never sent); the producer is then replaced (:meth:`ClusterAppends._replace`: its queue purged first), so what
-  the writer writes after the error goes out on a new producer, after everything the old one delivered.
+  it (``EIO``; ``EACCES`` when the cluster refused the partition's lines to this user) once and forgets it. The
+  lines queued after the failed one were failed with it by the producer (never sent); the producer is then
+  replaced (:meth:`ClusterAppends._replace`: its queue purged first), so what the writer writes after the error
+  goes out on a new producer, after everything the old one delivered.
 
 **An authorization refused** (the user may read the topic but not write it) is, with the gapless guarantee, no
 delivery report but the producer's fatal error, which librdkafka's ``poll`` raises (measured against a broker with
