@@ -521,3 +521,90 @@ def test_mount_t_fuse_logfs_and_an_fstab_line(kafka_broker, kafka_client, logfs_
             subprocess.run(["umount", "-l", str(mnt)], capture_output=True, timeout=30)
     assert [r.value for r in kafka_client.consume(kafka_broker.bootstrap, "via-mount", 1)] == [
         b"through mount(8)", b"through fstab"]
+
+
+def replica_segments(cache, topic: str, partition: int = 0) -> dict[int, int]:
+    """The replica's live segments of a partition: base offset -> bytes."""
+    directory = cache / "replica" / f"{topic}-{partition}"
+    return {int(p.name[:-4]): p.stat().st_size for p in directory.iterdir() if p.name.endswith(".log")}
+
+
+def test_delete_records_kept_by_the_replica(mounts, kafka_broker, tmp_path):
+    """DeleteRecords through the mount: the replica notes the new log start offset in its
+    ``log-start-offset-checkpoint`` and removes its segments wholly below it; a remount with the same cache starts
+    the file there (the records below are not fetched again: the cluster has them no more, and the replica resumes).
+    ``-1`` (the high watermark) rolls the replica's active segment and removes the rest."""
+    m = mounts("m", "logfs.remote.cache.bytes=16777216")  # (the replica's segments roll at 2 MiB)
+    cache = tmp_path / "m-cache"
+    os.mkdir(m.path("kept"))
+    lines = [b"line %07d " % i + b"x" * 86 for i in range(60_000)]  # 100 bytes with the newline: 6 MB
+    with open(m.path("kept", 0), "ab") as f:
+        for i in range(0, len(lines), 10_000):
+            f.write(b"".join(line + b"\n" for line in lines[i:i + 10_000]))
+    wait_for(lambda: m.getx("kept/0", "log_end_offset") == str(len(lines)), 60, what="the replica to hold the lines")
+    before = replica_segments(cache, "kept")
+    assert len(before) >= 3, before
+    bases = sorted(before)
+    start = bases[2] + 5  # inside the third segment: the first two are wholly below it
+    os.setxattr(m.path("kept", 0), "user.logfs.log_start_offset", str(start).encode())
+    assert m.getx("kept/0", "log_start_offset") == str(start)
+    checkpoint = cache / "replica" / "log-start-offset-checkpoint"
+    assert f"kept 0 {start}" in checkpoint.read_text().splitlines()
+    wait_for(lambda: sorted(replica_segments(cache, "kept")) == bases[2:], 10,
+             what="the segments below the start to leave the replica")
+    want = b"".join(line + b"\n" for line in lines[start:])
+    assert read(m.path("kept", 0)) == want
+
+    m.remount(foreground=True)
+    assert m.getx("kept/0", "log_start_offset") == str(start)
+    assert m.getx("kept/0", f"position.{start}") == "0"
+    assert read(m.path("kept", 0)) == want
+    assert sorted(replica_segments(cache, "kept")) == bases[2:]  # (resumed, not fetched again)
+
+    os.setxattr(m.path("kept", 0), "user.logfs.log_start_offset", b"-1")
+    assert m.getx("kept/0", "log_start_offset") == str(len(lines)) and read(m.path("kept", 0)) == b""
+    wait_for(lambda: replica_segments(cache, "kept") == {len(lines): 0}, 10,
+             what="the replica to hold one empty segment at the end")
+    m.remount(foreground=True)
+    assert m.getx("kept/0", "log_start_offset") == str(len(lines)) and read(m.path("kept", 0)) == b""
+    with open(m.path("kept", 0), "ab") as f:
+        f.write(b"after\n")
+    wait_content(m.path("kept", 0), b"after\n")
+
+
+def test_a_remount_resumes_the_replica(mounts, kafka_broker, kafka_client, tmp_path):
+    """A second mount with the same cache directory fetches only what the cluster got since (the fetched-records
+    metric counts the records of every topic of the session's broker: the ones the replica held are not fetched
+    again), after a clean unmount and after a kill -9."""
+    metrics = tmp_path / "metrics.prom"
+    m = mounts("m", f"logfs.metrics.file={metrics}", "logfs.metrics.interval.ms=100")
+    os.mkdir(m.path("resumed"))
+    first = b"".join(b"first %d\n" % i for i in range(1000))
+    with open(m.path("resumed", 0), "ab") as f:
+        f.write(first)
+    wait_content(m.path("resumed", 0), first)
+
+    def metric(name: str) -> str | None:
+        for line in metrics.read_text().splitlines() if metrics.exists() else ():
+            if line.startswith(name + " "):
+                return line.split()[1]
+        return None
+
+    def caught_up(text: bytes) -> bool:
+        return (metric('logfs_kafka_replica_lag_offsets{topic="resumed",partition="0"}') == "0"
+                and os.path.exists(m.path("resumed", 0)) and read(m.path("resumed", 0)) == text)
+
+    wait_for(lambda: caught_up(first), 30, what="the replica to catch up")
+    expected = first
+    for stop in ("unmount", "kill -9"):
+        if stop == "unmount":
+            m.unmount()
+        else:
+            m.kill9()
+        metrics.unlink()
+        added = [b"%s %d" % (stop.encode(), i) for i in range(10)]
+        kafka_client.produce(kafka_broker.bootstrap, [{"topic": "resumed", "partition": 0, "value": v} for v in added])
+        expected += b"".join(v + b"\n" for v in added)
+        m.mount(*m.options, foreground=True)
+        wait_for(lambda: caught_up(expected), 30, what="the resumed replica to catch up")
+        assert metric("logfs_kafka_fetched_records_total") == str(len(added))

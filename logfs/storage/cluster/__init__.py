@@ -205,8 +205,8 @@ class Cluster:
         """``setfattr -n user.logfs.log_start_offset -v N``: Kafka's DeleteRecords below ``offset`` (-1: the high
         watermark); an offset past the end is the cluster's OFFSET_OUT_OF_RANGE (EINVAL, as on a local mount).
         Returns the partition's new log start offset once the mount's file starts there: the replica has fetched up
-        to it (waited for, at most :data:`SHOWN_TIMEOUT_S`) and its log's start is moved up (the replica keeps the
-        records below until its cache's bound removes them; a remount fetches from the new start)."""
+        to it (waited for, at most :data:`SHOWN_TIMEOUT_S`) and its log's start is moved up; the replica notes the
+        start in its checkpoint (a remount with this cache starts there) and removes its segments below it."""
         from confluent_kafka import TopicPartition
 
         tp = TopicPartition(topic, partition, offset)
@@ -223,6 +223,7 @@ class Cluster:
             time.sleep(0.02)
         with plog.lock:
             plog.increment_log_start_offset(start)
+        self.replica.note_start(topic, partition, start)  # (its checkpoint: a remount starts there too)
         log.info("%s-%d: records below offset %d deleted on the cluster (DeleteRecords)", topic, partition, start)
         return start
 
