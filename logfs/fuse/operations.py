@@ -353,6 +353,9 @@ class Operations(pyfuse3.Operations):
             fail(errno.EROFS)
         plog = self.manager.logs[(topic, partition)]
         plog.log_dir.check()  # a partition of an offline directory: EIO until the next mount
+        cluster = self.manager.cluster
+        if cluster is not None and (flags & os.O_ACCMODE) != os.O_WRONLY:
+            cluster.check_readable(topic, partition)  # (a Kafka cluster that refuses its records: EACCES)
         await self._measured(plog)
         if flags & os.O_TRUNC and self.live_views.get(plog).length() > 0:
             fail(errno.EPERM)

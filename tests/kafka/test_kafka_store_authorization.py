@@ -10,7 +10,8 @@ limited user ``alice`` are set through Kafka's admin API (CreateAcls). A mount a
   ``EACCES``, and no line reaches the cluster;
 - ``mkdir`` without CREATE, ``setfattr`` of a ``user.logfs.config.*`` name without ALTER_CONFIGS, ``getfattr``
   without DESCRIBE_CONFIGS: ``EACCES``, and the cluster is unchanged;
-- a topic she may not DESCRIBE is not listed, and is ``ENOENT``;
+- a topic she may not DESCRIBE is not listed, and is ``ENOENT``; one she may DESCRIBE but not READ is listed, and
+  its read is ``EACCES`` (the replica's fetch was refused);
 - every call returns (the refusal is the cluster's answer, not a timeout), and the mount goes on serving what she
   may: a topic she may write takes her lines before and after each refusal, and every line acknowledged is in the
   cluster once, in order, and in the mount's file.
@@ -80,12 +81,19 @@ def broker(tmp_path_factory, kafka_client):
 
     with running_broker(tmp_path_factory.mktemp("kafka-store-acl"), kafka_client, sasl=USERS) as b:
         admin = admin_client(b)
-        topics = [NewTopic(name, 1, 1) for name in ("readable", "writable", "hidden", "described")]
+        topics = [NewTopic(name, 1, 1) for name in ("readable", "writable", "hidden", "described", "unreadable")]
         for future in admin.create_topics(topics, request_timeout=30).values():
             future.result(60)
         grant(admin, "readable", "DESCRIBE", "READ", "DESCRIBE_CONFIGS")
         grant(admin, "writable", "DESCRIBE", "READ", "WRITE", "DESCRIBE_CONFIGS")
         grant(admin, "described", "DESCRIBE", "READ")  # (no DESCRIBE_CONFIGS, no ALTER_CONFIGS)
+        grant(admin, "unreadable", "DESCRIBE")  # (listed, not fetched)
+        from confluent_kafka import Producer
+
+        producer = Producer({"bootstrap.servers": b.bootstrap, **USERS.client_settings("admin")})
+        producer.produce("unreadable", b"not for alice", partition=0)
+        assert producer.flush(30) == 0
+        del producer, admin  # (their connections end before the broker does)
         yield b
 
 
@@ -112,7 +120,18 @@ def append(path: str, data: bytes, sync: str) -> None:
 
 def test_what_the_cluster_refuses_is_eacces(mount_logfs, broker, tmp_path):
     m = alice_mount(mount_logfs, broker, tmp_path / "cache")
-    assert sorted(os.listdir(m.path())) == ["described", "readable", "writable"]  # (not "hidden")
+    assert sorted(os.listdir(m.path())) == ["described", "readable", "unreadable", "writable"]  # (not "hidden")
+
+    def read_refused() -> bool:
+        try:
+            with open(m.path("unreadable", 0), "rb") as f:
+                f.read()
+        except PermissionError:
+            return True
+        return False
+
+    # DESCRIBE without READ: listed, and its read is EACCES once the replica's fetch was refused (not an empty file)
+    wait_for(read_refused, 30, what="the read of a topic she may not READ to be refused")
     expect_errno(errno.ENOENT, os.stat, m.path("hidden"))
     expect_errno(errno.ENOENT, os.open, m.path("hidden", 0), os.O_WRONLY | os.O_APPEND)
 
@@ -154,3 +173,4 @@ def test_what_the_cluster_refuses_is_eacces(mount_logfs, broker, tmp_path):
     resource = ConfigResource(ResourceType.TOPIC, "readable")
     config = admin.describe_configs([resource])[resource].result(30)
     assert config["retention.ms"].value == "-1"  # (the broker's default: unchanged)
+    del admin  # (its connections end before the broker does)

@@ -129,6 +129,13 @@ class Cluster:
     def appender(self, topic: str, partition: int) -> PartitionAppender:
         return self.appends.appender(topic, partition, self.manager.topic_config(topic))
 
+    def check_readable(self, topic: str, partition: int) -> None:
+        """EACCES when the cluster refuses the partition's records to this mount's user (READ not granted: the
+        replica's fetch was refused), rather than a file that reads empty."""
+        if (topic, partition) in self.replica.refused:
+            raise ClusterError(f"{topic}-{partition}: the cluster refuses its records to this mount's user",
+                               errno.EACCES)
+
     # -- administration (worker threads) --------------------------------------------------------------------
     def _shown(self, topic: str, partitions: int) -> None:
         """Wait until the mount shows ``topic`` with ``partitions`` partitions (0: no longer shows it)."""

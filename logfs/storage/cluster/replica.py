@@ -214,6 +214,11 @@ class Replica:
         self.fetched_records = 0
         self.error: str | None = None  # the last fetch or metadata error, for the log and the metrics
         self._message_error: str | None = None  # the last error the consumer returned for one partition
+        self._group_refused = False
+        # Partitions whose records the cluster refuses to this user (a fetch's TOPIC_AUTHORIZATION_FAILED), until
+        # records of theirs come: a read of one is EACCES (Cluster.check_readable). A set the fetcher's thread
+        # changes and other threads only test.
+        self.refused: set[tuple[str, int]] = set()
         self._lags: dict[tuple[str, int], int] = {}  # (metrics) noted by the fetcher's thread at each refresh
 
     # -- lifecycle ------------------------------------------------------------------------------------------
@@ -441,10 +446,22 @@ class Replica:
             return
         by_partition: dict[tuple[str, int], list] = {}
         for m in messages:
-            if m.error() is not None:
-                # One partition's error (its topic deleted meanwhile, a leader moving): the others' records of the
-                # same call are written all the same (the consumer's positions moved past them).
-                err = f"{m.topic()}-{m.partition()}: {m.error().str()}"
+            error = m.error()
+            if error is not None:
+                # One partition's error (its topic deleted meanwhile, a leader moving, its records refused to this
+                # user): the others' records of the same call are written all the same (the consumer's positions
+                # moved past them).
+                name = error.name()
+                if m.topic() is None and name == "GROUP_AUTHORIZATION_FAILED":
+                    # (librdkafka looks for the group's coordinator, which the replica never uses: partitions are
+                    # assigned, nothing committed; a user may have no group)
+                    if not self._group_refused:
+                        log.info("the replica's consumer: %s (no group is needed)", error.str())
+                        self._group_refused = True
+                    continue
+                if m.topic() is not None and "AUTHORIZATION" in name:
+                    self.refused.add((m.topic(), m.partition()))
+                err = f"{m.topic()}-{m.partition()}: {error.str()}"
                 if err != self._message_error:  # (logged when it changes, not at every fetch)
                     log.warning("the replica's fetch of %s", err)
                     self._message_error = err
@@ -457,6 +474,7 @@ class Replica:
             group = [m for m in group if m.offset() >= part.next_offset]  # (a re-fetch after a reset)
             if not group:
                 continue
+            self.refused.discard(key)  # (its records come: the user may read them now)
             if part.segments[part.active_base] >= self.segment_bytes:
                 part.open_segment(part.next_offset)  # (roll: the next batches start at or after it)
             part.write(b"".join(encode_batches(group)))
