@@ -596,9 +596,15 @@ def test_a_remount_resumes_the_replica(mounts, kafka_broker, kafka_client, tmp_p
 
     wait_for(lambda: caught_up(first), 30, what="the replica to catch up")
     expected = first
+    segment = max((tmp_path / "m-cache" / "replica" / "resumed-0").glob("*.log"))
     for stop in ("unmount", "kill -9"):
         if stop == "unmount":
             m.unmount()
+            # A torn tail, as a kill in the middle of the replica's write leaves it: the start of a batch. The
+            # resume cuts it, and the fetch writes the next batch where it was.
+            whole = segment.stat().st_size
+            with open(segment, "ab") as f:
+                f.write(rec.build_batch_generic(len(first), 0, [b"torn"])[:40])
         else:
             m.kill9()
         metrics.unlink()
@@ -608,3 +614,5 @@ def test_a_remount_resumes_the_replica(mounts, kafka_broker, kafka_client, tmp_p
         m.mount(*m.options, foreground=True)
         wait_for(lambda: caught_up(expected), 30, what="the resumed replica to catch up")
         assert metric("logfs_kafka_fetched_records_total") == str(len(added))
+        if stop == "unmount":
+            assert "cut at %d of %d bytes (a torn tail)" % (whole, whole + 40) in m.stderr()
