@@ -6,8 +6,10 @@ A broker of this module's own (logfs/testing/kafka.py ``SaslUsers``): SASL_PLAIN
 limited user ``alice`` are set through Kafka's admin API (CreateAcls). A mount as ``alice``
 (``-o kafka.security.protocol=SASL_PLAINTEXT,kafka.sasl.mechanism=PLAIN,kafka.sasl.username=alice,...``):
 
-- a topic she may read but not write: the append (``write`` then ``fsync``, and ``write`` then ``close``) is
-  ``EACCES``, and no line reaches the cluster;
+- a topic she may read but not write: the open for appending is ``EACCES`` (the mount asks the cluster's
+  authorized operations first); a topic whose WRITE is revoked while she holds it open: the append (``write`` then
+  ``fsync``, and ``write`` then ``close``) is ``EACCES`` (the producer's fatal error); no refused line reaches the
+  cluster;
 - ``mkdir`` without CREATE, ``setfattr`` of a ``user.logfs.config.*`` name without ALTER_CONFIGS, ``getfattr``
   without DESCRIBE_CONFIGS: ``EACCES``, and the cluster is unchanged;
 - a topic she may not DESCRIBE is not listed, and is ``ENOENT``; one she may DESCRIBE but not READ is listed, and
@@ -41,13 +43,26 @@ def admin_client(broker):
     return AdminClient({"bootstrap.servers": broker.bootstrap, **USERS.client_settings("admin")})
 
 
-def grant(admin, topic: str, *operations: str) -> None:
-    """ACLs allowing ``alice`` ``operations`` (AclOperation names) on ``topic``, through Kafka's CreateAcls."""
+def bindings(topic: str, *operations: str) -> list:
     from confluent_kafka.admin import AclBinding, AclOperation, AclPermissionType, ResourcePatternType, ResourceType
 
-    bindings = [AclBinding(ResourceType.TOPIC, topic, ResourcePatternType.LITERAL, "User:alice", "*",
-                           AclOperation[op], AclPermissionType.ALLOW) for op in operations]
-    for future in admin.create_acls(bindings).values():
+    return [AclBinding(ResourceType.TOPIC, topic, ResourcePatternType.LITERAL, "User:alice", "*", AclOperation[op],
+                       AclPermissionType.ALLOW) for op in operations]
+
+
+def grant(admin, topic: str, *operations: str) -> None:
+    """ACLs allowing ``alice`` ``operations`` (AclOperation names) on ``topic``, through Kafka's CreateAcls."""
+    for future in admin.create_acls(bindings(topic, *operations)).values():
+        future.result(30)
+
+
+def revoke(admin, topic: str, *operations: str) -> None:
+    """Kafka's DeleteAcls of what :func:`grant` allowed."""
+    from confluent_kafka.admin import AclBindingFilter
+
+    filters = [AclBindingFilter(b.restype, b.name, b.resource_pattern_type, b.principal, b.host, b.operation,
+                                b.permission_type) for b in bindings(topic, *operations)]
+    for future in admin.delete_acls(filters).values():
         future.result(30)
 
 
@@ -81,13 +96,15 @@ def broker(tmp_path_factory, kafka_client):
 
     with running_broker(tmp_path_factory.mktemp("kafka-store-acl"), kafka_client, sasl=USERS) as b:
         admin = admin_client(b)
-        topics = [NewTopic(name, 1, 1) for name in ("readable", "writable", "hidden", "described", "unreadable")]
+        topics = [NewTopic(name, 1, 1) for name in ("readable", "writable", "hidden", "described", "unreadable",
+                                                    "revoked")]
         for future in admin.create_topics(topics, request_timeout=30).values():
             future.result(60)
         grant(admin, "readable", "DESCRIBE", "READ", "DESCRIBE_CONFIGS")
         grant(admin, "writable", "DESCRIBE", "READ", "WRITE", "DESCRIBE_CONFIGS")
         grant(admin, "described", "DESCRIBE", "READ")  # (no DESCRIBE_CONFIGS, no ALTER_CONFIGS)
         grant(admin, "unreadable", "DESCRIBE")  # (listed, not fetched)
+        grant(admin, "revoked", "DESCRIBE", "READ", "WRITE")  # (WRITE revoked by the test)
         from confluent_kafka import Producer
 
         producer = Producer({"bootstrap.servers": b.bootstrap, **USERS.client_settings("admin")})
@@ -109,7 +126,11 @@ def alice_mount(mount_logfs, broker, cache):
 
 def append(path: str, data: bytes, sync: str) -> None:
     """``write`` then ``fsync`` and ``close`` (``sync="fsync"``), or ``write`` then ``close`` alone."""
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+    append_to(os.open(path, os.O_WRONLY | os.O_APPEND), data, sync)
+
+
+def append_to(fd: int, data: bytes, sync: str) -> None:
+    """:func:`append` on an open descriptor, which it closes."""
     try:
         assert os.write(fd, data) == len(data)  # (queued: the cluster answers at fsync or close)
         if sync == "fsync":
@@ -120,7 +141,7 @@ def append(path: str, data: bytes, sync: str) -> None:
 
 def test_what_the_cluster_refuses_is_eacces(mount_logfs, broker, tmp_path):
     m = alice_mount(mount_logfs, broker, tmp_path / "cache")
-    assert sorted(os.listdir(m.path())) == ["described", "readable", "unreadable", "writable"]  # (not "hidden")
+    assert sorted(os.listdir(m.path())) == ["described", "readable", "revoked", "unreadable", "writable"]  # (-hidden)
 
     def read_refused() -> bool:
         try:
@@ -143,10 +164,37 @@ def test_what_the_cluster_refuses_is_eacces(mount_logfs, broker, tmp_path):
         mine.append(line)
 
     write_mine("fsync")
-    # Read but not write: the append is refused, whether fsync or close is the first to wait for it.
-    expect_errno(errno.EACCES, append, m.path("readable", 0), b"refused 1\n", "fsync")
+    # Read but not write: the open for appending is refused (the cluster's authorized operations).
+    expect_errno(errno.EACCES, os.open, m.path("readable", 0), os.O_WRONLY | os.O_APPEND)
+    expect_errno(errno.EACCES, os.open, m.path("readable", 0), os.O_RDWR)
+    assert open(m.path("readable", 0), "rb").read() == b""  # (reading it is granted)
     write_mine("close")
-    expect_errno(errno.EACCES, append, m.path("readable", 0), b"refused 2\n", "close")
+    # WRITE revoked while open: the append is refused by the cluster, whether fsync or close is the first to wait.
+    fds = [os.open(m.path("revoked", 0), os.O_WRONLY | os.O_APPEND) for _ in range(3)]
+    try:
+        os.write(fds[0], b"granted\n")
+        os.fsync(fds[0])
+        revoke(admin_client(broker), "revoked", "WRITE")
+
+        def refused(fd: int) -> bool:  # (the broker's authorizer applies the deleted ACL from its metadata log)
+            try:
+                os.write(fd, b"refused\n")
+                os.fsync(fd)
+            except PermissionError:
+                return True
+            return False
+
+        wait_for(lambda: refused(fds[0]), 30, what="the revoked WRITE to refuse an append")
+        write_mine("fsync")
+        expect_errno(errno.EACCES, append_to, fds[1], b"refused 1\n", "fsync")
+        write_mine("close")
+        expect_errno(errno.EACCES, append_to, fds[2], b"refused 2\n", "close")
+    finally:
+        for fd in fds:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
     write_mine("fsync")
     # No CREATE: mkdir is refused, and no topic is made.
     expect_errno(errno.EACCES, os.mkdir, m.path("new"))
@@ -165,6 +213,7 @@ def test_what_the_cluster_refuses_is_eacces(mount_logfs, broker, tmp_path):
     assert consume_all(broker, "writable") == [line.rstrip(b"\n") for line in mine]
     wait_for(lambda: open(m.path("writable", 0), "rb").read() == want, 30, what="the file to show her lines")
     assert consume_all(broker, "readable") == []  # no refused line reached the cluster
+    assert consume_all(broker, "revoked") == [b"granted"]
     assert m.getx("readable/0", "log_end_offset") == "0"
     admin = admin_client(broker)
     assert "new" not in admin.list_topics(timeout=30).topics

@@ -44,6 +44,11 @@ SHOWN_TIMEOUT_S = 15.0  # how long mkdir/rmdir wait for the mount to show what t
 # How long a topic's described config answers getxattr: ``getfattr -d`` asks for every name in turn, one
 # DescribeConfigs for all of them rather than one each. A change through this mount forgets it at once.
 CONFIG_FRESH_S = 1.0
+# How long the cluster's answer to "may this mount's user write the topic" (DescribeTopics' authorized operations)
+# holds for the opens for writing that follow, and how long an open waits for it (a cluster that does not answer:
+# the open goes on, and the producer reports what the cluster says).
+WRITE_GRANT_FRESH_S = 10.0
+WRITE_GRANT_TIMEOUT_S = 2.0
 
 
 class _ClientLog:
@@ -98,6 +103,7 @@ class Cluster:
         self.admin = None
         self.closed = False
         self._configs: dict[str, tuple[float, dict[str, str | None]]] = {}  # topic -> (when described, config)
+        self._write_grants: dict[str, tuple[float, bool]] = {}  # topic -> (when asked, whether WRITE is granted)
 
     def start(self) -> None:
         """Connect (the metadata once: an unreachable cluster fails here, with a ClusterError)."""
@@ -128,6 +134,34 @@ class Cluster:
     # -- appends ------------------------------------------------------------------------------------------
     def appender(self, topic: str, partition: int) -> PartitionAppender:
         return self.appends.appender(topic, partition, self.manager.topic_config(topic))
+
+    def write_grant_known(self, topic: str) -> bool:
+        """Whether :meth:`check_writable` answers from what it holds (no call to the cluster: the request thread)."""
+        held = self._write_grants.get(topic)
+        return held is not None and time.monotonic() - held[0] < WRITE_GRANT_FRESH_S
+
+    def check_writable(self, topic: str) -> None:
+        """EACCES when the cluster's authorizer does not grant this mount's user WRITE on ``topic`` (an open for
+        writing; a worker thread unless :meth:`write_grant_known`). Asked before any line is produced: a produce
+        that the cluster refuses is the producer's fatal error (storage/cluster/appends.py), which takes down the
+        lines of other partitions queued with it. Kafka's DescribeTopics with the authorized operations, held
+        :data:`WRITE_GRANT_FRESH_S`; a cluster that does not answer in :data:`WRITE_GRANT_TIMEOUT_S` lets the open
+        go on (the producer's report then says)."""
+        from confluent_kafka import TopicCollection
+        from confluent_kafka.admin import AclOperation
+
+        if not self.write_grant_known(topic):
+            try:
+                future = self.admin.describe_topics(TopicCollection([topic]), include_authorized_operations=True,
+                                                    request_timeout=WRITE_GRANT_TIMEOUT_S)[topic]
+                operations = future.result(timeout=WRITE_GRANT_TIMEOUT_S + 1).authorized_operations
+            except Exception as exc:  # (no answer, or the topic unknown: the producer will say)
+                log.debug("%s: the authorized operations are not known: %s", topic, exc)
+                return
+            granted = not operations or bool({AclOperation.WRITE, AclOperation.ALL} & set(operations))
+            self._write_grants[topic] = (time.monotonic(), granted)
+        if not self._write_grants[topic][1]:
+            raise ClusterError(f"{topic}: the cluster does not grant this mount's user WRITE", errno.EACCES)
 
     def check_readable(self, topic: str, partition: int) -> None:
         """EACCES when the cluster refuses the partition's records to this mount's user (READ not granted: the
