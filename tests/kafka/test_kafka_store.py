@@ -616,3 +616,37 @@ def test_a_remount_resumes_the_replica(mounts, kafka_broker, kafka_client, tmp_p
         assert metric("logfs_kafka_fetched_records_total") == str(len(added))
         if stop == "unmount":
             assert "cut at %d of %d bytes (a torn tail)" % (whole, whole + 40) in m.stderr()
+
+
+def test_a_remount_after_topics_changed_meanwhile(mounts, kafka_broker, kafka_client, tmp_path):
+    """While unmounted, one topic is deleted and made again with fewer records, another deleted: the remount with the
+    same cache fetches the first afresh (the replica's end is past the cluster's) and no longer shows the second."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    m = mounts("m")
+    for topic in ("remade", "gone"):
+        os.mkdir(m.path(topic))
+        with open(m.path(topic, 0), "ab") as f:
+            f.write(b"".join(b"old %d\n" % i for i in range(10)))
+        wait_content(m.path(topic, 0), b"".join(b"old %d\n" % i for i in range(10)))
+    m.unmount()
+    admin = AdminClient({"bootstrap.servers": kafka_broker.bootstrap})
+    for future in admin.delete_topics(["remade", "gone"], request_timeout=30).values():
+        future.result(60)
+
+    def made_again() -> bool:
+        try:
+            admin.create_topics([NewTopic("remade", 1, 1)], request_timeout=30)["remade"].result(60)
+        except Exception:  # (the deletion not finished yet: TOPIC_ALREADY_EXISTS)
+            return False
+        return True
+
+    wait_for(made_again, 30, what="the topic to be made again")
+    kafka_client.produce(kafka_broker.bootstrap, [{"topic": "remade", "partition": 0, "value": b"new %d" % i}
+                                                  for i in range(3)])
+    m.mount(*m.options, foreground=True)
+    wait_content(m.path("remade", 0), b"new 0\nnew 1\nnew 2\n")
+    assert m.getx("remade/0", "log_start_offset") == "0"
+    assert "remade-0: the replica ends at 10, the cluster holds 0 to 3: fetched again" in m.stderr()
+    assert "gone" not in os.listdir(m.path())
+    expect_errno(errno.ENOENT, os.stat, m.path("gone"))

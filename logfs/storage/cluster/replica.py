@@ -409,10 +409,7 @@ class Replica:
                     continue
                 log.info("%s-%d: the replica ends at %d, the cluster holds %d to %d: fetched again", topic, n,
                          part.next_offset, low, high)
-                part.close()
-                shutil.rmtree(part.directory)
-                with self._lock:
-                    self.starts.pop((topic, n), None)
+                self._drop((topic, n))  # (renamed away, as a deleted topic's: the mount may serve it already)
             part = ReplicaPartition(os.path.join(self.directory, partition_dir_name(topic, n)), next_offset=low)
             os.makedirs(part.directory, exist_ok=True)
             part.open_segment(low)
