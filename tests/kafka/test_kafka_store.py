@@ -595,6 +595,9 @@ def test_a_remount_resumes_the_replica(mounts, kafka_broker, kafka_client, tmp_p
                 and os.path.exists(m.path("resumed", 0)) and read(m.path("resumed", 0)) == text)
 
     wait_for(lambda: caught_up(first), 30, what="the replica to catch up")
+    # the topic's id, in Kafka's own partition.metadata: the same file as the broker's
+    held = tmp_path / "m-cache" / "replica" / "resumed-0" / "partition.metadata"
+    assert held.read_text() == (kafka_broker.log_dirs[0] / "resumed-0" / "partition.metadata").read_text()
     expected = first
     segment = max((tmp_path / "m-cache" / "replica" / "resumed-0").glob("*.log"))
     for stop in ("unmount", "kill -9"):
@@ -619,8 +622,9 @@ def test_a_remount_resumes_the_replica(mounts, kafka_broker, kafka_client, tmp_p
 
 
 def test_a_remount_after_topics_changed_meanwhile(mounts, kafka_broker, kafka_client, tmp_path):
-    """While unmounted, one topic is deleted and made again with fewer records, another deleted: the remount with the
-    same cache fetches the first afresh (the replica's end is past the cluster's) and no longer shows the second."""
+    """While unmounted, one topic is deleted and made again with more records, another deleted: the remount with the
+    same cache fetches the first afresh (its topic id is another: the replica's ``partition.metadata``) and no longer
+    shows the second."""
     from confluent_kafka.admin import AdminClient, NewTopic
 
     m = mounts("m")
@@ -643,10 +647,10 @@ def test_a_remount_after_topics_changed_meanwhile(mounts, kafka_broker, kafka_cl
 
     wait_for(made_again, 30, what="the topic to be made again")
     kafka_client.produce(kafka_broker.bootstrap, [{"topic": "remade", "partition": 0, "value": b"new %d" % i}
-                                                  for i in range(3)])
+                                                  for i in range(15)])
     m.mount(*m.options, foreground=True)
-    wait_content(m.path("remade", 0), b"new 0\nnew 1\nnew 2\n")
+    wait_content(m.path("remade", 0), b"".join(b"new %d\n" % i for i in range(15)))
     assert m.getx("remade/0", "log_start_offset") == "0"
-    assert "remade-0: the replica ends at 10, the cluster holds 0 to 3: fetched again" in m.stderr()
+    assert "remade-0: the replica holds another topic of that name (deleted and made again)" in m.stderr()
     assert "gone" not in os.listdir(m.path())
     expect_errno(errno.ENOENT, os.stat, m.path("gone"))

@@ -19,9 +19,11 @@ work as on a local mount, with no second reader of the format.
 - **Kept across mounts.** A mount with the same cache directory resumes the replica: each partition's last segment
   is walked (batches checked, a torn tail cut: the replica is not synced but at each roll and at unmount), and the
   fetch goes on from its end, so nothing fetched before is fetched again. The replica is started afresh where it
-  cannot be resumed: another cluster (``meta.properties`` names the cluster's id), a partition whose records the
-  cluster no longer has from the replica's end (its start moved past it) or whose end is past the cluster's (a topic
-  deleted and made again), a partition's last segment that is not a log. A topic deleted meanwhile is removed.
+  cannot be resumed: another cluster (``meta.properties`` names the cluster's id), a topic deleted and made again
+  (each partition's ``partition.metadata`` holds its topic's id, as a broker's does; a partition without one, or
+  whose topic's id is not known, is not resumed until it is), a partition whose records the cluster no longer has
+  from the replica's end (its start moved past it) or whose end is past the cluster's, a partition's last segment
+  that is not a log. A topic deleted meanwhile is removed.
   ``.lock`` (flock) keeps a second mount off a replica in use.
 - **The log start offset** (DeleteRecords through this mount, :meth:`Replica.note_start`; a cluster's start found
   past the replica's first offset at resume) is written in ``log-start-offset-checkpoint``, as a broker keeps it, and
@@ -66,6 +68,7 @@ METADATA_TIMEOUT_S = 5.0
 LOG_APPEND_TIME = 2  # confluent_kafka.TIMESTAMP_LOG_APPEND_TIME (1: CreateTime)
 ATTR_LOG_APPEND_TIME = 0x08
 META_FILE = "meta.properties"  # the replica's cluster: "cluster.id=..."
+PARTITION_METADATA = "partition.metadata"  # Kafka's, in each partition's directory: "version: 0", "topic_id: ..."
 LOCK_FILE = ".lock"
 
 
@@ -149,6 +152,19 @@ class ReplicaPartition:
         return part
 
 
+def read_topic_id(directory: str) -> str | None:
+    """The topic id of a partition directory's ``partition.metadata``, or None."""
+    try:
+        with open(os.path.join(directory, PARTITION_METADATA)) as f:
+            for line in f:
+                name, _, value = line.partition(":")
+                if name.strip() == "topic_id":
+                    return value.strip()
+    except (FileNotFoundError, UnicodeDecodeError):
+        pass
+    return None
+
+
 def encode_batches(messages) -> list[bytes]:
     """Kafka v2 batches of ``messages`` (one partition's, ascending offsets, confluent_kafka Messages): their own
     offsets (gaps kept as offset deltas), timestamps, keys and headers, cut at :data:`BATCH_RECORDS` records or about
@@ -205,6 +221,7 @@ class Replica:
         self._trims: set[tuple[str, int]] = set()
         self._lock = threading.Lock()
         self._lock_fd = -1
+        self._admin = None  # (made at the first need of topic ids)
         self.refreshed = threading.Event()  # set after each metadata refresh (creations and deletions wait on it)
         self.generation = 0  # metadata refreshes done
         self._deleted: list[tuple[float, str]] = []  # (when, path) of segments and directories to remove
@@ -390,6 +407,7 @@ class Replica:
                     new.append((topic, n))
         for key in [k for k in self.partitions if k[0] not in unsure and k[1] not in topics.get(k[0], ())]:
             self._drop(key)  # (its topic deleted)
+        ids = self._topic_ids({topic for topic, _ in new}) if new else {}
         assign = []
         for topic, n in new:
             try:
@@ -401,17 +419,27 @@ class Replica:
             low = max(low, 0)
             part = self.partitions.get((topic, n))
             if part is not None:  # (resumed from disk)
-                if low <= part.next_offset <= high:
+                if topic not in ids:
+                    continue  # (its topic's id not known: the next refresh asks again)
+                if read_topic_id(part.directory) != ids[topic]:
+                    log.info("%s-%d: the replica holds another topic of that name (deleted and made again): "
+                             "fetched again", topic, n)
+                    self._drop((topic, n))
+                elif low <= part.next_offset <= high:
                     if low > min(part.segments):
                         self.note_start(topic, n, low)  # (the cluster's start moved up meanwhile)
                     part.assigned = True
                     assign.append(TopicPartition(topic, n, part.next_offset))
                     continue
-                log.info("%s-%d: the replica ends at %d, the cluster holds %d to %d: fetched again", topic, n,
-                         part.next_offset, low, high)
-                self._drop((topic, n))  # (renamed away, as a deleted topic's: the mount may serve it already)
+                else:
+                    log.info("%s-%d: the replica ends at %d, the cluster holds %d to %d: fetched again", topic, n,
+                             part.next_offset, low, high)
+                    self._drop((topic, n))  # (renamed away, as a deleted topic's: the mount may serve it already)
             part = ReplicaPartition(os.path.join(self.directory, partition_dir_name(topic, n)), next_offset=low)
             os.makedirs(part.directory, exist_ok=True)
+            if topic in ids:  # (not synced: one lost to a power cut makes the next mount fetch the partition again)
+                with open(os.path.join(part.directory, PARTITION_METADATA), "w") as f:
+                    f.write(f"version: 0\ntopic_id: {ids[topic]}")  # (as Kafka writes it: no last newline)
             part.open_segment(low)
             part.assigned = True
             self.partitions[(topic, n)] = part
@@ -420,6 +448,28 @@ class Replica:
             self.consumer.incremental_assign(assign)
         self.generation += 1
         self.refreshed.set()
+
+    def _topic_ids(self, topics: set[str]) -> dict[str, str]:
+        """topic -> its id (Kafka's DescribeTopics), for the topics the cluster answers about."""
+        from confluent_kafka import TopicCollection
+        from confluent_kafka.admin import AdminClient
+
+        if self._admin is None:
+            self._admin = AdminClient(self.consumer_config)
+        ids = {}
+        try:
+            futures = self._admin.describe_topics(TopicCollection(sorted(topics)), request_timeout=METADATA_TIMEOUT_S)
+        except Exception as exc:
+            log.debug("describing topics: %s", exc)
+            return ids
+        for name, future in futures.items():
+            try:
+                # (librdkafka prints a Uuid in base64, Kafka in URL-safe base64 without padding: Kafka's spelling)
+                text = str(future.result(timeout=METADATA_TIMEOUT_S + 1).topic_id)
+                ids[name] = text.replace("+", "-").replace("/", "_").rstrip("=")
+            except Exception as exc:  # (deleted meanwhile, no answer: asked again at the next refresh)
+                log.debug("%s: no topic id: %s", name, exc)
+        return ids
 
     def _drop(self, key: tuple[str, int]) -> None:
         from confluent_kafka import TopicPartition
