@@ -19,6 +19,13 @@ next mount if its topic was not deleted.
 
 Client settings are Kafka's names (``-o kafka.<name>=<value>``), passed to librdkafka, which reads the same names
 for the common ones (``security.protocol``, ``sasl.*``, ``ssl.*``, ``delivery.timeout.ms``, ...).
+
+**Authorization.** The mount acts as the user its client settings log in as; what the cluster's authorizer refuses
+is ``EACCES`` (CONTRACT.md section 15): the admin API's refusals (:func:`_refusal`), an open for writing a topic
+whose WRITE is not granted (:meth:`Cluster.check_writable`: DescribeTopics' authorized operations, asked before
+any line is produced), a produce refused all the same (WRITE revoked while open: the producer's fatal error,
+storage/cluster/appends.py), and a read of a partition whose fetch the cluster refused
+(:meth:`Cluster.check_readable`).
 """
 
 from __future__ import annotations
