@@ -654,3 +654,17 @@ def test_a_remount_after_topics_changed_meanwhile(mounts, kafka_broker, kafka_cl
     assert "remade-0: the replica holds another topic of that name (deleted and made again)" in m.stderr()
     assert "gone" not in os.listdir(m.path())
     expect_errno(errno.ENOENT, os.stat, m.path("gone"))
+
+
+@pytest.mark.daemon_errors(r"in use by another mount")
+def test_one_mount_per_cache_directory(mounts, mount_logfs, kafka_broker, tmp_path):
+    """The replica is resumed by the next mount, so two mounts at once must not write it: the second fails with one
+    line, and the first goes on."""
+    from harness import MountError
+
+    m = mounts("m")
+    os.mkdir(m.path("first"))
+    with pytest.raises(MountError, match="is in use by another mount"):
+        kafka_mount(mount_logfs, kafka_broker.bootstrap, "second", tmp_path / "m-cache")
+    sh(f"echo still >> {m.path('first', 0)}")
+    wait_content(m.path("first", 0), b"still\n")
