@@ -346,6 +346,34 @@ def public_root():
     shutil.rmtree(root, ignore_errors=True)
 
 
+# /bin/sh's PATH when none is set. mount(8) is setuid and drops PATH from the environment before running
+# mount.fuse3, which runs `/bin/sh -c 'logfs DATA MNT -o OPTS'`: so through mount(8) the logfs script must be
+# found on this default PATH, whatever PATH the caller had.
+SH_DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+needs_mount_helper = pytest.mark.skipif(
+    not (os.path.exists("/sbin/mount.fuse3") or os.path.exists("/usr/sbin/mount.fuse3")) or os.geteuid() != 0
+    or not os.path.exists(LOGFS_SCRIPT),
+    reason="needs root, mount.fuse3 and the logfs console script")
+
+
+@pytest.fixture
+def logfs_on_default_path():
+    """Make `logfs` resolvable on /bin/sh's default PATH (a symlink in /usr/local/bin to this venv's script,
+    removed afterwards) unless an installed one is already there: what mount(8) and an fstab line run."""
+    if shutil.which("logfs", path=SH_DEFAULT_PATH):
+        yield
+        return
+    link = "/usr/local/bin/logfs"
+    os.makedirs(os.path.dirname(link), exist_ok=True)
+    os.symlink(LOGFS_SCRIPT, link)
+    try:
+        yield
+    finally:
+        if os.path.islink(link) and os.readlink(link) == LOGFS_SCRIPT:
+            os.unlink(link)
+
+
 @pytest.fixture
 def mount(mount_logfs) -> LogfsMount:
     """A default mount (num.partitions=1) with no topics yet."""

@@ -353,6 +353,15 @@ class Operations(pyfuse3.Operations):
             fail(errno.EROFS)
         plog = self.manager.logs[(topic, partition)]
         plog.log_dir.check()  # a partition of an offline directory: EIO until the next mount
+        cluster = self.manager.cluster
+        if cluster is not None:  # (a Kafka cluster that refuses this user its records, or writes to them: EACCES)
+            if (flags & os.O_ACCMODE) != os.O_WRONLY:
+                cluster.check_readable(topic, partition)
+            if writable:
+                if cluster.write_grant_known(topic):
+                    cluster.check_writable(topic)
+                else:
+                    await self.run_blocking(cluster.check_writable, topic)
         await self._measured(plog)
         if flags & os.O_TRUNC and self.live_views.get(plog).length() > 0:
             fail(errno.EPERM)

@@ -7,6 +7,9 @@ Set-up (``tools/dev.sh`` runs ``python -m logfs.testing.kafka setup``) puts Kafk
   directories on first start, ``start``/``stop`` (SIGTERM, Kafka's clean shutdown)/``kill``, started again on the
   same directories and ports. Node ids and the formatting arguments are its own, so three of them with
   ``--initial-controllers`` can make a cluster later.
+- :class:`SaslUsers`: a broker that authenticates its clients (SASL_PLAINTEXT, PLAIN) and authorizes them by ACLs
+  (KRaft's ``StandardAuthorizer``, nothing allowed where no ACL says so); its first user is a super user (the
+  controller and inter-broker listeners log in as it, and so does a test's admin client).
 - :class:`KafkaClient`: Kafka's Java clients (producer, consumer, admin) and ``kafka.tools.DumpLogSegments`` in one
   JVM that lives as long as the object, answering one JSON command a line (``kafka_jvm/KafkaClient.java``).
 - :mod:`logfs.testing.kafka_dump`: DumpLogSegments over many files in one call, its output parsed.
@@ -246,12 +249,57 @@ class KafkaClient:
         return self.run_main("kafka.tools.DumpLogSegments", args, timeout)
 
 
+@dataclass(frozen=True)
+class SaslUsers:
+    """The users of a broker with SASL_PLAINTEXT listeners (PLAIN) and KRaft's ``StandardAuthorizer``: name ->
+    password, the first one a super user (the broker's own listeners log in as it). Nothing is allowed where no ACL
+    says so (``allow.everyone.if.no.acl.found=false``): a test grants its users what they may do through Kafka's
+    admin API (CreateAcls) as the super user."""
+    users: dict[str, str]
+
+    @property
+    def super_user(self) -> str:
+        return next(iter(self.users))
+
+    def jaas(self, user: str) -> str:
+        """The PLAIN login module's line of a listener: its own login (``user``) and every user's password."""
+        known = " ".join(f'user_{name}="{password}"' for name, password in self.users.items())
+        return (f'org.apache.kafka.common.security.plain.PlainLoginModule required username="{user}" '
+                f'password="{self.users[user]}" {known};')
+
+    def properties(self, port: int, controller_port: int) -> dict[str, str]:
+        admin = self.super_user
+        return {
+            "listeners": f"SASL_PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}",
+            "advertised.listeners": f"SASL_PLAINTEXT://127.0.0.1:{port}",
+            "inter.broker.listener.name": "SASL_PLAINTEXT",
+            "listener.security.protocol.map": "CONTROLLER:SASL_PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT",
+            "sasl.enabled.mechanisms": "PLAIN",
+            "sasl.mechanism.inter.broker.protocol": "PLAIN",
+            "sasl.mechanism.controller.protocol": "PLAIN",
+            "listener.name.sasl_plaintext.plain.sasl.jaas.config": self.jaas(admin),
+            "listener.name.controller.plain.sasl.jaas.config": self.jaas(admin),
+            "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+            "super.users": f"User:{admin}",
+            "allow.everyone.if.no.acl.found": "false",
+        }
+
+    def client_settings(self, user: str) -> dict[str, str]:
+        """librdkafka's (and Kafka's) client settings of ``user``."""
+        return {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN", "sasl.username": user,
+                "sasl.password": self.users[user]}
+
+
 class KafkaBroker:
-    """One KRaft node (process.roles=broker,controller) on 127.0.0.1, its config and logs in ``directory``."""
+    """One KRaft node (process.roles=broker,controller) on 127.0.0.1, its config and logs in ``directory``. With
+    ``sasl`` (:class:`SaslUsers`) its listeners authenticate and authorize (its clients need the settings
+    ``sasl.client_settings(user)`` gives; the session's :class:`KafkaClient` speaks PLAINTEXT only)."""
 
     def __init__(self, directory: str | Path, log_dirs: list[str | Path] | None = None, *, node_id: int = 1,
-                 client: KafkaClient | None = None, settings: dict[str, str] | None = None, heap: str = "512m"):
+                 client: KafkaClient | None = None, settings: dict[str, str] | None = None, heap: str = "512m",
+                 sasl: SaslUsers | None = None):
         self.directory = Path(directory)
+        self.sasl = sasl
         self.log_dirs = [Path(d) for d in (log_dirs or [self.directory / "data"])]
         self.node_id = node_id
         self.client = client
@@ -300,6 +348,8 @@ class KafkaBroker:
             # with fixed, old times (ManualClock), which Kafka's default 7 days would delete at once.
             "log.retention.ms": "-1",
         }
+        if self.sasl is not None:
+            props.update(self.sasl.properties(self.port, self.controller_port))
         props.update(self.settings)
         return props
 
@@ -459,9 +509,10 @@ def bootstrap_of(nodes: list[KafkaBroker]) -> str:
 
 
 @contextlib.contextmanager
-def running_broker(directory, client: KafkaClient):
-    """A started :class:`KafkaBroker` on ``directory`` (given its ``client``), stopped on exit: cleanly, else killed."""
-    broker = KafkaBroker(directory, client=client)
+def running_broker(directory, client: KafkaClient, sasl: SaslUsers | None = None):
+    """A started :class:`KafkaBroker` on ``directory`` (given its ``client``; ``sasl``: its users, see
+    :class:`SaslUsers`), stopped on exit: cleanly, else killed."""
+    broker = KafkaBroker(directory, client=client, sasl=sasl)
     broker.start()
     try:
         yield broker

@@ -34,7 +34,10 @@ import pytest
 from logfs.storage.format import records as rec
 from logfs.testing.kafka import free_port
 
-from harness import daemon_env as code_env, daemon_pids, expect_errno, logfs_command, sh, wait_for
+from harness import (
+    daemon_env as code_env, daemon_pids, expect_errno, logfs_command, mount_fstype, mounted_at, needs_mount_helper, sh,
+    wait_for,
+)
 
 pytestmark = pytest.mark.mount
 
@@ -433,7 +436,7 @@ def test_the_cache_bound(mounts, tmp_path):
 
 def test_the_clusters_refusals_as_errno():
     """The admin API's errors as a caller sees them (storage/cluster ``_refusal``): an authorization refused is
-    EACCES (the session's broker has no authorizer: librdkafka's own error codes stand for its answers here)."""
+    EACCES (librdkafka's own error codes; a broker that refuses: tests/kafka/test_kafka_store_authorization.py)."""
     from confluent_kafka import KafkaError
 
     from logfs.storage.cluster import _refusal
@@ -479,3 +482,196 @@ def test_the_units_exec_start_serves_a_kafka_mount(kafka_broker, kafka_client, t
     finally:
         svc.cleanup()
         sock.close()
+
+
+@needs_mount_helper
+def test_mount_t_fuse_logfs_and_an_fstab_line(kafka_broker, kafka_client, logfs_on_default_path, tmp_path):
+    """CONTRACT section 15's first paragraph: ``mount -t fuse.logfs kafka://HOST:PORT MNT -o ...`` and the same source
+    in an fstab line (``mount -T FSTAB MNT``): mount(8) hands the source to mount.fuse3 as given, which runs ``logfs``
+    with it; the mount serves the cluster (the mount table names the source), and ``umount`` ends the daemon."""
+    source = f"kafka://{kafka_broker.bootstrap}"
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    cache = tmp_path / "cache"
+
+    def mounted(cmd: list[str]) -> None:
+        r = subprocess.run(cmd, capture_output=True, timeout=60, env=code_env())
+        assert r.returncode == 0, r.stderr.decode()
+        assert mounted_at(mnt) and mount_fstype(mnt) == "fuse.logfs"
+        with open("/proc/self/mounts") as f:
+            assert any(line.split()[:2] == [source, str(mnt)] for line in f)
+
+    def unmounted() -> None:
+        pids = daemon_pids(source, mnt)
+        sh(f"umount {mnt}")
+        wait_for(lambda: not mounted_at(mnt) and not daemon_pids(source, mnt), 30, what="the daemon to exit")
+        assert pids
+
+    try:
+        mounted(["mount", "-t", "fuse.logfs", source, str(mnt), "-o",
+                 f"logfs.remote.cache.dir={cache},num.partitions=2"])
+        os.mkdir(mnt / "via-mount")
+        assert sorted(os.listdir(mnt / "via-mount")) == ["0", "1"]
+        with open(mnt / "via-mount" / "1", "ab") as f:
+            f.write(b"through mount(8)\n")
+        unmounted()
+        fstab = tmp_path / "fstab"
+        fstab.write_text(f"# a Kafka cluster\n{source} {mnt} fuse.logfs defaults,_netdev,noauto,nofail,"
+                         f"x-systemd.after=network-online.target,logfs.remote.cache.dir={cache} 0 0\n")
+        mounted(["mount", "-T", str(fstab), str(mnt)])
+        with open(mnt / "via-mount" / "1", "ab") as f:
+            f.write(b"through fstab\n")
+        wait_content(str(mnt / "via-mount" / "1"), b"through mount(8)\nthrough fstab\n")
+        unmounted()
+    finally:
+        if mounted_at(mnt):
+            subprocess.run(["umount", "-l", str(mnt)], capture_output=True, timeout=30)
+    assert [r.value for r in kafka_client.consume(kafka_broker.bootstrap, "via-mount", 1)] == [
+        b"through mount(8)", b"through fstab"]
+
+
+def replica_segments(cache, topic: str, partition: int = 0) -> dict[int, int]:
+    """The replica's live segments of a partition: base offset -> bytes."""
+    directory = cache / "replica" / f"{topic}-{partition}"
+    return {int(p.name[:-4]): p.stat().st_size for p in directory.iterdir() if p.name.endswith(".log")}
+
+
+def test_delete_records_kept_by_the_replica(mounts, kafka_broker, tmp_path):
+    """DeleteRecords through the mount: the replica notes the new log start offset in its
+    ``log-start-offset-checkpoint`` and removes its segments wholly below it; a remount with the same cache starts
+    the file there (the records below are not fetched again: the cluster has them no more, and the replica resumes).
+    ``-1`` (the high watermark) rolls the replica's active segment and removes the rest."""
+    m = mounts("m", "logfs.remote.cache.bytes=16777216")  # (the replica's segments roll at 2 MiB)
+    cache = tmp_path / "m-cache"
+    os.mkdir(m.path("kept"))
+    lines = [b"line %07d " % i + b"x" * 86 for i in range(60_000)]  # 100 bytes with the newline: 6 MB
+    with open(m.path("kept", 0), "ab") as f:
+        for i in range(0, len(lines), 10_000):
+            f.write(b"".join(line + b"\n" for line in lines[i:i + 10_000]))
+    wait_for(lambda: m.getx("kept/0", "log_end_offset") == str(len(lines)), 60, what="the replica to hold the lines")
+    before = replica_segments(cache, "kept")
+    assert len(before) >= 3, before
+    bases = sorted(before)
+    start = bases[2] + 5  # inside the third segment: the first two are wholly below it
+    os.setxattr(m.path("kept", 0), "user.logfs.log_start_offset", str(start).encode())
+    assert m.getx("kept/0", "log_start_offset") == str(start)
+    checkpoint = cache / "replica" / "log-start-offset-checkpoint"
+    assert f"kept 0 {start}" in checkpoint.read_text().splitlines()
+    wait_for(lambda: sorted(replica_segments(cache, "kept")) == bases[2:], 10,
+             what="the segments below the start to leave the replica")
+    want = b"".join(line + b"\n" for line in lines[start:])
+    assert read(m.path("kept", 0)) == want
+
+    m.remount(foreground=True)
+    assert m.getx("kept/0", "log_start_offset") == str(start)
+    assert m.getx("kept/0", f"position.{start}") == "0"
+    assert read(m.path("kept", 0)) == want
+    assert sorted(replica_segments(cache, "kept")) == bases[2:]  # (resumed, not fetched again)
+
+    os.setxattr(m.path("kept", 0), "user.logfs.log_start_offset", b"-1")
+    assert m.getx("kept/0", "log_start_offset") == str(len(lines)) and read(m.path("kept", 0)) == b""
+    wait_for(lambda: replica_segments(cache, "kept") == {len(lines): 0}, 10,
+             what="the replica to hold one empty segment at the end")
+    m.remount(foreground=True)
+    assert m.getx("kept/0", "log_start_offset") == str(len(lines)) and read(m.path("kept", 0)) == b""
+    with open(m.path("kept", 0), "ab") as f:
+        f.write(b"after\n")
+    wait_content(m.path("kept", 0), b"after\n")
+
+
+def test_a_remount_resumes_the_replica(mounts, kafka_broker, kafka_client, tmp_path):
+    """A second mount with the same cache directory fetches only what the cluster got since (the fetched-records
+    metric counts the records of every topic of the session's broker: the ones the replica held are not fetched
+    again), after a clean unmount and after a kill -9."""
+    metrics = tmp_path / "metrics.prom"
+    m = mounts("m", f"logfs.metrics.file={metrics}", "logfs.metrics.interval.ms=100")
+    os.mkdir(m.path("resumed"))
+    first = b"".join(b"first %d\n" % i for i in range(1000))
+    with open(m.path("resumed", 0), "ab") as f:
+        f.write(first)
+    wait_content(m.path("resumed", 0), first)
+
+    def metric(name: str) -> str | None:
+        for line in metrics.read_text().splitlines() if metrics.exists() else ():
+            if line.startswith(name + " "):
+                return line.split()[1]
+        return None
+
+    def caught_up(text: bytes) -> bool:
+        return (metric('logfs_kafka_replica_lag_offsets{topic="resumed",partition="0"}') == "0"
+                and os.path.exists(m.path("resumed", 0)) and read(m.path("resumed", 0)) == text)
+
+    wait_for(lambda: caught_up(first), 30, what="the replica to catch up")
+    # the topic's id, in Kafka's own partition.metadata: the same file as the broker's
+    held = tmp_path / "m-cache" / "replica" / "resumed-0" / "partition.metadata"
+    assert held.read_text() == (kafka_broker.log_dirs[0] / "resumed-0" / "partition.metadata").read_text()
+    expected = first
+    segment = max((tmp_path / "m-cache" / "replica" / "resumed-0").glob("*.log"))
+    for stop in ("unmount", "kill -9"):
+        if stop == "unmount":
+            m.unmount()
+            # A torn tail, as a kill in the middle of the replica's write leaves it: the start of a batch. The
+            # resume cuts it, and the fetch writes the next batch where it was.
+            whole = segment.stat().st_size
+            with open(segment, "ab") as f:
+                f.write(rec.build_batch_generic(len(first), 0, [b"torn"])[:40])
+        else:
+            m.kill9()
+        metrics.unlink()
+        added = [b"%s %d" % (stop.encode(), i) for i in range(10)]
+        kafka_client.produce(kafka_broker.bootstrap, [{"topic": "resumed", "partition": 0, "value": v} for v in added])
+        expected += b"".join(v + b"\n" for v in added)
+        m.mount(*m.options, foreground=True)
+        wait_for(lambda: caught_up(expected), 30, what="the resumed replica to catch up")
+        assert metric("logfs_kafka_fetched_records_total") == str(len(added))
+        if stop == "unmount":
+            assert "cut at %d of %d bytes (a torn tail)" % (whole, whole + 40) in m.stderr()
+
+
+def test_a_remount_after_topics_changed_meanwhile(mounts, kafka_broker, kafka_client, tmp_path):
+    """While unmounted, one topic is deleted and made again with more records, another deleted: the remount with the
+    same cache fetches the first afresh (its topic id is another: the replica's ``partition.metadata``) and no longer
+    shows the second."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    m = mounts("m")
+    for topic in ("remade", "gone"):
+        os.mkdir(m.path(topic))
+        with open(m.path(topic, 0), "ab") as f:
+            f.write(b"".join(b"old %d\n" % i for i in range(10)))
+        wait_content(m.path(topic, 0), b"".join(b"old %d\n" % i for i in range(10)))
+    m.unmount()
+    admin = AdminClient({"bootstrap.servers": kafka_broker.bootstrap})
+    for future in admin.delete_topics(["remade", "gone"], request_timeout=30).values():
+        future.result(60)
+
+    def made_again() -> bool:
+        try:
+            admin.create_topics([NewTopic("remade", 1, 1)], request_timeout=30)["remade"].result(60)
+        except Exception:  # (the deletion not finished yet: TOPIC_ALREADY_EXISTS)
+            return False
+        return True
+
+    wait_for(made_again, 30, what="the topic to be made again")
+    kafka_client.produce(kafka_broker.bootstrap, [{"topic": "remade", "partition": 0, "value": b"new %d" % i}
+                                                  for i in range(15)])
+    m.mount(*m.options, foreground=True)
+    wait_content(m.path("remade", 0), b"".join(b"new %d\n" % i for i in range(15)))
+    assert m.getx("remade/0", "log_start_offset") == "0"
+    assert "remade-0: the replica holds another topic of that name (deleted and made again)" in m.stderr()
+    assert "gone" not in os.listdir(m.path())
+    expect_errno(errno.ENOENT, os.stat, m.path("gone"))
+
+
+@pytest.mark.daemon_errors(r"in use by another mount")
+def test_one_mount_per_cache_directory(mounts, mount_logfs, kafka_broker, tmp_path):
+    """The replica is resumed by the next mount, so two mounts at once must not write it: the second fails with one
+    line, and the first goes on."""
+    from harness import MountError
+
+    m = mounts("m")
+    os.mkdir(m.path("first"))
+    with pytest.raises(MountError, match="is in use by another mount"):
+        kafka_mount(mount_logfs, kafka_broker.bootstrap, "second", tmp_path / "m-cache")
+    sh(f"echo still >> {m.path('first', 0)}")
+    wait_content(m.path("first", 0), b"still\n")

@@ -19,6 +19,13 @@ next mount if its topic was not deleted.
 
 Client settings are Kafka's names (``-o kafka.<name>=<value>``), passed to librdkafka, which reads the same names
 for the common ones (``security.protocol``, ``sasl.*``, ``ssl.*``, ``delivery.timeout.ms``, ...).
+
+**Authorization.** The mount acts as the user its client settings log in as; what the cluster's authorizer refuses
+is ``EACCES`` (CONTRACT.md section 15): the admin API's refusals (:func:`_refusal`), an open for writing a topic
+whose WRITE is not granted (:meth:`Cluster.check_writable`: DescribeTopics' authorized operations, asked before
+any line is produced), a produce refused all the same (WRITE revoked while open: the producer's fatal error,
+storage/cluster/appends.py), and a read of a partition whose fetch the cluster refused
+(:meth:`Cluster.check_readable`).
 """
 
 from __future__ import annotations
@@ -44,6 +51,11 @@ SHOWN_TIMEOUT_S = 15.0  # how long mkdir/rmdir wait for the mount to show what t
 # How long a topic's described config answers getxattr: ``getfattr -d`` asks for every name in turn, one
 # DescribeConfigs for all of them rather than one each. A change through this mount forgets it at once.
 CONFIG_FRESH_S = 1.0
+# How long the cluster's answer to "may this mount's user write the topic" (DescribeTopics' authorized operations)
+# holds for the opens for writing that follow, and how long an open waits for it (a cluster that does not answer:
+# the open goes on, and the producer reports what the cluster says).
+WRITE_GRANT_FRESH_S = 10.0
+WRITE_GRANT_TIMEOUT_S = 2.0
 
 
 class _ClientLog:
@@ -98,6 +110,7 @@ class Cluster:
         self.admin = None
         self.closed = False
         self._configs: dict[str, tuple[float, dict[str, str | None]]] = {}  # topic -> (when described, config)
+        self._write_grants: dict[str, tuple[float, bool]] = {}  # topic -> (when asked, whether WRITE is granted)
 
     def start(self) -> None:
         """Connect (the metadata once: an unreachable cluster fails here, with a ClusterError)."""
@@ -128,6 +141,41 @@ class Cluster:
     # -- appends ------------------------------------------------------------------------------------------
     def appender(self, topic: str, partition: int) -> PartitionAppender:
         return self.appends.appender(topic, partition, self.manager.topic_config(topic))
+
+    def write_grant_known(self, topic: str) -> bool:
+        """Whether :meth:`check_writable` answers from what it holds (no call to the cluster: the request thread)."""
+        held = self._write_grants.get(topic)
+        return held is not None and time.monotonic() - held[0] < WRITE_GRANT_FRESH_S
+
+    def check_writable(self, topic: str) -> None:
+        """EACCES when the cluster's authorizer does not grant this mount's user WRITE on ``topic`` (an open for
+        writing; a worker thread unless :meth:`write_grant_known`). Asked before any line is produced: a produce
+        that the cluster refuses is the producer's fatal error (storage/cluster/appends.py), which takes down the
+        lines of other partitions queued with it. Kafka's DescribeTopics with the authorized operations, held
+        :data:`WRITE_GRANT_FRESH_S`; a cluster that does not answer in :data:`WRITE_GRANT_TIMEOUT_S` lets the open
+        go on (the producer's report then says)."""
+        from confluent_kafka import TopicCollection
+        from confluent_kafka.admin import AclOperation
+
+        if not self.write_grant_known(topic):
+            try:
+                future = self.admin.describe_topics(TopicCollection([topic]), include_authorized_operations=True,
+                                                    request_timeout=WRITE_GRANT_TIMEOUT_S)[topic]
+                operations = future.result(timeout=WRITE_GRANT_TIMEOUT_S + 1).authorized_operations
+            except Exception as exc:  # (no answer, or the topic unknown: the producer will say)
+                log.debug("%s: the authorized operations are not known: %s", topic, exc)
+                return
+            granted = not operations or bool({AclOperation.WRITE, AclOperation.ALL} & set(operations))
+            self._write_grants[topic] = (time.monotonic(), granted)
+        if not self._write_grants[topic][1]:
+            raise ClusterError(f"{topic}: the cluster does not grant this mount's user WRITE", errno.EACCES)
+
+    def check_readable(self, topic: str, partition: int) -> None:
+        """EACCES when the cluster refuses the partition's records to this mount's user (READ not granted: the
+        replica's fetch was refused), rather than a file that reads empty."""
+        if (topic, partition) in self.replica.refused:
+            raise ClusterError(f"{topic}-{partition}: the cluster refuses its records to this mount's user",
+                               errno.EACCES)
 
     # -- administration (worker threads) --------------------------------------------------------------------
     def _shown(self, topic: str, partitions: int) -> None:
@@ -205,8 +253,8 @@ class Cluster:
         """``setfattr -n user.logfs.log_start_offset -v N``: Kafka's DeleteRecords below ``offset`` (-1: the high
         watermark); an offset past the end is the cluster's OFFSET_OUT_OF_RANGE (EINVAL, as on a local mount).
         Returns the partition's new log start offset once the mount's file starts there: the replica has fetched up
-        to it (waited for, at most :data:`SHOWN_TIMEOUT_S`) and its log's start is moved up (the replica keeps the
-        records below until its cache's bound removes them; a remount fetches from the new start)."""
+        to it (waited for, at most :data:`SHOWN_TIMEOUT_S`) and its log's start is moved up; the replica notes the
+        start in its checkpoint (a remount with this cache starts there) and removes its segments below it."""
         from confluent_kafka import TopicPartition
 
         tp = TopicPartition(topic, partition, offset)
@@ -223,6 +271,7 @@ class Cluster:
             time.sleep(0.02)
         with plog.lock:
             plog.increment_log_start_offset(start)
+        self.replica.note_start(topic, partition, start)  # (its checkpoint: a remount starts there too)
         log.info("%s-%d: records below offset %d deleted on the cluster (DeleteRecords)", topic, partition, start)
         return start
 

@@ -12,7 +12,8 @@ Per partition (:class:`PartitionAppender`, one per (topic, partition), shared by
 - ``append_lines`` queues the lines of one ``write()`` in order, on the calling thread (a ``produce`` call copies
   the value into librdkafka's queue and returns), so a ``write()`` returns once its lines are queued and the lines
   of two writes never interleave. The queue holds far more than one ``write()`` can bring (:data:`ROOM`): while it
-  is fuller than that, :meth:`PartitionAppender.wait_room` (called in a worker thread) waits for it to drain.
+  is fuller than that (or the producer is being replaced), :meth:`PartitionAppender.wait_room` (called in a
+  worker thread) waits for it to drain.
 - ``sync`` returns once every line queued before it is acknowledged (delivery reports come in order per partition,
   so a count is enough), bounded by ``delivery.timeout.ms`` plus :data:`SYNC_MARGIN_S`.
 - **One delivery report per ``write()``**, not per line: only a write's last line is produced with a callback, which
@@ -24,9 +25,17 @@ Per partition (:class:`PartitionAppender`, one per (topic, partition), shared by
   producer is replaced; a write's lines are queued together and time out together), so the last line's report
   carries the failure.
 - A failed delivery is kept until the next ``append_lines``, ``check`` or ``sync`` of the partition, which raises
-  it (``EIO``) once and forgets it. The lines queued after the failed one were failed with it by the producer
-  (never sent); the producer is then replaced (:meth:`ClusterAppends._replace`: its queue purged first), so what
-  the writer writes after the error goes out on a new producer, after everything the old one delivered.
+  it (``EIO``; ``EACCES`` when the cluster refused the partition's lines to this user) once and forgets it. The
+  lines queued after the failed one were failed with it by the producer (never sent); the producer is then
+  replaced (:meth:`ClusterAppends._replace`: its queue purged first), so what the writer writes after the error
+  goes out on a new producer, after everything the old one delivered.
+
+**An authorization refused** (the user may read the topic but not write it) is, with the gapless guarantee, no
+delivery report but the producer's fatal error, which librdkafka's ``poll`` raises (measured against a broker with
+an authorizer: the failed line has no report of its own until the producer's queue is purged). The poll thread
+takes it as any fatal error (the producer is replaced), and the failure it reports to the partition the error names
+(``ProduceRequest for TOPIC [N] ... authorization failed``: librdkafka's text, the only place it says which
+partition) is ``EACCES``; the lines of other partitions purged with it are ``EIO``, as after any fatal error.
 
 The engine's rule holds: no trio, no pyfuse3.
 """
@@ -36,6 +45,7 @@ from __future__ import annotations
 import errno
 import functools
 import logging
+import re
 import threading
 import time
 
@@ -52,8 +62,22 @@ SYNC_MARGIN_S = 5.0  # beyond delivery.timeout.ms, how long a sync waits before 
 DEFAULT_DELIVERY_TIMEOUT_MS = 120_000  # Kafka's delivery.timeout.ms
 
 
+# librdkafka's text of a produce request that failed fatally: which partition, and why.
+_FATAL_PARTITION = re.compile(r"for (\S+) \[(\d+)\]")
+
+
 def _authorization(err) -> bool:
     return "AUTHORIZATION" in err.name()
+
+
+def _refused_partition(err) -> tuple[str, int] | None | bool:
+    """The partition a fatal error says the cluster refused to this user ((topic, partition); True: refused, the
+    partition not named), or None: not an authorization."""
+    text = err.str()
+    if "AUTHORIZATION" not in err.name() and "authorization failed" not in text.lower():
+        return None
+    named = _FATAL_PARTITION.search(text)
+    return (named.group(1), int(named.group(2))) if named else True
 
 
 class PartitionState:
@@ -120,15 +144,27 @@ class PartitionAppender:
         return None
 
     def needs_room(self) -> bool:
-        return self.appends.queued() >= ROOM
+        """Whether a write must wait (:meth:`wait_room`) before its lines are queued: the producer's queue is full, or
+        the producer failed and is being replaced (its queue purged, its reports served: a write queued on it now
+        would be refused; one queued on the next producer before the reports are served could go out after a line
+        of its partition that failed)."""
+        appends = self.appends
+        return appends.broken or appends.queued() >= ROOM
 
     def wait_room(self) -> None:
-        """Wait (a worker thread) until the producer's queue has room for a write's lines."""
-        deadline = time.monotonic() + self.appends.delivery_timeout_s + SYNC_MARGIN_S
-        while self.appends.queued() >= ROOM:
-            if time.monotonic() > deadline or self.appends.stopping.is_set():
+        """Wait (a worker thread) until the producer's queue has room for a write's lines, and no producer is being
+        replaced; then raise the partition's failure, if the replaced producer's reports brought one."""
+        appends = self.appends
+        deadline = time.monotonic() + appends.delivery_timeout_s + SYNC_MARGIN_S
+        while appends.broken or appends.queued() >= ROOM:
+            if time.monotonic() > deadline or appends.stopping.is_set():
                 raise ClusterError("the producer's queue did not drain in time", errno.EIO)
+            with appends.cond:
+                if appends.broken:
+                    appends.cond.wait(0.05)  # (the replacement notifies)
+                    continue
             time.sleep(0.01)
+        self.check()
 
     def sync(self) -> None:
         """Return once every line queued before is acknowledged; raise a failed delivery (``EIO``)."""
@@ -169,8 +205,10 @@ class PartitionAppender:
         with appends.cond:
             state.done += lines
             if state.failed is None:
-                state.failed = err.str()
-                state.failed_errno = errno.EACCES if _authorization(err) else errno.EIO
+                refused = appends.refused
+                state.failed = err.str() if refused is None else f"{err.str()} ({appends.fatal})"
+                state.failed_errno = errno.EACCES if _authorization(err) or refused is True or refused == (
+                    self.topic, self.partition) else errno.EIO
             appends.broken = True
             appends.failed_deliveries += lines
             appends.cond.notify_all()
@@ -192,25 +230,29 @@ class ClusterAppends:
         self.cond = threading.Condition()
         self.partitions: dict[tuple[str, int], PartitionAppender] = {}
         self.broken = False  # a delivery failed: the producer is replaced (its queue purged first)
+        # The producer's fatal error being handled (its text), and the partition it says the cluster refused (see
+        # the module's docstring: _refused_partition), until the producer is replaced.
+        self.fatal: str | None = None
+        self.refused: tuple[str, int] | None | bool = None
         self.closed = False
         # Set when the daemon stops (the manager's ``stopping``, given at attach): waits in worker threads end.
         self.stopping = threading.Event()
         self.acked = self.failed_deliveries = self.produced = 0
         self._producer = None
         self._refused: tuple = (BufferError,)
+        self._fatal_raised: tuple = ()
         self._thread: threading.Thread | None = None
 
     def _new_producer(self):
         from confluent_kafka import KafkaException, Producer  # (only a cluster mount loads the client)
 
         self._refused = (KafkaException, BufferError)  # what produce() raises for a line it does not take
+        self._fatal_raised = (KafkaException,)  # what poll() raises for a fatal error
         return Producer({**self.config, "error_cb": self._error})
 
     def _error(self, err) -> None:
         if err.fatal():
-            log.warning("the producer failed: %s (it is replaced)", err.str())
-            with self.cond:
-                self.broken = True
+            self._fatal(err)
         else:
             log.debug("producer: %s", err.str())
 
@@ -269,11 +311,21 @@ class ClusterAppends:
     def _run(self) -> None:
         while True:
             producer = self._producer
-            producer.poll(0.05)
+            try:
+                producer.poll(0.05)
+            except self._fatal_raised as exc:  # (the producer's fatal error, raised once: it is replaced)
+                self._fatal(exc.args[0])
             if self.broken:
                 self._replace()
             if self.closed and len(producer) == 0:
                 return
+
+    def _fatal(self, err) -> None:
+        log.warning("the producer failed: %s (it is replaced)", err.str())
+        with self.cond:
+            self.fatal = err.str()
+            self.refused = _refused_partition(err)
+            self.broken = True
 
     def _replace(self) -> None:
         """A new producer after a failed delivery: the old one's queue is purged (those lines are never sent; their
@@ -283,12 +335,13 @@ class ClusterAppends:
             old.purge(True, True, False)
         except Exception as exc:
             log.debug("purging the failed producer: %s", exc)
-        old.poll(0)
-        try:
-            old.flush(1.0)
-        except Exception:
-            pass
+        for serve in (lambda: old.poll(0), lambda: old.flush(1.0)):
+            try:
+                serve()
+            except Exception as exc:  # (its fatal error raised again: the reports are served by the next call)
+                log.debug("serving the failed producer's reports: %s", exc)
         with self.cond:
+            self.fatal = self.refused = None
             self.broken = False
             self._producer = self._new_producer()
             self.cond.notify_all()

@@ -15,19 +15,34 @@ work as on a local mount, with no second reader of the format.
   removed. Kafka's internal topics (``__consumer_offsets``, ...) are not listed.
 - **A first open of a large partition.** The replica starts at the log start offset (positions need the length of
   everything before them) and is filled in the background from the mount's start: a partition file shows what has
-  been fetched so far and grows as the fetcher catches up, as a ``tail -f`` would see it. A remount fetches again
-  (the replica is emptied at mount).
+  been fetched so far and grows as the fetcher catches up, as a ``tail -f`` would see it.
+- **Kept across mounts.** A mount with the same cache directory resumes the replica: each partition's last segment
+  is walked (batches checked, a torn tail cut: the replica is not synced but at each roll and at unmount), and the
+  fetch goes on from its end, so nothing fetched before is fetched again. The replica is started afresh where it
+  cannot be resumed: another cluster (``meta.properties`` names the cluster's id), a topic deleted and made again
+  (each partition's ``partition.metadata`` holds its topic's id, as a broker's does; a partition without one, or
+  whose topic's id is not known, is not resumed until it is), a partition whose records the cluster no longer has
+  from the replica's end (its start moved past it) or whose end is past the cluster's, a partition's last segment
+  that is not a log. A topic deleted meanwhile is removed.
+  ``.lock`` (flock) keeps a second mount off a replica in use.
+- **The log start offset** (DeleteRecords through this mount, :meth:`Replica.note_start`; a cluster's start found
+  past the replica's first offset at resume) is written in ``log-start-offset-checkpoint``, as a broker keeps it, and
+  the mount's file starts there, also after a remount (BrokerLogs reads that file). The segments wholly below it are
+  removed as the cache's bound removes them (below); the active one is rolled first when the start is at its end.
 - **The cache's bound** (``logfs.remote.cache.bytes``): a segment rolls at :data:`SEGMENT_BYTES` (or an eighth of
   the bound, if smaller); when the replica holds more than the bound, the oldest sealed segments (of any partition)
   are removed, as retention would: renamed ``.deleted`` (a reader that pinned one keeps reading it) and unlinked
   :data:`DELETE_DELAY_S` later. The partition's file then starts at its first remaining segment: the log start
   offset the mount shows moves up, and the lines before it are read through a Kafka consumer, not the mount.
 
-The engine's rule holds: no trio, no pyfuse3. Only this thread writes under the replica directory.
+The engine's rule holds: no trio, no pyfuse3. Only this thread writes the segments; the checkpoint is written
+under :attr:`Replica._lock` by whoever moves a start.
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import logging
 import os
 import shutil
@@ -36,8 +51,11 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
+from .. import checkpoints as ckpt
+from ..errors import ClusterError, CorruptRecordError
 from ..format import records as rec
-from ..names import DELETED_SUFFIX, LOG_SUFFIX, filename_prefix, partition_dir_name
+from ..names import (DELETED_SUFFIX, LOG_SUFFIX, DataDirScan, filename_prefix, parse_segment_file,
+                     partition_dir_name)
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +67,9 @@ BATCH_BYTES = 256 << 10  # ... and about this many bytes of values
 METADATA_TIMEOUT_S = 5.0
 LOG_APPEND_TIME = 2  # confluent_kafka.TIMESTAMP_LOG_APPEND_TIME (1: CreateTime)
 ATTR_LOG_APPEND_TIME = 0x08
+META_FILE = "meta.properties"  # the replica's cluster: "cluster.id=..."
+PARTITION_METADATA = "partition.metadata"  # Kafka's, in each partition's directory: "version: 0", "topic_id: ..."
+LOCK_FILE = ".lock"
 
 
 @dataclass
@@ -60,9 +81,11 @@ class ReplicaPartition:
     next_offset: int = 0  # the offset after the last record written
     last_timestamp: int = 0  # the last record's
     fd: int = -1
+    assigned: bool = False  # the consumer fetches it (a partition resumed from disk: once the metadata lists it)
 
     def open_segment(self, base: int) -> None:
         if self.fd >= 0:
+            os.fsync(self.fd)  # (a sealed segment is whole after a power cut: a resume walks only the last one)
             os.close(self.fd)
         path = os.path.join(self.directory, filename_prefix(base) + LOG_SUFFIX)
         self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
@@ -75,14 +98,71 @@ class ReplicaPartition:
             view = view[os.write(self.fd, view):]
         self.segments[self.active_base] += len(data)
 
-    def close(self) -> None:
+    def close(self, sync: bool = False) -> None:
         if self.fd >= 0:
+            if sync:
+                os.fsync(self.fd)
             os.close(self.fd)
             self.fd = -1
 
     @property
     def size(self) -> int:
         return sum(self.segments.values())
+
+    @classmethod
+    def resume(cls, directory: str) -> "ReplicaPartition | None":
+        """The partition as a former mount left it: its segments, and the last one walked to its last whole batch
+        (a torn tail cut), opened for appending. None when it holds no segment or its last one is not a log."""
+        bases = {}
+        for name in os.listdir(directory):
+            parsed = parse_segment_file(name)
+            if parsed is None:
+                continue
+            base, kind, state = parsed
+            if state == DELETED_SUFFIX:
+                os.unlink(os.path.join(directory, name))  # (removed by the former mount, not yet unlinked)
+            elif kind == LOG_SUFFIX and not state:
+                bases[base] = os.path.join(directory, name)
+        if not bases:
+            return None
+        part = cls(directory)
+        for base, path in bases.items():
+            part.segments[base] = os.stat(path).st_size
+        last = max(bases)
+        with open(bases[last], "rb") as f:
+            buf = f.read()
+        pos, next_offset, stamp = 0, last, 0
+        try:
+            while pos < len(buf):
+                if rec.peek_size(buf, pos) is None or rec.peek_size(buf, pos) > len(buf) - pos:
+                    break  # (a torn tail: the write a kill cut short)
+                header = rec.validate(buf, pos)
+                pos += header.size
+                next_offset, stamp = header.next_offset, header.max_timestamp
+        except CorruptRecordError as exc:
+            if pos == 0:
+                log.warning("%s: the replica's last segment is not a log (%s): fetched again", bases[last], exc)
+                return None
+        if pos < len(buf):
+            log.info("%s: the replica's last segment cut at %d of %d bytes (a torn tail)", bases[last], pos, len(buf))
+            os.truncate(bases[last], pos)
+        part.segments[last] = pos
+        part.active_base, part.next_offset, part.last_timestamp = last, next_offset, stamp
+        part.fd = os.open(bases[last], os.O_WRONLY | os.O_APPEND)
+        return part
+
+
+def read_topic_id(directory: str) -> str | None:
+    """The topic id of a partition directory's ``partition.metadata``, or None."""
+    try:
+        with open(os.path.join(directory, PARTITION_METADATA)) as f:
+            for line in f:
+                name, _, value = line.partition(":")
+                if name.strip() == "topic_id":
+                    return value.strip()
+    except (FileNotFoundError, UnicodeDecodeError):
+        pass
+    return None
 
 
 def encode_batches(messages) -> list[bytes]:
@@ -135,6 +215,13 @@ class Replica:
         self.cache_bytes = cache_bytes
         self.segment_bytes = max(1 << 20, min(SEGMENT_BYTES, cache_bytes // 8)) if cache_bytes else SEGMENT_BYTES
         self.partitions: dict[tuple[str, int], ReplicaPartition] = {}
+        # (topic, partition) -> log start offset, as in log-start-offset-checkpoint (guarded by _lock); the
+        # partitions whose segments below it are to be removed (the fetcher's thread does it)
+        self.starts: dict[tuple[str, int], int] = {}
+        self._trims: set[tuple[str, int]] = set()
+        self._lock = threading.Lock()
+        self._lock_fd = -1
+        self._admin = None  # (made at the first need of topic ids)
         self.refreshed = threading.Event()  # set after each metadata refresh (creations and deletions wait on it)
         self.generation = 0  # metadata refreshes done
         self._deleted: list[tuple[float, str]] = []  # (when, path) of segments and directories to remove
@@ -144,22 +231,101 @@ class Replica:
         self.fetched_records = 0
         self.error: str | None = None  # the last fetch or metadata error, for the log and the metrics
         self._message_error: str | None = None  # the last error the consumer returned for one partition
+        self._group_refused = False
+        # Partitions whose records the cluster refuses to this user (a fetch's TOPIC_AUTHORIZATION_FAILED), until
+        # records of theirs come: a read of one is EACCES (Cluster.check_readable). A set the fetcher's thread
+        # changes and other threads only test.
+        self.refused: set[tuple[str, int]] = set()
         self._lags: dict[tuple[str, int], int] = {}  # (metrics) noted by the fetcher's thread at each refresh
 
     # -- lifecycle ------------------------------------------------------------------------------------------
     def start(self) -> None:
         from confluent_kafka import Consumer  # (only a cluster mount loads the client)
 
-        if os.path.isdir(self.directory):
-            shutil.rmtree(self.directory)  # (rebuilt each mount: see the module's docstring)
-        os.makedirs(self.directory)
+        os.makedirs(self.directory, exist_ok=True)
+        self._lock_fd = os.open(os.path.join(self.directory, LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self._lock_fd)
+            self._lock_fd = -1
+            raise ClusterError(f"{self.directory} is in use by another mount", errno.EBUSY) from None
         config = {"group.id": f"logfs-replica-{uuid.uuid4().hex}", "enable.auto.commit": False,
                   "isolation.level": "read_committed", "auto.offset.reset": "earliest",
                   "enable.partition.eof": False, "fetch.wait.max.ms": 100, **self.consumer_config}
         self.consumer = Consumer(config)
-        self._refresh(METADATA_TIMEOUT_S)  # (raises when the cluster does not answer: the mount fails)
+        metadata = self.consumer.list_topics(timeout=METADATA_TIMEOUT_S)  # (raises when the cluster does not answer)
+        self._resume(metadata.cluster_id)
+        self._refresh(METADATA_TIMEOUT_S)
         self._thread = threading.Thread(target=self._run, name="logfs-replica", daemon=True)
         self._thread.start()
+
+    def _resume(self, cluster_id: str | None) -> None:
+        """The partitions a former mount left (see the module's docstring), or an empty directory when it
+        replicated another cluster."""
+        meta = os.path.join(self.directory, META_FILE)
+        want = f"cluster.id={cluster_id}\n"
+        try:
+            with open(meta) as f:
+                same = f.read() == want
+        except FileNotFoundError:
+            same = False
+        if not same:
+            for name in os.listdir(self.directory):
+                if name != LOCK_FILE:
+                    path = os.path.join(self.directory, name)
+                    shutil.rmtree(path) if os.path.isdir(path) else os.unlink(path)
+            ckpt.atomic_write(meta, want.encode())
+            return
+        scan = DataDirScan(self.directory)
+        for path in scan.delete_dirs:
+            shutil.rmtree(path, ignore_errors=True)
+        for key, directory in scan.partitions:
+            part = ReplicaPartition.resume(directory)
+            if part is None:
+                shutil.rmtree(directory)
+                continue
+            self.partitions[key] = part
+        starts = ckpt.read_checkpoint(os.path.join(self.directory, ckpt.LOG_START_OFFSET))
+        self.starts = {k: v for k, v in starts.items() if k in self.partitions}
+        if self.partitions:
+            log.info("the replica resumes %d partitions (%d bytes)", len(self.partitions), self.cache_used())
+
+    def note_start(self, topic: str, partition: int, start: int) -> None:
+        """The partition's log start offset moved up to ``start`` (DeleteRecords): kept in the checkpoint, and the
+        segments below it removed by the fetcher's thread (any thread)."""
+        key = (topic, partition)
+        with self._lock:
+            if start <= self.starts.get(key, -1):
+                return
+            self.starts[key] = start
+            ckpt.write_checkpoint(os.path.join(self.directory, ckpt.LOG_START_OFFSET), dict(self.starts))
+            self._trims.add(key)
+
+    def _trim(self) -> None:
+        """Remove the segments wholly below the log start offsets noted (the fetcher's thread)."""
+        with self._lock:
+            trims, self._trims = self._trims, set()
+            starts = dict(self.starts)
+        for key in trims:
+            part = self.partitions.get(key)
+            if part is None:
+                continue
+            start = starts[key]
+            if start >= part.next_offset and part.segments[part.active_base]:
+                part.open_segment(part.next_offset)  # (everything is below the start: the active one goes too)
+            bases = sorted(part.segments)
+            for base, following in zip(bases, bases[1:]):
+                if following <= start:
+                    self._remove_segment(part, base)
+
+    def _remove_segment(self, part: ReplicaPartition, base: int) -> int:
+        """Rename a sealed segment ``.deleted`` (a reader that pinned it keeps reading it) and unlink it
+        :data:`DELETE_DELAY_S` later; its bytes."""
+        path = os.path.join(part.directory, filename_prefix(base) + LOG_SUFFIX)
+        os.rename(path, path + DELETED_SUFFIX)
+        self._deleted.append((time.monotonic() + DELETE_DELAY_S, path + DELETED_SUFFIX))
+        return part.segments.pop(base)
 
     def close(self, timeout: float = 10.0) -> None:
         self._stop.set()
@@ -176,7 +342,10 @@ class Replica:
         except Exception as exc:  # (a cluster that went away: nothing to commit, nothing to lose)
             log.debug("closing the replica's consumer: %s", exc)
         for part in self.partitions.values():
-            part.close()
+            part.close(sync=True)  # (whole at the next mount's resume)
+        if self._lock_fd >= 0:
+            os.close(self._lock_fd)
+            self._lock_fd = -1
 
     def refresh_soon(self) -> int:
         """Ask for the metadata at the fetcher's next turn; returns the generation to wait past."""
@@ -205,6 +374,8 @@ class Replica:
                     self._note_lags()
                     next_refresh = time.monotonic() + REFRESH_S
                 self._fetch()
+                if self._trims:
+                    self._trim()
                 self._bound()
                 self._purge()
                 if self.error is not None:
@@ -231,22 +402,46 @@ class Replica:
         new = []
         for topic, numbers in topics.items():
             for n in numbers:
-                if (topic, n) not in self.partitions:
+                part = self.partitions.get((topic, n))
+                if part is None or not part.assigned:
                     new.append((topic, n))
         for key in [k for k in self.partitions if k[0] not in unsure and k[1] not in topics.get(k[0], ())]:
             self._drop(key)  # (its topic deleted)
+        ids = self._topic_ids({topic for topic, _ in new}) if new else {}
         assign = []
         for topic, n in new:
             try:
-                low, _ = self.consumer.get_watermark_offsets(TopicPartition(topic, n), timeout=timeout,
-                                                             cached=False)
+                low, high = self.consumer.get_watermark_offsets(TopicPartition(topic, n), timeout=timeout,
+                                                                cached=False)
             except Exception as exc:  # (a new partition without a leader yet: the next refresh tries again)
                 log.debug("%s-%d: no log start offset yet: %s", topic, n, exc)
                 continue
             low = max(low, 0)
+            part = self.partitions.get((topic, n))
+            if part is not None:  # (resumed from disk)
+                if topic not in ids:
+                    continue  # (its topic's id not known: the next refresh asks again)
+                if read_topic_id(part.directory) != ids[topic]:
+                    log.info("%s-%d: the replica holds another topic of that name (deleted and made again): "
+                             "fetched again", topic, n)
+                    self._drop((topic, n))
+                elif low <= part.next_offset <= high:
+                    if low > min(part.segments):
+                        self.note_start(topic, n, low)  # (the cluster's start moved up meanwhile)
+                    part.assigned = True
+                    assign.append(TopicPartition(topic, n, part.next_offset))
+                    continue
+                else:
+                    log.info("%s-%d: the replica ends at %d, the cluster holds %d to %d: fetched again", topic, n,
+                             part.next_offset, low, high)
+                    self._drop((topic, n))  # (renamed away, as a deleted topic's: the mount may serve it already)
             part = ReplicaPartition(os.path.join(self.directory, partition_dir_name(topic, n)), next_offset=low)
             os.makedirs(part.directory, exist_ok=True)
+            if topic in ids:  # (not synced: one lost to a power cut makes the next mount fetch the partition again)
+                with open(os.path.join(part.directory, PARTITION_METADATA), "w") as f:
+                    f.write(f"version: 0\ntopic_id: {ids[topic]}")  # (as Kafka writes it: no last newline)
             part.open_segment(low)
+            part.assigned = True
             self.partitions[(topic, n)] = part
             assign.append(TopicPartition(topic, n, low))
         if assign:
@@ -254,15 +449,40 @@ class Replica:
         self.generation += 1
         self.refreshed.set()
 
+    def _topic_ids(self, topics: set[str]) -> dict[str, str]:
+        """topic -> its id (Kafka's DescribeTopics), for the topics the cluster answers about."""
+        from confluent_kafka import TopicCollection
+        from confluent_kafka.admin import AdminClient
+
+        if self._admin is None:
+            self._admin = AdminClient(self.consumer_config)
+        ids = {}
+        try:
+            futures = self._admin.describe_topics(TopicCollection(sorted(topics)), request_timeout=METADATA_TIMEOUT_S)
+        except Exception as exc:
+            log.debug("describing topics: %s", exc)
+            return ids
+        for name, future in futures.items():
+            try:
+                # (librdkafka prints a Uuid in base64, Kafka in URL-safe base64 without padding: Kafka's spelling)
+                text = str(future.result(timeout=METADATA_TIMEOUT_S + 1).topic_id)
+                ids[name] = text.replace("+", "-").replace("/", "_").rstrip("=")
+            except Exception as exc:  # (deleted meanwhile, no answer: asked again at the next refresh)
+                log.debug("%s: no topic id: %s", name, exc)
+        return ids
+
     def _drop(self, key: tuple[str, int]) -> None:
         from confluent_kafka import TopicPartition
 
         part = self.partitions.pop(key)
         part.close()
-        try:
-            self.consumer.incremental_unassign([TopicPartition(*key)])
-        except Exception as exc:
-            log.debug("unassigning %s-%d: %s", *key, exc)
+        with self._lock:
+            self.starts.pop(key, None)  # (a topic made again with its name starts afresh)
+        if part.assigned:
+            try:
+                self.consumer.incremental_unassign([TopicPartition(*key)])
+            except Exception as exc:
+                log.debug("unassigning %s-%d: %s", *key, exc)
         gone = f"{part.directory}.{uuid.uuid4().hex}-delete"
         os.rename(part.directory, gone)
         self._deleted.append((time.monotonic() + DELETE_DELAY_S, gone))
@@ -273,10 +493,22 @@ class Replica:
             return
         by_partition: dict[tuple[str, int], list] = {}
         for m in messages:
-            if m.error() is not None:
-                # One partition's error (its topic deleted meanwhile, a leader moving): the others' records of the
-                # same call are written all the same (the consumer's positions moved past them).
-                err = f"{m.topic()}-{m.partition()}: {m.error().str()}"
+            error = m.error()
+            if error is not None:
+                # One partition's error (its topic deleted meanwhile, a leader moving, its records refused to this
+                # user): the others' records of the same call are written all the same (the consumer's positions
+                # moved past them).
+                name = error.name()
+                if m.topic() is None and name == "GROUP_AUTHORIZATION_FAILED":
+                    # (librdkafka looks for the group's coordinator, which the replica never uses: partitions are
+                    # assigned, nothing committed; a user may have no group)
+                    if not self._group_refused:
+                        log.info("the replica's consumer: %s (no group is needed)", error.str())
+                        self._group_refused = True
+                    continue
+                if m.topic() is not None and "AUTHORIZATION" in name:
+                    self.refused.add((m.topic(), m.partition()))
+                err = f"{m.topic()}-{m.partition()}: {error.str()}"
                 if err != self._message_error:  # (logged when it changes, not at every fetch)
                     log.warning("the replica's fetch of %s", err)
                     self._message_error = err
@@ -289,6 +521,7 @@ class Replica:
             group = [m for m in group if m.offset() >= part.next_offset]  # (a re-fetch after a reset)
             if not group:
                 continue
+            self.refused.discard(key)  # (its records come: the user may read them now)
             if part.segments[part.active_base] >= self.segment_bytes:
                 part.open_segment(part.next_offset)  # (roll: the next batches start at or after it)
             part.write(b"".join(encode_batches(group)))
@@ -331,9 +564,7 @@ class Replica:
             if oldest is None:
                 return  # only active segments: nothing sealed to remove
             _, part, base, path = oldest
-            os.rename(path, path + DELETED_SUFFIX)
-            total -= part.segments.pop(base)
-            self._deleted.append((time.monotonic() + DELETE_DELAY_S, path + DELETED_SUFFIX))
+            total -= self._remove_segment(part, base)
 
     def _purge(self) -> None:
         now = time.monotonic()
