@@ -179,9 +179,23 @@ class BrokerSegment(LogSegment):
                 continue
         raise StorageIOError(f"segment {self.log_path} was removed by the broker", errno.ENOENT)
 
+    def _opened(self, open_path):
+        """``open_path(path)`` of this inode's name now. The broker may rename the file between the look and the
+        open (retention's ``.deleted``, seen in a clean-clone run as a read's ENOENT): then it is looked for again
+        under its new name; ENOENT only once no name of it is left."""
+        for _ in range(3):
+            try:
+                return open_path(self._path_now())
+            except FileNotFoundError:
+                continue
+            except StorageIOError as exc:
+                if exc.errno != errno.ENOENT:
+                    raise
+        raise StorageIOError(f"segment {self.log_path} was removed by the broker", errno.ENOENT)
+
     def __getattr__(self, name: str):
         if name == "fd":
-            fd = open_unit(self, self._path_now())
+            fd = self._opened(lambda path: open_unit(self, path))
             if os.fstat(fd).st_ino == self.inode:
                 return fd
             release_unit(self)
@@ -222,10 +236,7 @@ class BrokerSegment(LogSegment):
                 release_unit(self)
 
     def _own_fd(self) -> int:
-        try:
-            fd = os.open(self._path_now(), os.O_RDONLY)
-        except FileNotFoundError:
-            raise StorageIOError(f"segment {self.log_path} was removed by the broker", errno.ENOENT) from None
+        fd = self._opened(lambda path: os.open(path, os.O_RDONLY))
         if os.fstat(fd).st_ino != self.inode:
             os.close(fd)
             raise StorageIOError(f"segment {self.log_path} was removed by the broker", errno.ENOENT)

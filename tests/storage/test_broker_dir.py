@@ -440,3 +440,33 @@ def test_a_partition_moved_between_the_brokers_directories(tmp_path):
             view.release()
     finally:
         manager.close()
+
+
+def test_a_segment_renamed_between_the_look_and_the_open_is_read_under_its_new_name(tmp_path, monkeypatch):
+    """Retention renames a segment ``.deleted`` just after a read looked up its name and before it opened it (the
+    ``kafka://`` replica's cache bound did this under a reader in a clean-clone run: the read answered ENOENT): the
+    read opens the same inode under its new name."""
+    from logfs.storage.local.open_files import release_unit
+
+    broker_dir = tmp_path / "kafka"
+    part = broker_dir / "t-0"
+    part.mkdir(parents=True)
+    (part / (filename_prefix(0) + ".log")).write_bytes(batch(0, 5))
+    (part / (filename_prefix(5) + ".log")).write_bytes(batch(5, 3))
+    manager = LogManager(str(tmp_path / "cache"), BrokerConfig.from_properties({}), broker_dirs=[str(broker_dir)])
+    try:
+        segment = next(iter(manager.logs[("t", 0)].segments))
+        release_unit(segment)  # (its next read opens the file again)
+        looked = segment._path_now
+
+        def renamed_after_the_look() -> str:
+            path = looked()
+            if not path.endswith(".deleted"):
+                os.rename(path, path + ".deleted")
+            return path
+
+        monkeypatch.setattr(segment, "_path_now", renamed_after_the_look)
+        assert segment.read(0, segment.size) == batch(0, 5)
+        assert os.path.exists(part / (filename_prefix(0) + ".log.deleted"))
+    finally:
+        manager.close()
