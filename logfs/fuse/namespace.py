@@ -28,14 +28,14 @@ def decode_name(name: bytes) -> str:
 
 class Namespace:
     """Directory handlers, and the refused namespace operations. ``resolve`` is the mount's inode -> (topic,
-    partition or None), ``attrs`` and ``partition_attrs`` an entry's attributes (the latter measuring a log start
-    first where that needs a fetch); the sink's entries are ``control``."""
+    partition or None), ``attrs`` an entry's attributes, ``name_attrs`` a partition name's (its inode now, a log
+    start measured first where that needs a fetch); the sink's entries are ``control``."""
 
-    def __init__(self, manager, inodes, control, *, resolve, attrs, partition_attrs, read_only: bool, run_blocking):
+    def __init__(self, manager, inodes, control, *, resolve, attrs, name_attrs, read_only: bool, run_blocking):
         self.manager = manager
         self.inodes = inodes
         self.control = control
-        self._resolve, self._attrs, self._partition_attrs = resolve, attrs, partition_attrs
+        self._resolve, self._attrs, self._name_attrs = resolve, attrs, name_attrs
         self.read_only = read_only
         self.run_blocking = run_blocking
         self._root_listing: list[tuple[int, str]] | None = None  # the root's entries, as the listing began
@@ -84,8 +84,7 @@ class Namespace:
         topic, _ = self._resolve(fh)
         partitions = self.manager.partitions(topic)  # ascending: a later call of the listing resumes by bisection
         for partition in partitions[bisect.bisect_left(partitions, start_id):]:
-            ino = self.inodes.partition(topic, partition)
-            attrs = await self._partition_attrs(ino)
+            attrs = await self._name_attrs(topic, partition)
             if not pyfuse3.readdir_reply(token, str(partition).encode(), attrs, partition + 1):
                 return
 

@@ -37,7 +37,7 @@ from ..storage.errors import InvalidRecordError, LogfsError, RecordTooLargeError
 from ..storage.manager import LogManager
 from ..storage.names import MOUNT_COMMIT, MOUNT_STAGING, parse_partition_number
 from ..view.readahead import decompress_pool
-from ..view.text import LiveViews, log_positions, measure_start, start_measured
+from ..view.text import LiveViews, log_positions, measure_start, start_measured, view_positions
 from .control import ControlEntries, StagedFileHandle
 from .errors import disk_failed, fail, translate
 from .handles import HandleTable, PartitionHandle
@@ -95,7 +95,7 @@ class Operations(pyfuse3.Operations):
         self.xattrs = Xattrs(manager, self.inodes, self.handles, self.control, self.live_views, resolve=self._resolve,
                              measured=self._measured, read_only=read_only, run_blocking=self.run_blocking)
         self.namespace = Namespace(manager, self.inodes, self.control, resolve=self._resolve, attrs=self._attrs,
-                                   partition_attrs=self._partition_attrs, read_only=read_only, run_blocking=run)
+                                   name_attrs=self.name_attrs, read_only=read_only, run_blocking=run)
         for topic in manager.list_topics():
             self.inodes.topic(topic)
 
@@ -158,11 +158,22 @@ class Operations(pyfuse3.Operations):
                 mtime_ns = self._started_ns if newest is None else newest * 1_000_000
             else:
                 plog = self.manager.logs[(topic, partition)]
+                view = self.live_views.get(plog)
+                reader = self.inodes.reader(inode)
+                if reader is not None and reader.positions != view_positions(view.start_offset, view.rewrite_count,
+                                                                              view.fmt):
+                    # The log moved (retention, a rewrite: the engine's threads) since the caller's check of this
+                    # inode: its handles keep it, with their view's size; the live view's would shrink the file
+                    # under them (``tail -f``: "file truncated").
+                    self.inodes.retire_if_moved(inode)
+                    removed = self._removed_attrs(inode)
+                    if removed is not None:
+                        return removed
                 entry.st_mode = stat.S_IFREG | (0o444 if self.read_only else 0o644)
                 entry.st_nlink = 1
                 entry.attr_timeout = FILE_ATTR_TIMEOUT
                 entry.entry_timeout = FILE_ENTRY_TIMEOUT
-                entry.st_size = self.live_views.get(plog).length()
+                entry.st_size = view.length()
                 mtime_ns = plog.last_append_ms * 1_000_000
         custom = self.manager.get_attrs(self._attr_name(inode))
         if custom is not None:
@@ -252,8 +263,18 @@ class Operations(pyfuse3.Operations):
             fail(errno.ENOTDIR)
         number = parse_partition_number(text)
         if number is not None and (topic, number) in self.manager.logs:
-            return await self._partition_attrs(self.inodes.partition(topic, number))
+            return await self.name_attrs(topic, number)
         fail(errno.ENOENT)
+
+    async def name_attrs(self, topic: str, partition: int) -> pyfuse3.EntryAttributes:
+        """The attributes of a partition's name (lookup, readdirplus): its inode now, a new one if the log moved
+        under the handles open on the one it had, also while the answer was made (a retention in the engine's
+        threads: :meth:`_attrs` retires the inode then)."""
+        inode = self.inodes.partition(topic, partition)
+        attrs = await self._partition_attrs(inode)
+        if inode not in self.inodes:
+            attrs = await self._partition_attrs(self.inodes.partition(topic, partition))
+        return attrs
 
     @translate
     async def setattr(self, inode, attr, fields, fh, ctx):

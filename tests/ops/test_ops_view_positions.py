@@ -208,3 +208,54 @@ async def test_write_only_descriptor_answers_for_the_log(loaded):
     await fs.setxattr("t/0", PX + "log_start_offset", "100")
     assert await fgetx(fs, fh, "log_start_offset") == "100"
     await fs.release(fh)
+
+
+async def test_the_log_moving_while_an_answer_is_made_never_shrinks_an_open_file(loaded):
+    """Retention (or DeleteRecords) runs in the engine's threads: the log start can move between a request's check
+    of an inode held by open handles and its answer. A ``getattr`` of that inode (``fstat`` of ``tail -f``) still
+    answers its handles' size, never the moved log's smaller one (GNU tail then says "file truncated", reads again
+    from 0 and gets EIO: seen in a clean-clone run under load); a lookup of the name answers a new inode with the
+    moved log's size. The move is made at the very point of the window, each time."""
+    fs, written = loaded
+    inode = await fs.inode("t/0")
+    held = (await fs.ops.open(inode, 0, None)).fh
+    size = (await fs.ops.getattr(inode, None)).st_size
+    assert size == len(b"".join(written))
+    plog = fs.manager.logs[("t", 0)]
+    inodes = fs.ops.inodes
+    checked = inodes.retire_if_moved
+
+    def then_retention(ino):  # the request's check, then retention moves the start before the answer is made
+        checked(ino)
+        plog.increment_log_start_offset(100)
+
+    inodes.retire_if_moved = then_retention
+    try:
+        attrs = await fs.ops.getattr(inode, None)
+    finally:
+        del inodes.retire_if_moved
+    assert (attrs.st_ino, attrs.st_size, attrs.st_nlink) == (inode, size, 0)  # the handle's file, as it was
+    assert inode not in inodes  # ... and the name has a new inode, with the moved log
+    named = await fs.lookup("t/0")
+    assert named.st_ino != inode and named.st_size == len(b"".join(written[100:]))
+
+    # The same window in a lookup: between the name's inode and its attributes.
+    again = named.st_ino
+    late = (await fs.ops.open(again, 0, None)).fh
+    given = inodes.partition
+
+    def then_delete_records(topic, partition):
+        ino = given(topic, partition)
+        plog.increment_log_start_offset(200)
+        return ino
+
+    inodes.partition = then_delete_records
+    try:
+        named = await fs.lookup("t/0")
+    finally:
+        del inodes.partition
+    assert named.st_ino not in (inode, again) and named.st_size == len(b"".join(written[200:]))
+    assert (await fs.ops.getattr(again, None)).st_size == len(b"".join(written[100:]))  # the late handle's file
+    assert (await fs.ops.getattr(inode, None)).st_size == size
+    for fh in (held, late):
+        await fs.release(fh)
