@@ -69,6 +69,7 @@ import java.util.List;
 import java.util.Map;
 import java.util.Optional;
 import java.util.Properties;
+import java.util.concurrent.ExecutionException;
 import java.util.concurrent.Future;
 import org.apache.kafka.clients.admin.Admin;
 import org.apache.kafka.clients.admin.ListOffsetsOptions;
@@ -83,6 +84,7 @@ import org.apache.kafka.clients.producer.ProducerRecord;
 import org.apache.kafka.clients.producer.RecordMetadata;
 import org.apache.kafka.common.IsolationLevel;
 import org.apache.kafka.common.TopicPartition;
+import org.apache.kafka.common.errors.RetriableException;
 import org.apache.kafka.common.TopicPartitionReplica;
 import org.apache.kafka.common.header.Header;
 import org.apache.kafka.common.header.internals.RecordHeader;
@@ -210,10 +212,32 @@ public final class KafkaClient {
         }
         ObjectNode reply = JSON.createObjectNode();
         ObjectNode ids = reply.putObject("topic_ids");
-        var result = admin(cmd).createTopics(topics);
+        Admin admin = admin(cmd);
+        var result = admin.createTopics(topics);
         result.all().get();
         for (NewTopic t : topics) ids.put(t.name(), result.topicId(t.name()).get().toString());
+        awaitLeaders(admin, topics);
         return reply;
+    }
+
+    // Until every partition's leader answers ListOffsets (at most 60 s): CreateTopics returns once the controller
+    // made the topics, before the brokers lead them. A producer sending meanwhile gets NOT_LEADER_OR_FOLLOWER, and
+    // an idempotent one then retried its first batch for ever as OUT_OF_ORDER_SEQUENCE_NUMBER on a loaded machine
+    // (Kafka 4.2.2: the broker had appended it), so a test's writes never ended.
+    private static void awaitLeaders(Admin admin, List<NewTopic> topics) throws Exception {
+        Map<TopicPartition, OffsetSpec> all = new HashMap<>();
+        for (NewTopic t : topics)
+            for (int p = 0; p < t.numPartitions(); p++) all.put(new TopicPartition(t.name(), p), OffsetSpec.latest());
+        long deadline = System.nanoTime() + 60_000_000_000L;
+        while (true) {
+            try {
+                admin.listOffsets(all).all().get();
+                return;
+            } catch (ExecutionException e) {
+                if (!(e.getCause() instanceof RetriableException) || System.nanoTime() > deadline) throw e;
+                Thread.sleep(50);
+            }
+        }
     }
 
     private static ObjectNode produce(JsonNode cmd) throws Exception {
