@@ -13,8 +13,9 @@ logfs never writes transactional batches itself (appends and the sink's publish 
 files come with segments a Kafka broker wrote, and logfs keeps each one beside its segment (renamed, moved and
 deleted with it). A segment the cleaner rewrites gets its own (:func:`write_txn_index`, written as
 ``.txnindex.cleaned`` with the other files and swapped in with them): the compressor keeps every batch, so the
-same entries; compaction keeps the entries of the abort markers it keeps (``cleaner/compaction``). Ongoing transactions (no marker yet, above Kafka's last stable offset) are not hidden: a stopped
-broker's log rarely has one, and the next broker to load it aborts it.
+same entries; compaction keeps the entries of the abort markers it keeps (``cleaner/compaction``). Ongoing
+transactions (no marker yet, above Kafka's last stable offset) are not hidden: a stopped broker's log rarely has
+one, and the next broker to load it aborts it.
 
 A RUNNING broker's log (``storage/broker``) is read while its transactions are open, and its ``.txnindex`` entry
 comes after the records it aborts. There :class:`TransactionState` derives both from the data as it is indexed,
