@@ -10,7 +10,8 @@ live; the new segment's ``.txnindex`` among them, last of its files) is a crash 
 is before each rename and after the last one, and each copy is loaded uncleanly. Each must show, at
 ``read_committed``, the text before or after the rewrite (never aborted records), at ``read_uncommitted`` the same
 state's, with Kafka's two aborted transactions in exactly one live ``.txnindex`` entry each and no leftover files.
-The live log shows the same at once after the swap (the new segment carries the aborted ranges in memory).
+The live log shows the same at once after the swap (the new segment carries the aborted ranges in memory), and
+the markers and ``.txnindex`` entries that compaction keeps go as Kafka's cleaner lets them go (delete horizon).
 """
 
 from __future__ import annotations
@@ -201,3 +202,40 @@ def test_every_crash_point_of_the_swap_keeps_the_aborted_transactions(tmp_path, 
     if mode == "compact":
         assert seen == {"before", "after"}
     assert len(images) == len(renames) + 1 >= 8
+
+
+def test_an_abort_marker_goes_after_its_delete_horizon_with_its_entry(tmp_path):
+    """Compaction as Kafka's cleaner: a pass that removes an aborted transaction's batches keeps its marker as it
+    is; a later pass, which finds none of them, stamps the marker with a delete horizon (``delete.retention.ms``),
+    and a pass past it removes the marker and its ``.txnindex`` entry. A commit marker stays while its
+    transaction's records do. What each isolation level shows never changes."""
+    directory = str(tmp_path / "t-0")
+    broker_directory(directory)
+    clock = ManualClock(T0 + 3_600_000)
+    plog = load_log(directory, "t", 0, config("compact"), clock=clock)
+
+    def markers() -> dict[int, int | None]:  # marker offset -> its delete horizon (None: none)
+        return {h.base_offset: (h.base_timestamp if h.attributes & rec.ATTR_DELETE_HORIZON else None)
+                for s in plog.segments for _, h, _, _ in s.batches_from(0) if h.is_control}
+
+    try:
+        rewrite(plog, "compact", clock)
+        assert markers() == {7: None, 10: None, 13: None}
+        clock.advance(1000)
+        rewrite(plog, "compact", clock)
+        horizon = clock.time_ms() + plog.config.delete_retention_ms
+        assert markers() == {7: horizon, 10: None, 13: horizon}
+        assert live_txns(directory) == sorted(t for ts in TXNS.values() for t in ts)
+        clock.advance(plog.config.delete_retention_ms + 1)
+        rewrite(plog, "compact", clock)
+        assert markers() == {10: None}
+        assert live_txns(directory) == []
+        assert view_text(plog) == text(COMPACTED)
+    finally:
+        plog.close()
+    for isolation in ("read_committed", "read_uncommitted"):
+        reopened = load_log(directory, "t", 0, config("compact", isolation), clock=clock, had_clean_shutdown=True)
+        try:
+            assert view_text(reopened) == text(COMPACTED)
+        finally:
+            reopened.close()
