@@ -189,18 +189,18 @@ def test_compaction_and_compression_keep_kafkas_aborted_transactions(module_brok
             for t in TOPICS:
                 os.setxattr(fs.path(t), X + "segment.ms", b"100")  # the active segments are sealed too
             wait_for(lambda: rewritten(log_dir), 60, interval=0.1, what="compaction and compression")
-            for tp in PARTITIONS:
-                check(fs, f"{tp[0]}/{tp[1]}", expected[tp], log_end[tp])
-            fs.remount(*options, foreground=True)
-            for tp in PARTITIONS:
-                check(fs, f"{tp[0]}/{tp[1]}", expected[tp], log_end[tp])
-            for t in TOPICS:
-                os.setxattr(fs.path(t), X + "logfs.isolation.level", b"read_uncommitted")
-            # The compressed topic still holds the aborted records; compaction removed them from the other.
-            check(fs, f"{PLAIN}/0", everything[(PLAIN, 0)], log_end[(PLAIN, 0)])
-            check(fs, f"{KEYED}/0", expected[(KEYED, 0)], log_end[(KEYED, 0)])
-            for t in TOPICS:
-                os.removexattr(fs.path(t), X + "logfs.isolation.level")
+            for remounted in (False, True):  # at once (the rewritten segments' aborted ranges in memory), and from disk
+                if remounted:
+                    fs.remount(*options, foreground=True)
+                for tp in PARTITIONS:
+                    check(fs, f"{tp[0]}/{tp[1]}", expected[tp], log_end[tp])
+                for t in TOPICS:
+                    os.setxattr(fs.path(t), X + "logfs.isolation.level", b"read_uncommitted")
+                # The compressed topic still holds the aborted records; compaction removed them from the other.
+                check(fs, f"{PLAIN}/0", everything[(PLAIN, 0)], log_end[(PLAIN, 0)])
+                check(fs, f"{KEYED}/0", expected[(KEYED, 0)], log_end[(KEYED, 0)])
+                for t in TOPICS:
+                    os.removexattr(fs.path(t), X + "logfs.isolation.level")
         finally:
             if mounted_at(fs.mnt):
                 fs.unmount()
@@ -216,7 +216,10 @@ def test_compaction_and_compression_keep_kafkas_aborted_transactions(module_brok
             kept = expected[tp] if tp[0] == KEYED else everything[tp]  # (compression keeps the aborted records)
             assert [(r["offset"], r["key"], r["payload"]) for r in data] == [
                 (r.offset, r.key.decode(), r.value.decode()) for r in kept], tp
+            # (a segment that starts with a marker is not rewritten: compression.needs_rewrite)
             sealed = [p for p in files[tp] if p.name.endswith(".log")][:-1]
+            sealed = [p for p in sealed if dump.files[str(p)].batches[:1] and not
+                      dump.files[str(p)].batches[0]["isControl"]]
             assert {b["compresscodec"] for p in sealed for b in dump.files[str(p)].batches
                     if b["count"] and not b["isControl"]} == (
                 {"zstd"} if tp[0] == PLAIN else {"none"}), tp
