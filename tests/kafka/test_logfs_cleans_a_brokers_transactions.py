@@ -19,14 +19,16 @@ after a remount: each file is what Kafka's ``read_committed`` consumer reads (fo
 committed record of each key), the ``offset.``/``position.`` xattrs agree, and ``logfs.isolation.level=
 read_uncommitted`` shows the aborted records that are still in the log (the compressed topic's; compaction removed
 the other's). After the unmount, Kafka's DumpLogSegments reads every rewritten segment and its indexes without a
-complaint and prints the ``.txnindex`` entries the broker wrote, and the broker, started again on the directory,
-serves the same ``read_committed`` (and ``read_uncommitted``) records.
+complaint and prints the ``.txnindex`` entries the broker wrote (``logfs-dump-log-segments`` prints the same), and
+the broker, started again on the directory, serves the same ``read_committed`` (and ``read_uncommitted``) records.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -38,6 +40,7 @@ from harness import mounted_at, wait_for
 from test_logfs_reads_a_broker import NULL, SEP, Script, line, read_txn_indexes, segment_of, value
 
 pytestmark = pytest.mark.mount
+ROOT = Path(__file__).resolve().parents[2]
 
 KEYED, PLAIN = "tc-keyed", "tc-plain"
 TOPICS = {KEYED: {"internal.segment.bytes": "1024"}, PLAIN: {"internal.segment.bytes": "1024"}}
@@ -233,6 +236,9 @@ def test_compaction_and_compression_keep_kafkas_aborted_transactions(module_brok
             found = sorted(tuple(int(x) for x in TXN_LINE.search(text).groups())
                            for f in listed.files.values() for text in f.other if TXN_LINE.search(text))
             assert found == txns[tp] == sorted(read_txn_indexes(log_dir / f"{tp[0]}-{tp[1]}")), tp
+            mine = subprocess.run([sys.executable, "-m", "logfs.tools.dump", "--files", ",".join(indexes)], cwd=ROOT,
+                                  capture_output=True, text=True, timeout=60)
+            assert (mine.returncode, mine.stdout, mine.stderr) == (0, listed.stdout, listed.stderr), tp
     finally:
         broker.start()
 
