@@ -1,6 +1,6 @@
 """Print logfs segment files the way Kafka's ``kafka-dump-log.sh`` (kafka.tools.DumpLogSegments, 3.x to 4.2) does.
 
-    logfs-dump-log-segments --files A.log,B.index,C.timeindex
+    logfs-dump-log-segments --files A.log,B.index,C.timeindex,D.txnindex
         [--deep-iteration] [--print-data-log] [--verify-index-only] [--index-sanity-check]
 
 Output follows Kafka's: batch lines and ``| offset: ...`` record lines on stdout, ``Found N invalid bytes at the
@@ -26,8 +26,9 @@ import sys
 import time
 
 from ..storage.format import records as rec
+from ..storage.local.txn_index import read_txn_index
 from ..storage.names import (
-    INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX, companion_file_name, offset_from_file_name,
+    INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX, TXN_INDEX_SUFFIX, companion_file_name, offset_from_file_name,
 )
 
 RECORD_INDENT = "|"
@@ -354,14 +355,23 @@ def dump_time_index(path: str, opts, errors: Errors) -> None:
         prev = timestamp
 
 
-DUMPERS = {LOG_SUFFIX: dump_log, INDEX_SUFFIX: dump_index, TIME_INDEX_SUFFIX: dump_time_index}
+def dump_txn_index(path: str, opts, errors: Errors) -> None:
+    """Kafka's aborted transactions (a broker's ``.txnindex``, or the one logfs's cleaner wrote for a segment it
+    rewrote), one line per entry, whatever the options (as Kafka's ``dumpTxnIndex``)."""
+    for txn in read_txn_index(path):
+        print(f"version: 0 producerId: {txn.producer_id} firstOffset: {txn.first_offset} "
+              f"lastOffset: {txn.last_offset} lastStableOffset: {txn.last_stable_offset}")
+
+
+DUMPERS = {LOG_SUFFIX: dump_log, INDEX_SUFFIX: dump_index, TIME_INDEX_SUFFIX: dump_time_index,
+           TXN_INDEX_SUFFIX: dump_txn_index}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="logfs-dump-log-segments",
         description="Parse log segment files and dump their contents (Kafka's DumpLogSegments format).")
-    parser.add_argument("--files", required=True, help="comma-separated .log, .index and .timeindex files")
+    parser.add_argument("--files", required=True, help="comma-separated .log, .index, .timeindex and .txnindex files")
     parser.add_argument("--deep-iteration", action="store_true", help="print every record, not only batches")
     parser.add_argument("--print-data-log", action="store_true", help="print keys and payloads (implies deep)")
     parser.add_argument("--verify-index-only", action="store_true", help="only report index mismatches")

@@ -13,6 +13,17 @@ only if it is the latest for its key (keyless records are dropped, as Kafka does
 delete horizon (now + ``delete.retention.ms``) the first time it is cleaned, stored in the batch header as
 Kafka v2 does (attribute bit 0x40, baseTimestamp = horizon); a later pass past the horizon drops it.
 
+Kafka's transactions (a broker's log mounted read-write), as Kafka's cleaner treats them (``Cleaner`` and its
+``CleanedTransactionMetadata``; :class:`CleanedTransactions`): a record of an aborted transaction is never a key's
+latest (the offset map skips aborted and control batches) and is removed; a marker stays while the pass saw
+batches of its transaction (an abort's: the batches it removed; a commit's: the batches still there), and
+otherwise gets a delete horizon like a tombstone and goes once it has passed. The cleaned segment's ``.txnindex``
+holds the entries of the abort markers it keeps. (Kafka's writes an entry only when the pass removed batches of
+that transaction, and a later pass leaves it out while the marker waits for its horizon; logfs keeps the entry as
+long as the marker: it covers nothing left in the log, and a group whose swap was skipped keeps what it covers.)
+Kafka's cleaner also keeps the last batch of each producer, emptied, for its sequence numbers: logfs keeps no
+producer state, and a broker started on the directory takes it from its ``.snapshot`` files.
+
 Each cleaned group goes in by :meth:`Log.replace_segments`, the crash-safe swap of
 :mod:`~logfs.storage.local.lifecycle` that recovery also completes; the pass reads a snapshot of the sealed segments,
 so retention removing one meanwhile only makes that group's swap be skipped.
@@ -22,14 +33,16 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 from dataclasses import dataclass
 
 from ..format import records as rec
 from .compression import codec_of
-from ..local.lifecycle import discard, open_segment
+from ..local.lifecycle import discard, open_cleaned
 from ..local.log import Log
-from ..local.segment import CLEANED_SUFFIX, LogSegment, batch_stats
+from ..local.segment import LogSegment, batch_stats
+from ..local.txn_index import (
+    ABORT, COMMIT, AbortedTxn, control_record, control_type, read_txn_index, write_txn_index,
+)
 
 log = logging.getLogger(__name__)
 ENTRY_BYTES = 24  # MD5 digest + offset, as Kafka's SkimpyOffsetMap
@@ -130,6 +143,11 @@ def build_offset_map(segments: list[LogSegment], start: int, end: int, offset_ma
                 return mapped_end
             if len(offset_map) + header.records_count > offset_map.capacity and mapped_end > start:
                 return mapped_end
+            if header.is_control or segment.is_aborted(header):
+                # (Kafka's buildOffsetMap: a marker's key is no record's, and an aborted record never supersedes a
+                # committed one)
+                mapped_end = min(header.next_offset, end)
+                continue
             for r in rec.decode(buf, at, header.size):
                 if r.key is not None and start <= r.offset < end:
                     offset_map.put(r.key, r.offset)
@@ -172,10 +190,69 @@ def encode_batch(header: rec.BatchHeader, records: list[rec.Record], delete_hori
         leader_epoch=header.partition_leader_epoch)
 
 
+def marker_with_horizon(header: rec.BatchHeader, batch: bytes, delete_horizon: int) -> bytes:
+    """A transaction marker (a control batch: the record decoder yields nothing for it) written again with a
+    delete horizon, its record, producer fields and offsets kept, as Kafka's cleaner writes it."""
+    record = control_record(batch)
+    return rec.build_batch_generic(
+        header.base_offset, 0, [record.value], [record.key], [()], [header.base_timestamp + record.timestamp_delta],
+        [record.offset_delta], base_timestamp=delete_horizon, last_offset_delta=header.last_offset_delta,
+        attributes=header.attributes | rec.ATTR_DELETE_HORIZON,
+        producer=(header.producer_id, header.producer_epoch, header.base_sequence),
+        leader_epoch=header.partition_leader_epoch)
+
+
 def empty_batch(offset: int) -> bytes:
     """A v2 batch without records that spans just ``offset``. Its timestamps are Kafka's NO_TIMESTAMP (-1), so
     it never makes its segment look younger to time-based retention."""
     return rec.build_batch_generic(offset, -1, [], last_offset_delta=0)
+
+
+class CleanedTransactions:
+    """What one group's cleaning does with Kafka's transactions (Kafka's ``CleanedTransactionMetadata``), fed its
+    batches in offset order: an aborted transaction's batches go (:meth:`discards`); a marker must stay while the
+    group showed batches of its transaction (:meth:`marker_needed`), else its delete horizon decides; the entries of
+    the abort markers kept (:meth:`keep_marker`) are the cleaned segment's ``.txnindex`` (:attr:`kept`)."""
+
+    def __init__(self, group: list[LogSegment]):
+        self._aborted_seen: set[int] = set()  # producers whose aborted batches this group removed, until the marker
+        self._committed_seen: set[int] = set()  # producers whose (not aborted) transactional batches it kept
+        # The entries of the group's own .txnindex files, by (producer, marker offset)
+        self._entries = {(t.producer_id, t.last_offset): t for s in group if s.has_txn_index
+                         for t in read_txn_index(s.txn_index_path)}
+        self.kept: list[AbortedTxn] = []
+
+    def discards(self, segment: LogSegment, header: rec.BatchHeader) -> bool:
+        """Whether a data batch goes: one of an aborted transaction (its marker then stays, this pass)."""
+        if not header.attributes & rec.ATTR_TRANSACTIONAL:
+            return False
+        if segment.is_aborted(header):
+            self._aborted_seen.add(header.producer_id)
+            return True
+        self._committed_seen.add(header.producer_id)
+        return False
+
+    def marker_needed(self, batch, header: rec.BatchHeader) -> bool:
+        """Whether a control batch (``batch``: its bytes) must stay whatever its delete horizon: an abort whose
+        batches this group removed, a commit whose batches it kept, a control type logfs does not know."""
+        if not header.records_count:
+            return False  # (a control batch emptied by an earlier cleaning)
+        kind, producer = control_type(batch), header.producer_id
+        if kind == ABORT:
+            needed = producer in self._aborted_seen
+            self._aborted_seen.discard(producer)
+        elif kind == COMMIT:
+            needed = producer in self._committed_seen
+            self._committed_seen.discard(producer)
+        else:
+            needed = True
+        return needed
+
+    def keep_marker(self, header: rec.BatchHeader) -> None:
+        """A control batch the cleaned segment keeps: an abort's entry goes into its ``.txnindex``."""
+        entry = self._entries.get((header.producer_id, header.base_offset))
+        if entry is not None:
+            self.kept.append(entry)
 
 
 @dataclass
@@ -218,20 +295,27 @@ def clean(plog: Log, target: CleanableLog, offset_map: OffsetMap, now_ms: int) -
 
 
 def _clean_group(directory: str, config, group: list[LogSegment], offset_map: OffsetMap, end: int, now_ms: int):
-    base = group[0].base_offset
-    cleaned = open_segment(directory, base, config, created_ms=now_ms, suffix=CLEANED_SUFFIX,
-                           open_files=group[0].open_files)  # (the log's budget: it joins the log)
-    for index in (cleaned.offset_index, cleaned.time_index, cleaned.view_index):
-        index.reset()  # a stray .cleaned file from an abandoned pass
-    if cleaned.size:
-        os.ftruncate(cleaned.fd, 0)
-        cleaned.size = 0
+    cleaned = open_cleaned(directory, group[0].base_offset, config, now_ms, group[0].open_files)
     dropped = 0
     codec, level = codec_of(config)
+    transactions = CleanedTransactions(group)
     try:
         for segment in group:
             for _, header, buf, at in segment.batches_from(0):
                 if header.is_control:
+                    batch = bytes(buf[at : at + header.size])
+                    if not transactions.marker_needed(batch, header):
+                        horizon = header.base_timestamp if header.attributes & rec.ATTR_DELETE_HORIZON else None
+                        if horizon is not None and now_ms >= horizon:
+                            dropped += header.records_count
+                            continue
+                        if horizon is None:  # (its horizon starts now, as a tombstone's)
+                            batch = marker_with_horizon(header, batch, now_ms + config.delete_retention_ms)
+                    transactions.keep_marker(header)
+                    cleaned.append(batch, rec.parse_header(batch), batch_stats(batch))
+                    continue
+                if transactions.discards(segment, header):
+                    dropped += header.records_count
                     continue
                 horizon = header.base_timestamp if header.attributes & rec.ATTR_DELETE_HORIZON else None
                 kept = []
@@ -269,6 +353,9 @@ def _clean_group(directory: str, config, group: list[LogSegment], offset_map: Of
             # values, keyless records, deleted keys).
             batch = empty_batch(group_end - 1)
             cleaned.append(batch, rec.parse_header(batch), batch_stats(batch))
+        if transactions.kept:
+            cleaned.has_txn_index = True
+            write_txn_index(cleaned.txn_index_path, transactions.kept)
         cleaned.on_become_inactive()
         cleaned.flush()
     except BaseException:

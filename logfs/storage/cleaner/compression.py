@@ -13,6 +13,11 @@ offsets of the old one (its last batch keeps the old last offset). The log then 
 :meth:`~logfs.storage.local.log.Log.replace_segments` (``.cleaned`` -> ``.swap`` -> live, the commit point being the
 ``.log.swap`` rename): after a crash at any point each offset is in exactly one segment.
 
+Kafka's transactions (a broker's log mounted read-write, CONTRACT section 13): transactional batches are compressed
+one by one with their producer fields and offsets, and markers are kept as they are, so the rewritten segment holds
+the same aborted transactions as the old one: it gets the old one's aborted ranges (its view index counts no lines
+for their batches, as the old one's did) and a copy of its ``.txnindex``, swapped in with its other files.
+
 The file work runs in the cleaner's child process (:mod:`~logfs.storage.cleaner.process`), so neither the
 re-encoding nor the codec competes with request handling for the GIL. Tiering waits for a segment's rewrite, so
 the bucket holds compressed segments.
@@ -25,13 +30,13 @@ then on, as Kafka never recompresses what is on disk).
 from __future__ import annotations
 
 import logging
-import os
 
 from ..format import records as rec
 from ..format import twins
 from ..format.speedups import C as _speedups
-from ..local.lifecycle import discard, open_segment
-from ..local.segment import CLEANED_SUFFIX, LogSegment, batch_stats
+from ..local.lifecycle import discard, open_cleaned
+from ..local.segment import LogSegment
+from ..local.txn_index import read_txn_index, write_txn_index
 
 log = logging.getLogger(__name__)
 
@@ -110,16 +115,11 @@ def write_compressed(directory: str, config, segment: LogSegment, now_ms: int) -
     state. Runs in the cleaner process (or a worker thread)."""
     codec, level = codec_of(config)
     limit = max(1, min(TARGET_BATCH_BYTES, config.max_message_bytes))
-    cleaned = open_segment(directory, segment.base_offset, config, created_ms=now_ms, suffix=CLEANED_SUFFIX,
-                           open_files=segment.open_files)  # (the log's budget: it joins the log)
-    for index in (cleaned.offset_index, cleaned.time_index, cleaned.view_index):
-        index.reset()  # a stray .cleaned file from an abandoned pass
-    if cleaned.size:
-        os.ftruncate(cleaned.fd, 0)
-        cleaned.size = 0
+    cleaned = open_cleaned(directory, segment.base_offset, config, now_ms, segment.open_files)
+    cleaned.aborted = segment.aborted  # (the same batches at the same offsets: the same aborted transactions)
 
     def put(batch: bytes, compress: bool) -> None:
-        stats = batch_stats(batch)
+        stats = cleaned.visible_stats(batch, 0, rec.parse_header(batch))  # (none for an aborted batch's records)
         if compress:
             batch = rec.compress_batch(batch, codec, level)
         cleaned.append(batch, rec.parse_header(batch), stats)
@@ -149,6 +149,9 @@ def write_compressed(directory: str, config, segment: LogSegment, now_ms: int) -
         if cleaned.next_offset != segment.next_offset:
             raise ValueError(f"{segment.log_path}: the rewrite ends at {cleaned.next_offset}, the segment at "
                              f"{segment.next_offset}")
+        if segment.has_txn_index:  # every marker is kept: so is every entry of Kafka's index of aborts
+            cleaned.has_txn_index = True
+            write_txn_index(cleaned.txn_index_path, read_txn_index(segment.txn_index_path))
         cleaned.on_become_inactive()
         cleaned.flush()
     except BaseException:

@@ -33,9 +33,10 @@ from .compression import write_compressed
 from ..config import LogConfig
 from ..errors import LogfsError, StorageIOError
 from ..failure import NOT_DISK_ERRNOS
-from ..local.lifecycle import open_segment
+from ..local.lifecycle import attach_transactions, open_segment
 from ..local.log import Log
 from ..local.segment import CLEANED_SUFFIX
+from ..local.txn_index import AbortedRanges
 
 _DISK_FAILED = 3  # the child's exit status after an error of the disk (its errno in the reply)
 _CONFIG_FIELDS = ("segment_bytes", "segment_index_bytes", "index_interval_bytes", "delete_retention_ms",
@@ -109,8 +110,11 @@ def _swap_in(plog: Log, sealed: list, reply: dict) -> CleanResult:
     for group in reply["groups"]:
         cleaned = open_segment(plog.directory, group["base"], plog.config, suffix=CLEANED_SUFFIX, active=False,
                                create=False, open_files=plog.open_files)
-        cleaned.load_state()
         old = [by_base[b] for b in group["old"]]
+        cleaned.has_txn_index = os.path.exists(cleaned.txn_index_path)  # (the child wrote one: it swaps in too)
+        # (the view index the child wrote counts no lines for Kafka's aborted batches: loading checks it so)
+        cleaned.aborted = AbortedRanges.union(s.aborted for s in old)
+        cleaned.load_state()
         try:
             plog.replace_segments(old, cleaned)
         except LogfsError:
@@ -142,8 +146,12 @@ def _worker(request: dict) -> dict:
                     continue
                 raise
             segments.append(segment)
-            segment.load_state()
             segment.owner = owner
+        # Kafka's aborted transactions, as the daemon's loader gives them: their batches count no lines in the
+        # view indexes, which loading checks against the log, and the rewrites keep or write a .txnindex.
+        attach_transactions(directory, segments)
+        for segment in segments:
+            segment.load_state()
         if compress:
             groups = []
             for segment in segments:

@@ -8,9 +8,10 @@ covers (Kafka's ``LocalLog.replaceSegments``). The cleaner uses it for each clea
 to finish a swap a crash interrupted. The protocol, crash-safe at every step:
 
   1. the new segment's files are renamed ``.cleaned`` -> ``.swap`` (skipped when recovery found them already
-     ``.swap``), ``.log`` first; the ``.log.swap`` rename is the commit point; fsync the directory;
+     ``.swap``), ``.log`` first, its Kafka ``.txnindex`` (when it has one) last; the ``.log.swap`` rename is the
+     commit point; fsync the directory;
   2. the replaced segments are retired in descending offset order (the cleaner renames them ``.deleted`` and
-     unlinks them after ``file.delete.delay.ms``; recovery unlinks them at once);
+     unlinks them after ``file.delete.delay.ms``; recovery unlinks them at once), their ``.txnindex`` with them;
   3. the new segment's files are renamed ``.swap`` -> live, ``.log`` first; fsync the directory.
 
 A crash before 1 leaves ``.cleaned`` files, which the loader deletes (the swap never happened). From 1 on, the
@@ -18,6 +19,12 @@ loader completes the swap: it removes the live segments inside the ``.swap`` seg
 cleaned segment always spans the whole range it replaces) and renames the swap live, by this same function.
 Since every rename sequence moves the ``.log`` first, a swap index left without its ``.log.swap`` belongs to
 a log that already went live, and is renamed live too.
+
+The ``.txnindex`` is the one file of the new segment that cannot be rebuilt from its ``.log`` alone (Kafka rebuilds
+it from producer state replayed from a ``.snapshot``, which logfs does not keep): so a ``.txnindex.cleaned`` beside
+a ``.log.swap`` of the same base is that swap's (the cleaner wrote and fsynced it before the commit point, and
+:func:`open_cleaned` removes a stale one before a pass writes anything) and the loader renames it ``.swap`` rather
+than deleting it as a leftover.
 """
 
 from __future__ import annotations
@@ -29,8 +36,9 @@ from typing import Callable, Sequence
 from ..checkpoints import fsync_dir
 from .index import ViewIndex
 from .open_files import OpenFiles
-from ..names import ALL_SUFFIXES, filename_prefix
+from ..names import ALL_SUFFIXES, CLEANED_SUFFIX, LOG_SUFFIX, TXN_INDEX_SUFFIX, filename_prefix, parse_segment_file
 from .segment import SWAP_SUFFIX, LogSegment
+from .txn_index import aborted_by_segment
 
 
 def open_segment(directory: str, base_offset: int, config, *, created_ms: int = 0, suffix: str = "",
@@ -47,6 +55,38 @@ def open_segment(directory: str, base_offset: int, config, *, created_ms: int = 
                       max_index_size=config.segment_index_bytes, roll_jitter_ms=jitter, created_ms=created_ms,
                       suffix=suffix, active=active, max_view_index_size=view_index_size, create=create,
                       open_files=open_files)
+
+
+def open_cleaned(directory: str, base_offset: int, config, now_ms: int, open_files: OpenFiles) -> LogSegment:
+    """The ``.cleaned`` segment a rewrite (compaction, compression) writes at ``base_offset``, empty: what a pass
+    abandoned there (a crash, a failed swap) is cleared first, its ``.txnindex.cleaned`` too, so that nothing of it
+    can pass for this pass's files. ``open_files``: the log's budget (the segment joins the log)."""
+    cleaned = open_segment(directory, base_offset, config, created_ms=now_ms, suffix=CLEANED_SUFFIX,
+                           open_files=open_files)
+    for index in (cleaned.offset_index, cleaned.time_index, cleaned.view_index):
+        index.reset()
+    if cleaned.size:
+        os.ftruncate(cleaned.fd, 0)
+        cleaned.size = 0
+    try:
+        os.unlink(cleaned.txn_index_path)
+    except FileNotFoundError:
+        pass
+    return cleaned
+
+
+def attach_transactions(directory: str, segments: Sequence[LogSegment]) -> None:
+    """Give ``segments``, opened outside their log (the cleaner's process), what the loader gives a log's segments
+    of Kafka's transactions: the aborted transactions reaching into each (so their batches count no lines, as in
+    the view indexes), and whether each has a ``.txnindex`` of its own."""
+    names = os.listdir(directory)
+    bases = sorted(b for b in (parse_segment_file(n) for n in names) if b is not None and b[1] == LOG_SUFFIX
+                   and not b[2])
+    aborted = aborted_by_segment(directory, names, [b[0] for b in bases])
+    present = set(names)
+    for segment in segments:
+        segment.aborted = aborted.get(segment.base_offset)
+        segment.has_txn_index = filename_prefix(segment.base_offset) + TXN_INDEX_SUFFIX in present
 
 
 def random_jitter(segment_jitter_ms: int, segment_ms: int) -> int:

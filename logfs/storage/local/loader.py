@@ -34,7 +34,7 @@ from ..names import (
     TIME_INDEX_SUFFIX, TXN_INDEX_SUFFIX, VIEW_INDEX_SUFFIX, filename_prefix, parse_segment_file,
 )
 from .segment import LogSegment
-from .txn_index import AbortedRanges, aborted_by_segment
+from .txn_index import AbortedRanges, aborted_by_segment, read_txn_index
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +72,15 @@ def load_log(
     names = os.listdir(directory)
 
     # 1. Leftovers of deletion and compaction. (The directory is listed again only after something changed it: a
-    # store of many small partitions is loaded with one listing each.)
+    # store of many small partitions is loaded with one listing each.) A .txnindex.cleaned beside a .log.swap of
+    # its base is that swap's, written before its commit point, and the one file of it no .log can rebuild: it goes
+    # to .swap with the others (lifecycle's swap protocol).
+    swapped = {_base_of(n) for n in names if n.endswith(LOG_SUFFIX + SWAP_SUFFIX)}
+    for name in names:
+        if name.endswith(TXN_INDEX_SUFFIX + CLEANED_SUFFIX) and name[:20].isdigit() and int(name[:20]) in swapped:
+            stem = os.path.join(directory, name[: -len(CLEANED_SUFFIX)])
+            os.replace(stem + CLEANED_SUFFIX, stem + SWAP_SUFFIX)
+            names = os.listdir(directory)
     leftovers = [n for n in names if n.endswith(DELETED_SUFFIX) or n.endswith(CLEANED_SUFFIX)]
     for name in leftovers:
         _remove(os.path.join(directory, name))
@@ -88,10 +96,13 @@ def load_log(
                 os.replace(os.path.join(directory, name), live)
         names = os.listdir(directory)
 
-    # 2. Orphan indexes.
+    # 2. Orphan indexes, Kafka's .txnindex among them (as Kafka's loader): a segment a swap retired leaves one when a
+    # crash came between the renames of its files; its entries are the swap's own .txnindex's.
     bases_with_log = {_base_of(n) for n in names if n.endswith(LOG_SUFFIX)}
     for name in names:
         if name.endswith(INDEX_SUFFIXES) and _base_of(name) not in bases_with_log:
+            _remove(os.path.join(directory, name))
+        elif name.endswith(TXN_INDEX_SUFFIX) and (not name[:20].isdigit() or int(name[:20]) not in bases_with_log):
             _remove(os.path.join(directory, name))
 
     # 3. Segments.
@@ -231,11 +242,20 @@ def _complete_swap(directory: str, swap_name: str, config: LogConfig) -> None:
         return
     swap = open_segment(directory, base, config, suffix=SWAP_SUFFIX, active=False)
     try:
+        names = set(os.listdir(directory))
+        swap.has_txn_index = filename_prefix(base) + TXN_INDEX_SUFFIX + SWAP_SUFFIX in names
+        # Its view index is rebuilt as the loader would give it: no lines for Kafka's aborted batches (any entry
+        # that reaches its offsets; one past its end covers nothing in it).
+        txns = [t for n in names if n.endswith(TXN_INDEX_SUFFIX) or n == filename_prefix(base) + TXN_INDEX_SUFFIX
+                + SWAP_SUFFIX for t in read_txn_index(os.path.join(directory, n)) if t.last_offset >= base]
+        swap.aborted = AbortedRanges(txns) if txns else None
         swap.recover()
         swap.on_become_inactive()
-        bases = [_base_of(n) for n in os.listdir(directory) if n.endswith(LOG_SUFFIX)]
+        bases = [_base_of(n) for n in names if n.endswith(LOG_SUFFIX)]
         replaced = [open_segment(directory, b, config, active=False)
                     for b in sorted(b for b in bases if b is not None and base <= b < swap.next_offset)]
+        for segment in replaced:  # (their .txnindex files go with them)
+            segment.has_txn_index = filename_prefix(segment.base_offset) + TXN_INDEX_SUFFIX in names
         replace_segments(directory, swap, replaced, discard)
     finally:
         swap.close()

@@ -49,6 +49,7 @@ from .segment_file import ReadableSegment
 from .removal import RetiredSegments
 from .segments import LogSegments, LogSnapshot, close_if_unused, pin
 from .tail_batch import PAGE_SIZE, TAIL_BATCH_CAP  # noqa: F401 (PAGE_SIZE: re-exported for tests)
+from .txn_index import AbortedRanges
 
 # Appended lines are grouped into batches of about this many bytes: small enough that a read positioned inside
 # a batch renders little (64 KiB renders in ~20 us with the C accelerator), large enough that per-batch costs
@@ -582,7 +583,14 @@ class Log:
         """Swap ``new`` (a cleaned segment, ``.cleaned``) in for the sealed segments ``old`` whose offsets it
         covers, by the crash-safe protocol of :func:`~logfs.storage.local.lifecycle.replace_segments`. If the log
         changed meanwhile (retention or a truncation removed one of ``old``, or it closed), ``new`` is discarded
-        and LogfsError raised: the log is as it was."""
+        and LogfsError raised: the log is as it was.
+
+        ``new`` spans the offsets of ``old``: Kafka's aborted transactions reaching into them reach into it (the
+        compressor keeps their batches; compaction removed them, and the ranges then cover nothing). A
+        ``read_uncommitted`` log measures its aborted batches now, before the lock, as the loader does."""
+        new.aborted = AbortedRanges.union(s.aborted for s in old)
+        if self.config.read_uncommitted:
+            new.measure_aborted()
         with self.lock:
             if self.closed or any(s not in self.segments or s is self.segments.active for s in old):
                 discard(new)

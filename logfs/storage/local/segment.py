@@ -44,7 +44,9 @@ class LogSegment(SegmentFile):
     # AbortedBatches: the batches those transactions hold in it and their lines, once measured
     # (:meth:`measure_aborted`, for a read_uncommitted view)
     uncommitted = None
-    has_txn_index = False  # a .txnindex of its own beside it (a Kafka broker wrote it; the loader says so)
+    # A .txnindex of its own beside it (a Kafka broker wrote it, or the cleaner wrote it for a segment it rewrote; the
+    # loader says so, the cleaner sets it on what it writes)
+    has_txn_index = False
     # The lowest position whose bytes were rewritten other than by a tail batch's growth (an undone append, a
     # truncation) since a copy of the segment last looked (storage/moves.py, which resets it): it copies again from
     # there. Under the log's lock.
@@ -472,11 +474,15 @@ class LogSegment(SegmentFile):
         for index in (self.offset_index, self.time_index, self.view_index):
             index.flush()
 
+    @property
+    def txn_index_path(self) -> str:
+        """Its Kafka ``.txnindex`` under its current suffix (a file only with :attr:`has_txn_index`)."""
+        return os.path.join(self.directory, filename_prefix(self.base_offset)) + TXN_INDEX_SUFFIX + self.suffix
+
     def _paths(self) -> list[str]:
         paths = [self.log_path, self.offset_index.path, self.time_index.path, self.view_index.path]
-        if self.has_txn_index:  # (Kafka's .txnindex: kept beside its segment, renamed and deleted with it)
-            paths.append(os.path.join(self.directory, filename_prefix(self.base_offset)) + TXN_INDEX_SUFFIX
-                         + self.suffix)
+        if self.has_txn_index:  # (Kafka's .txnindex: kept beside its segment, renamed and deleted with it, last)
+            paths.append(self.txn_index_path)
         return paths
 
     def change_suffix(self, new_suffix: str) -> None:

@@ -11,8 +11,11 @@ the loader reads every ``.txnindex`` of a partition and gives each segment the e
 
 logfs never writes transactional batches itself (appends and the sink's publish are not transactional): these
 files come with segments a Kafka broker wrote, and logfs keeps each one beside its segment (renamed, moved and
-deleted with it). Ongoing transactions (no marker yet, above Kafka's last stable offset) are not hidden: a stopped
-broker's log rarely has one, and the next broker to load it aborts it.
+deleted with it). A segment the cleaner rewrites gets its own (:func:`write_txn_index`, written as
+``.txnindex.cleaned`` with the other files and swapped in with them): the compressor keeps every batch, so the
+same entries; compaction keeps the entries of the abort markers it keeps (``cleaner/compaction``). Ongoing
+transactions (no marker yet, above Kafka's last stable offset) are not hidden: a stopped broker's log rarely has
+one, and the next broker to load it aborts it.
 
 A RUNNING broker's log (``storage/broker``) is read while its transactions are open, and its ``.txnindex`` entry
 comes after the records it aborts. There :class:`TransactionState` derives both from the data as it is indexed,
@@ -63,6 +66,18 @@ def read_txn_index(path: str) -> list[AbortedTxn]:
     return out
 
 
+def write_txn_index(path: str, txns: Iterable[AbortedTxn]) -> None:
+    """Write (and fsync) a ``.txnindex`` of ``txns``, in Kafka's format: a rewritten segment's (the cleaner's
+    ``.cleaned`` file, which the swap renames with the segment's others)."""
+    data = b"".join(ENTRY.pack(0, *txn) for txn in txns)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 class AbortedRanges:
     """The aborted transactions that reach into one segment (or, on a broker mount, a partition's):
     ``covers(producer_id, offset)`` in O(log n) per producer. Shared by the segment's readers on any thread;
@@ -100,6 +115,21 @@ class AbortedRanges:
         self._by_producer[txn.producer_id] = ([*firsts[:i], txn.first_offset, *firsts[i:]],
                                               [*lasts[:i], txn.last_offset, *lasts[i:]])
         self.count += 1
+
+    @classmethod
+    def union(cls, ranges: Iterable["AbortedRanges | None"]) -> "AbortedRanges | None":
+        """The aborted transactions of several segments' ranges together (a segment that replaces them, which
+        spans their offsets); None when none has any. One range set is returned as it is (shared: it is never
+        changed once a stopped broker's log is loaded)."""
+        present = [r for r in ranges if r is not None]
+        if len(present) <= 1:
+            return present[0] if present else None
+        out = cls(())
+        for r in present:
+            for producer_id, (firsts, lasts) in r._by_producer.items():
+                for first, last in zip(firsts, lasts):
+                    out.add(AbortedTxn(producer_id, first, last, -1))
+        return out
 
     def __bool__(self) -> bool:
         return self.count > 0
@@ -172,17 +202,36 @@ def _varint(buf, at: int) -> tuple[int, int]:
         shift += 7
 
 
+class ControlRecord(NamedTuple):
+    timestamp_delta: int
+    offset_delta: int
+    key: bytes
+    value: bytes
+
+
+def control_record(batch) -> ControlRecord:
+    """The one record of the control batch ``batch`` (one whole batch, uncompressed as Kafka writes them; the
+    record decoder yields nothing for control batches): what the cleaner needs to write it again with a delete
+    horizon."""
+    _length, at = _varint(batch, rec.HEADER_SIZE)
+    at += 1  # attributes
+    timestamp_delta, at = _varint(batch, at)
+    offset_delta, at = _varint(batch, at)
+    fields = []
+    for _ in range(2):  # key, value
+        length, at = _varint(batch, at)
+        fields.append(bytes(batch[at : at + max(length, 0)]))
+        at += max(length, 0)
+    return ControlRecord(timestamp_delta, offset_delta, *fields)
+
+
 def control_type(batch) -> int:
     """The type of the control batch ``batch`` (one whole batch, uncompressed as Kafka writes them): ABORT or
     COMMIT (another value for a type logfs does not know)."""
-    _length, at = _varint(batch, rec.HEADER_SIZE)
-    at += 1  # attributes
-    _, at = _varint(batch, at)  # timestampDelta
-    _, at = _varint(batch, at)  # offsetDelta
-    key_length, at = _varint(batch, at)
-    if key_length < _CONTROL_KEY.size:
+    key = control_record(batch).key
+    if len(key) < _CONTROL_KEY.size:
         return -1
-    return _CONTROL_KEY.unpack_from(batch, at)[1]
+    return _CONTROL_KEY.unpack_from(key, 0)[1]
 
 
 class TransactionState:
