@@ -316,13 +316,32 @@ def mark_mount(item, reason: str | None) -> None:
         item.add_marker(pytest.mark.skip(reason=reason))
 
 
+# Tests that share something of the machine's own run in one pytest-xdist worker, one after the other (the suite
+# runs in two: tools/dev.sh): the standalone Spark cluster (a session fixture: one cluster, not one per worker),
+# and the `logfs` link in /usr/local/bin that mount(8) runs (one test's teardown removes it).
+SHARED_BY_FIXTURE = {"spark_cluster": "spark-cluster", "cluster_driver": "spark-cluster",
+                     "logfs_on_default_path": "mount-helper"}
+
+
+def worker_group(item) -> str:
+    """The pytest-xdist group ``item`` runs in (``--dist loadgroup``): a group of :data:`SHARED_BY_FIXTURE`, else its
+    module, so that a module's fixtures are set up once, in one worker (as ``--dist loadfile`` would)."""
+    for fixture in getattr(item, "fixturenames", ()):
+        if fixture in SHARED_BY_FIXTURE:
+            return SHARED_BY_FIXTURE[fixture]
+    return item.nodeid.split("::", 1)[0]
+
+
+@pytest.hookimpl(tryfirst=True)  # (before xdist's own hook reads the groups)
 def pytest_collection_modifyitems(config, items):
     """Every test that mounts (the mounted suite, or a test using the mount fixtures) is marked ``mount``, and
-    skipped where FUSE is unusable."""
+    skipped where FUSE is unusable. Every test gets its pytest-xdist group (:func:`worker_group`)."""
     reason = fuse_unusable_reason()
     for item in items:
         if MOUNT_FIXTURES & set(getattr(item, "fixturenames", ())) or E2E in Path(item.path).parents:
             mark_mount(item, reason)
+        if not any(item.iter_markers("xdist_group")):
+            item.add_marker(pytest.mark.xdist_group(worker_group(item)))
 
 
 @pytest.fixture

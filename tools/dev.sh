@@ -54,7 +54,11 @@ quiet_pip .venv/bin/pip install -q -e '.[test]'
 case "$action" in
   test)
     # (.cache/last-test-run.xml: every test's duration, for trimming the suite to its budget)
-    exec .venv/bin/python -m pytest -q -p no:cacheprovider --durations=25 --junitxml=.cache/last-test-run.xml "$@"
+    # Two pytest-xdist workers (LOGFS_TEST_WORKERS; 0: one process): much of a test's time is waiting (a daemon's
+    # mount, a JVM, a roll or a retention tick), so two overlap it. Each test module runs whole in one worker
+    # (its fixtures set up once), and tests sharing one machine-wide thing in one group (tests/harness.py).
+    exec .venv/bin/python -m pytest -q -p no:cacheprovider -n "${LOGFS_TEST_WORKERS:-2}" --dist loadgroup \
+      --no-loadscope-reorder --durations=25 --junitxml=.cache/last-test-run.xml "$@"
     ;;
   demo)
     exec .venv/bin/python tools/demo.py "$@"
