@@ -47,6 +47,9 @@ is ever created, changed, renamed or removed, and its ``.lock`` is never taken: 
   remaining segment); a reader still reading it reads it by its new name, opening it for each read and closing it
   after (no descriptor is held on a file the broker deletes). A file that is no longer the segment's inode is
   never read as it: the segment's reads fail with ``ENOENT`` instead of giving another file's bytes.
+- **Log start offsets** moved inside a segment (DeleteRecords) are followed from the broker's
+  ``log-start-offset-checkpoint`` (:meth:`BrokerLogs._follow_starts`: one ``stat`` a look), as the broker writes it
+  every ``log.flush.start.offset.checkpoint.interval.ms``; the ``kafka://`` replica writes its own at once.
 - **The cleaner's swaps.** While a ``.swap`` file exists the swap is half done, and the directory is looked at
   again later; once done, the new file at a shown segment's base offset (another inode) replaces the sealed
   segments up to the next live file, as logfs's own compaction does (:meth:`Log.forget` with ``replaced_by``).
@@ -555,6 +558,11 @@ class BrokerLogs:
         self.unwatched: set[tuple[str, int]] = set()  # partitions the kernel refused a watch: looked at each time
         self.again: set[tuple[str, int]] = set()  # partitions to look at next time without an event (a failure, a
         # swap half done)
+        # The log start offsets of the broker's log-start-offset-checkpoint (:meth:`_follow_starts`): what each
+        # directory's file was when last read (inode, mtime, size), and the starts not applied yet (a start past
+        # the end this mount shows waits for the appends)
+        self._start_files: dict[str, tuple[int, int, int]] = {}
+        self._starts_waiting: dict[tuple[str, int], int] = {}
 
     def load(self) -> None:
         self.dir_mtimes = {d: -1 for d in self.broker_dirs}
@@ -838,9 +846,49 @@ class BrokerLogs:
                 changed += self._rescan()
             except (OSError, LogfsError) as exc:
                 failed = failed or exc
+        try:
+            changed += self._follow_starts()
+        except (OSError, LogfsError) as exc:
+            failed = failed or exc
         if failed is not None:
             raise failed  # (the service logs it, once until following works again)
         return changed
+
+    def _follow_starts(self) -> int:
+        """Log start offsets moved without a segment removed (DeleteRecords inside a segment; the ``kafka://``
+        replica following its cluster's start): each broker directory's ``log-start-offset-checkpoint`` is
+        ``stat``ed at every look and read again when it changed (a new file each time: Kafka and the replica write
+        it whole and rename it), and a partition's start moves up to the one it names once the log this mount shows
+        reaches it (the appends up to there are scanned first). The broker writes the file every
+        ``log.flush.start.offset.checkpoint.interval.ms`` (60 s), the replica at once. How many starts moved."""
+        for broker_dir in self.broker_dirs:
+            path = os.path.join(broker_dir, ckpt.LOG_START_OFFSET)
+            try:
+                st = os.stat(path)
+            except FileNotFoundError:
+                continue
+            seen = (st.st_ino, st.st_mtime_ns, st.st_size)
+            if self._start_files.get(broker_dir) == seen and time.time_ns() - st.st_mtime_ns >= RACY_NS:
+                continue
+            self._start_files[broker_dir] = seen
+            for key, start in ckpt.read_checkpoint(path).items():
+                if key in self.partitions and start > self._starts_waiting.get(key, -1):
+                    self._starts_waiting[key] = start
+        moved = 0
+        for key, start in list(self._starts_waiting.items()):
+            part = self.partitions.get(key)
+            if part is None:  # (not served: a partition loaded later reads the checkpoint itself)
+                del self._starts_waiting[key]
+                continue
+            plog = part.log
+            with plog.lock:
+                if start > plog.log_end_offset:
+                    continue  # (the appends up to it are not shown yet)
+                if start > plog.log_start_offset:
+                    plog.increment_log_start_offset(start)
+                    moved += 1
+            del self._starts_waiting[key]
+        return moved
 
 
 def clear_cache(cache_dir: str) -> None:

@@ -25,9 +25,11 @@ work as on a local mount, with no second reader of the format.
   from the replica's end (its start moved past it) or whose end is past the cluster's, a partition's last segment
   that is not a log. A topic deleted meanwhile is removed.
   ``.lock`` (flock) keeps a second mount off a replica in use.
-- **The log start offset** (DeleteRecords through this mount, :meth:`Replica.note_start`; a cluster's start found
-  past the replica's first offset at resume) is written in ``log-start-offset-checkpoint``, as a broker keeps it, and
-  the mount's file starts there, also after a remount (BrokerLogs reads that file). The segments wholly below it are
+- **The log start offset** (DeleteRecords through this mount, :meth:`Replica.note_start`; the cluster's start,
+  followed every :data:`REFRESH_S` from what the fetches bring, :meth:`Replica._note_lags`: retention on the
+  cluster, DeleteRecords by another host or client; a cluster's start found past the replica's first offset at
+  resume) is written in ``log-start-offset-checkpoint``, as a broker keeps it, and the mount's file starts there
+  (BrokerLogs follows that file while mounted, and reads it at a remount). The segments wholly below it are
   removed as the cache's bound removes them (below); the active one is rolled first when the start is at its end.
 - **The cache's bound** (``logfs.remote.cache.bytes``): a segment rolls at :data:`SEGMENT_BYTES` (or an eighth of
   the bound, if smaller); when the replica holds more than the bound, the oldest sealed segments (of any partition)
@@ -592,14 +594,24 @@ class Replica:
         return dict(self._lags)
 
     def _note_lags(self) -> None:
+        """The lags, and the cluster's log start offsets followed (the fetcher's thread, every :data:`REFRESH_S`).
+        Both come from what the consumer's fetches already brought: every Fetch response carries each partition's
+        high watermark and log start offset, which librdkafka keeps (``get_watermark_offsets(cached=True)``: no
+        request; a C call per partition). A start that moved up (retention on the cluster, DeleteRecords by any
+        client) is noted as this mount's own DeleteRecords is (:meth:`note_start`: the checkpoint the mount follows,
+        the segments below removed) once the replica reached it: the fetch of records below it was refused
+        (OFFSET_OUT_OF_RANGE) and went on from the new start, so the replica's next offset gets there."""
         from confluent_kafka import TopicPartition
 
         self._past_markers()
         lags = {}
         for key, part in self.partitions.items():
             try:
-                _, high = self.consumer.get_watermark_offsets(TopicPartition(*key), cached=True)
+                low, high = self.consumer.get_watermark_offsets(TopicPartition(*key), cached=True)
             except Exception:
-                high = -1
+                low = high = -1
             lags[key] = max(0, high - part.next_offset) if high >= 0 else -1
+            if 0 < low <= part.next_offset and part.segments and low > max(self.starts.get(key, -1),
+                                                                               min(part.segments)):
+                self.note_start(key[0], key[1], low)
         self._lags = lags
