@@ -234,9 +234,10 @@ class Replica:
         self.error: str | None = None  # the last fetch or metadata error, for the log and the metrics
         self._message_error: str | None = None  # the last error the consumer returned for one partition
         self._group_refused = False
-        # Partitions whose records the cluster refuses to this user (a fetch's TOPIC_AUTHORIZATION_FAILED), until
-        # records of theirs come: a read of one is EACCES (Cluster.check_readable). A set the fetcher's thread
-        # changes and other threads only test.
+        # Partitions whose records the cluster refuses to this user (a fetch's TOPIC_AUTHORIZATION_FAILED: READ
+        # never granted, or revoked), until records of theirs come or the cluster says READ is granted again
+        # (:meth:`_recheck_refused`): a read that finds nothing more of one is EACCES (Cluster.check_readable). A set
+        # the fetcher's thread changes and other threads only test.
         self.refused: set[tuple[str, int]] = set()
         self._lags: dict[tuple[str, int], int] = {}  # (metrics) noted by the fetcher's thread at each refresh
 
@@ -374,6 +375,8 @@ class Replica:
                     self._refresh_now.clear()
                     self._refresh(1.0)
                     self._note_lags()
+                    if self.refused:
+                        self._recheck_refused()
                     next_refresh = time.monotonic() + REFRESH_S
                 self._fetch()
                 if self._trims:
@@ -451,16 +454,52 @@ class Replica:
         self.generation += 1
         self.refreshed.set()
 
-    def _topic_ids(self, topics: set[str]) -> dict[str, str]:
-        """topic -> its id (Kafka's DescribeTopics), for the topics the cluster answers about."""
-        from confluent_kafka import TopicCollection
+    def _recheck_refused(self) -> None:
+        """READ granted again (or at last) while mounted: the refused partitions' topics are asked for in one
+        DescribeTopics with this user's authorized operations (the fetcher's thread, every :data:`REFRESH_S` while
+        any partition is refused: one request for all of them); a topic whose READ is granted now is fetched again
+        at once (its partitions assigned afresh at the replica's next offsets: librdkafka backs off a partition
+        whose fetch failed) and is no longer refused, records or not (an empty topic reads empty)."""
+        from confluent_kafka import TopicCollection, TopicPartition
+        from confluent_kafka.admin import AclOperation
+
+        topics = sorted({topic for topic, _ in self.refused})
+        futures = self._admin_client().describe_topics(TopicCollection(topics), include_authorized_operations=True,
+                                                       request_timeout=METADATA_TIMEOUT_S)
+        granted = set()
+        for topic, future in futures.items():
+            try:
+                operations = future.result(timeout=METADATA_TIMEOUT_S + 1).authorized_operations
+            except Exception as exc:  # (not described to this user, or no answer: asked again next time)
+                log.debug("%s: the authorized operations are not known: %s", topic, exc)
+                continue
+            if operations and {AclOperation.READ, AclOperation.ALL} & set(operations):
+                granted.add(topic)
+        again = [key for key in self.refused if key[0] in granted and key in self.partitions]
+        if not again:
+            return
+        self.refused.difference_update(again)
+        tps = [TopicPartition(topic, n) for topic, n in again]
+        self.consumer.incremental_unassign(tps)
+        self.consumer.incremental_assign([TopicPartition(topic, n, self.partitions[(topic, n)].next_offset)
+                                          for topic, n in again])
+        self._message_error = None
+        log.info("the cluster grants READ again on %s: fetched", ", ".join(f"{t}-{n}" for t, n in sorted(again)))
+
+    def _admin_client(self):
         from confluent_kafka.admin import AdminClient
 
         if self._admin is None:
             self._admin = AdminClient(self.consumer_config)
+        return self._admin
+
+    def _topic_ids(self, topics: set[str]) -> dict[str, str]:
+        """topic -> its id (Kafka's DescribeTopics), for the topics the cluster answers about."""
+        from confluent_kafka import TopicCollection
+
         ids = {}
         try:
-            futures = self._admin.describe_topics(TopicCollection(sorted(topics)), request_timeout=METADATA_TIMEOUT_S)
+            futures = self._admin_client().describe_topics(TopicCollection(sorted(topics)), request_timeout=METADATA_TIMEOUT_S)
         except Exception as exc:
             log.debug("describing topics: %s", exc)
             return ids
