@@ -175,8 +175,8 @@ class Cluster:
         """EACCES when the cluster refuses the partition's records to this mount's user (READ not granted, or
         revoked: the replica's fetch was refused), rather than a file that reads empty or stops growing unnoticed.
         Asked where a read finds nothing of what the replica holds: an open for reading of a partition the replica
-        holds no line of, and a read at the file's end (what a ``tail -f`` waits at). Lines the replica fetched
-        before a revocation are this host's copy, and read as before (CONTRACT.md section 15, README)."""
+        holds no line of, and a read at the file's end (where a reader that polls waits for more). Lines the replica
+        fetched before a revocation are this host's copy, and read as before (CONTRACT.md section 15, README)."""
         if (topic, partition) in self.replica.refused:
             raise ClusterError(f"{topic}-{partition}: the cluster refuses its records to this mount's user",
                                errno.EACCES)

@@ -464,8 +464,12 @@ class Replica:
         from confluent_kafka.admin import AclOperation
 
         topics = sorted({topic for topic, _ in self.refused})
-        futures = self._admin_client().describe_topics(TopicCollection(topics), include_authorized_operations=True,
-                                                       request_timeout=METADATA_TIMEOUT_S)
+        try:
+            futures = self._admin_client().describe_topics(
+                TopicCollection(topics), include_authorized_operations=True, request_timeout=METADATA_TIMEOUT_S)
+        except Exception as exc:  # (no answer: asked again at the next refresh)
+            log.debug("describing the refused topics: %s", exc)
+            return
         granted = set()
         for topic, future in futures.items():
             try:
@@ -499,7 +503,8 @@ class Replica:
 
         ids = {}
         try:
-            futures = self._admin_client().describe_topics(TopicCollection(sorted(topics)), request_timeout=METADATA_TIMEOUT_S)
+            futures = self._admin_client().describe_topics(TopicCollection(sorted(topics)),
+                                                           request_timeout=METADATA_TIMEOUT_S)
         except Exception as exc:
             log.debug("describing topics: %s", exc)
             return ids
