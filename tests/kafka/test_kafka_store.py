@@ -658,6 +658,61 @@ def test_the_clusters_log_start_offset_followed(mounts, kafka_broker, tmp_path):
         tail.wait()
 
 
+def test_a_reader_keeps_what_the_start_moved_past(mounts, kafka_broker, tmp_path):
+    """A descriptor opened before the cluster's start moved past whole segments of the replica reads on through them
+    after the replica removed them (renamed ``.deleted``, unlinked later: here the test unlinks them at once, as the
+    replica's purge does 30 s later), as a local log's retention leaves a reader what it pinned; once it is closed,
+    the daemon holds no descriptor of a removed file."""
+    from confluent_kafka import TopicPartition
+    from confluent_kafka.admin import AdminClient
+
+    m = mounts("m", "logfs.remote.cache.bytes=8388608")  # (the replica's segments roll at 1 MiB)
+    cache = tmp_path / "m-cache"
+    os.mkdir(m.path("pinned"))
+    lines = [b"line %07d " % i + b"x" * 86 for i in range(30_000)]  # 100 bytes with the newline: 3 MB
+    text = b"".join(line + b"\n" for line in lines)
+    with open(m.path("pinned", 0), "ab") as f:
+        f.write(text)
+    wait_for(lambda: m.getx("pinned/0", "log_end_offset") == str(len(lines)), 60, what="the replica to hold the lines")
+    bases = sorted(replica_segments(cache, "pinned"))
+    assert len(bases) >= 3, bases
+    start = bases[2] + 5
+    reader = os.open(m.path("pinned", 0), os.O_RDONLY)
+    try:
+        head = os.read(reader, 1000)
+        tp = TopicPartition("pinned", 0, start)
+        admin = AdminClient({"bootstrap.servers": kafka_broker.bootstrap})  # (kept: its futures need it alive)
+        assert admin.delete_records([tp], request_timeout=30)[tp].result(30).low_watermark == start
+        wait_for(lambda: m.getx("pinned/0", "log_start_offset") == str(start)
+                 and m.getx("pinned/0", "segment_count") == str(len(bases) - 2), START_FOLLOWED_S,
+                 what="the mount to start there, without the segments below")
+        removed = sorted((cache / "replica" / "pinned-0").glob("*.log.deleted"))
+        assert len(removed) == 2, removed
+        for path in removed:  # (the replica's purge)
+            path.unlink()
+        rest = b""
+        while chunk := os.read(reader, 1 << 20):
+            rest += chunk
+        assert head + rest == text
+    finally:
+        os.close(reader)
+    pid = m.pid()
+
+    def removed_held() -> list[str]:
+        out = []
+        for name in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{name}")
+            except OSError:
+                continue
+            if "pinned-0" in target and target.endswith("(deleted)"):
+                out.append(target)
+        return out
+
+    wait_for(lambda: not removed_held(), 10, what="the descriptors of the removed segments to be let go")
+    assert read(m.path("pinned", 0)) == b"".join(line + b"\n" for line in lines[start:])
+
+
 def test_retention_on_the_cluster_followed(mounts, kafka_broker, kafka_client, tmp_path):
     """The broker's retention (``retention.bytes`` and ``segment.bytes`` of the topic, the session broker checking
     every second) deletes the oldest segments of a partition while mounted: the file starts where Kafka's ListOffsets

@@ -128,6 +128,8 @@ class Cluster:
 
     def attach(self, manager) -> None:
         self.manager = manager
+        if manager.broker_logs is not None:  # (the replica's files are this mount's: held for pinning readers)
+            manager.broker_logs.hold_removed_segments()
         self.appends.stopping = manager.stopping  # (set, from any thread, when the daemon stops)
 
     def close(self) -> None:
