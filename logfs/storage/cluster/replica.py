@@ -34,8 +34,9 @@ work as on a local mount, with no second reader of the format.
 - **The cache's bound** (``logfs.remote.cache.bytes``): a segment rolls at :data:`SEGMENT_BYTES` (or an eighth of
   the bound, if smaller); when the replica holds more than the bound, the oldest sealed segments (of any partition)
   are removed, as retention would: renamed ``.deleted`` (a reader that pinned one keeps reading it: the mount
-  holds its descriptor, ``BrokerSegment.hold``) and unlinked :data:`DELETE_DELAY_S` later. The partition's file then starts at its first remaining segment: the log start
-  offset the mount shows moves up, and the lines before it are read through a Kafka consumer, not the mount.
+  holds its descriptor, ``BrokerSegment.hold``) and unlinked :data:`DELETE_DELAY_S` later. The partition's file
+  then starts at its first remaining segment: the log start offset the mount shows moves up, and the lines before
+  it are read through a Kafka consumer, not the mount.
 
 The engine's rule holds: no trio, no pyfuse3. Only this thread writes the segments; the checkpoint is written
 under :attr:`Replica._lock` by whoever moves a start.
