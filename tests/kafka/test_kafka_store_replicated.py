@@ -57,6 +57,9 @@ def cluster_mount(mount_logfs, bootstrap: str, tmp_path, name: str):
                        "kafka.delivery.timeout.ms=60000", foreground=True, name=name, prepare=prepare)
 
 
+# kafka-python's admin client loads its protocol schemas through importlib.resources' legacy API (read_text,
+# open_text): 218 DeprecationWarnings of that library's, none of logfs's
+@pytest.mark.filterwarnings(r"ignore:(read|open)_text is deprecated:DeprecationWarning")
 def test_leader_moved_by_reassignment(mount_logfs, nodes, kafka_client, tmp_path):
     from confluent_kafka.admin import AdminClient, NewTopic
     from kafka import TopicPartition as KafkaPythonPartition
