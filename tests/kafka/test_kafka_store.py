@@ -37,6 +37,8 @@ import pytest
 from logfs.storage.format import records as rec
 from logfs.testing.kafka import free_port
 
+from open_reader import TailF
+
 from harness import (
     daemon_env as code_env, daemon_pids, expect_errno, logfs_command, mount_fstype, mounted_at, needs_mount_helper, sh,
     wait_for,
@@ -221,17 +223,7 @@ def test_two_mounts_one_partition(mounts, kafka_broker, kafka_client):
     os.mkdir(a.path("shared"))
     b = mounts("b")
     wait_for(lambda: os.path.exists(b.path("shared", 0)), 10, what="the topic on the second mount")
-    # tail -f on b, started before anything is written
-    tail = subprocess.Popen(["tail", "-c", "+1", "-f", b.path("shared", 0)], stdout=subprocess.PIPE)
-    seen = bytearray()
-
-    def follow() -> None:
-        for chunk in iter(lambda: tail.stdout.read1(65536), b""):
-            seen.extend(chunk)
-
-    reader = threading.Thread(target=follow, daemon=True)
-    reader.start()
-    try:
+    with TailF(b.path("shared", 0)) as tail:  # tail -f on b, started before anything is written
         per_writer = 300
 
         def writer(m, name: bytes) -> None:
@@ -261,10 +253,7 @@ def test_two_mounts_one_partition(mounts, kafka_broker, kafka_client):
                 b"%s %d" % (name, i) for i in range(per_writer)]
         wait_content(a.path("shared", 0), want)
         wait_content(b.path("shared", 0), want)
-        wait_for(lambda: bytes(seen) == want, 30, what="tail -f on b to see every line")
-    finally:
-        tail.terminate()
-        tail.wait()
+        tail.shows(want, what="tail -f on b to see every line")
 
 
 def test_mkdir_and_rm_r(mounts, kafka_broker, kafka_client):
@@ -617,45 +606,37 @@ def test_the_clusters_log_start_offset_followed(mounts, kafka_broker, tmp_path):
     text = b"".join(line + b"\n" for line in lines)
     wait_content(a.path("moved", 0), text)
     wait_content(b.path("moved", 0), text)
-    tail = subprocess.Popen(["tail", "-c", "+1", "-f", b.path("moved", 0)], stdout=subprocess.PIPE)
-    seen = bytearray()
-    threading.Thread(target=lambda: [seen.extend(c) for c in iter(lambda: tail.stdout.read1(65536), b"")],
-                     daemon=True).start()
-    reader = os.open(a.path("moved", 0), os.O_RDONLY)
-    try:
-        head = os.read(reader, len(b"".join(line + b"\n" for line in lines[:5])))
-        admin = AdminClient({"bootstrap.servers": kafka_broker.bootstrap})
-        tp = TopicPartition("moved", 0, 40)
-        assert admin.delete_records([tp], request_timeout=30)[tp].result(30).low_watermark == 40
+    with TailF(b.path("moved", 0)) as tail:  # (started before the start moves)
+        reader = os.open(a.path("moved", 0), os.O_RDONLY)
+        try:
+            head = os.read(reader, len(b"".join(line + b"\n" for line in lines[:5])))
+            admin = AdminClient({"bootstrap.servers": kafka_broker.bootstrap})
+            tp = TopicPartition("moved", 0, 40)
+            assert admin.delete_records([tp], request_timeout=30)[tp].result(30).low_watermark == 40
 
-        def starts_at(m, start: int) -> bool:
-            return (m.getx("moved/0", "log_start_offset") == str(start)
-                    and read(m.path("moved", 0)) == b"".join(line + b"\n" for line in lines[start:]))
+            def starts_at(m, start: int) -> bool:
+                return (m.getx("moved/0", "log_start_offset") == str(start)
+                        and read(m.path("moved", 0)) == b"".join(line + b"\n" for line in lines[start:]))
 
-        for m in (a, b):
-            wait_for(lambda: starts_at(m, 40), START_FOLLOWED_S, what=f"{m.mnt} to start at 40")
-            assert m.getx("moved/0", "position.40") == "0"
-        assert "moved 0 40" in (tmp_path / "a-cache" / "replica" / "log-start-offset-checkpoint").read_text()
-        # another host's DeleteRecords (its mount's setfattr)
-        os.setxattr(b.path("moved", 0), "user.logfs.log_start_offset", b"70")
-        wait_for(lambda: starts_at(a, 70), START_FOLLOWED_S, what="the first mount to start at 70")
-        # the descriptor opened before: its view, whatever the cluster's start did meanwhile
-        assert os.getxattr(reader, "user.logfs.log_start_offset") == b"0"
-        rest = b""
-        while chunk := os.read(reader, 65536):
-            rest += chunk
-        assert head + rest == text
-    finally:
-        os.close(reader)
-    added = [b"after %d" % i for i in range(20)]
-    with open(a.path("moved", 0), "ab") as f:
-        f.write(b"".join(line + b"\n" for line in added))
-    try:
-        wait_for(lambda: bytes(seen) == text + b"".join(line + b"\n" for line in added), 30,
-                 what="tail -f to show every line once")
-    finally:
-        tail.terminate()
-        tail.wait()
+            for m in (a, b):
+                wait_for(lambda: starts_at(m, 40), START_FOLLOWED_S, what=f"{m.mnt} to start at 40")
+                assert m.getx("moved/0", "position.40") == "0"
+            assert "moved 0 40" in (tmp_path / "a-cache" / "replica" / "log-start-offset-checkpoint").read_text()
+            # another host's DeleteRecords (its mount's setfattr)
+            os.setxattr(b.path("moved", 0), "user.logfs.log_start_offset", b"70")
+            wait_for(lambda: starts_at(a, 70), START_FOLLOWED_S, what="the first mount to start at 70")
+            # the descriptor opened before: its view, whatever the cluster's start did meanwhile
+            assert os.getxattr(reader, "user.logfs.log_start_offset") == b"0"
+            rest = b""
+            while chunk := os.read(reader, 65536):
+                rest += chunk
+            assert head + rest == text
+        finally:
+            os.close(reader)
+        added = [b"after %d" % i for i in range(20)]
+        with open(a.path("moved", 0), "ab") as f:
+            f.write(b"".join(line + b"\n" for line in added))
+        tail.shows(text + b"".join(line + b"\n" for line in added))
 
 
 def test_a_reader_keeps_what_the_start_moved_past(mounts, kafka_broker, tmp_path):

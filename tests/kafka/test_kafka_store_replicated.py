@@ -18,12 +18,13 @@ shows it too. The reassignment runs first: the kill leaves the cluster one node 
 from __future__ import annotations
 
 import os
-import subprocess
 import threading
 
 import pytest
 
 from logfs.testing.kafka import bootstrap_of, running_cluster
+
+from open_reader import TailF
 
 from harness import daemon_pids, wait_for
 
@@ -77,10 +78,6 @@ def test_leader_moved_by_reassignment(mount_logfs, nodes, kafka_client, tmp_path
     a, b = cluster_mount(mount_logfs, bootstrap, tmp_path, "a"), cluster_mount(mount_logfs, bootstrap, tmp_path, "b")
     wait_for(lambda: os.path.exists(a.path("reassigned", 0)) and os.path.exists(b.path("reassigned", 0)), 10,
              what="the topic on both mounts")
-    tail = subprocess.Popen(["tail", "-c", "+1", "-f", b.path("reassigned", 0)], stdout=subprocess.PIPE)
-    seen = bytearray()
-    threading.Thread(target=lambda: [seen.extend(c) for c in iter(lambda: tail.stdout.read1(65536), b"")],
-                     daemon=True).start()
     moved = threading.Event()
     half = threading.Barrier(3)
     written: dict[bytes, int] = {}
@@ -104,7 +101,7 @@ def test_leader_moved_by_reassignment(mount_logfs, nodes, kafka_client, tmp_path
             os.close(fd)
 
     threads = [threading.Thread(target=writer, args=(m, name)) for m, name in ((a, b"a"), (b, b"b"))]
-    try:
+    with TailF(b.path("reassigned", 0)) as tail:  # (started before anything is written)
         for t in threads:
             t.start()
         half.wait(60)
@@ -137,10 +134,7 @@ def test_leader_moved_by_reassignment(mount_logfs, nodes, kafka_client, tmp_path
         for m in (a, b):  # both hosts read the same order
             wait_for(lambda: open(m.path("reassigned", 0), "rb").read() == want, 60,
                      what="the mounts to show every line")
-        wait_for(lambda: bytes(seen) == want, 30, what="tail -f across the move to show every line once")
-    finally:
-        tail.terminate()
-        tail.wait()
+        tail.shows(want, what="tail -f across the move to show every line once")
 
 
 def test_leader_killed_while_appending(mount_logfs, nodes, kafka_client, tmp_path):
