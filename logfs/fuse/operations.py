@@ -376,8 +376,8 @@ class Operations(pyfuse3.Operations):
         plog.log_dir.check()  # a partition of an offline directory: EIO until the next mount
         cluster = self.manager.cluster
         if cluster is not None:  # (a Kafka cluster that refuses this user its records, or writes to them: EACCES)
-            if (flags & os.O_ACCMODE) != os.O_WRONLY:
-                cluster.check_readable(topic, partition)
+            if (flags & os.O_ACCMODE) != os.O_WRONLY and plog.log_end_offset <= plog.log_start_offset:
+                cluster.check_readable(topic, partition)  # (nothing of it fetched; what was fetched reads)
             if writable:
                 if cluster.write_grant_known(topic):
                     cluster.check_writable(topic)
@@ -435,6 +435,9 @@ class Operations(pyfuse3.Operations):
                 data, lines = await handles.in_worker(fh, handle.read, off, size)
         except (OSError, StorageIOError) as exc:  # the disk failed a read: the directory goes offline
             disk_failed(handle.log, exc, "read")
+        if not data and size and self.manager.cluster is not None:
+            # (the file's end: where it would grow, the cluster refusing its records says so rather than idling)
+            self.manager.cluster.check_readable(handle.log.topic, handle.log.partition)
         counters = handle.counters  # (here, on the trio thread, also after a read in a worker thread)
         counters.read_bytes += len(data)
         counters.read_records += lines

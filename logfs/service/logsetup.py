@@ -47,6 +47,22 @@ class _UserErrorFilter(logging.Filter):
         return not getattr(record, "user_error", False)
 
 
+class LateReleaseReply(logging.Filter):
+    """pyfuse3's ERROR when the reply to a RELEASE (or RELEASEDIR) finds the request gone (``fuse_release():
+    fuse_reply_* failed with No such file or directory``) is logged at INFO: the kernel sends it after ``close()``
+    returned, without waiting for it, and an unmount right after a close (``cat f; umount``, a test's remount) ends
+    the connection before the reply; the release itself was done, nothing is lost. Any other failed reply stays an
+    ERROR."""
+
+    MESSAGES = tuple(f"{call}(): fuse_reply_* failed with No such file or directory"
+                     for call in ("fuse_release", "fuse_releasedir"))
+
+    def filter(self, record):
+        if record.levelno == logging.ERROR and record.getMessage() in self.MESSAGES:
+            record.levelno, record.levelname = logging.INFO, logging.getLevelName(logging.INFO)
+        return True
+
+
 def user_error(message: str) -> None:
     """One line for a user error (bad option, locked or unwritable directory, missing mountpoint), never a
     traceback; with a journal priority prefix under systemd."""
@@ -71,5 +87,8 @@ def setup_logging(debug: bool, daemon: bool = False) -> logging.Handler:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(logging.DEBUG if debug else logging.INFO)
-    logging.getLogger("pyfuse3").setLevel(logging.DEBUG if debug else logging.WARNING)
+    pyfuse3_log = logging.getLogger("pyfuse3")
+    pyfuse3_log.setLevel(logging.DEBUG if debug else logging.WARNING)
+    if not any(isinstance(f, LateReleaseReply) for f in pyfuse3_log.filters):
+        pyfuse3_log.addFilter(LateReleaseReply())
     return handler

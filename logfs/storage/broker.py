@@ -45,8 +45,13 @@ is ever created, changed, renamed or removed, and its ``.lock`` is never taken: 
   ``read_uncommitted`` consumer's fetch reads.
 - **Retention.** A segment the broker renamed ``.deleted`` leaves the log (which then starts at its first
   remaining segment); a reader still reading it reads it by its new name, opening it for each read and closing it
-  after (no descriptor is held on a file the broker deletes). A file that is no longer the segment's inode is
-  never read as it: the segment's reads fail with ``ENOENT`` instead of giving another file's bytes.
+  after (no descriptor is held on a file the broker deletes; the ``kafka://`` replica's files are this mount's own,
+  and one a reader pins keeps a descriptor until the reader lets it go: :meth:`BrokerSegment.hold`). A file that is
+  no longer the segment's inode is never read as it: the segment's reads fail with ``ENOENT`` instead of giving
+  another file's bytes.
+- **Log start offsets** moved inside a segment (DeleteRecords) are followed from the broker's
+  ``log-start-offset-checkpoint`` (:meth:`BrokerLogs._follow_starts`: one ``stat`` a look), as the broker writes it
+  every ``log.flush.start.offset.checkpoint.interval.ms``; the ``kafka://`` replica writes its own at once.
 - **The cleaner's swaps.** While a ``.swap`` file exists the swap is half done, and the directory is looked at
   again later; once done, the new file at a shown segment's base offset (another inode) replaces the sealed
   segments up to the next live file, as logfs's own compaction does (:meth:`Log.forget` with ``replaced_by``).
@@ -161,6 +166,7 @@ class BrokerSegment(LogSegment):
         self.pending: collections.deque = collections.deque()  # scanned, not yet published: (pos, header, stats)
         self.aborted = aborted
         self.has_txn_index = False  # (the broker's .txnindex is never renamed or removed by logfs)
+        self.held = -1  # a descriptor kept for the snapshots that pin it once it left the log (:meth:`hold`)
 
     # -- the descriptor: this inode's, under the name it has now ------------------------------------------
     # While the segment is in the log, reads share one descriptor (``fd``, in the mount's open-file budget). Once
@@ -235,6 +241,18 @@ class BrokerSegment(LogSegment):
             if self._reads == 0:
                 release_unit(self)
 
+    def hold(self) -> None:
+        """It leaves the log (its log's lock held) while snapshots pin it, and its file is not the broker's but this
+        mount's own (the ``kafka://`` replica's, :attr:`BrokerLogs.hold_removed`): keep a descriptor for their reads
+        until the last of them lets it go (:meth:`close`), as a local log's retention holds a removed segment's files
+        (``LogSegment.hold_files``). The file's removal (the replica unlinks it 30 s after the rename) then frees its
+        disk only once no reader that has not passed it is left."""
+        if self.held < 0 and self.refs > 0 and not self.closed:
+            try:
+                self.held = self._own_fd()
+            except StorageIOError:
+                pass  # (gone already: its reads fail as before)
+
     def _own_fd(self) -> int:
         fd = self._opened(lambda path: os.open(path, os.O_RDONLY))
         if os.fstat(fd).st_ino != self.inode:
@@ -251,6 +269,11 @@ class BrokerSegment(LogSegment):
                 data = super().read(position, length)
             finally:
                 self._exit_read()
+        elif self.held >= 0:
+            try:
+                data = os.pread(self.held, length, position)
+            except OSError as exc:
+                raise StorageIOError(f"read of {self.log_path} failed: {exc.strerror}", exc.errno) from exc
         else:
             fd = self._own_fd()
             try:
@@ -379,6 +402,9 @@ class BrokerSegment(LogSegment):
     def close(self) -> None:
         if self.closed:
             return
+        if self.held >= 0:
+            os.close(self.held)
+            self.held = -1
         self.close_readonly()
         self.delete_files()
 
@@ -388,9 +414,12 @@ class BrokerPartition:
     the data shows them, the segments the broker rolled to that the log does not show yet (``ahead``: behind an
     open transaction), and what the last look saw."""
 
-    def __init__(self, directory: str, plog: Log, txns: TransactionState | None, ahead: list[BrokerSegment]):
+    def __init__(self, directory: str, plog: Log, txns: TransactionState | None, ahead: list[BrokerSegment],
+                 hold_removed: bool = False):
         """``txns`` None: the topic's ``logfs.isolation.level`` is read_uncommitted, and every whole batch shows as
-        it is scanned, up to the log end offset, aborted or not (what such a consumer reads)."""
+        it is scanned, up to the log end offset, aborted or not (what such a consumer reads). ``hold_removed``:
+        :attr:`BrokerLogs.hold_removed`."""
+        self.hold_removed = hold_removed
         self.directory = directory
         self.log = plog
         self.txns = txns
@@ -500,6 +529,9 @@ class BrokerPartition:
             front.append(segment)
         if front:
             with plog.lock:
+                if self.hold_removed:
+                    for segment in front:
+                        segment.hold()
                 plog.forget(front)
                 for segment in front:
                     segment.let_go()
@@ -555,6 +587,15 @@ class BrokerLogs:
         self.unwatched: set[tuple[str, int]] = set()  # partitions the kernel refused a watch: looked at each time
         self.again: set[tuple[str, int]] = set()  # partitions to look at next time without an event (a failure, a
         # swap half done)
+        # The log start offsets of the broker's log-start-offset-checkpoint (:meth:`_follow_starts`): what each
+        # directory's file was when last read (inode, mtime, size), and the starts not applied yet (a start past
+        # the end this mount shows waits for the appends)
+        self._start_files: dict[str, tuple[int, int, int]] = {}
+        self._starts_waiting: dict[tuple[str, int], int] = {}
+        # The directories' files are this mount's own (the kafka:// replica's), not a broker's: a segment removed
+        # from the front while a reader pins it keeps a descriptor for it (BrokerSegment.hold), as on a local log.
+        # A broker's files are never held (their disk is the broker's to free).
+        self.hold_removed = False
 
     def load(self) -> None:
         self.dir_mtimes = {d: -1 for d in self.broker_dirs}
@@ -599,6 +640,13 @@ class BrokerLogs:
             self.watched.pop(wd, None)
             with contextlib.suppress(OSError):
                 self.watch.remove(wd)
+
+    def hold_removed_segments(self) -> None:
+        """The directories' files are this mount's own (the ``kafka://`` replica's), not a broker's: from now on a
+        segment removed from the front while a reader pins it keeps a descriptor (:meth:`BrokerSegment.hold`)."""
+        self.hold_removed = True
+        for part in self.partitions.values():
+            part.hold_removed = True
 
     def close(self) -> None:
         if self.watch is not None:
@@ -659,7 +707,8 @@ class BrokerLogs:
                 m.topics.setdefault(topic, {})
                 m.add_log(plog)
                 m.settings.collisions = {collision_key(t): t for t in m.topics}
-            self.partitions[(topic, partition)] = part = BrokerPartition(directory, plog, txns, ahead)
+            self.partitions[(topic, partition)] = part = BrokerPartition(directory, plog, txns, ahead,
+                                                                         self.hold_removed)
             if not initial:
                 part.sync()
             changed = True
@@ -838,9 +887,49 @@ class BrokerLogs:
                 changed += self._rescan()
             except (OSError, LogfsError) as exc:
                 failed = failed or exc
+        try:
+            changed += self._follow_starts()
+        except (OSError, LogfsError) as exc:
+            failed = failed or exc
         if failed is not None:
             raise failed  # (the service logs it, once until following works again)
         return changed
+
+    def _follow_starts(self) -> int:
+        """Log start offsets moved without a segment removed (DeleteRecords inside a segment; the ``kafka://``
+        replica following its cluster's start): each broker directory's ``log-start-offset-checkpoint`` is
+        ``stat``ed at every look and read again when it changed (a new file each time: Kafka and the replica write
+        it whole and rename it), and a partition's start moves up to the one it names once the log this mount shows
+        reaches it (the appends up to there are scanned first). The broker writes the file every
+        ``log.flush.start.offset.checkpoint.interval.ms`` (60 s), the replica at once. How many starts moved."""
+        for broker_dir in self.broker_dirs:
+            path = os.path.join(broker_dir, ckpt.LOG_START_OFFSET)
+            try:
+                st = os.stat(path)
+            except FileNotFoundError:
+                continue
+            seen = (st.st_ino, st.st_mtime_ns, st.st_size)
+            if self._start_files.get(broker_dir) == seen and time.time_ns() - st.st_mtime_ns >= RACY_NS:
+                continue
+            self._start_files[broker_dir] = seen
+            for key, start in ckpt.read_checkpoint(path).items():
+                if key in self.partitions and start > self._starts_waiting.get(key, -1):
+                    self._starts_waiting[key] = start
+        moved = 0
+        for key, start in list(self._starts_waiting.items()):
+            part = self.partitions.get(key)
+            if part is None:  # (not served: a partition loaded later reads the checkpoint itself)
+                del self._starts_waiting[key]
+                continue
+            plog = part.log
+            with plog.lock:
+                if start > plog.log_end_offset:
+                    continue  # (the appends up to it are not shown yet)
+                if start > plog.log_start_offset:
+                    plog.increment_log_start_offset(start)
+                    moved += 1
+            del self._starts_waiting[key]
+        return moved
 
 
 def clear_cache(cache_dir: str) -> None:

@@ -1,6 +1,10 @@
-"""What the broker-mount tests share: a ``tail -f``-style reader, and a producer of one partition's lines."""
+"""What the broker-mount and Kafka-store tests share: a ``tail -f``-style reader, GNU ``tail -f`` itself, and a
+producer of one partition's lines."""
 
 from __future__ import annotations
+
+import subprocess
+import threading
 
 from harness import wait_for
 
@@ -30,6 +34,31 @@ class OpenReader:
 
     def close(self) -> None:
         self.file.close()
+
+
+class TailF:
+    """GNU ``tail -c +1 -f`` of a file, the command a user runs, started now; what it printed is collected by a
+    thread. A context manager: the command ends with the block."""
+
+    def __init__(self, path) -> None:
+        self.proc = subprocess.Popen(["tail", "-c", "+1", "-f", str(path)], stdout=subprocess.PIPE)
+        self._seen = bytearray()
+        threading.Thread(target=self._collect, daemon=True).start()
+
+    def _collect(self) -> None:
+        for chunk in iter(lambda: self.proc.stdout.read1(65536), b""):
+            self._seen.extend(chunk)
+
+    def shows(self, want: bytes, timeout: float = 30, what: str = "tail -f to show every line once") -> None:
+        """Wait until it printed exactly ``want``."""
+        wait_for(lambda: bytes(self._seen) == want, timeout, what=what)
+
+    def __enter__(self) -> "TailF":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.proc.terminate()
+        self.proc.wait()
 
 
 def produce_lines(client, broker, topic: str, values: list[bytes]) -> bytes:

@@ -18,6 +18,9 @@ is read back with Kafka's own consumer, and what Kafka's own producer writes is 
   ``setfattr`` set and ``setfattr -x`` removed; an unknown name or a bad value is ``EINVAL``), and writing
   ``user.logfs.log_start_offset`` is DeleteRecords (Kafka's ListOffsets says the new start; the file starts there);
 - the cache's bound: the replica's oldest segments go, the file starts later; the metrics count what went through.
+- the cluster's log start offset followed while mounted: DeleteRecords by Kafka's admin client and by another
+  host's mount, and the broker's own retention, move the mounted files' start (an open descriptor keeps its view,
+  ``tail -f`` shows every line once).
 
 The broker stopped (a broker of this module's own): tests/kafka/test_kafka_store_failures.py.
 """
@@ -33,6 +36,8 @@ import pytest
 
 from logfs.storage.format import records as rec
 from logfs.testing.kafka import free_port
+
+from open_reader import TailF
 
 from harness import (
     daemon_env as code_env, daemon_pids, expect_errno, logfs_command, mount_fstype, mounted_at, needs_mount_helper, sh,
@@ -218,17 +223,7 @@ def test_two_mounts_one_partition(mounts, kafka_broker, kafka_client):
     os.mkdir(a.path("shared"))
     b = mounts("b")
     wait_for(lambda: os.path.exists(b.path("shared", 0)), 10, what="the topic on the second mount")
-    # tail -f on b, started before anything is written
-    tail = subprocess.Popen(["tail", "-c", "+1", "-f", b.path("shared", 0)], stdout=subprocess.PIPE)
-    seen = bytearray()
-
-    def follow() -> None:
-        for chunk in iter(lambda: tail.stdout.read1(65536), b""):
-            seen.extend(chunk)
-
-    reader = threading.Thread(target=follow, daemon=True)
-    reader.start()
-    try:
+    with TailF(b.path("shared", 0)) as tail:  # tail -f on b, started before anything is written
         per_writer = 300
 
         def writer(m, name: bytes) -> None:
@@ -258,10 +253,7 @@ def test_two_mounts_one_partition(mounts, kafka_broker, kafka_client):
                 b"%s %d" % (name, i) for i in range(per_writer)]
         wait_content(a.path("shared", 0), want)
         wait_content(b.path("shared", 0), want)
-        wait_for(lambda: bytes(seen) == want, 30, what="tail -f on b to see every line")
-    finally:
-        tail.terminate()
-        tail.wait()
+        tail.shows(want, what="tail -f on b to see every line")
 
 
 def test_mkdir_and_rm_r(mounts, kafka_broker, kafka_client):
@@ -591,6 +583,142 @@ def test_delete_records_kept_by_the_replica(mounts, kafka_broker, tmp_path):
     with open(m.path("kept", 0), "ab") as f:
         f.write(b"after\n")
     wait_content(m.path("kept", 0), b"after\n")
+
+
+# How long a mounted file may take to start where the cluster's partition starts (README: "within 2 s"; the
+# waits give it room on a loaded machine, and a mount that does not follow never gets there)
+START_FOLLOWED_S = 10
+
+
+def test_the_clusters_log_start_offset_followed(mounts, kafka_broker, tmp_path):
+    """The cluster's log start offset moved while mounted, by Kafka's own admin client (DeleteRecords) and by another
+    host's mount: both mounts' files start there (``log_start_offset``, ``position.``, the content), the replica
+    notes it in its checkpoint; a descriptor opened before reads on in its own view (as on a local log whose
+    retention or DeleteRecords ran under it), and a ``tail -f`` started before shows every line once."""
+    from confluent_kafka import TopicPartition
+    from confluent_kafka.admin import AdminClient
+
+    a, b = mounts("a"), mounts("b")  # two hosts
+    os.mkdir(a.path("moved"))
+    lines = [b"line %d" % i for i in range(100)]
+    with open(a.path("moved", 0), "ab") as f:
+        f.write(b"".join(line + b"\n" for line in lines))
+    text = b"".join(line + b"\n" for line in lines)
+    wait_content(a.path("moved", 0), text)
+    wait_content(b.path("moved", 0), text)
+    with TailF(b.path("moved", 0)) as tail:  # (started before the start moves)
+        reader = os.open(a.path("moved", 0), os.O_RDONLY)
+        try:
+            head = os.read(reader, len(b"".join(line + b"\n" for line in lines[:5])))
+            admin = AdminClient({"bootstrap.servers": kafka_broker.bootstrap})
+            tp = TopicPartition("moved", 0, 40)
+            assert admin.delete_records([tp], request_timeout=30)[tp].result(30).low_watermark == 40
+
+            def starts_at(m, start: int) -> bool:
+                return (m.getx("moved/0", "log_start_offset") == str(start)
+                        and read(m.path("moved", 0)) == b"".join(line + b"\n" for line in lines[start:]))
+
+            for m in (a, b):
+                wait_for(lambda: starts_at(m, 40), START_FOLLOWED_S, what=f"{m.mnt} to start at 40")
+                assert m.getx("moved/0", "position.40") == "0"
+            assert "moved 0 40" in (tmp_path / "a-cache" / "replica" / "log-start-offset-checkpoint").read_text()
+            # another host's DeleteRecords (its mount's setfattr)
+            os.setxattr(b.path("moved", 0), "user.logfs.log_start_offset", b"70")
+            wait_for(lambda: starts_at(a, 70), START_FOLLOWED_S, what="the first mount to start at 70")
+            # the descriptor opened before: its view, whatever the cluster's start did meanwhile
+            assert os.getxattr(reader, "user.logfs.log_start_offset") == b"0"
+            rest = b""
+            while chunk := os.read(reader, 65536):
+                rest += chunk
+            assert head + rest == text
+        finally:
+            os.close(reader)
+        added = [b"after %d" % i for i in range(20)]
+        with open(a.path("moved", 0), "ab") as f:
+            f.write(b"".join(line + b"\n" for line in added))
+        tail.shows(text + b"".join(line + b"\n" for line in added))
+
+
+def test_a_reader_keeps_what_the_start_moved_past(mounts, kafka_broker, tmp_path):
+    """A descriptor opened before the cluster's start moved past whole segments of the replica reads on through them
+    after the replica removed them (renamed ``.deleted``, unlinked later: here the test unlinks them at once, as the
+    replica's purge does 30 s later), as a local log's retention leaves a reader what it pinned; once it is closed,
+    the daemon holds no descriptor of a removed file."""
+    from confluent_kafka import TopicPartition
+    from confluent_kafka.admin import AdminClient
+
+    m = mounts("m", "logfs.remote.cache.bytes=8388608")  # (the replica's segments roll at 1 MiB)
+    cache = tmp_path / "m-cache"
+    os.mkdir(m.path("pinned"))
+    lines = [b"line %07d " % i + b"x" * 86 for i in range(30_000)]  # 100 bytes with the newline: 3 MB
+    text = b"".join(line + b"\n" for line in lines)
+    with open(m.path("pinned", 0), "ab") as f:
+        f.write(text)
+    wait_for(lambda: m.getx("pinned/0", "log_end_offset") == str(len(lines)), 60, what="the replica to hold the lines")
+    bases = sorted(replica_segments(cache, "pinned"))
+    assert len(bases) >= 3, bases
+    start = bases[2] + 5
+    reader = os.open(m.path("pinned", 0), os.O_RDONLY)
+    try:
+        head = os.read(reader, 1000)
+        tp = TopicPartition("pinned", 0, start)
+        admin = AdminClient({"bootstrap.servers": kafka_broker.bootstrap})  # (kept: its futures need it alive)
+        assert admin.delete_records([tp], request_timeout=30)[tp].result(30).low_watermark == start
+        wait_for(lambda: m.getx("pinned/0", "log_start_offset") == str(start)
+                 and m.getx("pinned/0", "segment_count") == str(len(bases) - 2), START_FOLLOWED_S,
+                 what="the mount to start there, without the segments below")
+        removed = sorted((cache / "replica" / "pinned-0").glob("*.log.deleted"))
+        assert len(removed) == 2, removed
+        for path in removed:  # (the replica's purge)
+            path.unlink()
+        rest = b""
+        while chunk := os.read(reader, 1 << 20):
+            rest += chunk
+        assert head + rest == text
+    finally:
+        os.close(reader)
+    pid = m.pid()
+
+    def removed_held() -> list[str]:
+        out = []
+        for name in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{name}")
+            except OSError:
+                continue
+            if "pinned-0" in target and target.endswith("(deleted)"):
+                out.append(target)
+        return out
+
+    wait_for(lambda: not removed_held(), 10, what="the descriptors of the removed segments to be let go")
+    assert read(m.path("pinned", 0)) == b"".join(line + b"\n" for line in lines[start:])
+
+
+def test_retention_on_the_cluster_followed(mounts, kafka_broker, kafka_client, tmp_path):
+    """The broker's retention (``retention.bytes`` and ``segment.bytes`` of the topic, the session broker checking
+    every second) deletes the oldest segments of a partition while mounted: the file starts where Kafka's ListOffsets
+    says the partition starts, and the replica's segments wholly below are removed."""
+    m = mounts("m", "logfs.remote.cache.bytes=8388608")  # (the replica's segments roll at 1 MiB)
+    kafka_client.create_topics(kafka_broker.bootstrap, [{
+        "name": "retained", "partitions": 1, "replication_factor": 1,
+        "configs": {"segment.bytes": "1048576", "retention.bytes": "1048576"}}])
+    wait_for(lambda: os.path.exists(m.path("retained", 0)), 10, what="the topic on the mount")
+    lines = [b"line %07d " % i + b"x" * 86 for i in range(35_000)]  # 100 bytes with the newline: 3.5 MB
+    with open(m.path("retained", 0), "ab") as f:
+        for i in range(0, len(lines), 5_000):
+            f.write(b"".join(line + b"\n" for line in lines[i:i + 5_000]))
+
+    def follows() -> bool:
+        earliest = kafka_client.list_offsets(kafka_broker.bootstrap, "retained", 0)["earliest"]
+        return (earliest > 0 and m.getx("retained/0", "log_start_offset") == str(earliest)
+                and read(m.path("retained", 0)) == b"".join(line + b"\n" for line in lines[earliest:]))
+
+    wait_for(follows, 60, interval=0.5, what="the broker's retention, and the file to start where the partition does")
+    start = int(m.getx("retained/0", "log_start_offset"))
+    wait_for(lambda: sorted(replica_segments(tmp_path / "m-cache", "retained"))[1:2] > [start] or
+             len(replica_segments(tmp_path / "m-cache", "retained")) == 1, START_FOLLOWED_S,
+             what="the replica's segments below the start to go")
+    assert min(replica_segments(tmp_path / "m-cache", "retained")) <= start
 
 
 def test_a_remount_resumes_the_replica(mounts, kafka_broker, kafka_client, tmp_path):

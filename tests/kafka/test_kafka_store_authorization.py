@@ -14,6 +14,9 @@ limited user ``alice`` are set through Kafka's admin API (CreateAcls). A mount a
   without DESCRIBE_CONFIGS: ``EACCES``, and the cluster is unchanged;
 - a topic she may not DESCRIBE is not listed, and is ``ENOENT``; one she may DESCRIBE but not READ is listed, and
   its read is ``EACCES`` (the replica's fetch was refused);
+- ACLs changed while mounted (no remount): READ granted (on a topic with records, on an empty one), DESCRIBE and
+  READ granted on a hidden topic, READ revoked (the lines fetched before still read, a read at the file's end is
+  ``EACCES``, no fresh record is fetched) and granted again;
 - every call returns (the refusal is the cluster's answer, not a timeout), and the mount goes on serving what she
   may: a topic she may write takes her lines before and after each refusal, and every line acknowledged is in the
   cluster once, in order, and in the mount's file.
@@ -223,3 +226,79 @@ def test_what_the_cluster_refuses_is_eacces(mount_logfs, broker, tmp_path):
     config = admin.describe_configs([resource])[resource].result(30)
     assert config["retention.ms"].value == "-1"  # (the broker's default: unchanged)
     del admin  # (its connections end before the broker does)
+
+
+def read_or_errno(path: str) -> bytes | int:
+    """The file's bytes, or the errno its open or a read answered (``cat``: the lines it printed are lost then)."""
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as exc:
+        return exc.errno
+
+
+def test_read_granted_and_revoked_while_mounted(mount_logfs, broker, tmp_path):
+    """ACLs changed while mounted, through Kafka's admin API, no remount: READ granted on a topic she may only
+    DESCRIBE (its read was EACCES) makes the file read, an empty one too (no record comes to say so: the replica
+    asks the cluster's authorized operations); DESCRIBE and READ granted on a topic she could not see make it
+    appear (it was ENOENT) and read. READ revoked: what the replica fetched before still reads (this host's copy), the
+    cluster's fresh records are not fetched, and a read at the file's end is EACCES (``cat`` prints the lines it
+    has, then fails, rather than a file that stops growing unnoticed); READ granted again brings the fresh
+    records."""
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import NewTopic
+
+    admin = admin_client(broker)
+    names = ("granted-later", "granted-empty", "seen-later", "revoked-read")
+    for future in admin.create_topics([NewTopic(n, 1, 1) for n in names], request_timeout=30).values():
+        future.result(60)
+    grant(admin, "granted-later", "DESCRIBE")
+    grant(admin, "granted-empty", "DESCRIBE")
+    grant(admin, "revoked-read", "DESCRIBE", "READ")
+    producer = Producer({"bootstrap.servers": broker.bootstrap, **USERS.client_settings("admin")})
+
+    def produce(topic: str, *values: bytes) -> None:
+        for value in values:
+            producer.produce(topic, value, partition=0)
+        assert producer.flush(30) == 0
+
+    for topic in ("granted-later", "seen-later", "revoked-read"):
+        produce(topic, b"%s 0" % topic.encode(), b"%s 1" % topic.encode())
+    m = alice_mount(mount_logfs, broker, tmp_path / "cache")
+    path = {topic: m.path(topic, 0) for topic in names}
+    for topic in ("granted-later", "granted-empty"):
+        wait_for(lambda: read_or_errno(path[topic]) == errno.EACCES, 30, what=f"the refused read of {topic}")
+    wait_for(lambda: read_or_errno(path["revoked-read"]) == b"revoked-read 0\nrevoked-read 1\n", 30,
+             what="the readable topic")
+    expect_errno(errno.ENOENT, os.stat, m.path("seen-later"))
+
+    grant(admin, "granted-later", "READ")
+    wait_for(lambda: read_or_errno(path["granted-later"]) == b"granted-later 0\ngranted-later 1\n", 30,
+             what="READ granted while mounted to make the file read")
+    grant(admin, "granted-empty", "READ")
+    wait_for(lambda: read_or_errno(path["granted-empty"]) == b"", 30, what="READ granted on an empty topic")
+    grant(admin, "seen-later", "DESCRIBE", "READ")
+    wait_for(lambda: read_or_errno(path["seen-later"]) == b"seen-later 0\nseen-later 1\n", 30,
+             what="DESCRIBE and READ granted while mounted to show the topic")
+
+    cached = b"revoked-read 0\nrevoked-read 1\n"
+    before = os.open(path["revoked-read"], os.O_RDONLY)  # (a reader open across the revocation)
+    try:
+        assert os.read(before, 1 << 20) == cached
+        revoke(admin, "revoked-read", "READ")
+        wait_for(lambda: read_or_errno(path["revoked-read"]) == errno.EACCES, 30,
+                 what="a read at the end of a revoked topic to be EACCES")  # (the replica's fetch refused)
+        produce("revoked-read", b"fresh 2")  # (after the broker applied the revocation: refused to her)
+        expect_errno(errno.EACCES, os.read, before, 1 << 20)  # at its end: refused, not an idle empty read
+        assert os.pread(before, 1 << 20, 0) == cached  # what was fetched before reads
+        with open(path["revoked-read"], "rb") as f:  # a new open, too: the cached lines, then the refusal
+            assert f.read(len(cached)) == cached
+            expect_errno(errno.EACCES, f.read)
+        assert m.getx("revoked-read/0", "log_end_offset") == "2"  # the fresh record is not fetched
+        grant(admin, "revoked-read", "READ")
+        wait_for(lambda: read_or_errno(path["revoked-read"]) == cached + b"fresh 2\n", 30,
+                 what="READ granted again to bring the fresh record")
+        assert os.read(before, 1 << 20) == b"fresh 2\n"
+    finally:
+        os.close(before)
+    del producer, admin  # (their connections end before the broker does)

@@ -16,7 +16,7 @@ import pytest
 
 from service_helpers import mounted_at, systemd_env
 
-from logfs.service.logsetup import _JournalFormatter
+from logfs.service.logsetup import LateReleaseReply, _JournalFormatter
 
 JOURNAL_LINE = re.compile(r"^<[0-7]>[A-Za-z0-9_.]+: ")
 PLAIN_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (DEBUG|INFO|WARNING|ERROR|CRITICAL) [A-Za-z0-9_.]+: ")
@@ -207,3 +207,18 @@ def test_sigterm_while_recovering_is_a_clean_stop(service, notify_socket):
     for p in range(4):
         assert (svc.mnt / "t" / str(p)).read_text() == body[p]
     assert svc.stop() == 0
+
+
+def test_a_release_reply_after_the_unmount_is_no_error():
+    """pyfuse3's failed reply to a RELEASE whose request the kernel dropped (an unmount right after a close) is
+    INFO; any other failed reply stays an ERROR (the filter logsetup puts on pyfuse3's logger)."""
+    def record(message: str) -> logging.LogRecord:
+        return logging.LogRecord("pyfuse3", logging.ERROR, __file__, 1, message, None, None)
+
+    for call in ("fuse_release", "fuse_releasedir"):
+        late = record(f"{call}(): fuse_reply_* failed with No such file or directory")
+        assert LateReleaseReply().filter(late) and late.levelno == logging.INFO and late.levelname == "INFO"
+    for other in ("fuse_read(): fuse_reply_* failed with No such file or directory",
+                  "fuse_release(): fuse_reply_* failed with Input/output error"):
+        kept = record(other)
+        assert LateReleaseReply().filter(kept) and kept.levelno == logging.ERROR

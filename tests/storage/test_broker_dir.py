@@ -470,3 +470,38 @@ def test_a_segment_renamed_between_the_look_and_the_open_is_read_under_its_new_n
         assert os.path.exists(part / (filename_prefix(0) + ".log.deleted"))
     finally:
         manager.close()
+
+
+def test_the_brokers_log_start_offset_checkpoint_is_followed(tmp_path):
+    """A start moved inside a segment (DeleteRecords: the broker, or the ``kafka://`` replica, rewrites its
+    ``log-start-offset-checkpoint``) is followed at the next look; a start past the end shown waits for the appends
+    up to it; an open view keeps its start."""
+    from logfs.storage import checkpoints as ckpt
+
+    broker_dir = tmp_path / "kafka"
+    part = broker_dir / "t-0"
+    part.mkdir(parents=True)
+    segment = part / (filename_prefix(0) + ".log")
+    segment.write_bytes(batch(0, 10))
+    checkpoint = str(broker_dir / ckpt.LOG_START_OFFSET)
+    manager = LogManager(str(tmp_path / "cache"), BrokerConfig.from_properties({}), broker_dirs=[str(broker_dir)])
+    try:
+        key = ("t", 0)
+        plog = manager.logs[key]
+        opened = open_view(plog)
+        ckpt.write_checkpoint(checkpoint, {key: 4})
+        manager.broker_logs.sync_once()
+        assert plog.log_start_offset == 4 and read_view(manager, key) == lines(4, 10)
+        assert live_view(plog).length() == len(lines(4, 10))
+        assert opened.length() == len(lines(0, 10))  # (an open view keeps its own)
+        ckpt.write_checkpoint(checkpoint, {key: 15})  # past the end shown: waits for the appends
+        manager.broker_logs.sync_once()
+        assert plog.log_start_offset == 4
+        with open(segment, "ab") as f:
+            f.write(batch(10, 10))
+        manager.broker_logs.sync_once()
+        assert plog.log_end_offset == 20 and plog.log_start_offset == 15
+        assert read_view(manager, key) == lines(15, 20)
+        opened.release()
+    finally:
+        manager.close()

@@ -24,8 +24,9 @@ for the common ones (``security.protocol``, ``sasl.*``, ``ssl.*``, ``delivery.ti
 is ``EACCES`` (CONTRACT.md section 15): the admin API's refusals (:func:`_refusal`), an open for writing a topic
 whose WRITE is not granted (:meth:`Cluster.check_writable`: DescribeTopics' authorized operations, asked before
 any line is produced), a produce refused all the same (WRITE revoked while open: the producer's fatal error,
-storage/cluster/appends.py), and a read of a partition whose fetch the cluster refused
-(:meth:`Cluster.check_readable`).
+storage/cluster/appends.py), and a read that finds nothing more of a partition whose fetch the cluster refused
+(:meth:`Cluster.check_readable`; lines fetched before a revocation still read). READ granted while mounted is
+followed by the replica (:meth:`~.replica.Replica._recheck_refused`).
 """
 
 from __future__ import annotations
@@ -127,6 +128,8 @@ class Cluster:
 
     def attach(self, manager) -> None:
         self.manager = manager
+        if manager.broker_logs is not None:  # (the replica's files are this mount's: held for pinning readers)
+            manager.broker_logs.hold_removed_segments()
         self.appends.stopping = manager.stopping  # (set, from any thread, when the daemon stops)
 
     def close(self) -> None:
@@ -171,8 +174,11 @@ class Cluster:
             raise ClusterError(f"{topic}: the cluster does not grant this mount's user WRITE", errno.EACCES)
 
     def check_readable(self, topic: str, partition: int) -> None:
-        """EACCES when the cluster refuses the partition's records to this mount's user (READ not granted: the
-        replica's fetch was refused), rather than a file that reads empty."""
+        """EACCES when the cluster refuses the partition's records to this mount's user (READ not granted, or
+        revoked: the replica's fetch was refused), rather than a file that reads empty or stops growing unnoticed.
+        Asked where a read finds nothing of what the replica holds: an open for reading of a partition the replica
+        holds no line of, and a read at the file's end (where a reader that polls waits for more). Lines the replica
+        fetched before a revocation are this host's copy, and read as before (CONTRACT.md section 15, README)."""
         if (topic, partition) in self.replica.refused:
             raise ClusterError(f"{topic}-{partition}: the cluster refuses its records to this mount's user",
                                errno.EACCES)

@@ -25,15 +25,18 @@ work as on a local mount, with no second reader of the format.
   from the replica's end (its start moved past it) or whose end is past the cluster's, a partition's last segment
   that is not a log. A topic deleted meanwhile is removed.
   ``.lock`` (flock) keeps a second mount off a replica in use.
-- **The log start offset** (DeleteRecords through this mount, :meth:`Replica.note_start`; a cluster's start found
-  past the replica's first offset at resume) is written in ``log-start-offset-checkpoint``, as a broker keeps it, and
-  the mount's file starts there, also after a remount (BrokerLogs reads that file). The segments wholly below it are
+- **The log start offset** (DeleteRecords through this mount, :meth:`Replica.note_start`; the cluster's start,
+  followed every :data:`REFRESH_S` from what the fetches bring, :meth:`Replica._note_lags`: retention on the
+  cluster, DeleteRecords by another host or client; a cluster's start found past the replica's first offset at
+  resume) is written in ``log-start-offset-checkpoint``, as a broker keeps it, and the mount's file starts there
+  (BrokerLogs follows that file while mounted, and reads it at a remount). The segments wholly below it are
   removed as the cache's bound removes them (below); the active one is rolled first when the start is at its end.
 - **The cache's bound** (``logfs.remote.cache.bytes``): a segment rolls at :data:`SEGMENT_BYTES` (or an eighth of
   the bound, if smaller); when the replica holds more than the bound, the oldest sealed segments (of any partition)
-  are removed, as retention would: renamed ``.deleted`` (a reader that pinned one keeps reading it) and unlinked
-  :data:`DELETE_DELAY_S` later. The partition's file then starts at its first remaining segment: the log start
-  offset the mount shows moves up, and the lines before it are read through a Kafka consumer, not the mount.
+  are removed, as retention would: renamed ``.deleted`` (a reader that pinned one keeps reading it: the mount
+  holds its descriptor, ``BrokerSegment.hold``) and unlinked :data:`DELETE_DELAY_S` later. The partition's file
+  then starts at its first remaining segment: the log start offset the mount shows moves up, and the lines before
+  it are read through a Kafka consumer, not the mount.
 
 The engine's rule holds: no trio, no pyfuse3. Only this thread writes the segments; the checkpoint is written
 under :attr:`Replica._lock` by whoever moves a start.
@@ -232,9 +235,10 @@ class Replica:
         self.error: str | None = None  # the last fetch or metadata error, for the log and the metrics
         self._message_error: str | None = None  # the last error the consumer returned for one partition
         self._group_refused = False
-        # Partitions whose records the cluster refuses to this user (a fetch's TOPIC_AUTHORIZATION_FAILED), until
-        # records of theirs come: a read of one is EACCES (Cluster.check_readable). A set the fetcher's thread
-        # changes and other threads only test.
+        # Partitions whose records the cluster refuses to this user (a fetch's TOPIC_AUTHORIZATION_FAILED: READ
+        # never granted, or revoked), until records of theirs come or the cluster says READ is granted again
+        # (:meth:`_recheck_refused`): a read that finds nothing more of one is EACCES (Cluster.check_readable). A set
+        # the fetcher's thread changes and other threads only test.
         self.refused: set[tuple[str, int]] = set()
         self._lags: dict[tuple[str, int], int] = {}  # (metrics) noted by the fetcher's thread at each refresh
 
@@ -372,6 +376,8 @@ class Replica:
                     self._refresh_now.clear()
                     self._refresh(1.0)
                     self._note_lags()
+                    if self.refused:
+                        self._recheck_refused()
                     next_refresh = time.monotonic() + REFRESH_S
                 self._fetch()
                 if self._trims:
@@ -449,16 +455,57 @@ class Replica:
         self.generation += 1
         self.refreshed.set()
 
-    def _topic_ids(self, topics: set[str]) -> dict[str, str]:
-        """topic -> its id (Kafka's DescribeTopics), for the topics the cluster answers about."""
-        from confluent_kafka import TopicCollection
+    def _recheck_refused(self) -> None:
+        """READ granted again (or at last) while mounted: the refused partitions' topics are asked for in one
+        DescribeTopics with this user's authorized operations (the fetcher's thread, every :data:`REFRESH_S` while
+        any partition is refused: one request for all of them); a topic whose READ is granted now is fetched again
+        at once (its partitions assigned afresh at the replica's next offsets: librdkafka backs off a partition
+        whose fetch failed) and is no longer refused, records or not (an empty topic reads empty)."""
+        from confluent_kafka import TopicCollection, TopicPartition
+        from confluent_kafka.admin import AclOperation
+
+        topics = sorted({topic for topic, _ in self.refused})
+        try:
+            futures = self._admin_client().describe_topics(
+                TopicCollection(topics), include_authorized_operations=True, request_timeout=METADATA_TIMEOUT_S)
+        except Exception as exc:  # (no answer: asked again at the next refresh)
+            log.debug("describing the refused topics: %s", exc)
+            return
+        granted = set()
+        for topic, future in futures.items():
+            try:
+                operations = future.result(timeout=METADATA_TIMEOUT_S + 1).authorized_operations
+            except Exception as exc:  # (not described to this user, or no answer: asked again next time)
+                log.debug("%s: the authorized operations are not known: %s", topic, exc)
+                continue
+            if operations and {AclOperation.READ, AclOperation.ALL} & set(operations):
+                granted.add(topic)
+        again = [key for key in self.refused if key[0] in granted and key in self.partitions]
+        if not again:
+            return
+        self.refused.difference_update(again)
+        tps = [TopicPartition(topic, n) for topic, n in again]
+        self.consumer.incremental_unassign(tps)
+        self.consumer.incremental_assign([TopicPartition(topic, n, self.partitions[(topic, n)].next_offset)
+                                          for topic, n in again])
+        self._message_error = None
+        log.info("the cluster grants READ again on %s: fetched", ", ".join(f"{t}-{n}" for t, n in sorted(again)))
+
+    def _admin_client(self):
         from confluent_kafka.admin import AdminClient
 
         if self._admin is None:
             self._admin = AdminClient(self.consumer_config)
+        return self._admin
+
+    def _topic_ids(self, topics: set[str]) -> dict[str, str]:
+        """topic -> its id (Kafka's DescribeTopics), for the topics the cluster answers about."""
+        from confluent_kafka import TopicCollection
+
         ids = {}
         try:
-            futures = self._admin.describe_topics(TopicCollection(sorted(topics)), request_timeout=METADATA_TIMEOUT_S)
+            futures = self._admin_client().describe_topics(TopicCollection(sorted(topics)),
+                                                           request_timeout=METADATA_TIMEOUT_S)
         except Exception as exc:
             log.debug("describing topics: %s", exc)
             return ids
@@ -592,14 +639,24 @@ class Replica:
         return dict(self._lags)
 
     def _note_lags(self) -> None:
+        """The lags, and the cluster's log start offsets followed (the fetcher's thread, every :data:`REFRESH_S`).
+        Both come from what the consumer's fetches already brought: every Fetch response carries each partition's
+        high watermark and log start offset, which librdkafka keeps (``get_watermark_offsets(cached=True)``: no
+        request; a C call per partition). A start that moved up (retention on the cluster, DeleteRecords by any
+        client) is noted as this mount's own DeleteRecords is (:meth:`note_start`: the checkpoint the mount follows,
+        the segments below removed) once the replica reached it: the fetch of records below it was refused
+        (OFFSET_OUT_OF_RANGE) and went on from the new start, so the replica's next offset gets there."""
         from confluent_kafka import TopicPartition
 
         self._past_markers()
         lags = {}
         for key, part in self.partitions.items():
             try:
-                _, high = self.consumer.get_watermark_offsets(TopicPartition(*key), cached=True)
+                low, high = self.consumer.get_watermark_offsets(TopicPartition(*key), cached=True)
             except Exception:
-                high = -1
+                low = high = -1
             lags[key] = max(0, high - part.next_offset) if high >= 0 else -1
+            if 0 < low <= part.next_offset and part.segments and low > max(self.starts.get(key, -1),
+                                                                               min(part.segments)):
+                self.note_start(key[0], key[1], low)
         self._lags = lags
