@@ -45,6 +45,20 @@ def fuse_unusable_reason() -> str | None:
     return None
 
 
+def deleted_files_held(pid: int) -> dict[str, str]:
+    """The files process ``pid`` holds open that were unlinked: descriptor number -> the file's path (without
+    the kernel's " (deleted)")."""
+    held = {}
+    for name in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{name}")
+        except OSError:  # (closed meanwhile)
+            continue
+        if target.endswith(" (deleted)"):
+            held[name] = target[: -len(" (deleted)")]
+    return held
+
+
 class MountError(Exception):
     """A mount that did not come up: the command failed, or the foreground daemon exited or never answered."""
 

@@ -430,7 +430,7 @@ def main(argv=None) -> int:
     parser.add_argument("--corpus", default=None,
                         help="compression: a real log corpus (default /tmp/codecs-corpus/real.log if it exists)")
     parser.add_argument("--spark-time-mb", type=int, default=None,
-                        help="spark_time: the partition's size in MB (default 256, 32 with --quick); a time window's "
+                        help="spark_time: the partition's size in MB (default 256, 4 with --quick); a time window's "
                              "speed-up over the full scan grows with it, as Spark's fixed cost of a query stays")
     args = parser.parse_args(argv)
     wanted = args.only.split(",") if args.only else list(SCENARIOS)

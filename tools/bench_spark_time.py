@@ -1,9 +1,9 @@
 """``tools/bench.py --only spark_time``: the ``logfs`` Spark source's read path against ``spark.read.text`` of the
 same lines, and time windows (CONTRACT section 11) against a full scan, from a DATA_DIR and from the bucket.
 
-One partition of the bench's JSON lines (256 MB; 16 MB with ``--quick``; ``--spark-time-mb N``), written by the engine with a
+One partition of the bench's JSON lines (256 MB; 4 MB with ``--quick``; ``--spark-time-mb N``), written by the engine with a
 ``ManualClock`` stepping 100 ms per append of 2,000 lines (so a time window is that fraction of the offsets),
-16 MiB segments (4 MiB quick); the same lines in one ext4 file for ``spark.read.text``; the sealed segments put in
+16 MiB segments (1 MiB quick); the same lines in one ext4 file for ``spark.read.text``; the sealed segments put in
 a SeaweedFS bucket as the daemon's tiering puts them (objects and manifest). ``local[2]``, best of 2 (1 with ``--quick``) after a
 warm-up. Windows: 1% and 10% of the partition's time range in its middle, through the options
 (``startingTimestamp``/``endingTimestamp``) and through pushed-down filters (``timestamp >= lo AND timestamp <
@@ -134,10 +134,10 @@ def spark_time(bench) -> None:
     from logfs.spark.options import SourceOptions, plan_batch
     from logfs.spark.pushdown import Narrowing
 
-    size = (16 << 20) if bench.quick else (256 << 20)
+    size = (4 << 20) if bench.quick else (256 << 20)
     if getattr(bench, "spark_time_mb", None):
         size = bench.spark_time_mb << 20
-    segment = (4 << 20) if bench.quick else (16 << 20)
+    segment = (1 << 20) if bench.quick else (16 << 20)
     data, _ = bench.dirs("spark_time")
     first, last, text = _build(bench, data, size, segment)
     sw = SeaweedS3(os.path.join(bench.work, "spark_time", "seaweed"))

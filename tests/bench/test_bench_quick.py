@@ -38,7 +38,7 @@ RANGES = {
                           ("p99_ms_idle", (0.001, 60_000)), ("p99_ms_cleaning", (0.001, 60_000)),
                           ("ratio", (0.0001, 10_000)), ("clean_s", (0.001, 600)))},  # -1: never cleaned
                        "partition_mb": (16, 16), "target_max": (3, 3)},
-    "spark": {"mb": (32, 32), "s_logfs": (0.01, 900), "s_ext4": (0.01, 900), "ratio_vs_ext4": (0.001, 1000),
+    "spark": {"mb": (8, 8), "s_logfs": (0.01, 900), "s_ext4": (0.01, 900), "ratio_vs_ext4": (0.001, 1000),
               "records": (1, 10**9), "target": (0.8, 0.8)},
     "spark_sink": {"rows": (50_000, 50_000), "row_bytes": (50, 200), "rows_per_s_logfs": (1, 1e8),
                    "rows_per_s_json": (1, 1e8), "ratio_vs_json": (0.001, 1000), "publish_mb": (7, 9),

@@ -19,7 +19,7 @@ import os
 import subprocess
 import time
 
-from harness import wait_for
+from harness import deleted_files_held, wait_for
 
 OPTS = ("log.segment.bytes=2048", "log.retention.check.interval.ms=20", "log.segment.delete.delay.ms=0")
 
@@ -54,29 +54,20 @@ def _append_counting_starts(fs, first: int, n: int, *, pause_every: int = 0, fd:
 
 
 def _deleted_fds(pid: int) -> tuple[int, int]:
-    """(descriptors of the daemon on deleted files, their bytes)."""
+    """(descriptors of the daemon on deleted files of its data directory, their bytes)."""
     count = size = 0
-    for name in os.listdir(f"/proc/{pid}/fd"):
-        try:
-            target = os.readlink(f"/proc/{pid}/fd/{name}")
-            if target.endswith(" (deleted)") and "/data/" in target:
-                count += 1
-                size += os.stat(f"/proc/{pid}/fd/{name}").st_size
-        except OSError:
-            continue
+    for fd, path in deleted_files_held(pid).items():
+        if "/data/" in path:
+            try:
+                size += os.stat(f"/proc/{pid}/fd/{fd}").st_size
+            except OSError:
+                continue
+            count += 1
     return count, size
 
 
 def _deleted_names(pid: int) -> list[str]:
-    out = []
-    for name in os.listdir(f"/proc/{pid}/fd"):
-        try:
-            target = os.readlink(f"/proc/{pid}/fd/{name}")
-        except OSError:
-            continue
-        if target.endswith(" (deleted)"):
-            out.append(os.path.basename(target.split(" ")[0]))
-    return sorted(out)
+    return sorted(os.path.basename(path) for path in deleted_files_held(pid).values())
 
 
 @contextlib.contextmanager

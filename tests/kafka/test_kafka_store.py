@@ -40,7 +40,7 @@ from logfs.testing.kafka import free_port
 from open_reader import TailF
 
 from harness import (
-    daemon_env as code_env, daemon_pids, expect_errno, logfs_command, mount_fstype, mounted_at, needs_mount_helper, sh,
+    daemon_env as code_env, daemon_pids, deleted_files_held, expect_errno, logfs_command, mount_fstype, mounted_at, needs_mount_helper, sh,
     wait_for,
 )
 
@@ -680,15 +680,7 @@ def test_a_reader_keeps_what_the_start_moved_past(mounts, kafka_broker, tmp_path
     pid = m.pid()
 
     def removed_held() -> list[str]:
-        out = []
-        for name in os.listdir(f"/proc/{pid}/fd"):
-            try:
-                target = os.readlink(f"/proc/{pid}/fd/{name}")
-            except OSError:
-                continue
-            if "pinned-0" in target and target.endswith("(deleted)"):
-                out.append(target)
-        return out
+        return [path for path in deleted_files_held(pid).values() if "pinned-0" in path]
 
     wait_for(lambda: not removed_held(), 10, what="the descriptors of the removed segments to be let go")
     assert read(m.path("pinned", 0)) == b"".join(line + b"\n" for line in lines[start:])
