@@ -72,7 +72,9 @@ def write_txn_index(path: str, txns: Iterable[AbortedTxn]) -> None:
     data = b"".join(ENTRY.pack(0, *txn) for txn in txns)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        os.write(fd, data)
+        view = memoryview(data)
+        while view:  # (a write may take part of it)
+            view = view[os.write(fd, view):]
         os.fsync(fd)
     finally:
         os.close(fd)
