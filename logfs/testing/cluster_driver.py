@@ -230,9 +230,24 @@ def answer(message: dict) -> None:
     ANSWERS.write(json.dumps(message, default=encode) + "\n")
 
 
-def serve(spark, line: str) -> None:
+def await_executors(spark, wanted: int, timeout: float = 90.0) -> None:
+    """Wait until ``wanted`` executors are registered. ``spark.scheduler.minRegisteredResourcesRatio`` does not
+    do it on a standalone cluster without ``spark.cores.max`` (it expects 0 cores), and an executor can be lost
+    and replaced later: a job started while the cluster is short runs on one executor only."""
+    import time
+
+    tracker = spark.sparkContext._jsc.sc().statusTracker()
+    deadline = time.monotonic() + timeout
+    while (have := len(tracker.getExecutorInfos()) - 1) < wanted:  # the driver is listed too
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"only {have} of {wanted} executors registered after {timeout} s")
+        time.sleep(0.2)
+
+
+def serve(spark, line: str, executors: int = 0) -> None:
     try:
         request = json.loads(line)
+        await_executors(spark, executors)
         text = json.dumps({"ok": True, "result": JOBS[request["job"]](spark, **request.get("args", {}))},
                           default=encode)
     except Exception as exc:  # the test decides whether this error is the expected one
@@ -257,9 +272,6 @@ def session(master: str, conf: list[str]):
         .config("spark.driver.memory", "1g")
         .config("spark.executor.extraJavaOptions", FAST_START_JVM)
         .config("spark.driver.extraJavaOptions", FAST_START_JVM)
-        # Start jobs only once every executor is registered, so that the work spreads over all of them.
-        .config("spark.scheduler.minRegisteredResourcesRatio", "1.0")
-        .config("spark.scheduler.maxRegisteredResourcesWaitingTime", "60s")
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.default.parallelism", "2")
         .config("spark.sql.session.timeZone", "UTC")
@@ -279,6 +291,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("master")
     parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--executors", type=int, default=0, help="wait for this many executors before each job")
     args = parser.parse_args()
     spark = session(args.master, args.conf)
     sc = spark.sparkContext
@@ -286,7 +299,7 @@ def main() -> None:
             "driver_jvm_pid": sc._jvm.java.lang.ProcessHandle.current().pid()})
     try:
         for line in sys.stdin:
-            serve(spark, line)
+            serve(spark, line, args.executors)
     finally:
         spark.stop()
 

@@ -317,7 +317,8 @@ class ClusterDriver:
                  env: dict[str, str] | None = None):
         self.cluster = cluster
         self.log = log
-        argv = [sys.executable, "-m", "logfs.testing.cluster_driver", cluster.master_url]
+        argv = [sys.executable, "-m", "logfs.testing.cluster_driver", cluster.master_url,
+                "--executors", str(len(cluster.workers))]
         for key, value in (conf or {}).items():
             argv += ["--conf", f"{key}={value}"]
         self.proc = spawn(argv, log, cluster_env(SPARK_LOCAL_DIRS=str(cluster.base / "local"), **(env or {})), cluster.reaper,
