@@ -231,6 +231,9 @@ class Metrics:
                    [("", appends.queued())])
             family("logfs_kafka_fetched_records_total", "counter", "Records the replica fetched.",
                    [("", replica.fetched_records)])
+            family("logfs_kafka_direct_fetched_records_total", "counter", "Records of those the replica caught up "
+                   "with Kafka's Fetch, kept in the batches the broker sent (the others came through its consumer).",
+                   [("", replica.direct_records)])
             family("logfs_kafka_replica_bytes", "gauge", "Bytes of the replica's segments (bounded by "
                    "logfs.remote.cache.bytes, active segments excepted).", [("", replica.cache_used())])
             family("logfs_kafka_replica_lag_offsets", "gauge", "Per partition, the cluster's high watermark as "

@@ -1,0 +1,107 @@
+"""A ``kafka://`` mount catches a cold partition up with Kafka's own Fetch (CONTRACT.md section 15, "Reading";
+logfs/storage/cluster/fetch.py): the batches the broker sends are the replica's, byte for byte.
+
+- Records in every codec Kafka has (gzip, snappy, lz4, zstd, none), written by a producer before the mount: the
+  replica's segments hold exactly the broker's batches (the same bytes: offsets, timestamps, compression, CRCs,
+  leader epochs), cut into several segments at batch boundaries; the mount's file is what Kafka's consumer reads,
+  with its positions; the metrics say those records came by the direct fetch.
+- Once caught up, the partition goes on with the consumer: lines appended through the mount come through it (the
+  direct count stays), and are read through the mount.
+- Transactions (committed, aborted, markers) are not the direct fetch's: ``test_kafka_store.py``'s
+  ``test_kafka_producer_records_read_through_the_mount`` reads a partition whose first batches come direct and whose
+  transactional batches come through the consumer's ``read_committed``.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import random
+
+import pytest
+from confluent_kafka import Producer
+
+from logfs.storage.format import records as rec
+
+from harness import wait_for
+from test_kafka_store import kafka_mount, read
+
+pytestmark = pytest.mark.mount
+
+CODECS = ("gzip", "snappy", "lz4", "zstd", "none")
+
+
+def batches(directory) -> list[bytes]:
+    """Every batch of a partition directory's segments, in order, as bytes."""
+    out = []
+    for segment in sorted(p for p in os.listdir(directory) if p.endswith(".log")):
+        with open(os.path.join(directory, segment), "rb") as f:
+            buf = f.read()
+        out += [bytes(buf[pos:pos + header.size]) for pos, header in rec.iter_headers(buf)]
+    return out
+
+
+def test_a_cold_partition_is_the_brokers_batches(mount_logfs, kafka_broker, kafka_client, tmp_path):
+    kafka_client.create_topics(kafka_broker.bootstrap, [{"name": "cold", "partitions": 1, "replication_factor": 1,
+                                                         "configs": {}}])
+    values = []
+    for codec in CODECS:  # a producer per codec: each one's batches compressed so
+        producer = Producer({"bootstrap.servers": kafka_broker.bootstrap, "compression.codec": codec,
+                             "linger.ms": 50, "batch.size": 262144, "acks": "all"})
+        for i in range(15_000):
+            value = b"%s %06d " % (codec.encode(), i) + base64.b64encode(random.randbytes(i % 90))
+            values.append(value)
+            producer.produce("cold", value, key=b"k%d" % (i % 7), partition=0, timestamp=1_700_000_000_000 + i)
+            if i % 1000 == 0:
+                producer.poll(0)
+        assert producer.flush(30) == 0
+    metrics = tmp_path / "metrics.prom"
+    # (a bound of 8 MiB makes the replica's segments 1 MiB: the partition's ~4 MB roll several times)
+    m = kafka_mount(mount_logfs, kafka_broker.bootstrap, "m", tmp_path / "cache", "logfs.remote.cache.bytes=8388608",
+                    f"logfs.metrics.file={metrics}", "logfs.metrics.interval.ms=100")
+    want = b"".join(v + b"\n" for v in values)
+    wait_for(lambda: os.path.exists(m.path("cold", 0)) and read(m.path("cold", 0)) == want, 60,
+             what="the mount to show every record")
+
+    # The replica holds the broker's own batches, cut at batch boundaries into several segments.
+    replica = tmp_path / "cache" / "replica" / "cold-0"
+    broker_dir = kafka_broker.log_dirs[0] / "cold-0"
+    held = batches(replica)
+    assert held == batches(broker_dir)
+    assert {rec.parse_header(b).compression for b in held} == {0, 1, 2, 3, 4}
+    assert len([p for p in os.listdir(replica) if p.endswith(".log")]) >= 3
+    for segment in sorted(p for p in os.listdir(replica) if p.endswith(".log")):
+        first = rec.parse_header((replica / segment).read_bytes())
+        assert first.base_offset >= int(segment[:-4])  # (a segment starts at its name's offset or after)
+    # Positions and offsets as on any mount.
+    position = 0
+    for offset, value in enumerate(values):
+        if offset % 7919 == 0:
+            assert m.getx("cold/0", f"position.{offset}") == str(position)
+            assert m.getx("cold/0", f"offset.{position}") == str(offset)
+        position += len(value) + 1
+    assert m.getx("cold/0", "log_end_offset") == str(len(values))
+
+    def metric(name: str) -> int:
+        for line in metrics.read_text().splitlines():
+            if line.startswith(name + " "):
+                return int(float(line.split()[1]))
+        return -1
+
+    wait_for(lambda: metric("logfs_kafka_direct_fetched_records_total") >= len(values), 10,
+             what="the metrics to count the direct fetch")
+    direct, fetched = metric("logfs_kafka_direct_fetched_records_total"), metric("logfs_kafka_fetched_records_total")
+    assert fetched >= direct  # (the session broker's other topics are replicated too)
+
+    # Caught up: the consumer goes on. Lines appended through the mount come back through it.
+    more = [b"more %d" % i for i in range(300)]
+    with open(m.path("cold", 0), "ab") as f:
+        f.write(b"".join(line + b"\n" for line in more))
+        f.flush()
+        os.fsync(f.fileno())
+    wait_for(lambda: read(m.path("cold", 0)) == want + b"".join(line + b"\n" for line in more), 30,
+             what="the appended lines through the replica's consumer")
+    wait_for(lambda: metric("logfs_kafka_fetched_records_total") >= fetched + len(more), 10,
+             what="the metrics to count them")
+    assert metric("logfs_kafka_direct_fetched_records_total") == direct
+    assert [r.value for r in kafka_client.consume(kafka_broker.bootstrap, "cold", 0, offset=len(values))] == more
