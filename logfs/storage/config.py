@@ -277,6 +277,11 @@ BROKER_ONLY: dict[str, Setting] = {
         # every partition is looked at all the same (a missed or dropped event's bound).
         Setting("logfs.broker.inotify", _bool, "true"),
         Setting("logfs.broker.full.look.ms", _long(100, INT_MAX), "30000"),
+        # A Kafka cluster as the store (logfs.storage.cluster.replica): whether the replica catches partitions up
+        # with Kafka's Fetch (their batches kept as the broker sent them), and how far (offsets) its consumer may
+        # fall behind on a partition before the Fetch catches that one up.
+        Setting("logfs.kafka.direct.fetch", _bool, "true"),
+        Setting("logfs.kafka.direct.fetch.lag", _long(1), "100000"),
         # Metrics (logfs.service.metrics): Prometheus's text format, written to this file (none when empty).
         Setting("logfs.metrics.file", _absolute_path, ""),
         Setting("logfs.metrics.interval.ms", _long(100, INT_MAX), "10000"),

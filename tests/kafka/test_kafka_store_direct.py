@@ -113,3 +113,76 @@ def test_a_cold_partition_is_the_brokers_batches(mount_logfs, kafka_broker, kafk
              what="the metrics to count them")
     assert metric("logfs_kafka_direct_fetched_records_total") == len(values)
     assert [r.value for r in kafka_client.consume(kafka_broker.bootstrap, "cold", 0, offset=len(values))] == more
+
+
+def produce(bootstrap: str, topic: str, values: list[bytes], **settings) -> None:
+    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", **settings})
+    for i, value in enumerate(values):
+        producer.produce(topic, value, partition=0)
+        if i % 1000 == 0:
+            producer.poll(0)
+    assert producer.flush(30) == 0
+
+
+def test_a_replica_that_ends_inside_a_batch_and_a_consumer_that_falls_behind(mount_logfs, kafka_broker,
+                                                                              kafka_client, tmp_path):
+    """The replica's end inside one of the broker's batches (written by the consumer, whose batches are its own):
+    that batch's records from the end on are re-encoded, the batches after it are the broker's. Then the consumer
+    made slow (fetches of 1 KiB) falls ``logfs.kafka.direct.fetch.lag`` behind on a burst: the Fetch catches the
+    partition up, and the consumer goes on after it."""
+    kafka_client.create_topics(kafka_broker.bootstrap, [{"name": "resumed", "partitions": 1,
+                                                         "replication_factor": 1, "configs": {}}])
+    values = [b"resumed %06d " % i + b"r" * (i % 50) for i in range(20_000)]
+    produce(kafka_broker.bootstrap, "resumed", values, **{"linger.ms": 50, "batch.size": 1 << 20})
+    broker_batches = batches(kafka_broker.log_dirs[0] / "resumed-0")
+    assert rec.parse_header(broker_batches[0]).last_offset > 2048  # (the consumer's first batch ends inside it)
+    cache = tmp_path / "cache"
+    want = b"".join(v + b"\n" for v in values)
+
+    # A replica written by the consumer alone, then cut after its first batch (2,048 records: inside the broker's).
+    m = kafka_mount(mount_logfs, kafka_broker.bootstrap, "m", cache, "logfs.kafka.direct.fetch=false")
+    wait_for(lambda: os.path.exists(m.path("resumed", 0)) and read(m.path("resumed", 0)) == want, 60,
+             what="the consumer's replica")
+    m.unmount()
+    segment = cache / "replica" / "resumed-0" / ("%020d.log" % 0)
+    first = rec.parse_header(segment.read_bytes())
+    assert first.next_offset == 2048
+    os.truncate(segment, first.size)
+
+    metrics = tmp_path / "metrics.prom"
+    m = kafka_mount(mount_logfs, kafka_broker.bootstrap, "m2", cache, "logfs.kafka.direct.fetch.lag=1000",
+                    "kafka.max.partition.fetch.bytes=1024", f"logfs.metrics.file={metrics}",
+                    "logfs.metrics.interval.ms=100")
+    wait_for(lambda: read(m.path("resumed", 0)) == want, 60, what="the resumed replica")
+    held = batches(cache / "replica" / "resumed-0")
+    assert held[0] == segment.read_bytes()[:first.size]  # (the consumer's, kept)
+    tail = rec.parse_header(held[1])
+    assert (tail.base_offset, tail.last_offset) == (2048, rec.parse_header(broker_batches[0]).last_offset)
+    assert [r.value for r in rec.decode(held[1])] == values[2048:tail.last_offset + 1]
+    assert held[2:] == broker_batches[1:]
+
+    def metric(name: str) -> int:
+        for line in metrics.read_text().splitlines():
+            if line.startswith(name + " "):
+                return int(float(line.split()[1]))
+        return -1
+
+    # (the module's broker holds the other test's topic too, which this mount fetches as well)
+    wait_for(lambda: metric('logfs_kafka_replica_lag_offsets{topic="resumed",partition="0"}') == 0, 10,
+             what="the metrics")
+    direct = metric("logfs_kafka_direct_fetched_records_total")
+    assert direct >= len(values) - 2048
+    # A burst in small batches (~10 records each), which the consumer's 1 KiB fetches take one at a time.
+    burst = [b"burst %06d " % i + b"b" * 80 for i in range(100_000)]
+    produce(kafka_broker.bootstrap, "resumed", burst, **{"linger.ms": 5, "batch.size": 1024})
+    want += b"".join(v + b"\n" for v in burst)
+    wait_for(lambda: read(m.path("resumed", 0)) == want, 60, what="the burst")
+    # (the consumer follows while the burst is produced, until it is 1,000 behind at a look: then the Fetch takes
+    # at least those, and the consumer goes on after it; how the burst splits depends on the producer's pace)
+    assert metric("logfs_kafka_direct_fetched_records_total") - direct >= 1000
+    # After the catch-up, the consumer again: a line appended through the mount.
+    with open(m.path("resumed", 0), "ab") as f:
+        f.write(b"last\n")
+        f.flush()
+        os.fsync(f.fileno())
+    wait_for(lambda: read(m.path("resumed", 0)) == want + b"last\n", 30, what="the appended line")

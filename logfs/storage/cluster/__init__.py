@@ -105,7 +105,9 @@ class Cluster:
         # the replica, not above it, so that its loader finds only its own entries.
         self.logs_dir = os.path.join(cache_dir, LOGS_DIR)
         self.replica = Replica(self.replica_dir, {**common, "logger": _ClientLog()},
-                               broker.get("logfs.remote.cache.bytes"))
+                               broker.get("logfs.remote.cache.bytes"),
+                               direct_lag=broker.get("logfs.kafka.direct.fetch.lag")
+                               if broker.get("logfs.kafka.direct.fetch") else None)
         self.appends = ClusterAppends({**common, "logger": _ClientLog()})
         self.manager = None
         self.admin = None

@@ -16,13 +16,16 @@ work as on a local mount, with no second reader of the format.
 - **A first open of a large partition.** The replica starts at the log start offset (positions need the length of
   everything before them) and is filled in the background from the mount's start: a partition file shows what has
   been fetched so far and grows as the fetcher catches up, as a ``tail -f`` would see it.
-- **Catching up: the batches as Kafka sends them.** A partition the replica starts fetching (new to it, or resumed)
-  is first fetched with Kafka's own Fetch request (:mod:`.fetch`, on a PLAINTEXT cluster), whose record batches
-  are written into the segments as they come: no record is decoded or encoded again, so a cold partition fills at
-  the speed of the broker and the disk. The partition goes to the consumer (which re-encodes each record) once
+- **Catching up: the batches as Kafka sends them.** A partition the replica starts fetching (new to it, or resumed),
+  and one its consumer has fallen ``direct_lag`` offsets behind on (noted every :data:`REFRESH_S`), is fetched with
+  Kafka's own Fetch request (:mod:`.fetch`, on a PLAINTEXT cluster), whose record batches are written into the
+  segments as they come: no record is decoded or encoded again, so a cold partition fills at the speed of the
+  broker and the disk. (A first batch the replica's end falls inside is cut there: its records from the end on,
+  re-encoded as the consumer's are.) The partition goes (back) to the consumer, which re-encodes each record, once
   caught up, at the first transactional or control batch (the consumer's ``read_committed`` drops aborted records
-  and markers), at any error (the consumer reports and retries it), and for a batch the replica's end falls
-  inside. :attr:`Replica.bulk` holds the partitions being caught up so.
+  and markers), and at any error (the consumer reports and retries it). A partition where the Fetch met a
+  transaction is not sent back to it for a lag (the consumer would lose its prefetch each time for nothing).
+  :attr:`Replica.bulk` holds the partitions being caught up so.
 - **Kept across mounts.** A mount with the same cache directory resumes the replica: each partition's last segment
   is walked (batches checked, a torn tail cut: the replica is not synced but at each roll and at unmount), and the
   fetch goes on from its end, so nothing fetched before is fetched again. The replica is started afresh where it
@@ -220,7 +223,9 @@ class Replica:
     """The fetcher and its directory (see the module's docstring). ``start`` asks for the metadata once (an
     unreachable cluster fails the mount there) and starts the thread; ``close`` stops it."""
 
-    def __init__(self, directory: str, consumer_config: dict, cache_bytes: int):
+    def __init__(self, directory: str, consumer_config: dict, cache_bytes: int, direct_lag: int | None = 100_000):
+        """``direct_lag``: how far behind (offsets) the consumer may fall on a partition before Kafka's Fetch
+        catches it up (None: never, and new partitions go to the consumer too)."""
         self.directory = directory
         self.consumer_config = dict(consumer_config)
         self.cache_bytes = cache_bytes
@@ -253,8 +258,12 @@ class Replica:
         # The partitions being caught up by Kafka's Fetch (see the module's docstring) -> the high watermark its
         # last answer gave (-1 before one); their leaders' addresses (every refresh); one connection per broker.
         protocol = str(self.consumer_config.get("security.protocol", "plaintext")).lower()
-        self.direct = protocol == "plaintext"
+        self.direct = protocol == "plaintext" and direct_lag is not None
+        self.direct_lag = direct_lag
         self.bulk: dict[tuple[str, int], int] = {}
+        # Partitions where the Fetch met a transaction: the consumer keeps them once caught up (a lag made of
+        # transactional batches would send them back and forth, the consumer's prefetch lost each time).
+        self._transactional: set[tuple[str, int]] = set()
         self._leaders: dict[tuple[str, int], tuple[str, int] | None] = {}
         self._connections: dict[tuple[str, int], kafka_fetch.Connection] = {}
 
@@ -526,16 +535,17 @@ class Replica:
                 continue
             for key in keys:
                 data = answers.get(key)
-                if data is None or data.error or not self._write_fetched(self.partitions[key], data):
+                if data is None or data.error or not self._write_fetched(key, data):
                     done.append(key)
                 else:
                     self.bulk[key] = data.high_watermark
         self._to_consumer(done)
 
-    def _write_fetched(self, part: ReplicaPartition, data: kafka_fetch.PartitionData) -> bool:
+    def _write_fetched(self, key: tuple[str, int], data: kafka_fetch.PartitionData) -> bool:
         """Write the whole batches of one partition's Fetch answer that follow the replica's end, rolling segments
         as the consumer's writes do; False when the partition is to go to the consumer (caught up, or a batch
         the replica must not keep as it came)."""
+        part = self.partitions[key]
         records = data.records
         chunk_start = chunk_end = -1
         wrote = 0
@@ -544,11 +554,14 @@ class Replica:
             for pos, header in rec.iter_headers(records):
                 if header.next_offset <= part.next_offset:
                     continue  # (before the replica's end: a fetch offset inside the first batch's range)
-                if (header.base_offset < part.next_offset or header.attributes & (rec.ATTR_TRANSACTIONAL |
-                                                                                    rec.ATTR_CONTROL)):
-                    go_on = False  # (the consumer takes it from the replica's end)
+                if header.attributes & (rec.ATTR_TRANSACTIONAL | rec.ATTR_CONTROL):
+                    go_on = False  # (the consumer takes it from the replica's end ...
+                    self._transactional.add(key)  # ... and keeps it, however far behind: see _note_lags)
                     break
                 rec.validate(records, pos)
+                if header.base_offset < part.next_offset:  # (the replica ends inside it: the first one here)
+                    wrote += self._write_tail(part, records[pos:pos + header.size], header)
+                    continue
                 if chunk_start >= 0 and part.segments[part.active_base] + pos - chunk_start >= self.segment_bytes:
                     part.write(records[chunk_start:pos])  # (the segment is full with them: a roll before this one)
                     chunk_start = -1
@@ -567,6 +580,21 @@ class Replica:
             self.fetched_records += wrote
             self.direct_records += wrote
         return go_on and wrote > 0 and part.next_offset < data.last_stable_offset
+
+    @staticmethod
+    def _write_tail(part: ReplicaPartition, batch, header) -> int:
+        """The records of ``batch`` from the replica's end on, re-encoded in one batch (as the consumer's are:
+        offsets, timestamps and their type, keys, headers); their count."""
+        kept = [r for r in rec.decode(batch) if r.offset >= part.next_offset]
+        if not kept:
+            return 0  # (compacted away: the next batch starts later)
+        base = kept[0].offset
+        part.write(rec.build_batch_generic(
+            base, kept[0].timestamp, [r.value for r in kept], keys=[r.key for r in kept],
+            headers=[r.headers for r in kept], timestamps=[r.timestamp for r in kept],
+            offset_deltas=[r.offset - base for r in kept], attributes=header.attributes & rec.ATTR_TIMESTAMP_TYPE))
+        part.next_offset, part.last_timestamp = kept[-1].offset + 1, kept[-1].timestamp
+        return len(kept)
 
     def _recheck_refused(self) -> None:
         """READ granted again (or at last) while mounted: the refused partitions' topics are asked for in one
@@ -636,6 +664,7 @@ class Replica:
 
         part = self.partitions.pop(key)
         self.bulk.pop(key, None)
+        self._transactional.discard(key)
         part.close()
         with self._lock:
             self.starts.pop(key, None)  # (a topic made again with its name starts afresh)
@@ -763,7 +792,7 @@ class Replica:
         from confluent_kafka import TopicPartition
 
         self._past_markers()
-        lags = {}
+        lags, behind = {}, []
         for key, part in self.partitions.items():
             try:
                 low, high = self.consumer.get_watermark_offsets(TopicPartition(*key), cached=True)
@@ -771,7 +800,16 @@ class Replica:
                 low = high = -1
             high = self.bulk.get(key, high)  # (caught up by Kafka's Fetch: the consumer has not fetched it)
             lags[key] = max(0, high - part.next_offset) if high >= 0 else -1
+            if (self.direct and key not in self.bulk and key not in self.refused and key not in self._transactional
+                    and lags[key] >= self.direct_lag):
+                behind.append(key)
             if 0 < low <= part.next_offset and part.segments and low > max(self.starts.get(key, -1),
                                                                                min(part.segments)):
                 self.note_start(key[0], key[1], low)
         self._lags = lags
+        if behind:  # (the consumer's queued records of these are dropped: the replica's end is where the Fetch goes on)
+            log.info("the replica is %s offsets behind on %s: caught up with Kafka's Fetch", 
+                     ", ".join(str(lags[k]) for k in behind), ", ".join(f"{t}-{n}" for t, n in behind))
+            self.consumer.incremental_unassign([TopicPartition(*key) for key in behind])
+            for key in behind:
+                self.bulk[key] = lags[key] + self.partitions[key].next_offset
