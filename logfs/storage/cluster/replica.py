@@ -535,10 +535,15 @@ class Replica:
                 continue
             for key in keys:
                 data = answers.get(key)
-                if data is None or data.error or not self._write_fetched(key, data):
-                    done.append(key)
-                else:
+                try:
+                    more = data is not None and not data.error and self._write_fetched(key, data)
+                except ValueError as exc:  # (a batch the replica cannot decode where it must: a codec's error)
+                    log.warning("the replica's direct fetch of %s-%d: %s: the consumer fetches it", *key, exc)
+                    more = False
+                if more:
                     self.bulk[key] = data.high_watermark
+                else:
+                    done.append(key)
         self._to_consumer(done)
 
     def _write_fetched(self, key: tuple[str, int], data: kafka_fetch.PartitionData) -> bool:
@@ -577,8 +582,8 @@ class Replica:
             go_on = False
         if chunk_start >= 0:
             part.write(records[chunk_start:chunk_end])
-            self.fetched_records += wrote
-            self.direct_records += wrote
+        self.fetched_records += wrote
+        self.direct_records += wrote
         return go_on and wrote > 0 and part.next_offset < data.last_stable_offset
 
     @staticmethod
