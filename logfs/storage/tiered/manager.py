@@ -185,7 +185,7 @@ class RemoteLogManager:
             if seg is None or seg.meta != meta or seg.broken:
                 seg = self._open_remote(index_dir, meta, fetch, refetch=seg is not None and seg.broken)
                 if seg.aborted is not None and plog.config.read_uncommitted:
-                    seg.measure_aborted()  # (here, in the pass's worker thread: never on a request)
+                    self._measure_aborted(seg)
             opened[meta.base_offset] = seg
         ordered = [opened[meta.base_offset] for meta in m.segments]
         for seg, after in zip(ordered, ordered[1:] + [None]):
@@ -204,6 +204,16 @@ class RemoteLogManager:
         # Segments dropped here are not closed: a handle's snapshot may still read them (their mappings go with
         # the last reference).
         tier.segments = opened
+
+    @staticmethod
+    def _measure_aborted(seg: RemoteLogSegment) -> None:
+        """Count the lines of the aborted batches of a tiered segment of a ``read_uncommitted`` topic here, in the
+        pass's (or the startup's) thread, not when a view first reads it. It reads the whole ``.log`` through the
+        block cache: a store that fails leaves it to the view (which then measures it, once), and says so."""
+        try:
+            seg.measure_aborted()
+        except (OSError, RemoteStoreError, CorruptRecordError) as exc:
+            log.warning("%s: its aborted transactions' batches not measured yet (%s)", seg.key, exc)
 
     def _open_remote(self, index_dir: str, meta: RemoteSegment, fetch: bool, refetch: bool = False
                      ) -> RemoteLogSegment:
