@@ -16,7 +16,9 @@ logfs mounts its directory read-write and tiers the topic to the real SeaweedFS 
   Kafka's ``read_uncommitted`` consumer read them;
 - the ``logfs`` Spark source reading the bucket (``s3://BUCKET/PREFIX``; a local-mode Spark session in a
   process of its own, with the store's credentials in its environment) returns the ``read_committed`` rows, and
-  with ``kafka.isolation.level=read_uncommitted`` every row.
+  with ``kafka.isolation.level=read_uncommitted`` every row;
+- whole-log retention then deletes every tiered segment's objects, the ``.txnindex`` ones among them, and their
+  local copies.
 """
 
 from __future__ import annotations
@@ -187,17 +189,32 @@ def test_tiered_segments_keep_kafkas_aborted_transactions(module_broker, kafka_c
             check(fs, rel, everything, log_end)
             os.removexattr(fs.path(TOPIC), X + "logfs.isolation.level")
             check(fs, rel, committed, log_end)
+
+            # The Spark source reading the bucket alone (the same segments).
+            spark_reason = spark_missing_reason()
+            if not spark_reason:
+                path = f"s3://{creds.bucket}/{prefix}"
+                assert spark_rows(creds, path) == [(r.offset, r.key, r.value) for r in committed]
+                assert spark_rows(creds, path, **{"kafka.isolation.level": "read_uncommitted"}) == [
+                    (r.offset, r.key, r.value) for r in everything]
+
+            # Whole-log retention deletes each tiered segment's .txnindex object and local copy with its others.
+            os.setxattr(fs.path(TOPIC), X + "retention.ms", b"1000")  # (the records are an hour old)
+            wait_for(lambda: int(fs.getx(rel, "remote_segment_count")) == 0, 30, interval=0.1,
+                     what="retention of the tiered segments")
+            client = creds._client()
+            wait_for(lambda: [o["Key"] for o in client.list_objects_v2(
+                Bucket=creds.bucket, Prefix=f"{prefix}/{TOPIC}-0/").get("Contents", [])]
+                == [f"{prefix}/{TOPIC}-0/manifest.json"], 10, what="the objects' deletion")
+            # (the local copies go once the store's delete returned)
+            wait_for(lambda: not [n for n in os.listdir(directory / "logfs-remote")
+                                  if n.endswith((".txnindex", ".index", ".timeindex", ".viewindex"))], 10,
+                     what="the local copies' deletion")
+            assert fs.read(rel) == b""
         finally:
             if mounted_at(fs.mnt):
                 fs.unmount()
-
-        # The Spark source reading the bucket alone.
-        reason = spark_missing_reason()
-        if reason:
-            pytest.skip(f"the Spark part: {reason}")
-        path = f"s3://{creds.bucket}/{prefix}"
-        assert spark_rows(creds, path) == [(r.offset, r.key, r.value) for r in committed]
-        assert spark_rows(creds, path, **{"kafka.isolation.level": "read_uncommitted"}) == [
-            (r.offset, r.key, r.value) for r in everything]
     finally:
         broker.start()
+    if spark_reason:
+        pytest.skip(f"the Spark source's part: {spark_reason}")
