@@ -46,7 +46,8 @@ from dataclasses import replace
 
 from ...remote.api import RemoteCorruptError, RemoteNotFoundError, RemoteStore, RemoteStoreError
 from ...remote.manifest import (
-    SEGMENT_EXTS, TXN_INDEX_EXT, ManifestStore, PartitionManifest, RemoteFile, RemoteSegment, decode, encode, partition_prefix,
+    SEGMENT_EXTS, TXN_INDEX_EXT, ManifestStore, PartitionManifest, RemoteFile, RemoteSegment, decode, encode,
+    partition_prefix,
 )
 from ..checkpoints import atomic_write
 from ..cleaner.compression import needs_rewrite
