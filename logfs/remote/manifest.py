@@ -2,12 +2,22 @@
 
 Keys
 ----
-A tiered segment is four objects, named as the contract fixes them::
+A tiered segment is four objects, named as the contract fixes them, and a fifth when Kafka's aborted transactions
+reach into it::
 
     <prefix>/<topic>-<partition>/<20-digit base offset>.log        the Kafka segment, byte for byte
     <prefix>/<topic>-<partition>/<20-digit base offset>.index      Kafka offset index
     <prefix>/<topic>-<partition>/<20-digit base offset>.timeindex  Kafka time index
     <prefix>/<topic>-<partition>/<20-digit base offset>.viewindex  logfs's view index (line positions)
+    <prefix>/<topic>-<partition>/<20-digit base offset>.txnindex   Kafka transaction index (only with aborts)
+
+The ``.txnindex`` object (KIP-405's ``TRANSACTION_INDEX``) is in Kafka's format (34-byte entries,
+:mod:`logfs.storage.local.txn_index`) and holds every aborted transaction that reaches into the segment's offsets,
+wherever its abort marker lies. (Kafka uploads a segment's own ``.txnindex``, the entries of the markers in it, and
+its fetch of a tiered range looks through the later segments' indexes too, RemoteLogManager's
+``collectAbortedTransactions``; logfs puts an abort that spans segments into each of them, so that a reader of one
+tiered segment, a follower or one Spark task, needs that segment's objects alone.) Segments into which no aborted
+transaction reaches, and every segment tiered before logfs uploaded these, have none: none is known.
 
 and each partition has one manifest, ``<prefix>/<topic>-<partition>/manifest.json``. With an empty prefix the
 keys start at ``<topic>-<partition>/``. The prefix is used as given, less leading and trailing slashes.
@@ -31,11 +41,16 @@ Manifest (JSON, UTF-8)
         "objects": {"log":       {"key": "<prefix>/orders-0/00000000000000000000.log", "size": 1048576},
                     "index":     {"key": "...index", "size": 8192},
                     "timeindex": {"key": "...timeindex", "size": 12288},
-                    "viewindex": {"key": "...viewindex", "size": 36000}}}]}
+                    "viewindex": {"key": "...viewindex", "size": 36000},
+                    "txnindex":  {"key": "...txnindex", "size": 68}}}]}   # only with aborted transactions
 
 ``remote_log_end_offset`` is the last segment's ``next_offset`` (0 with no segment). Readers reject an unknown
 ``format`` or a higher ``version``, and a manifest whose segments overlap, as corrupt; they ignore fields they do
 not know, so a field added later without a new ``version`` is harmless to older readers.
+
+Version 2 added the optional ``txnindex`` object. A manifest is written as version 1 when none of its segments has
+one (older logfs reads it as before) and as version 2 when one has: an older reader refuses it (a higher
+``version``) rather than show the records of aborted transactions as if they were committed.
 
 ``min_timestamp`` was added that way (still version 1): the smallest timestamp of any record of the segment, as a
 reader sees them (a LogAppendTime batch's records all have its max timestamp; a CreateTime batch's records may go
@@ -46,7 +61,7 @@ before it, and segments whose scan failed, have none (-1 on reading): they are n
 
 What a crash at each step leaves
 --------------------------------
-Uploading segment S: (1) put S's four objects (each put is atomic; order does not matter); (2) write the
+Uploading segment S: (1) put S's objects (each put is atomic; order does not matter); (2) write the
 manifest listing S; (3) only then, and only past local retention, delete S locally.
 
 - Crash during or after (1), before (2): the manifest does not list S, so S is not tiered; it is still on local
@@ -74,10 +89,14 @@ from dataclasses import dataclass, field, replace
 from .api import RemoteCorruptError, RemoteNotFoundError, RemoteStore
 
 FORMAT = "logfs-remote-manifest"
-VERSION = 1
+VERSION = 2
 MANIFEST_NAME = "manifest.json"
-#: The object kinds of a tiered segment, in upload order (the .log last keeps a listing readable mid-upload).
+#: The object kinds every tiered segment has, in upload order (the .log last keeps a listing readable mid-upload).
 SEGMENT_EXTS = ("index", "timeindex", "viewindex", "log")
+#: The optional kind: Kafka's transaction index, only for a segment that aborted transactions reach into (uploaded
+#: before the .log). A manifest that names one is written as version 2 (1 otherwise).
+TXN_INDEX_EXT = "txnindex"
+OBJECT_EXTS = SEGMENT_EXTS + (TXN_INDEX_EXT,)
 
 
 def partition_prefix(prefix: str, topic: str, partition: int) -> str:
@@ -87,7 +106,7 @@ def partition_prefix(prefix: str, topic: str, partition: int) -> str:
 
 
 def segment_key(prefix: str, topic: str, partition: int, base_offset: int, ext: str) -> str:
-    if ext not in SEGMENT_EXTS:
+    if ext not in OBJECT_EXTS:
         raise ValueError(f"unknown segment object kind {ext!r}")
     return f"{partition_prefix(prefix, topic, partition)}{base_offset:020d}.{ext}"
 
@@ -166,8 +185,9 @@ class PartitionManifest:
 
 
 def encode(m: PartitionManifest) -> bytes:
+    version = VERSION if any(TXN_INDEX_EXT in s.objects for s in m.segments) else 1
     return json.dumps({
-        "format": FORMAT, "version": VERSION, "topic": m.topic, "partition": m.partition,
+        "format": FORMAT, "version": version, "topic": m.topic, "partition": m.partition,
         "generation": m.generation, "log_start_offset": m.log_start_offset,
         "segments": [{
             "base_offset": s.base_offset, "next_offset": s.next_offset, "size": s.size,
@@ -196,7 +216,7 @@ def decode(data: bytes, where: str = "manifest") -> PartitionManifest:
         segs = []
         for s in d["segments"]:
             objects = {ext: RemoteFile(str(o["key"]), _int(o, "size")) for ext, o in s["objects"].items()}
-            if set(objects) != set(SEGMENT_EXTS):
+            if set(objects) - {TXN_INDEX_EXT} != set(SEGMENT_EXTS):
                 raise ValueError(f"segment {s.get('base_offset')} names objects {sorted(objects)}")
             seg = RemoteSegment(_int(s, "base_offset"), _int(s, "next_offset"), _int(s, "size"),
                                 _int(s, "max_timestamp"), objects,
@@ -236,7 +256,8 @@ class ManifestStore:
         self.store.put_bytes(manifest_key(self.prefix, m.topic, m.partition), encode(m))
 
     def segment_keys(self, topic: str, partition: int, base_offset: int) -> dict[str, str]:
-        return {ext: segment_key(self.prefix, topic, partition, base_offset, ext) for ext in SEGMENT_EXTS}
+        """The keys of a segment's objects, by kind (the optional ``txnindex`` among them)."""
+        return {ext: segment_key(self.prefix, topic, partition, base_offset, ext) for ext in OBJECT_EXTS}
 
     def orphans(self, m: PartitionManifest) -> list[str]:
         """Keys under the partition's prefix that ``m`` does not name (nor the manifest itself)."""

@@ -25,13 +25,14 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Iterator
 
 from ..remote.api import RemoteCorruptError, RemoteNotFoundError, RemoteStore
-from ..remote.manifest import MANIFEST_NAME, ManifestStore, PartitionManifest, RemoteSegment
+from ..remote.manifest import MANIFEST_NAME, TXN_INDEX_EXT, ManifestStore, PartitionManifest, RemoteSegment
 from ..storage import names
 from ..storage.format import records as rec
 from ..storage.errors import CorruptRecordError, DataLossError
 from ..storage.local.index import OffsetIndex
 from ..storage.local.reader import first_offset_at_or_after, time_index_floor
 from ..storage.local.segment_file import SegmentFile
+from ..storage.local.txn_index import AbortedRanges, parse_txn_index
 
 log = logging.getLogger(__name__)
 
@@ -192,21 +193,39 @@ def byte_range(index: bytes, seg: RemoteSegment, start: int, end: int) -> tuple[
     return lo, hi
 
 
-def _never_aborted(header) -> bool:
-    """Tiered segments carry no ``.txnindex`` (logfs tiers segments it wrote, which are never transactional)."""
-    return False
-
-
 class BucketPartitionReader:
     """One partition of the bucket, with the local :class:`~logfs.storage.local.reader.PartitionReader`'s interface
-    (``offsets()``, ``batches(start, end)``)."""
+    (``offsets()``, ``batches(start, end)``, ``is_aborted(header)``).
+
+    Kafka's aborted transactions: a tiered segment that they reach into has a ``.txnindex`` object holding all of
+    them (:mod:`logfs.remote.manifest`). :meth:`batches` reads it (one small GET) before it yields the segment's
+    first batch, so :meth:`is_aborted` of a batch it yielded knows every abort that holds it, as a
+    ``read_committed`` consumer's fetch does. A segment tiered without one has none known."""
 
     def __init__(self, store: RemoteStore, prefix: str, tp):
         self.store, self.tp = store, tp
         self.manifests = ManifestStore(store, prefix)
         self.name = str(tp)
         self._last: PartitionManifest | None = None  # the manifest read last
-        self.is_aborted = _never_aborted
+        self._aborted = AbortedRanges(())  # the aborted transactions of the segments read so far
+        self._txn_read: set[str] = set()  # the .txnindex objects read into it
+
+    def is_aborted(self, header: rec.BatchHeader) -> bool:
+        """Whether a batch :meth:`batches` yielded holds records of an aborted transaction."""
+        return (bool(header.attributes & rec.ATTR_TRANSACTIONAL)
+                and self._aborted.covers(header.producer_id, header.base_offset))
+
+    def _read_txn_index(self, seg: RemoteSegment) -> None:
+        """Learn the aborted transactions of ``seg`` (once per object; nothing for a segment without one)."""
+        obj = seg.objects.get(TXN_INDEX_EXT)
+        if obj is None or obj.key in self._txn_read:
+            return
+        data = self.store.get_bytes(obj.key)
+        if len(data) != obj.size:
+            raise RemoteCorruptError(f"{obj.key}: {len(data)} bytes, the manifest says {obj.size}")
+        for txn in parse_txn_index(data):
+            self._aborted.add(txn)
+        self._txn_read.add(obj.key)
 
     def manifest(self) -> PartitionManifest:
         self._last = self.manifests.read(self.tp.topic, self.tp.partition)
@@ -301,6 +320,7 @@ class BucketPartitionReader:
                 continue
             try:
                 index = self.store.get_bytes(seg.objects["index"].key)
+                self._read_txn_index(seg)
             except RemoteNotFoundError:
                 # Deleted by the bucket's retention since the manifest was read (the manifest drops a segment
                 # before its objects are deleted): as records removed before they could be read.
@@ -329,7 +349,11 @@ class TieredPartitionReader:
     def __init__(self, remote: BucketPartitionReader, local):
         self.remote, self.local = remote, local
         self.name = remote.name
-        self.is_aborted = local.is_aborted
+
+    def is_aborted(self, header: rec.BatchHeader) -> bool:
+        """Aborted as the part that yielded the batch knows it: the bucket's ``.txnindex`` objects, or the local
+        partition directory's ``.txnindex`` files."""
+        return self.remote.is_aborted(header) or self.local.is_aborted(header)
 
     def offsets(self) -> tuple[int, int]:
         return self.layout()[:2]

@@ -7,7 +7,9 @@ import json
 import pytest
 
 from logfs.remote import PartitionManifest, RemoteCorruptError, RemoteFile, RemoteSegment
-from logfs.remote.manifest import SEGMENT_EXTS, decode, encode, manifest_key, partition_prefix, segment_key
+from logfs.remote.manifest import (
+    SEGMENT_EXTS, TXN_INDEX_EXT, decode, encode, manifest_key, partition_prefix, segment_key,
+)
 
 
 def seg(base: int, nxt: int, prefix: str = "p", min_timestamp: int = -1) -> RemoteSegment:
@@ -94,11 +96,12 @@ def test_retention_drops_whole_segments_and_advances_the_start():
 
 @pytest.mark.parametrize("mutate", [
     lambda d: d.update(format="other"),
-    lambda d: d.update(version=2),
+    lambda d: d.update(version=3),
     lambda d: d.update(partition="0"),
     lambda d: d["segments"][1].update(base_offset=5),  # overlaps the first
     lambda d: d["segments"][0].update(next_offset=0),  # empty
     lambda d: d["segments"][0]["objects"].pop("viewindex"),
+    lambda d: d["segments"][0]["objects"].update(snapshot={"key": "k", "size": 1}),
     lambda d: d["segments"][0].update(min_timestamp="5"),
     lambda d: d.pop("segments"),
 ])
@@ -108,6 +111,22 @@ def test_decode_rejects_what_logfs_did_not_write(mutate):
     mutate(d)
     with pytest.raises(RemoteCorruptError):
         decode(json.dumps(d).encode())
+
+
+def test_a_txnindex_object_is_optional_and_makes_the_manifest_version_2():
+    """A segment that Kafka's aborted transactions reach into names a fifth object, its ``.txnindex``. A manifest
+    without one is still version 1 (an older logfs reads it); one with one is version 2, which an older logfs
+    refuses rather than show aborted records; both read back as written."""
+    plain = PartitionManifest("t", 0).with_segment(seg(0, 10))
+    assert json.loads(encode(plain))["version"] == 1
+    with_txn = seg(10, 20)
+    objects = {**with_txn.objects, TXN_INDEX_EXT: RemoteFile(segment_key("p", "t", 0, 10, TXN_INDEX_EXT), 68)}
+    m = plain.with_segment(RemoteSegment(10, 20, with_txn.size, with_txn.max_timestamp, objects))
+    d = json.loads(encode(m))
+    assert d["version"] == 2
+    assert decode(encode(m)) == m and decode(encode(plain)) == plain
+    assert segment_key("p", "t", 0, 10, TXN_INDEX_EXT) == "p/t-0/00000000000000000010.txnindex"
+    assert "p/t-0/00000000000000000010.txnindex" in m.segments[1].keys()  # (deleted with the segment, no orphan)
 
 
 def test_decode_rejects_garbage():

@@ -15,7 +15,7 @@ from logfs.storage import LogConfig, load_log
 from logfs.storage.format import records as rec
 from logfs.storage.local.txn_index import (
     ABORT, COMMIT, ENTRY, NO_OPEN_TRANSACTION, AbortedRanges, AbortedTxn, TransactionState, control_type,
-    read_txn_index,
+    encode_txn_index, parse_txn_index, read_txn_index,
 )
 from logfs.storage.names import filename_prefix
 from logfs.view import text as view_text
@@ -83,6 +83,20 @@ def test_aborted_ranges():
     assert [ranges.covers(7, o) for o in (2, 3, 9, 10, 19, 20, 25, 26)] == [False, True, True, False, False, True,
                                                                            True, False]
     assert ranges.covers(8, 0) and not ranges.covers(9, 5) and ranges.count == 3
+
+
+def test_the_aborts_reaching_into_a_range_are_what_tiering_uploads():
+    """``txns(first, end)``: the entries reaching into offsets [first, end) (a tiered segment's ``.txnindex``
+    object), in marker order, each with its last stable offset, in Kafka's format and back; a union keeps them."""
+    txns = [AbortedTxn(7, 3, 9, 3), AbortedTxn(8, 0, 4, 0), AbortedTxn(7, 20, 25, 18)]
+    ranges = AbortedRanges(txns)
+    assert ranges.txns() == [AbortedTxn(8, 0, 4, 0), AbortedTxn(7, 3, 9, 3), AbortedTxn(7, 20, 25, 18)]
+    assert ranges.txns(5, 20) == [AbortedTxn(7, 3, 9, 3)]  # (the abort of 20..25 starts at the range's end)
+    assert ranges.txns(9, 21) == [AbortedTxn(7, 3, 9, 3), AbortedTxn(7, 20, 25, 18)]
+    assert ranges.txns(26, 40) == []
+    assert parse_txn_index(encode_txn_index(ranges.txns())) == ranges.txns()
+    both = AbortedRanges.union([AbortedRanges(txns[:2]), AbortedRanges(txns[1:]), None])
+    assert both.txns() == ranges.txns() and both.count == 3
 
 
 def test_read_txn_index_ignores_a_partial_entry(tmp_path):

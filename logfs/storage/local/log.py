@@ -468,9 +468,9 @@ class Log:
     def measure_aborted(self) -> None:
         """Ready the ``read_uncommitted`` view (``logfs.isolation.level``): each segment that Kafka's aborted
         transactions reach into counts the lines of their batches (:meth:`LogSegment.measure_aborted`), through a
-        snapshot that pins them. It reads those segments whole: the loader calls it, or a worker thread before the
-        setting is applied, never a request."""
-        with self.snapshot() as snapshot:
+        snapshot that pins them, the tiered ones too (through the block cache). It reads those segments whole: the
+        loader calls it, or a worker thread before the setting is applied, never a request."""
+        with self.snapshot(tiers=True) as snapshot:
             for segment in snapshot.segments:
                 if segment.aborted is not None:
                     segment.measure_aborted()

@@ -57,6 +57,11 @@ def read_txn_index(path: str) -> list[AbortedTxn]:
             data = f.read()
     except FileNotFoundError:
         return []
+    return parse_txn_index(data)
+
+
+def parse_txn_index(data: bytes) -> list[AbortedTxn]:
+    """The entries of a ``.txnindex``'s bytes (as :func:`read_txn_index`): a tiered segment's object."""
     out = []
     for at in range(0, len(data) - ENTRY.size + 1, ENTRY.size):
         version, producer_id, first, last, stable = ENTRY.unpack_from(data, at)
@@ -66,10 +71,15 @@ def read_txn_index(path: str) -> list[AbortedTxn]:
     return out
 
 
+def encode_txn_index(txns: Iterable[AbortedTxn]) -> bytes:
+    """A ``.txnindex``'s bytes, in Kafka's format (version 0 entries, in the order given)."""
+    return b"".join(ENTRY.pack(0, *txn) for txn in txns)
+
+
 def write_txn_index(path: str, txns: Iterable[AbortedTxn]) -> None:
     """Write (and fsync) a ``.txnindex`` of ``txns``, in Kafka's format: a rewritten segment's (the cleaner's
     ``.cleaned`` file, which the swap renames with the segment's others)."""
-    data = b"".join(ENTRY.pack(0, *txn) for txn in txns)
+    data = encode_txn_index(txns)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         view = memoryview(data)
@@ -85,15 +95,20 @@ class AbortedRanges:
     ``covers(producer_id, offset)`` in O(log n) per producer. Shared by the segment's readers on any thread;
     :meth:`add` (one writer) replaces a producer's lists whole, so a reader sees the old ones or the new ones."""
 
-    __slots__ = ("_by_producer", "count")
+    __slots__ = ("_by_producer", "_stable", "count")
 
     def __init__(self, txns: Iterable[AbortedTxn]):
         by_producer: dict[int, tuple[list[int], list[int]]] = {}
+        stable: dict[tuple[int, int], int] = {}  # (producer, first offset) -> the entry's last stable offset
         for txn in sorted(txns, key=lambda t: (t.producer_id, t.first_offset)):
             firsts, lasts = by_producer.setdefault(txn.producer_id, ([], []))
+            if firsts and firsts[-1] == txn.first_offset:
+                continue  # (the same transaction, named twice)
             firsts.append(txn.first_offset)
             lasts.append(txn.last_offset)
+            stable[(txn.producer_id, txn.first_offset)] = txn.last_stable_offset
         self._by_producer = by_producer
+        self._stable = stable
         self.count = sum(len(f) for f, _ in by_producer.values())
 
     def covers(self, producer_id: int, offset: int) -> bool:
@@ -114,9 +129,18 @@ class AbortedRanges:
         i = bisect.bisect_left(firsts, txn.first_offset)
         if i < len(firsts) and firsts[i] == txn.first_offset:
             return  # (known already)
+        self._stable[(txn.producer_id, txn.first_offset)] = txn.last_stable_offset
         self._by_producer[txn.producer_id] = ([*firsts[:i], txn.first_offset, *firsts[i:]],
                                               [*lasts[:i], txn.last_offset, *lasts[i:]])
         self.count += 1
+
+    def txns(self, first_offset: int = 0, end_offset: int = 1 << 63) -> list[AbortedTxn]:
+        """The aborted transactions that reach into offsets ``[first_offset, end_offset)``, in the order of their
+        abort markers (a ``.txnindex``'s order): what tiering uploads as a segment's ``.txnindex`` object."""
+        out = [AbortedTxn(producer_id, first, last, self._stable.get((producer_id, first), -1))
+               for producer_id, (firsts, lasts) in list(self._by_producer.items())
+               for first, last in zip(firsts, lasts) if first < end_offset and last >= first_offset]
+        return sorted(out, key=lambda t: (t.last_offset, t.producer_id))
 
     @classmethod
     def union(cls, ranges: Iterable["AbortedRanges | None"]) -> "AbortedRanges | None":
@@ -128,9 +152,8 @@ class AbortedRanges:
             return present[0] if present else None
         out = cls(())
         for r in present:
-            for producer_id, (firsts, lasts) in r._by_producer.items():
-                for first, last in zip(firsts, lasts):
-                    out.add(AbortedTxn(producer_id, first, last, -1))
+            for txn in r.txns():
+                out.add(txn)
         return out
 
     def __bool__(self) -> bool:

@@ -11,14 +11,16 @@ Per tiered partition, one pass:
    prefix that it does not name are orphans of a crashed upload or retention, and are deleted (only here, before
    any upload of the partition runs);
 2. upload: each sealed, flushed local segment at or past the remote log end offset, in order: its ``.index``,
-   ``.timeindex``, ``.viewindex`` and ``.log`` objects, then its indexes copied to the local cache, then the
-   manifest naming it (the commit point), then the log is given the new remote segment;
+   ``.timeindex``, ``.viewindex``, ``.txnindex`` (only when Kafka's aborted transactions reach into it: the entries
+   of all of them, :mod:`logfs.remote.manifest`) and ``.log`` objects, then its indexes copied to the local cache,
+   then the manifest naming it (the commit point), then the log is given the new remote segment;
 3. whole-log retention (``retention.ms``/``.bytes`` over the whole log): the manifest without the expired
    segments and with the log start offset advanced first, then their objects deleted;
 4. local retention (``local.retention.*``): local segments deleted only once the manifest lists them.
 
 Local state, in each tiered partition's directory, under ``logfs-remote/`` (a subdirectory: Kafka and the loader
-look only at the files of a partition directory): each tiered segment's three indexes and a copy of the last
+look only at the files of a partition directory): each tiered segment's three indexes (and its ``.txnindex``) and
+a copy of the last
 manifest written or read (so a restart shows the whole log before the store answers), and ``blocks/``, the LRU
 cache of fetched ``.log`` ranges (one bound over all partitions). The index and manifest copies are written
 durably (temporary, fsync, rename, directory fsync) before anything relies on them, and validated when used: a
@@ -44,13 +46,15 @@ from dataclasses import replace
 
 from ...remote.api import RemoteCorruptError, RemoteNotFoundError, RemoteStore, RemoteStoreError
 from ...remote.manifest import (
-    SEGMENT_EXTS, ManifestStore, PartitionManifest, RemoteFile, RemoteSegment, decode, encode, partition_prefix,
+    SEGMENT_EXTS, TXN_INDEX_EXT, ManifestStore, PartitionManifest, RemoteFile, RemoteSegment, decode, encode,
+    partition_prefix,
 )
 from ..checkpoints import atomic_write
 from ..cleaner.compression import needs_rewrite
 from ..errors import CorruptRecordError
 from ..local.log import Log
 from ..local.open_files import OpenFiles
+from ..local.txn_index import encode_txn_index
 from ..names import REMOTE_CACHE_DIR, REMOTE_DELETES_FILE
 from .block_cache import BlockCache
 from .remote_segment import RemoteLogSegment, index_paths, install_index
@@ -181,6 +185,8 @@ class RemoteLogManager:
             seg = tier.segments.get(meta.base_offset)
             if seg is None or seg.meta != meta or seg.broken:
                 seg = self._open_remote(index_dir, meta, fetch, refetch=seg is not None and seg.broken)
+                if seg.aborted is not None and plog.config.read_uncommitted:
+                    self._measure_aborted(seg)
             opened[meta.base_offset] = seg
         ordered = [opened[meta.base_offset] for meta in m.segments]
         for seg, after in zip(ordered, ordered[1:] + [None]):
@@ -200,12 +206,22 @@ class RemoteLogManager:
         # the last reference).
         tier.segments = opened
 
+    @staticmethod
+    def _measure_aborted(seg: RemoteLogSegment) -> None:
+        """Count the lines of the aborted batches of a tiered segment of a ``read_uncommitted`` topic here, in the
+        pass's (or the startup's) thread, not when a view first reads it. It reads the whole ``.log`` through the
+        block cache: a store that fails leaves it to the view (which then measures it, once), and says so."""
+        try:
+            seg.measure_aborted()
+        except (OSError, RemoteStoreError, CorruptRecordError) as exc:
+            log.warning("%s: its aborted transactions' batches not measured yet (%s)", seg.key, exc)
+
     def _open_remote(self, index_dir: str, meta: RemoteSegment, fetch: bool, refetch: bool = False
                      ) -> RemoteLogSegment:
-        """A tiered segment over its local index copies. Copies that are missing, of the wrong size, or fail the
-        segment's checks are fetched from the store again when ``fetch`` (else RemoteStoreError): a copy that
-        fails validation is never used."""
-        paths = index_paths(index_dir, meta.base_offset)
+        """A tiered segment over its local index copies (its ``.txnindex`` among them when it has one). Copies that
+        are missing, of the wrong size, or fail the segment's checks are fetched from the store again when
+        ``fetch`` (else RemoteStoreError): a copy that fails validation is never used."""
+        paths = index_paths(index_dir, meta.base_offset, meta.objects)
         for attempt in range(2):
             for ext, path in paths.items():
                 stale = (refetch or attempt > 0 or not os.path.exists(path)
@@ -290,6 +306,7 @@ class RemoteLogManager:
         plog = tier.log
         keys = self.manifests.segment_keys(plog.topic, plog.partition, seg.base_offset)
         indexes = {"index": seg.offset_index, "timeindex": seg.time_index, "viewindex": seg.view_index}
+        kinds = SEGMENT_EXTS
         # An index object is exactly its entries, whatever the file's size (never a preallocated tail), and the
         # view index must end with its end entry: a reader of the bucket relies on both.
         end = seg.view_index.last()
@@ -302,8 +319,14 @@ class RemoteLogManager:
                 contents[ext] = f.read(index.entries * index.entry_size)
             if len(contents[ext]) != index.entries * index.entry_size:
                 raise OSError(f"{index.path}: shorter than its {index.entries} entries; not uploaded")
+        if seg.aborted:
+            # Kafka's aborted transactions reaching into it, those whose markers lie in later segments too (the
+            # loader gave it every one, from all of the partition's .txnindex files): a reader of this segment
+            # alone skips their batches. Before the .log, so the .log's presence still ends an upload.
+            contents[TXN_INDEX_EXT] = encode_txn_index(seg.aborted.txns(seg.base_offset, seg.next_offset))
+            kinds = SEGMENT_EXTS[:-1] + (TXN_INDEX_EXT,) + SEGMENT_EXTS[-1:]
         objects = {}
-        for ext in SEGMENT_EXTS:
+        for ext in kinds:
             if ext == "log":
                 size = self.store.put_file(keys[ext], f"/proc/self/fd/{seg.fd}")
             else:
@@ -317,7 +340,7 @@ class RemoteLogManager:
         if objects["log"].size != seg.size:
             raise OSError(f"{seg.log_path}: uploaded {objects['log'].size} bytes of {seg.size}")
         meta = RemoteSegment(seg.base_offset, seg.next_offset, seg.size, seg.max_timestamp, objects, min_timestamp)
-        paths = index_paths(self._index_dir(plog), seg.base_offset)
+        paths = index_paths(self._index_dir(plog), seg.base_offset, objects)
         for ext, path in paths.items():
             install_index(path, data=contents[ext])
         new = tier.manifest.with_segment(meta)
@@ -385,7 +408,7 @@ class RemoteLogManager:
         index_dir = self._index_dir(plog)
         for s in dropped:
             self.blocks.drop(os.path.join(index_dir, "blocks"), s.objects["log"].key)
-            for path in index_paths(index_dir, s.base_offset).values():
+            for path in index_paths(index_dir, s.base_offset, s.objects).values():
                 try:
                     os.unlink(path)
                 except FileNotFoundError:

@@ -20,21 +20,27 @@ import uuid
 from typing import Callable
 
 from ...remote.api import RemoteCorruptError, RemoteStore
-from ...remote.manifest import RemoteSegment
+from ...remote.manifest import TXN_INDEX_EXT, RemoteSegment
 from ..checkpoints import fsync_dir
 from ..errors import CorruptRecordError
 from ..format.lines import LineStats
 from ..local.index import OffsetIndex, TimeIndex, ViewIndex
 from ..local.open_files import OpenFiles
-from ..names import INDEX_SUFFIX, TIME_INDEX_SUFFIX, VIEW_INDEX_SUFFIX, filename_prefix
+from ..names import INDEX_SUFFIX, TIME_INDEX_SUFFIX, TXN_INDEX_SUFFIX, VIEW_INDEX_SUFFIX, filename_prefix
+from ..local.segment import LogSegment
 from ..local.segment_file import SegmentFile, find_offset_by_timestamp, translate_offset
+from ..local.txn_index import AbortedRanges, read_txn_index
 from .block_cache import BLOCK_BYTES, READ_AHEAD_AFTER, READ_AHEAD_FIRST, READ_AHEAD_GET, READ_AHEAD_MAX, Block, BlockCache
 
 
-def index_paths(index_dir: str, base_offset: int) -> dict[str, str]:
-    """Where a tiered segment's indexes are kept locally, by object kind."""
+def index_paths(index_dir: str, base_offset: int, objects=()) -> dict[str, str]:
+    """Where a tiered segment's indexes are kept locally, by object kind: its three, and its ``.txnindex`` when
+    ``objects`` (its manifest entry's) names one."""
     stem = os.path.join(index_dir, filename_prefix(base_offset))
-    return {"index": stem + INDEX_SUFFIX, "timeindex": stem + TIME_INDEX_SUFFIX, "viewindex": stem + VIEW_INDEX_SUFFIX}
+    paths = {"index": stem + INDEX_SUFFIX, "timeindex": stem + TIME_INDEX_SUFFIX, "viewindex": stem + VIEW_INDEX_SUFFIX}
+    if TXN_INDEX_EXT in objects:
+        paths[TXN_INDEX_EXT] = stem + TXN_INDEX_SUFFIX
+    return paths
 
 
 def install_index(path: str, source: str | None = None, data: bytes | None = None) -> None:
@@ -65,7 +71,8 @@ def install_index(path: str, source: str | None = None, data: bytes | None = Non
 
 class RemoteLogSegment(SegmentFile):
     """One tiered segment (read-only): a :class:`~logfs.storage.local.segment_file.ReadableSegment` whose ``.log`` is
-    read through the block cache. Its indexes must already be in ``index_dir`` (:func:`index_paths`)."""
+    read through the block cache. Its indexes (and its ``.txnindex``, when the manifest names one) must already be in
+    ``index_dir`` (:func:`index_paths`)."""
 
     active = False
     fd = -1  # never a local descriptor: close_if_unused leaves it alone
@@ -96,11 +103,16 @@ class RemoteLogSegment(SegmentFile):
         #: The next tiered segment of the partition (set by the tiered manager at each publish): a forward run's
         #: read-ahead goes on into it, so the window does not start again from nothing at each segment.
         self.successor: RemoteLogSegment | None = None
-        self._paths = index_paths(index_dir, meta.base_offset)
+        self._paths = index_paths(index_dir, meta.base_offset, meta.objects)
         for ext, path in self._paths.items():
             if os.path.getsize(path) != meta.objects[ext].size:
                 raise RemoteCorruptError(f"{path}: {os.path.getsize(path)} bytes, the manifest says "
                                          f"{meta.objects[ext].size}")
+        # Kafka's aborted transactions reaching into it (its .txnindex object: read whole, it is a few entries);
+        # none known for a segment tiered without one. Fixed once opened, as a loaded local segment's.
+        txns = read_txn_index(self._paths[TXN_INDEX_EXT]) if TXN_INDEX_EXT in self._paths else []
+        self.aborted = AbortedRanges(txns) if txns else None
+        self.uncommitted = None  # its aborted batches and their lines, once measured (a read_uncommitted view)
         # The view length needs only the view index's end entry: the indexes are mapped on first lookup, so a
         # tiered segment nobody reads holds no descriptor (and the open-file budget unmaps idle ones).
         entry = ViewIndex.ENTRY
@@ -299,11 +311,11 @@ class RemoteLogSegment(SegmentFile):
     # The bounded lookups every segment a view reads shares: index entry, then a scan of at most one interval.
     translate_offset = translate_offset
     find_offset_by_timestamp = find_offset_by_timestamp
-    # Kafka's aborted transactions: none (a segment is tiered with none known; tiering does not carry a .txnindex)
-    aborted = None
-
-    def is_aborted(self, header) -> bool:
-        return False
+    # Kafka's aborted transactions (``aborted``, from its .txnindex object): skipped by a read_committed view as in a
+    # local segment; a read_uncommitted view counts their lines once measured (the tiering pass's worker thread
+    # does it when the topic is read_uncommitted: it reads the whole .log through the block cache).
+    is_aborted = LogSegment.is_aborted
+    measure_aborted = LogSegment.measure_aborted
 
     def hold_files(self) -> None:
         """Open the indexes before their files are unlinked while a snapshot pins this segment (as
