@@ -296,6 +296,8 @@ class TlsFiles:
             _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
                      "-days", "3", "-out", f"{name}.crt", *ext, cwd=d)
             if name != "broker":
+                (d / f"{name}.pem").write_bytes((d / f"{name}.plain.key").read_bytes()
+                                                + (d / f"{name}.crt").read_bytes())  # (Java's PEM keystore)
                 _openssl("pkcs8", "-topk8", "-in", f"{name}.plain.key", "-out", f"{name}.key", "-v2", "aes-256-cbc",
                          "-passout", f"pass:{key_password}", cwd=d)
         (d / "broker.pem").write_bytes((d / "broker.plain.key").read_bytes() + (d / "broker.crt").read_bytes())
@@ -307,6 +309,14 @@ class TlsFiles:
         if client is not None:
             settings.update({"ssl.certificate.location": str(self.certificate(client)),
                              "ssl.key.location": str(self.key(client)), "ssl.key.password": self.key_password})
+        return settings
+
+    def java_client_settings(self, client: str | None = None) -> dict[str, str]:
+        """Kafka's Java clients' TLS settings (PEM trust store; ``client``'s key and certificate as a PEM key store)."""
+        settings = {"ssl.truststore.type": "PEM", "ssl.truststore.location": str(self.ca)}
+        if client is not None:
+            settings.update({"ssl.keystore.type": "PEM",
+                             "ssl.keystore.location": str(self.directory / f"{client}.pem")})
         return settings
 
 
@@ -385,6 +395,13 @@ class SaslUsers:
         """librdkafka's (and Kafka's) client settings of ``user``."""
         return {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN", "sasl.username": user,
                 "sasl.password": self.users[user]}
+
+    def java_client_settings(self, user: str, mechanism: str = "PLAIN") -> dict[str, str]:
+        """Kafka's Java clients' SASL settings of ``user`` (its JAAS line)."""
+        module = ("org.apache.kafka.common.security.plain.PlainLoginModule" if mechanism == "PLAIN"
+                  else "org.apache.kafka.common.security.scram.ScramLoginModule")
+        return {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": mechanism,
+                "sasl.jaas.config": f'{module} required username="{user}" password="{self.users[user]}";'}
 
 
 class KafkaBroker:
