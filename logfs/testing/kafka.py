@@ -630,10 +630,11 @@ def bootstrap_of(nodes: list[KafkaBroker]) -> str:
 
 
 @contextlib.contextmanager
-def running_broker(directory, client: KafkaClient, sasl: SaslUsers | None = None):
+def running_broker(directory, client: KafkaClient, sasl: SaslUsers | None = None,
+                   settings: dict[str, str] | None = None):
     """A started :class:`KafkaBroker` on ``directory`` (given its ``client``; ``sasl``: its users, see
-    :class:`SaslUsers`), stopped on exit: cleanly, else killed."""
-    broker = KafkaBroker(directory, client=client, sasl=sasl)
+    :class:`SaslUsers`; ``settings``: broker settings over the rig's), stopped on exit: cleanly, else killed."""
+    broker = KafkaBroker(directory, client=client, sasl=sasl, settings=settings)
     broker.start()
     try:
         yield broker

@@ -9,6 +9,8 @@ at test time, KRaft's ``StandardAuthorizer`` with nothing allowed where no ACL s
 - On each protocol and mechanism (SASL_PLAINTEXT with PLAIN and with SCRAM-SHA-256, SASL_SSL with SCRAM-SHA-512, SSL
   with a client certificate whose key has a password) a mount as alice holds the broker's own batches, byte for
   byte, and its metrics count them as fetched directly; a topic she may DESCRIBE but not READ reads ``EACCES``.
+- A session the broker gives a lifetime (``connections.max.reauth.ms`` on the SASL_SSL listener) is logged in again
+  before the broker would close the connection: a Fetch after the lifetime is answered.
 - A login the broker refuses on the direct Fetch (bob's SCRAM password changed while mounted: the consumer's
   connections logged in before, the Fetch's new one cannot): the partition goes to the consumer and reads through
   the mount, once warned; a partition new after it goes to the consumer too, with no second try (no second warning).
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import errno
 import os
+import time
 
 import pytest
 from confluent_kafka import Producer
@@ -34,6 +37,7 @@ pytestmark = pytest.mark.mount
 PASSWORDS = {"admin": "admin-secret", "alice": "alice-secret", "bob": "bob-secret"}
 RECORDS = 12_000
 REFUSED = "the replica's direct Fetch: "
+REAUTH_MS = 2000
 
 
 def admin_client(broker):
@@ -72,7 +76,9 @@ def produce(broker, topic: str, values: list[bytes], codec: str = "lz4") -> None
 def broker(tmp_path_factory, kafka_client):
     tls = TlsFiles.make(tmp_path_factory.mktemp("tls"), clients=("alice",))
     users = SaslUsers(dict(PASSWORDS), scram=True, tls=tls)
-    with running_broker(tmp_path_factory.mktemp("kafka-secured"), kafka_client, sasl=users) as b:
+    # (SASL_SSL sessions last 2 s: a client logs in again, or the broker closes the connection at its next request)
+    with running_broker(tmp_path_factory.mktemp("kafka-secured"), kafka_client, sasl=users,
+                        settings={"listener.name.sasl_ssl.connections.max.reauth.ms": str(REAUTH_MS)}) as b:
         admin = admin_client(b)
         create_topics(admin, "cold", "unreadable")
         grant(admin, "alice", "cold", "DESCRIBE", "READ")
@@ -174,3 +180,19 @@ def test_a_refused_login_hands_over_to_the_consumer(mount_logfs, broker, tmp_pat
     assert len(refusals) == 1, refusals  # (tried once: "later" went to the consumer without a second login)
     assert "SASL_AUTHENTICATION_FAILED" in refusals[0]
     del admin
+
+
+def test_a_session_with_a_lifetime_logs_in_again(broker):
+    from logfs.storage.cluster.fetch import Connection
+    from logfs.storage.cluster.security import direct_security
+
+    host, port = broker.bootstrap_for("SASL_SSL").split(":")
+    connection = Connection(host, int(port), 10, direct_security(settings_of(broker, "SASL_SSL", "SCRAM-SHA-512",
+                                                                            "alice")))
+    try:
+        assert connection.fetch({"cold": [(0, 0)]}, partition_max_bytes=1024)[("cold", 0)].error == 0
+        time.sleep(REAUTH_MS / 1000 + 0.5)  # (past the session's lifetime: its next request would be refused)
+        answer = connection.fetch({"cold": [(0, 0)]}, partition_max_bytes=1024)[("cold", 0)]
+        assert answer.error == 0 and answer.high_watermark == RECORDS
+    finally:
+        connection.close()
