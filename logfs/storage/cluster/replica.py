@@ -18,13 +18,15 @@ work as on a local mount, with no second reader of the format.
   been fetched so far and grows as the fetcher catches up, as a ``tail -f`` would see it.
 - **Catching up: the batches as Kafka sends them.** A partition the replica starts fetching (new to it, or resumed),
   and one its consumer has fallen ``direct_lag`` offsets behind on (noted every :data:`REFRESH_S`), is fetched with
-  Kafka's own Fetch request (:mod:`.fetch`, on a PLAINTEXT cluster), whose record batches are written into the
-  segments as they come: no record is decoded or encoded again, so a cold partition fills at the speed of the
-  broker and the disk. (A first batch the replica's end falls inside is cut there: its records from the end on,
-  re-encoded as the consumer's are.) The partition goes (back) to the consumer, which re-encodes each record, once
+  Kafka's own Fetch request (:mod:`.fetch`, logged in as the consumer is: :mod:`.security`), whose record batches
+  are written into the segments as they come: no record is decoded or encoded again, so a cold partition fills at
+  the speed of the broker and the disk. (A first batch the replica's end falls inside is cut there: its records
+  from the end on, re-encoded as the consumer's are.) The partition goes (back) to the consumer, which re-encodes each record, once
   caught up, at the first transactional or control batch (the consumer's ``read_committed`` drops aborted records
   and markers), and at any error (the consumer reports and retries it). A partition where the Fetch met a
-  transaction is not sent back to it for a lag (the consumer would lose its prefetch each time for nothing).
+  transaction is not sent back to it for a lag (the consumer would lose its prefetch each time for nothing). Settings
+  the Fetch does not follow as librdkafka would leave every partition to the consumer (one INFO line at start); a
+  login the broker refuses hands every partition to it for :data:`AUTH_RETRY_S`.
   :attr:`Replica.bulk` holds the partitions being caught up so.
 - **Kept across mounts.** A mount with the same cache directory resumes the replica: each partition's last segment
   is walked (batches checked, a torn tail cut: the replica is not synced but at each roll and at unmount), and the
@@ -530,9 +532,9 @@ class Replica:
         """One Fetch per leader of the partitions being caught up (the fetcher's thread); each answer's batches
         written as they came (see the module's docstring). A broker that cannot be asked hands its partitions to
         the consumer, which retries and reports; one that refuses the login hands every partition to it, and the
-        Fetch is not tried again for :data:`AUTH_RETRY_S`. A connection is closed once none of its broker's
-        partitions is being caught up (a broker closes a connection idle for its ``connections.max.idle.ms``, 10
-        minutes: the next catch-up would meet that as an error)."""
+        Fetch is not tried again for :data:`AUTH_RETRY_S`. The connections are closed once no partition is being
+        caught up (a broker closes a connection idle for its ``connections.max.idle.ms``, 10 minutes: the next
+        catch-up would meet that as an error)."""
         if not self.bulk:
             if self._connections:
                 for connection in self._connections.values():
