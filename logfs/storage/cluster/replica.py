@@ -21,12 +21,12 @@ work as on a local mount, with no second reader of the format.
   Kafka's own Fetch request (:mod:`.fetch`, logged in as the consumer is: :mod:`.security`), whose record batches
   are written into the segments as they come: no record is decoded or encoded again, so a cold partition fills at
   the speed of the broker and the disk. (A first batch the replica's end falls inside is cut there: its records
-  from the end on, re-encoded as the consumer's are.) The partition goes (back) to the consumer, which re-encodes each record, once
-  caught up, at the first transactional or control batch (the consumer's ``read_committed`` drops aborted records
-  and markers), and at any error (the consumer reports and retries it). A partition where the Fetch met a
-  transaction is not sent back to it for a lag (the consumer would lose its prefetch each time for nothing). Settings
-  the Fetch does not follow as librdkafka would leave every partition to the consumer (one INFO line at start); a
-  login the broker refuses hands every partition to it for :data:`AUTH_RETRY_S`.
+  from the end on, re-encoded as the consumer's are.) The partition goes (back) to the consumer, which re-encodes
+  each record, once caught up, at the first transactional or control batch (the consumer's ``read_committed``
+  drops aborted records and markers), and at any error (the consumer reports and retries it). A partition where
+  the Fetch met a transaction is not sent back to it for a lag (the consumer would lose its prefetch each time for
+  nothing). Settings the Fetch does not follow as librdkafka would leave every partition to the consumer (one INFO
+  line at start); a login the broker refuses hands every partition to it for :data:`AUTH_RETRY_S`.
   :attr:`Replica.bulk` holds the partitions being caught up so.
 - **Kept across mounts.** A mount with the same cache directory resumes the replica: each partition's last segment
   is walked (batches checked, a torn tail cut: the replica is not synced but at each roll and at unmount), and the
