@@ -13,7 +13,8 @@ as the consumer does with the same settings (:mod:`.security`: TLS, then SASL PL
 version 1 and SaslAuthenticate version 1 (Kafka 4 serves 0-1 and 0-2; version 0 of the handshake sends the tokens
 unframed, and SaslAuthenticate's version 2 only adds tagged fields), before the first Fetch. A login the broker
 refuses is :class:`AuthenticationError`, which the replica does not retry at once. A session with a lifetime
-(the broker's ``connections.max.reauth.ms``) is ended and logged in again before the broker would close it.
+(the broker's ``connections.max.reauth.ms``) is closed before the broker would close it, and the next request logs
+in on a new connection (Kafka's re-authentication on the same connection, KIP-368, is not needed for that).
 Everything the consumer does better stays with it: the replica hands a partition back to its consumer at the first
 error, the first transactional or control batch, or once it has caught up (see ``Replica._fetch_bulk``).
 
@@ -82,7 +83,7 @@ class Connection:
             try:
                 sock = socket.create_connection(self.address, timeout=self.timeout)
             except OSError as exc:
-                raise FetchError(f"{self.address[0]}:{self.address[1]}: {exc}") from None
+                raise FetchError(str(exc)) from None  # (fetch() names the broker)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
             try:
