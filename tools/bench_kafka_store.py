@@ -21,6 +21,11 @@ and Kafka's own performance tools, in one run.
   line shows. The other mount is new: the timing starts once it has fetched what the writer's mount shows (its
   catch-up time is printed), since lines appended during a new host's first fetch of the cluster wait behind it. Figure: the delay from the ``write()``'s start to its line read, p50/p99/max.
 
+A secured broker (``--sasl MECHANISM``: SASL_PLAINTEXT with PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512; ``--ssl``: TLS, that
+is SASL_SSL with ``--sasl``, else SSL with a client certificate; logfs/testing/kafka.py ``SaslUsers``, ``TlsFiles``):
+the mounts log in with ``-o kafka.*`` settings, Kafka's tools with the same user's (``--command-config``), so the
+figures say what the replica's direct Fetch does on a cluster as production runs one.
+
 Prints one line per figure and a markdown table. Kafka's tools jar is resolved by logfs/testing/kafka_setup.py on
 first use (``.cache/kafka/tools-jars``).
 """
@@ -36,7 +41,7 @@ import tempfile
 import time
 
 from logfs.testing.benchlib import TailWatcher, table
-from logfs.testing.kafka import KafkaClient, running_broker
+from logfs.testing.kafka import KafkaClient, SaslUsers, TlsFiles, running_broker
 from logfs.testing.kafka_perf import consumer_perf, producer_perf
 from logfs.testing.mounts import code_env, logfs_command, mounted_at, unmount_fuse, wait_for
 
@@ -176,6 +181,47 @@ def tail(writer_mnt: str, reader_mnt: str, topic: str, seconds: float) -> dict:
     return watcher.finish(sent)
 
 
+class Security:
+    """The broker's users and listeners of ``--sasl``/``--ssl`` (None: PLAINTEXT), and each client's settings."""
+
+    def __init__(self, tmp: str, mechanism: str | None, tls: bool):
+        self.mechanism, self.tls = mechanism, tls
+        self.protocol = {(False, False): "PLAINTEXT", (True, False): "SASL_PLAINTEXT", (False, True): "SSL",
+                         (True, True): "SASL_SSL"}[(mechanism is not None, tls)]
+        files = TlsFiles.make(os.path.join(tmp, "tls"), clients=("admin",)) if tls else None
+        self.users = (SaslUsers({"admin": "admin-secret"}, scram=True, tls=files) if self.protocol != "PLAINTEXT"
+                      else None)
+
+    def librdkafka(self) -> dict[str, str]:
+        """The mounts' settings (``-o kafka.NAME=VALUE``) and the admin client's."""
+        if self.protocol == "SSL":
+            return {"security.protocol": "SSL", **self.users.tls.client_settings("admin")}
+        if self.users is None:
+            return {}
+        settings = {**self.users.client_settings("admin"), "security.protocol": self.protocol,
+                    "sasl.mechanism": self.mechanism}
+        return {**settings, **(self.users.tls.client_settings() if self.tls else {})}
+
+    def java(self) -> dict[str, str] | None:
+        """Kafka's tools' settings (``--command-config``)."""
+        if self.protocol == "SSL":
+            return {"security.protocol": "SSL", **self.users.tls.java_client_settings("admin")}
+        if self.users is None:
+            return None
+        settings = {**self.users.java_client_settings("admin", self.mechanism), "security.protocol": self.protocol}
+        return {**settings, **(self.users.tls.java_client_settings() if self.tls else {})}
+
+    def create_topic(self, broker, name: str) -> None:
+        if self.users is None:
+            broker.create_topic(name, 1)
+            return
+        from confluent_kafka.admin import AdminClient, NewTopic
+
+        admin = AdminClient({"bootstrap.servers": broker.bootstrap_for(self.protocol), **self.librdkafka()})
+        for future in admin.create_topics([NewTopic(name, 1, 1)], request_timeout=30).values():
+            future.result(60)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--only", default="bulk,small,read,tail")
@@ -185,25 +231,30 @@ def main(argv=None) -> int:
     ap.add_argument("--tail-s", type=float, default=15)
     ap.add_argument("-o", dest="kafka_options", action="append", default=[],
                     help="a mount option of the kafka:// mounts (e.g. kafka.fetch.min.bytes=262144), for an A/B")
+    ap.add_argument("--sasl", choices=("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"),
+                    help="a broker that authenticates (SASL_PLAINTEXT, or SASL_SSL with --ssl) with this mechanism")
+    ap.add_argument("--ssl", action="store_true", help="a broker listening with TLS (SSL: a client certificate)")
     args = ap.parse_args(argv)
     only = set(args.only.split(","))
     records = args.mb * 1_000_000 // len(LINE)
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-kafka-store.") as tmp:
         client = KafkaClient(f"{tmp}/client").start()
-        mounts = Mounts(tmp, args.kafka_options)
+        security = Security(tmp, args.sasl, args.ssl)
+        mounts = Mounts(tmp, [*args.kafka_options, *(f"kafka.{k}={v}" for k, v in security.librdkafka().items())])
         try:
-            with running_broker(f"{tmp}/broker", client) as broker:
-                bootstrap = broker.bootstrap
+            with running_broker(f"{tmp}/broker", client, sasl=security.users) as broker:
+                bootstrap = broker.bootstrap_for(security.protocol)
+                print(f"broker: {security.protocol}" + (f" {args.sasl}" if args.sasl else ""), flush=True)
                 a = mounts.mount(bootstrap, "a")
                 if only & {"bulk", "read"}:
                     src = os.path.join(tmp, "lines")
                     make_lines(src, records)
                     on_mount = bulk(a, src, "bulk")
                     os.unlink(src)
-                    broker.create_topic("perf-produced", 1)
+                    security.create_topic(broker, "perf-produced")
                     on_kafka = producer_perf(bootstrap, "perf-produced", records, 100, "acks=all",
-                                             "enable.idempotence=true")["records_s"]
+                                             "enable.idempotence=true", config=security.java())["records_s"]
                     print(f"bulk: cat of {records:,} 100-byte lines: mount {on_mount:,.0f} lines/s, "
                           f"kafka-producer-perf-test {on_kafka:,.0f} records/s ({on_mount / on_kafka:.2f})",
                           flush=True)
@@ -233,7 +284,8 @@ def main(argv=None) -> int:
                     rows.append(["one 100-byte line per `write()`, of a local mount", f"{k:,.0f} / {lo:,.0f} lines/s",
                                  f"**{k / lo:.2f}**", "≥ 0.8", "yes" if k / lo >= 0.8 else "no"])
                 if "read" in only:
-                    on_kafka = consumer_perf(bootstrap, "bulk", records, "bench-kafka-store-0")["fetch_records_s"]
+                    on_kafka = consumer_perf(bootstrap, "bulk", records, "bench-kafka-store-0",
+                                             security.java())["fetch_records_s"]
                     started = time.perf_counter()
                     b = mounts.mount(bootstrap, "cold")
                     mounted = time.perf_counter() - started

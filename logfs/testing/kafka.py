@@ -7,9 +7,13 @@ Set-up (``tools/dev.sh`` runs ``python -m logfs.testing.kafka setup``) puts Kafk
   directories on first start, ``start``/``stop`` (SIGTERM, Kafka's clean shutdown)/``kill``, started again on the
   same directories and ports. Node ids and the formatting arguments are its own, so three of them with
   ``--initial-controllers`` can make a cluster later.
-- :class:`SaslUsers`: a broker that authenticates its clients (SASL_PLAINTEXT, PLAIN) and authorizes them by ACLs
-  (KRaft's ``StandardAuthorizer``, nothing allowed where no ACL says so); its first user is a super user (the
-  controller and inter-broker listeners log in as it, and so does a test's admin client).
+- :class:`SaslUsers`: a broker that authenticates its clients (SASL_PLAINTEXT, PLAIN; SCRAM-SHA-256 and -512 too
+  with ``scram=True``: the users' credentials are written by the storage format's ``--add-scram``) and authorizes
+  them by ACLs (KRaft's ``StandardAuthorizer``, nothing allowed where no ACL says so); its first user is a super user
+  (the controller and inter-broker listeners log in as it, and so does a test's admin client). With ``tls``
+  (:class:`TlsFiles`: a CA, the broker's certificate and client certificates made with the ``openssl`` CLI at test
+  time) the broker also listens with SSL (a client certificate required; ``CN=<user>`` is that user) and SASL_SSL,
+  each on a port of its own (:meth:`KafkaBroker.bootstrap_for`).
 - :class:`KafkaClient`: Kafka's Java clients (producer, consumer, admin) and ``kafka.tools.DumpLogSegments`` in one
   JVM that lives as long as the object, answering one JSON command a line (``kafka_jvm/KafkaClient.java``).
 - :mod:`logfs.testing.kafka_dump`: DumpLogSegments over many files in one call, its output parsed.
@@ -249,13 +253,86 @@ class KafkaClient:
         return self.run_main("kafka.tools.DumpLogSegments", args, timeout)
 
 
+def _openssl(*args: str, cwd: Path) -> None:
+    done = subprocess.run(["openssl", *args], cwd=cwd, capture_output=True, text=True, timeout=60)
+    if done.returncode != 0:
+        raise KafkaError(f"openssl {' '.join(args)} failed:\n{done.stderr}")
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    """A test CA (``ca.pem``), the broker's key and certificate for 127.0.0.1 and localhost in one PEM file
+    (``broker.pem``: Kafka's ``ssl.keystore.type=PEM``), and per client a certificate (``<name>.crt``, subject
+    ``CN=<name>``) and its key encrypted with :attr:`key_password` (``<name>.key``), made by :meth:`make` with the
+    ``openssl`` CLI (EC P-256 keys: quick to make)."""
+    directory: Path
+    key_password: str = "key-secret"
+
+    @property
+    def ca(self) -> Path:
+        return self.directory / "ca.pem"
+
+    @property
+    def broker_keystore(self) -> Path:
+        return self.directory / "broker.pem"
+
+    def certificate(self, client: str) -> Path:
+        return self.directory / f"{client}.crt"
+
+    def key(self, client: str) -> Path:
+        return self.directory / f"{client}.key"
+
+    @classmethod
+    def make(cls, directory: str | Path, clients=(), key_password: str = "key-secret") -> "TlsFiles":
+        d = Path(directory)
+        d.mkdir(parents=True, exist_ok=True)
+        ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+        _openssl("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.pem", "-days", "3", "-subj",
+                 "/CN=logfs-test-ca", cwd=d)
+        (d / "broker.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+        for name, subject, ext in [("broker", "/CN=localhost", ["-extfile", "broker.ext"])] + [
+                (client, f"/CN={client}", []) for client in clients]:
+            _openssl("req", *ec, "-keyout", f"{name}.plain.key", "-out", f"{name}.csr", "-subj", subject, cwd=d)
+            _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+                     "-days", "3", "-out", f"{name}.crt", *ext, cwd=d)
+            if name != "broker":
+                (d / f"{name}.pem").write_bytes((d / f"{name}.plain.key").read_bytes()
+                                                + (d / f"{name}.crt").read_bytes())  # (Java's PEM keystore)
+                _openssl("pkcs8", "-topk8", "-in", f"{name}.plain.key", "-out", f"{name}.key", "-v2", "aes-256-cbc",
+                         "-passout", f"pass:{key_password}", cwd=d)
+        (d / "broker.pem").write_bytes((d / "broker.plain.key").read_bytes() + (d / "broker.crt").read_bytes())
+        return cls(d, key_password)
+
+    def client_settings(self, client: str | None = None) -> dict[str, str]:
+        """librdkafka's TLS settings trusting the CA (and presenting ``client``'s certificate)."""
+        settings = {"ssl.ca.location": str(self.ca)}
+        if client is not None:
+            settings.update({"ssl.certificate.location": str(self.certificate(client)),
+                             "ssl.key.location": str(self.key(client)), "ssl.key.password": self.key_password})
+        return settings
+
+    def java_client_settings(self, client: str | None = None) -> dict[str, str]:
+        """Kafka's Java clients' TLS settings (PEM trust store; ``client``'s key and certificate as a PEM key store)."""
+        settings = {"ssl.truststore.type": "PEM", "ssl.truststore.location": str(self.ca)}
+        if client is not None:
+            settings.update({"ssl.keystore.type": "PEM",
+                             "ssl.keystore.location": str(self.directory / f"{client}.pem")})
+        return settings
+
+
+SCRAM_MECHANISMS = ("SCRAM-SHA-256", "SCRAM-SHA-512")
+
+
 @dataclass(frozen=True)
 class SaslUsers:
     """The users of a broker with SASL_PLAINTEXT listeners (PLAIN) and KRaft's ``StandardAuthorizer``: name ->
     password, the first one a super user (the broker's own listeners log in as it). Nothing is allowed where no ACL
     says so (``allow.everyone.if.no.acl.found=false``): a test grants its users what they may do through Kafka's
-    admin API (CreateAcls) as the super user."""
+    admin API (CreateAcls) as the super user. ``scram``: the clients' SASL listeners enable SCRAM-SHA-256 and
+    SCRAM-SHA-512 too (every user has credentials of both); ``tls``: SSL and SASL_SSL listeners too."""
     users: dict[str, str]
+    scram: bool = False
+    tls: TlsFiles | None = None
 
     @property
     def super_user(self) -> str:
@@ -267,27 +344,64 @@ class SaslUsers:
         return (f'org.apache.kafka.common.security.plain.PlainLoginModule required username="{user}" '
                 f'password="{self.users[user]}" {known};')
 
-    def properties(self, port: int, controller_port: int) -> dict[str, str]:
+    @property
+    def mechanisms(self) -> tuple[str, ...]:
+        """The clients' SASL mechanisms."""
+        return ("PLAIN", *SCRAM_MECHANISMS) if self.scram else ("PLAIN",)
+
+    def scram_args(self) -> list[str]:
+        """The storage format's arguments that write every user's SCRAM credentials."""
+        if not self.scram:
+            return []
+        return [arg for mechanism in SCRAM_MECHANISMS for name, password in self.users.items()
+                for arg in ("--add-scram", f"{mechanism}=[name={name},password={password}]")]
+
+    def properties(self, port: int, controller_port: int, tls_ports: dict[str, int] | None = None) -> dict[str, str]:
+        """The broker's settings; ``tls_ports``: the SSL and SASL_SSL listeners' ports (with :attr:`tls`)."""
         admin = self.super_user
-        return {
-            "listeners": f"SASL_PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}",
-            "advertised.listeners": f"SASL_PLAINTEXT://127.0.0.1:{port}",
+        listeners = {"SASL_PLAINTEXT": port, **(tls_ports or {})}
+        props = {
+            "listeners": ",".join(f"{name}://127.0.0.1:{p}" for name, p in listeners.items())
+            + f",CONTROLLER://127.0.0.1:{controller_port}",
+            "advertised.listeners": ",".join(f"{name}://127.0.0.1:{p}" for name, p in listeners.items()),
             "inter.broker.listener.name": "SASL_PLAINTEXT",
-            "listener.security.protocol.map": "CONTROLLER:SASL_PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT",
-            "sasl.enabled.mechanisms": "PLAIN",
+            "listener.security.protocol.map": ",".join(["CONTROLLER:SASL_PLAINTEXT",
+                                                        *(f"{name}:{name}" for name in listeners)]),
+            "sasl.enabled.mechanisms": ",".join(self.mechanisms),
+            "listener.name.controller.sasl.enabled.mechanisms": "PLAIN",
             "sasl.mechanism.inter.broker.protocol": "PLAIN",
             "sasl.mechanism.controller.protocol": "PLAIN",
-            "listener.name.sasl_plaintext.plain.sasl.jaas.config": self.jaas(admin),
             "listener.name.controller.plain.sasl.jaas.config": self.jaas(admin),
             "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
             "super.users": f"User:{admin}",
             "allow.everyone.if.no.acl.found": "false",
         }
+        for name in listeners:
+            if name.startswith("SASL_"):
+                props[f"listener.name.{name.lower()}.plain.sasl.jaas.config"] = self.jaas(admin)
+                for mechanism in self.mechanisms[1:]:
+                    props[f"listener.name.{name.lower()}.{mechanism.lower()}.sasl.jaas.config"] = (
+                        "org.apache.kafka.common.security.scram.ScramLoginModule required;")
+        if tls_ports:
+            props.update({
+                "ssl.keystore.type": "PEM", "ssl.keystore.location": str(self.tls.broker_keystore),
+                "ssl.truststore.type": "PEM", "ssl.truststore.location": str(self.tls.ca),
+                "listener.name.ssl.ssl.client.auth": "required",
+                "ssl.principal.mapping.rules": "RULE:^CN=(.*)$/$1/,DEFAULT",  # (CN=alice is User:alice)
+            })
+        return props
 
     def client_settings(self, user: str) -> dict[str, str]:
         """librdkafka's (and Kafka's) client settings of ``user``."""
         return {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN", "sasl.username": user,
                 "sasl.password": self.users[user]}
+
+    def java_client_settings(self, user: str, mechanism: str = "PLAIN") -> dict[str, str]:
+        """Kafka's Java clients' SASL settings of ``user`` (its JAAS line)."""
+        module = ("org.apache.kafka.common.security.plain.PlainLoginModule" if mechanism == "PLAIN"
+                  else "org.apache.kafka.common.security.scram.ScramLoginModule")
+        return {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": mechanism,
+                "sasl.jaas.config": f'{module} required username="{user}" password="{self.users[user]}";'}
 
 
 class KafkaBroker:
@@ -307,6 +421,8 @@ class KafkaBroker:
         self.heap = heap
         self.port = free_port()
         self.controller_port = free_port()
+        # (the SSL and SASL_SSL listeners of a broker with TLS: see SaslUsers)
+        self.tls_ports = {"SSL": free_port(), "SASL_SSL": free_port()} if sasl is not None and sasl.tls else {}
         self.cluster_id = random_uuid()
         self.proc: subprocess.Popen | None = None
         self.start_seconds: float | None = None
@@ -314,6 +430,10 @@ class KafkaBroker:
     @property
     def bootstrap(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+    def bootstrap_for(self, protocol: str) -> str:
+        """The address of the listener of ``protocol`` (``SSL``, ``SASL_SSL``; else the first listener's)."""
+        return f"127.0.0.1:{self.tls_ports.get(protocol, self.port)}"
 
     @property
     def log_file(self) -> Path:
@@ -349,7 +469,7 @@ class KafkaBroker:
             "log.retention.ms": "-1",
         }
         if self.sasl is not None:
-            props.update(self.sasl.properties(self.port, self.controller_port))
+            props.update(self.sasl.properties(self.port, self.controller_port, self.tls_ports))
         props.update(self.settings)
         return props
 
@@ -369,7 +489,8 @@ class KafkaBroker:
     def format(self) -> None:
         """Kafka's StorageTool format: in the client's JVM when there is one, else in a JVM of its own."""
         config = self._write_config()
-        args = ["format", "-t", self.cluster_id, "-c", str(config), *self.format_args()]
+        args = ["format", "-t", self.cluster_id, "-c", str(config), *self.format_args(),
+                *(self.sasl.scram_args() if self.sasl is not None else [])]
         if self.client is not None:
             r = self.client.run_main("kafka.tools.StorageTool", args, timeout=120)
             status, output = r["status"], r["stdout"] + r["stderr"] + (r["error"] or "")
@@ -509,10 +630,11 @@ def bootstrap_of(nodes: list[KafkaBroker]) -> str:
 
 
 @contextlib.contextmanager
-def running_broker(directory, client: KafkaClient, sasl: SaslUsers | None = None):
+def running_broker(directory, client: KafkaClient, sasl: SaslUsers | None = None,
+                   settings: dict[str, str] | None = None):
     """A started :class:`KafkaBroker` on ``directory`` (given its ``client``; ``sasl``: its users, see
-    :class:`SaslUsers`), stopped on exit: cleanly, else killed."""
-    broker = KafkaBroker(directory, client=client, sasl=sasl)
+    :class:`SaslUsers`; ``settings``: broker settings over the rig's), stopped on exit: cleanly, else killed."""
+    broker = KafkaBroker(directory, client=client, sasl=sasl, settings=settings)
     broker.start()
     try:
         yield broker

@@ -18,13 +18,15 @@ work as on a local mount, with no second reader of the format.
   been fetched so far and grows as the fetcher catches up, as a ``tail -f`` would see it.
 - **Catching up: the batches as Kafka sends them.** A partition the replica starts fetching (new to it, or resumed),
   and one its consumer has fallen ``direct_lag`` offsets behind on (noted every :data:`REFRESH_S`), is fetched with
-  Kafka's own Fetch request (:mod:`.fetch`, on a PLAINTEXT cluster), whose record batches are written into the
-  segments as they come: no record is decoded or encoded again, so a cold partition fills at the speed of the
-  broker and the disk. (A first batch the replica's end falls inside is cut there: its records from the end on,
-  re-encoded as the consumer's are.) The partition goes (back) to the consumer, which re-encodes each record, once
-  caught up, at the first transactional or control batch (the consumer's ``read_committed`` drops aborted records
-  and markers), and at any error (the consumer reports and retries it). A partition where the Fetch met a
-  transaction is not sent back to it for a lag (the consumer would lose its prefetch each time for nothing).
+  Kafka's own Fetch request (:mod:`.fetch`, logged in as the consumer is: :mod:`.security`), whose record batches
+  are written into the segments as they come: no record is decoded or encoded again, so a cold partition fills at
+  the speed of the broker and the disk. (A first batch the replica's end falls inside is cut there: its records
+  from the end on, re-encoded as the consumer's are.) The partition goes (back) to the consumer, which re-encodes
+  each record, once caught up, at the first transactional or control batch (the consumer's ``read_committed``
+  drops aborted records and markers), and at any error (the consumer reports and retries it). A partition where
+  the Fetch met a transaction is not sent back to it for a lag (the consumer would lose its prefetch each time for
+  nothing). Settings the Fetch does not follow as librdkafka would leave every partition to the consumer (one INFO
+  line at start); a login the broker refuses hands every partition to it for :data:`AUTH_RETRY_S`.
   :attr:`Replica.bulk` holds the partitions being caught up so.
 - **Kept across mounts.** A mount with the same cache directory resumes the replica: each partition's last segment
   is walked (batches checked, a torn tail cut: the replica is not synced but at each roll and at unmount), and the
@@ -70,6 +72,7 @@ from ..errors import ClusterError, CorruptRecordError
 from ..format import records as rec
 from ..names import (DELETED_SUFFIX, LOG_SUFFIX, DataDirScan, filename_prefix, parse_segment_file,
                      partition_dir_name)
+from .security import DirectSecurity, NotUnderstood, direct_security
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +87,7 @@ ATTR_LOG_APPEND_TIME = 0x08
 META_FILE = "meta.properties"  # the replica's cluster: "cluster.id=..."
 PARTITION_METADATA = "partition.metadata"  # Kafka's, in each partition's directory: "version: 0", "topic_id: ..."
 LOCK_FILE = ".lock"
+AUTH_RETRY_S = 300.0  # a login the broker refused on the direct Fetch: the consumer fetches everything this long
 
 
 @dataclass
@@ -257,8 +261,18 @@ class Replica:
         self._lags: dict[tuple[str, int], int] = {}  # (metrics) noted by the fetcher's thread at each refresh
         # The partitions being caught up by Kafka's Fetch (see the module's docstring) -> the high watermark its
         # last answer gave (-1 before one); their leaders' addresses (every refresh); one connection per broker.
-        protocol = str(self.consumer_config.get("security.protocol", "plaintext")).lower()
-        self.direct = protocol == "plaintext" and direct_lag is not None
+        # The Fetch logs in as the consumer does (:mod:`.security`), decided once from the settings: settings it does
+        # not follow as librdkafka would leave every partition to the consumer. A login the broker refuses hands
+        # every partition to the consumer and keeps the Fetch off for AUTH_RETRY_S (``_direct_off_until``).
+        self.direct = direct_lag is not None
+        self.security: DirectSecurity | None = None
+        if self.direct:
+            try:
+                self.security = direct_security(self.consumer_config)
+            except NotUnderstood as exc:
+                log.info("the replica's direct Fetch is off (%s): the consumer fetches every partition", exc)
+                self.direct = False
+        self._direct_off_until = 0.0  # (monotonic)
         self.direct_lag = direct_lag
         self.bulk: dict[tuple[str, int], int] = {}
         # Partitions where the Fetch met a transaction: the consumer keeps them once caught up (a lag made of
@@ -489,12 +503,16 @@ class Replica:
         self.generation += 1
         self.refreshed.set()
 
+    def _direct_now(self) -> bool:
+        """Whether Kafka's Fetch catches partitions up now (its settings understood, no refused login lately)."""
+        return self.direct and time.monotonic() >= self._direct_off_until
+
     def _fetch_from(self, topic: str, n: int, offset: int, assign: list) -> None:
-        """A partition the replica starts fetching at ``offset``: caught up by Kafka's Fetch when the cluster is
-        reached without a security protocol, else by the consumer (appended to ``assign``)."""
+        """A partition the replica starts fetching at ``offset``: caught up by Kafka's Fetch (see :meth:`_direct_now`),
+        else by the consumer (appended to ``assign``)."""
         from confluent_kafka import TopicPartition
 
-        if self.direct:
+        if self._direct_now():
             self.bulk[(topic, n)] = -1
         else:
             assign.append(TopicPartition(topic, n, offset))
@@ -513,8 +531,15 @@ class Replica:
     def _fetch_bulk(self) -> None:
         """One Fetch per leader of the partitions being caught up (the fetcher's thread); each answer's batches
         written as they came (see the module's docstring). A broker that cannot be asked hands its partitions to
-        the consumer, which retries and reports."""
+        the consumer, which retries and reports; one that refuses the login hands every partition to it, and the
+        Fetch is not tried again for :data:`AUTH_RETRY_S`. The connections are closed once no partition is being
+        caught up (a broker closes a connection idle for its ``connections.max.idle.ms``, 10 minutes: the next
+        catch-up would meet that as an error)."""
         if not self.bulk:
+            if self._connections:
+                for connection in self._connections.values():
+                    connection.close()
+                self._connections.clear()
             return
         by_leader: dict[tuple[str, int] | None, list[tuple[str, int]]] = {}
         for key in self.bulk:
@@ -523,12 +548,22 @@ class Replica:
         for address, keys in by_leader.items():
             connection = self._connections.get(address)
             if connection is None:
-                connection = self._connections[address] = kafka_fetch.Connection(*address, METADATA_TIMEOUT_S)
+                connection = self._connections[address] = kafka_fetch.Connection(*address, METADATA_TIMEOUT_S,
+                                                                                  self.security)
             request: dict[str, list[tuple[int, int]]] = {}
             for topic, n in keys:
                 request.setdefault(topic, []).append((n, self.partitions[(topic, n)].next_offset))
             try:
                 answers = connection.fetch(request)
+            except kafka_fetch.AuthenticationError as exc:
+                log.warning("the replica's direct Fetch: %s: every partition goes to the consumer; the Fetch is tried "
+                            "again in %.0f s", exc, AUTH_RETRY_S)
+                self._direct_off_until = time.monotonic() + AUTH_RETRY_S
+                for other in self._connections.values():
+                    other.close()
+                self._connections.clear()
+                self._to_consumer(list(self.bulk))
+                return
             except kafka_fetch.FetchError as exc:
                 log.info("the replica's direct fetch: %s: its partitions go to the consumer", exc)
                 done += keys
@@ -798,6 +833,7 @@ class Replica:
 
         self._past_markers()
         lags, behind = {}, []
+        direct = self._direct_now()
         for key, part in self.partitions.items():
             try:
                 low, high = self.consumer.get_watermark_offsets(TopicPartition(*key), cached=True)
@@ -805,7 +841,7 @@ class Replica:
                 low = high = -1
             high = self.bulk.get(key, high)  # (caught up by Kafka's Fetch: the consumer has not fetched it)
             lags[key] = max(0, high - part.next_offset) if high >= 0 else -1
-            if (self.direct and key not in self.bulk and key not in self.refused and key not in self._transactional
+            if (direct and key not in self.bulk and key not in self.refused and key not in self._transactional
                     and lags[key] >= self.direct_lag):
                 behind.append(key)
             if 0 < low <= part.next_offset and part.segments and low > max(self.starts.get(key, -1),
