@@ -30,6 +30,7 @@ from logfs.testing.kafka import SaslUsers, TlsFiles, running_broker
 
 from harness import wait_for
 from test_kafka_store import kafka_mount, read
+from test_kafka_store_authorization import read_or_errno
 from test_kafka_store_direct import batches
 
 pytestmark = pytest.mark.mount
@@ -100,14 +101,6 @@ def metric(path, name: str) -> int:
         if line.startswith(name + " "):
             return int(float(line.split()[1]))
     return -1
-
-
-def read_or_errno(path: str) -> bytes | int:
-    try:
-        with open(path, "rb") as f:
-            return f.read()
-    except OSError as exc:
-        return exc.errno
 
 
 def settings_of(broker, protocol: str, mechanism: str | None, user: str) -> dict[str, str]:

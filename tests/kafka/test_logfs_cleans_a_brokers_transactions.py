@@ -50,10 +50,18 @@ PRODUCERS = {
     "tx": {"transactional_id": "tc-tx", "compression_type": "none", "batch_size": "700"},
     "tx2": {"transactional_id": "tc-tx2", "compression_type": "none"},
 }
+
+
+def producers(prefix: str) -> dict[str, dict[str, str]]:
+    """The producers of :data:`PRODUCERS` with transactional ids of their own (``<prefix>-tx``, ``<prefix>-tx2``)."""
+    return {name: {**given, "transactional_id": given["transactional_id"].replace("tc-", f"{prefix}-")}
+            if "transactional_id" in given else dict(given) for name, given in PRODUCERS.items()}
 X = "user.logfs.config."
 
 
-def script(t0: int) -> Script:
+def script(t0: int, topics=tuple(TOPICS)) -> Script:
+    """The records and transactions of the test, in each of ``topics`` (partition 0), interleaved."""
+    TOPICS = topics  # noqa: N806  (the loops below go over the topics given)
     s = Script(t0)
     for t in TOPICS:
         for i in range(6):

@@ -40,44 +40,21 @@ from logfs.testing.spark_standalone import cluster_env, spark_missing_reason
 
 from harness import FollowerMount, mounted_at, wait_for
 from remote_store import aws_env, creds, s3_tiering, seaweed  # noqa: F401  (fixtures)
-from test_logfs_cleans_a_brokers_transactions import check
-from test_logfs_reads_a_broker import NULL, SEP, Script, read_txn_indexes, segment_of, value
+from test_logfs_cleans_a_brokers_transactions import X, check, producers
+from test_logfs_cleans_a_brokers_transactions import script as cleans_script
+from test_logfs_reads_a_broker import NULL, SEP, Script, read_txn_indexes, segment_of
 
 pytestmark = pytest.mark.mount
 ROOT = Path(__file__).resolve().parents[2]
 
 TOPIC = "tt"
 TP = (TOPIC, 0)
-PRODUCERS = {
-    "plain": {"compression_type": "none"},
-    "tx": {"transactional_id": "tt-tx", "compression_type": "none", "batch_size": "700"},
-    "tx2": {"transactional_id": "tt-tx2", "compression_type": "none"},
-}
-X = "user.logfs.config."
+PRODUCERS = producers("tt")
 
 
 def script(t0: int) -> Script:
-    s = Script(t0)
-    for i in range(6):
-        s.rec("plain", TOPIC, 0, value(TOPIC, 0, "plain", i, pad=60), b"k%d" % (i % 4))
-    s.txn("tx", "begin")  # an abort over several segments
-    for i in range(24):
-        s.rec("tx", TOPIC, 0, value(TOPIC, 0, "ABORTED long", i, pad=120), b"k%d" % (i % 6))
-        if i % 5 == 0:
-            s.rec("plain", TOPIC, 0, value(TOPIC, 0, "plain among", i), b"p%d" % (i % 3))
-    s.txn("tx", "abort")
-    s.txn("tx", "begin")
-    for i in range(6):
-        s.rec("tx", TOPIC, 0, value(TOPIC, 0, "committed", i, pad=40), b"k%d" % i)
-    s.txn("tx", "commit")
-    s.txn("tx2", "begin")  # an abort whose records and marker lie among the idempotent producer's records
-    for i in range(4):
-        s.rec("tx2", TOPIC, 0, value(TOPIC, 0, "ABORTED second", i), b"k%d" % (i + 2))
-        s.rec("plain", TOPIC, 0, value(TOPIC, 0, "plain between", i), b"q%d" % i)
-    s.txn("tx2", "abort")
-    for i in range(4):
-        s.rec("plain", TOPIC, 0, value(TOPIC, 0, "plain after", i, pad=60), b"k%d" % i)
-    return s
+    """The records and transactions of test_logfs_cleans_a_brokers_transactions.py, in this test's one topic."""
+    return cleans_script(t0, (TOPIC,))
 
 
 def bucket_txn_objects(store, prefix: str) -> dict[int, list[tuple[int, int, int]]]:
