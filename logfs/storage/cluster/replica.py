@@ -111,9 +111,15 @@ class ReplicaPartition:
         self.active_base = base
 
     def write(self, data: bytes) -> None:
+        """Append whole batches to the active segment. A write that fails part way (ENOSPC, EIO) is undone to the
+        segment's size before it, so the fetch tried again appends after whole batches, never after a torn one."""
         view = memoryview(data)
-        while view:
-            view = view[os.write(self.fd, view):]
+        try:
+            while view:
+                view = view[os.write(self.fd, view):]
+        except OSError:
+            os.ftruncate(self.fd, self.segments[self.active_base])
+            raise
         self.segments[self.active_base] += len(data)
 
     def close(self, sync: bool = False) -> None:
