@@ -18,6 +18,7 @@ import subprocess
 from pathlib import Path
 
 from logfs.testing.benchlib import getx, mount_logfs, timed_shell, unmount, wait_for
+from logfs.testing.spark_jvm import java_options
 
 PARTITIONS = 2
 
@@ -70,7 +71,8 @@ def spark_cluster(bench) -> None:
         secrets = sw.env()
         driver = ClusterDriver(cluster, work / "driver.log", {
             **{f"spark.executorEnv.{k}": v for k, v in secrets.items()},
-            "spark.executor.extraJavaOptions": "-Dlogfs.bench=1", "spark.driver.extraJavaOptions": "-Dlogfs.bench=1",
+            "spark.executor.extraJavaOptions": f"-Dlogfs.bench=1 {java_options(fast_start=False)}",
+            "spark.driver.extraJavaOptions": f"-Dlogfs.bench=1 {java_options(fast_start=False)}",
             "spark.executor.memory": "768m"}, secrets)
         common = {"subscribe": "t", "endingOffsets": json.dumps({"t": ends}), "minPartitions": "4"}
         sources = {"bucket": (f"s3://{sw.bucket}/bench", {**common, "s3.endpoint": sw.endpoint}),

@@ -47,6 +47,12 @@ quiet_pip .venv/bin/pip install -q -e '.[test]'
 # compile it anew in each: 0.7 of a daemon's 1.6-2.4 s start, measured. Python still checks each .pyc against its
 # source's mtime, so an edit after this is compiled in memory, never run stale.
 .venv/bin/python -m compileall -q -j 0 logfs tools >/dev/null
+# The same for PySpark in the zip Spark puts first on its Python workers' path, which PyPI ships as source only:
+# every worker compiled PySpark, 1.05 s of CPU each, ~15 workers per streaming query (logfs/testing/pyspark_zip.py).
+.venv/bin/python -m logfs.testing.pyspark_zip
+# Java's class-data sharing archive for Spark's JVMs (made once per PySpark and Java; ~45 s): a session starts in
+# half the time (logfs/testing/spark_jvm.py).
+.venv/bin/python -m logfs.testing.spark_jvm
 # Apache Kafka for tests/kafka (logfs/testing/kafka.py): its jars resolved with Maven into .cache/kafka, the test
 # client compiled, Spark's Kafka connector tried. Skipped when already done (a stamp of the POM).
 .venv/bin/python -m logfs.testing.kafka setup

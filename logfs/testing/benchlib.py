@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 
+from logfs.testing.spark_jvm import java_options
 from logfs.testing.mounts import (CODE_ROOT, alive, code_env, daemon_pid, daemon_pids, logfs_command,  # noqa: F401
                                   mounted_at, mountpoints_under, processes, unmount_fuse, wait_for)
 
@@ -282,6 +283,8 @@ def local_spark(app: str, shuffle_partitions: int, **conf):
     builder = (SparkSession.builder.master("local[2]").appName(app).config("spark.ui.enabled", "false")
                .config("spark.ui.showConsoleProgress", "false")
                .config("spark.sql.shuffle.partitions", str(shuffle_partitions)))
+    # Spark's class archive, not the fast-start flags: the figures are of C2-compiled code (logfs/testing/spark_jvm.py)
+    conf = {"spark.driver.extraJavaOptions": java_options(fast_start=False), **conf}
     for key, value in conf.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()

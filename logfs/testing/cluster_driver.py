@@ -18,15 +18,13 @@ import os
 import sys
 import traceback
 
+from logfs.testing.spark_jvm import java_options
+
 # Answers get a private copy of stdout; fd 1 becomes stderr before the JVM starts, so nothing else reaches it.
 ANSWERS = os.fdopen(os.dup(1), "w", buffering=1)
 os.dup2(2, 1)
 sys.stdout = sys.stderr
 
-
-# Tests move little data: a JVM with the C1 compiler only and the serial collector starts ~3 s sooner on 2 cores
-# (measured). Not for benchmarks.
-FAST_START_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 
 
 def executor_identity() -> dict:
@@ -270,8 +268,10 @@ def session(master: str, conf: list[str]):
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.executor.memory", "512m")
         .config("spark.driver.memory", "1g")
-        .config("spark.executor.extraJavaOptions", FAST_START_JVM)
-        .config("spark.driver.extraJavaOptions", FAST_START_JVM)
+        # Tests move little data: C1 only, the serial collector and Spark's class archive start a JVM sooner
+        # (logfs/testing/spark_jvm.py). Not for benchmarks: tools/bench_cluster.py sets its own.
+        .config("spark.executor.extraJavaOptions", java_options())
+        .config("spark.driver.extraJavaOptions", java_options())
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.default.parallelism", "2")
         .config("spark.sql.session.timeZone", "UTC")

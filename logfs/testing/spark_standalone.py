@@ -38,6 +38,7 @@ from pathlib import Path
 
 from logfs.testing.mounts import code_env
 from logfs.testing.seaweed import free_ports
+from logfs.testing.spark_jvm import java_options
 
 START_TIMEOUT = 120.0  # generous: the 2 cores may be busy with other tests
 STOP_TIMEOUT = 15.0
@@ -222,7 +223,7 @@ class SparkCluster:
                                SPARK_MASTER_OPTS="-Dspark.master.rest.enabled=false",
                                # The daemons only coordinate: C1 only and the serial collector start them
                                # ~2.5 s sooner on 2 cores (measured).
-                               SPARK_DAEMON_JAVA_OPTS="-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
+                               SPARK_DAEMON_JAVA_OPTS=java_options())
         self.reaper = Reaper()
         self.master: subprocess.Popen | None = None
         self.workers: list[subprocess.Popen] = []

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from logfs.testing.spark_jvm import java_options
 from logfs.testing.spark_standalone import (ClusterDriver, SparkCluster, spark_class_unusable_reason,
                                             spark_missing_reason)
 from remote_store import aws_env, creds, seaweed  # noqa: F401  (fixtures)
@@ -54,6 +55,7 @@ def spark():
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.driver.memory", "1g")
         .config("spark.python.worker.reuse", "true")
+        .config("spark.driver.extraJavaOptions", java_options(fast_start=False))  # (Spark's class archive)
         .getOrCreate()
     )
     session.sparkContext.setLogLevel("ERROR")

@@ -21,6 +21,8 @@ import os
 import sys
 import time
 
+from logfs.testing.spark_jvm import java_options
+
 
 def session(master: str, **conf):
     os.environ["PYSPARK_PYTHON"] = sys.executable
@@ -30,7 +32,7 @@ def session(master: str, **conf):
                .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
                .config("spark.sql.shuffle.partitions", "2").config("spark.default.parallelism", "2")
                .config("spark.driver.memory", "1g").config("spark.python.worker.reuse", "true")
-               .config("spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"))
+               .config("spark.driver.extraJavaOptions", java_options()))
     for k, v in conf.items():
         builder = builder.config(k, v)
     spark = builder.getOrCreate()
@@ -81,7 +83,7 @@ def stream(data_dir: str, mount: str, source: str, out: str, checkpoint: str, ma
         conf = {"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1",
                 "spark.executor.memory": "512m", "spark.scheduler.minRegisteredResourcesRatio": "1.0",
                 "spark.scheduler.maxRegisteredResourcesWaitingTime": "60s",
-                "spark.executor.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC", **conf}
+                "spark.executor.extraJavaOptions": java_options(), **conf}
     spark = session(master, **conf)
     ends = {tp.partition: PartitionReader(data_dir, tp).offsets()[1]
             for tp in list_partitions(data_dir) if tp.topic == source}
