@@ -418,7 +418,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true",
                         help="tiny sizes for bulk append, sequential read and small writes (seconds), small ones "
-                             "for the rest (about 3 minutes in all here, 174 s quiet, mostly the Spark and compression scenarios)")
+                             "for the rest (about 3 minutes in all here, 174 s quiet, mostly the Spark and "
+                             "compression scenarios)")
     parser.add_argument("--json", default=None, help="write results here (default: print only)")
     parser.add_argument("--workdir", default=None,
                         help="scratch directory on the disk to measure (kept; default: a new /var/tmp/logfs-bench-* "
