@@ -44,8 +44,13 @@ def nodes(tmp_path_factory, kafka_client):
 def leader_of(bootstrap: str, topic: str) -> int:
     from confluent_kafka.admin import AdminClient
 
+    """The leader of ``topic``'s partition 0, or -1 while the answering broker knows of none (a topic just
+    created: its metadata may not have reached that broker yet, and the answer lists no partition)."""
     metadata = AdminClient({"bootstrap.servers": bootstrap}).list_topics(topic, timeout=10)
-    return metadata.topics[topic].partitions[0].leader
+    found = metadata.topics.get(topic)
+    if found is None or found.error is not None or 0 not in found.partitions:
+        return -1
+    return found.partitions[0].leader
 
 
 def cluster_mount(mount_logfs, bootstrap: str, tmp_path, name: str):
@@ -146,6 +151,7 @@ def test_leader_killed_while_appending(mount_logfs, nodes, kafka_client, tmp_pat
     a, b = mount("a"), mount("b")  # two hosts
     os.mkdir(a.path("replicated"))
     wait_for(lambda: os.path.exists(b.path("replicated", 0)), 10, what="the topic on the second mount")
+    wait_for(lambda: leader_of(bootstrap, "replicated") in [n.node_id for n in nodes], 30, what="the leader")
     leader = leader_of(bootstrap, "replicated")
     victim = next(n for n in nodes if n.node_id == leader)
     synced: dict[bytes, int] = {}  # writer -> lines whose fsync returned
