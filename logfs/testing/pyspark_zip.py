@@ -57,7 +57,14 @@ def add_bytecode(path: str) -> int:
                 pyc.compress_type = zipfile.ZIP_STORED  # (read whole at each import: no inflating)
                 dst.writestr(pyc, bytes(_code_to_hash_pyc(code, importlib.util.source_hash(data), False)))
                 added += 1
+        with open(tmp, "rb") as f:  # (durable before it replaces the zip every Spark worker imports from)
+            os.fsync(f.fileno())
         os.replace(tmp, path)
+        directory = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
+        try:
+            os.fsync(directory)
+        finally:
+            os.close(directory)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
